@@ -1,0 +1,194 @@
+//! The reactor: one thread, one loop. Each pass drains messages, runs ready
+//! tasks, active and due timed pollers and timers, submits queued SQEs and
+//! reaps completions; then decides, by poll mode, whether to sleep.
+
+use std::cell::Cell;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use crate::buf::BufPool;
+use crate::config::{PollMode, RuntimeConfig};
+use crate::executor::Executor;
+use crate::msg::{ReactorShared, RuntimeShared};
+use crate::poller::Pollers;
+use crate::stats::Counters;
+use crate::ticks;
+use crate::timer::Timers;
+use crate::uring::Ring;
+
+/// Work items one loop pass takes from each source before moving on, so no
+/// source can starve the others (nvmet-tcp's budgets).
+const MSG_BUDGET: usize = 64;
+const TASK_BUDGET: usize = 1024;
+
+pub(crate) struct Reactor {
+    pub(crate) id: usize,
+    pub(crate) shared: Arc<ReactorShared>,
+    pub(crate) runtime: Arc<RuntimeShared>,
+    pub(crate) exec: Executor,
+    pub(crate) pollers: Pollers,
+    pub(crate) timers: Timers,
+    pub(crate) ring: Ring,
+    pub(crate) bufs: BufPool,
+    pub(crate) stats: Counters,
+    mode: PollMode,
+    idle_ticks: u64,
+    stop_requested: Cell<bool>,
+}
+
+thread_local! {
+    static CURRENT: Cell<*const Reactor> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with the current thread's reactor, or returns `None` off-reactor.
+#[inline]
+pub(crate) fn try_with<R>(f: impl FnOnce(&Reactor) -> R) -> Option<R> {
+    let p = CURRENT.with(|c| c.get());
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: CURRENT is set only while `Reactor::run` holds the reactor alive
+    // on this thread's stack frame, and cleared before it is dropped.
+    Some(f(unsafe { &*p }))
+}
+
+/// Runs `f` with the current reactor; panics off a reactor thread, which is a
+/// programming error (the API says which functions need a reactor).
+#[inline]
+pub(crate) fn with<R>(f: impl FnOnce(&Reactor) -> R) -> R {
+    try_with(f).expect("this function must be called on a ustor reactor thread")
+}
+
+/// Index of the reactor running the current thread.
+pub fn reactor_id() -> usize {
+    with(|r| r.id)
+}
+
+/// Whether the current thread is a reactor.
+pub fn is_reactor_thread() -> bool {
+    try_with(|_| ()).is_some()
+}
+
+/// Asks the current reactor to leave its loop after this pass.
+pub fn request_stop() {
+    with(|r| r.stop_requested.set(true));
+}
+
+impl Reactor {
+    pub(crate) fn new(
+        id: usize,
+        cfg: &RuntimeConfig,
+        shared: Arc<ReactorShared>,
+        runtime: Arc<RuntimeShared>,
+    ) -> std::io::Result<Reactor> {
+        let bufs = BufPool::new(&cfg.bufs)?;
+        let ring = Ring::new(cfg, &bufs, shared.eventfd())?;
+        Ok(Reactor {
+            id,
+            shared,
+            runtime,
+            exec: Executor::new(cfg.max_tasks as usize),
+            pollers: Pollers::new(),
+            timers: Timers::new(),
+            ring,
+            bufs,
+            stats: Counters::default(),
+            mode: cfg.poll_mode,
+            idle_ticks: ticks::from_duration(cfg.idle_period),
+            stop_requested: Cell::new(false),
+        })
+    }
+
+    /// Runs the loop until the runtime stops. `self` must stay put while it runs.
+    pub(crate) fn run(&self) {
+        CURRENT.with(|c| c.set(self as *const Reactor));
+        let mut last_busy = ticks::now();
+        let mut prev = last_busy;
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) || self.stop_requested.get() {
+                break;
+            }
+            let mut work = 0usize;
+            work += self.drain_inbox(MSG_BUDGET);
+            work += self.exec.run_ready(TASK_BUDGET);
+            let now = ticks::now();
+            work += self.pollers.run(now);
+            work += self.timers.fire(now);
+            work += self.ring.submit_and_reap(false);
+            let end = ticks::now();
+            self.stats.loops.set(self.stats.loops.get() + 1);
+            if work > 0 {
+                self.stats
+                    .busy_ticks
+                    .set(self.stats.busy_ticks.get() + (end - prev));
+                last_busy = end;
+            } else {
+                self.stats
+                    .idle_ticks
+                    .set(self.stats.idle_ticks.get() + (end - prev));
+                let sleep = match self.mode {
+                    PollMode::Poll => false,
+                    PollMode::Interrupt => true,
+                    PollMode::Adaptive => end - last_busy >= self.idle_ticks,
+                };
+                if sleep && !self.exec.has_ready() {
+                    self.sleep();
+                    last_busy = ticks::now();
+                }
+            }
+            prev = ticks::now();
+        }
+        self.shutdown_ring();
+        CURRENT.with(|c| c.set(std::ptr::null()));
+    }
+
+    fn drain_inbox(&self, budget: usize) -> usize {
+        let mut n = 0;
+        while n < budget {
+            let Some(msg) = self.shared.inbox.pop() else {
+                break;
+            };
+            msg();
+            n += 1;
+        }
+        self.stats
+            .messages
+            .set(self.stats.messages.get() + n as u64);
+        n
+    }
+
+    /// Blocks in io_uring_enter until a completion (an eventfd write from a
+    /// sender, an I/O, or the next timer deadline).
+    fn sleep(&self) {
+        // Dekker pairing with `RuntimeHandle::send`: publish `sleeping`, then
+        // look at the inbox; the sender pushes, then looks at `sleeping`.
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.shared.inbox.is_empty() || self.shared.stop.load(Ordering::Acquire) {
+            self.shared.sleeping.store(false, Ordering::SeqCst);
+            return;
+        }
+        let now = ticks::now();
+        let deadline = [self.timers.next_deadline(), self.pollers.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min();
+        let timeout_ns = deadline.map(|d| ticks::to_ns(d.saturating_sub(now)));
+        self.stats.sleeps.set(self.stats.sleeps.get() + 1);
+        let t0 = ticks::now();
+        self.ring.wait(timeout_ns);
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+        let t1 = ticks::now();
+        self.stats
+            .idle_ticks
+            .set(self.stats.idle_ticks.get() + (t1 - t0));
+        self.stats.wakeups.set(self.stats.wakeups.get() + 1);
+    }
+
+    fn shutdown_ring(&self) {
+        // Tasks go first: their in-flight ops become orphans the ring drains.
+        self.exec.clear();
+        self.pollers.clear();
+        self.ring.cancel_all_and_drain();
+    }
+}

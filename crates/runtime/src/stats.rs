@@ -1,0 +1,34 @@
+//! Per-reactor counters. Kept in `Cell`s on the reactor (no atomics) and
+//! read by a message to the reactor ([`crate::RuntimeHandle::stats`]).
+
+use std::cell::Cell;
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) loops: Cell<u64>,
+    pub(crate) busy_ticks: Cell<u64>,
+    pub(crate) idle_ticks: Cell<u64>,
+    pub(crate) messages: Cell<u64>,
+    pub(crate) sleeps: Cell<u64>,
+    pub(crate) wakeups: Cell<u64>,
+}
+
+/// A snapshot of one reactor's counters.
+#[derive(Clone, Debug, Default)]
+pub struct ReactorStats {
+    pub reactor: usize,
+    pub core: usize,
+    pub loops: u64,
+    pub busy_ns: u64,
+    pub idle_ns: u64,
+    pub messages: u64,
+    pub sleeps: u64,
+    pub wakeups: u64,
+    pub tasks: usize,
+    pub tasks_polled: u64,
+    pub submits: u64,
+    pub completions: u64,
+    pub ops_in_flight: u64,
+    pub pollers: Vec<(String, bool)>,
+    pub poll_mode: String,
+}

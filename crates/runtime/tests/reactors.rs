@@ -1,0 +1,294 @@
+//! Reactor behaviour on real threads: messages, for_each, pollers, timers,
+//! sleep/wake in every poll mode, idle CPU, io_uring ops and buffer pools.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use ustor_runtime::{ops, IoBuf, PollMode, PollStatus, Runtime, RuntimeConfig};
+
+fn rt(cores: usize, mode: PollMode) -> Runtime {
+    let cfg = RuntimeConfig {
+        cores: (0..cores).collect(),
+        pin: false,
+        poll_mode: mode,
+        bufs: ustor_runtime::BufPoolConfig {
+            mem_bytes: 8 << 20,
+            classes: vec![4096, 65536],
+        },
+        ..Default::default()
+    };
+    Runtime::start(cfg).expect("runtime starts")
+}
+
+#[test]
+fn messages_reach_each_reactor_in_every_mode() {
+    for mode in [PollMode::Poll, PollMode::Interrupt, PollMode::Adaptive] {
+        let r = rt(2, mode);
+        let h = r.handle();
+        for i in 0..2 {
+            let id = h.call(i, ustor_runtime::reactor_id).unwrap();
+            assert_eq!(id, i, "mode {mode}");
+        }
+        // A ping-pong between reactors: each hop is a message.
+        let (tx, rx) = mpsc::channel();
+        let h2 = h.clone();
+        h.send(0, move || {
+            let h3 = h2.clone();
+            h2.send(1, move || {
+                h3.send(0, move || tx.send(ustor_runtime::reactor_id()).unwrap())
+                    .unwrap();
+            })
+            .unwrap();
+        })
+        .unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            0,
+            "mode {mode}"
+        );
+    }
+}
+
+#[test]
+fn for_each_reactor_visits_all_then_completes() {
+    let r = rt(2, PollMode::Adaptive);
+    let h = r.handle();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let (tx, rx) = mpsc::channel();
+    let s3 = seen.clone();
+    h.for_each_reactor(
+        Arc::new(move || s2.lock().unwrap().push(ustor_runtime::reactor_id())),
+        move || tx.send(s3.lock().unwrap().clone()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), vec![0, 1]);
+    assert_eq!(h.call_all(|i| i * 10).unwrap(), vec![0, 10]);
+}
+
+#[test]
+fn pollers_and_timed_pollers_run() {
+    let r = rt(1, PollMode::Adaptive);
+    let h = r.handle();
+    let active = Arc::new(AtomicU64::new(0));
+    let timed = Arc::new(AtomicU64::new(0));
+    let (a, t) = (active.clone(), timed.clone());
+    let ids = h
+        .call(0, move || {
+            let p1 = ustor_runtime::register_poller("count", move || {
+                a.fetch_add(1, Ordering::Relaxed);
+                PollStatus::Idle
+            });
+            let p2 = ustor_runtime::register_timed_poller(
+                "tick",
+                Duration::from_millis(10),
+                move || {
+                    t.fetch_add(1, Ordering::Relaxed);
+                    PollStatus::Busy
+                },
+            );
+            (p1, p2)
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(205));
+    let n_timed = timed.load(Ordering::Relaxed);
+    assert!(
+        (10..=25).contains(&n_timed),
+        "10 ms poller ran {n_timed} times in 205 ms"
+    );
+    assert!(active.load(Ordering::Relaxed) > 0);
+    assert!(h
+        .call(0, move || ustor_runtime::unregister_poller(ids.1))
+        .unwrap());
+    let before = timed.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        timed.load(Ordering::Relaxed),
+        before,
+        "unregistered poller still runs"
+    );
+}
+
+#[test]
+fn timers_wake_sleeping_tasks_in_every_mode() {
+    for mode in [PollMode::Poll, PollMode::Interrupt, PollMode::Adaptive] {
+        let r = rt(1, mode);
+        let h = r.handle();
+        let t0 = Instant::now();
+        let order = h
+            .block_on(0, || async {
+                let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+                let mut js = Vec::new();
+                for (i, ms) in [(0, 30u64), (1, 10), (2, 20)] {
+                    let l = log.clone();
+                    js.push(ustor_runtime::spawn(async move {
+                        ustor_runtime::sleep(Duration::from_millis(ms)).await;
+                        l.borrow_mut().push(i);
+                    }));
+                }
+                for j in js {
+                    j.await;
+                }
+                let v = log.borrow().clone();
+                v
+            })
+            .unwrap();
+        let el = t0.elapsed();
+        assert_eq!(order, vec![1, 2, 0], "mode {mode}");
+        assert!(
+            el >= Duration::from_millis(30) && el < Duration::from_millis(500),
+            "mode {mode}: {el:?}"
+        );
+    }
+}
+
+/// CPU time (user+sys, clock ticks) of the given threads of this process.
+fn cpu_ticks(tids: &[i32]) -> u64 {
+    tids.iter()
+        .map(|t| {
+            let s = std::fs::read_to_string(format!("/proc/self/task/{t}/stat")).unwrap();
+            let rest = &s[s.rfind(')').unwrap() + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+#[test]
+fn idle_adaptive_reactor_uses_under_one_percent() {
+    let r = rt(2, PollMode::Adaptive);
+    let tids = r.thread_ids();
+    assert_eq!(tids.len(), 2);
+    std::thread::sleep(Duration::from_millis(100));
+    let c0 = cpu_ticks(&tids);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let used = cpu_ticks(&tids) - c0;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let pct = used as f64 / hz / t0.elapsed().as_secs_f64() * 100.0 / 2.0;
+    assert!(
+        pct < 1.0,
+        "idle adaptive reactors used {pct:.2}% of a core each"
+    );
+    let st = r.handle().stats().unwrap();
+    assert!(
+        st.iter().all(|s| s.sleeps > 0),
+        "reactors never slept: {st:?}"
+    );
+}
+
+#[test]
+fn poll_mode_spins_and_counts_loops() {
+    let r = rt(1, PollMode::Poll);
+    std::thread::sleep(Duration::from_millis(100));
+    let st = r.handle().stats().unwrap();
+    assert!(
+        st[0].loops > 1000,
+        "poll mode ran only {} loops",
+        st[0].loops
+    );
+    assert_eq!(st[0].sleeps, 0);
+}
+
+#[test]
+fn file_io_and_buffer_pool_round_trip() {
+    let dir = std::env::temp_dir().join(format!("ustor-rt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("f");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let r = rt(1, PollMode::Adaptive);
+    let p = path.clone();
+    let ok = r
+        .handle()
+        .block_on(0, move || async move {
+            use std::os::fd::AsRawFd;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .unwrap();
+            let fd = f.as_raw_fd();
+            let mut w = IoBuf::try_alloc(4096).expect("pool buffer");
+            assert!(w.is_pooled());
+            for (i, b) in w.iter_mut().enumerate() {
+                *b = (i * 7) as u8;
+            }
+            let (res, w) = ops::write_at(fd, w, 8192).await;
+            assert_eq!(res.unwrap(), 4096);
+            let rbuf = IoBuf::alloc(4096).await;
+            let (res, rbuf) = ops::read_at(fd, rbuf, 8192).await;
+            assert_eq!(res.unwrap(), 4096);
+            let (res, _) = ops::fsync(fd, true).await;
+            assert_eq!(res, 0);
+            let (res, _) = ops::nop().await;
+            assert_eq!(res, 0);
+            rbuf[..] == w[..]
+        })
+        .unwrap();
+    assert!(ok);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn pool_exhaustion_waits_instead_of_failing() {
+    let r = rt(1, PollMode::Adaptive);
+    let got = r
+        .handle()
+        .block_on(0, || async {
+            // Drain the 64 KiB class and the 4 KiB class (which a 64 KiB
+            // request cannot use), then free one buffer from a timer task.
+            let mut held = Vec::new();
+            while let Some(b) = IoBuf::try_alloc(65536) {
+                held.push(b);
+            }
+            assert!(IoBuf::try_alloc(65536).is_none());
+            let last = held.pop().unwrap();
+            ustor_runtime::spawn(async move {
+                ustor_runtime::sleep(Duration::from_millis(20)).await;
+                drop(last);
+            });
+            let t0 = Instant::now();
+            let b = IoBuf::alloc(65536).await;
+            (b.len(), t0.elapsed())
+        })
+        .unwrap();
+    assert_eq!(got.0, 65536);
+    assert!(
+        got.1 >= Duration::from_millis(15),
+        "alloc did not wait: {:?}",
+        got.1
+    );
+}
+
+#[test]
+fn dropped_op_keeps_buffer_until_completion() {
+    let r = rt(1, PollMode::Adaptive);
+    let ok = r
+        .handle()
+        .block_on(0, || async {
+            use std::os::fd::AsRawFd;
+            let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let buf = IoBuf::try_alloc(4096).unwrap();
+            // A recv that never completes, polled once, then dropped.
+            let mut op = Box::pin(ops::recv(a.as_raw_fd(), buf, 0, 4096));
+            let w = futures_noop_waker();
+            let mut cx = std::task::Context::from_waker(&w);
+            assert!(op.as_mut().poll(&mut cx).is_pending());
+            drop(op);
+            // Closing the peer completes the orphaned recv; the reactor then
+            // returns the buffer to the pool.
+            drop(_b);
+            ustor_runtime::sleep(Duration::from_millis(20)).await;
+            let (classes, _) = ustor_runtime::buf::pool_usage().unwrap();
+            classes.iter().all(|(_, free, total)| free == total)
+        })
+        .unwrap();
+    assert!(ok, "buffer of a dropped op never came back");
+}
+
+fn futures_noop_waker() -> std::task::Waker {
+    std::task::Waker::noop().clone()
+}
+
+use std::future::Future;
