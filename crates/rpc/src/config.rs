@@ -75,19 +75,25 @@ pub enum ConfigError {
         location: String,
         message: String,
     },
-    #[error("{}: {location}: {method}{}: {} (code {}){}", file.display(),
-        field.as_ref().map(|f| format!(": field `{f}`")).unwrap_or_default(),
-        error.message, error.code, rollback_summary(rollback_failures))]
-    Call {
-        file: PathBuf,
-        location: String,
-        method: String,
-        /// The parameter the method named as bad, when it did.
-        field: Option<String>,
-        error: RpcError,
-        /// Undo calls that failed too ("method: message").
-        rollback_failures: Vec<String>,
-    },
+    #[error("{0}")]
+    Call(Box<CallFailure>),
+}
+
+/// A config call that failed while applying a config (boxed in
+/// [`ConfigError::Call`] to keep the error small).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {location}: {method}{}: {} (code {}){}", file.display(),
+    field.as_ref().map(|f| format!(": field `{f}`")).unwrap_or_default(),
+    error.message, error.code, rollback_summary(rollback_failures))]
+pub struct CallFailure {
+    pub file: PathBuf,
+    pub location: String,
+    pub method: String,
+    /// The parameter the method named as bad, when it did.
+    pub field: Option<String>,
+    pub error: RpcError,
+    /// Undo calls that failed too ("method (undoing where): message").
+    pub rollback_failures: Vec<String>,
 }
 
 fn rollback_summary(failures: &[String]) -> String {
@@ -265,14 +271,14 @@ pub fn apply_config(
                 ));
             }
         }
-        return Err(ConfigError::Call {
+        return Err(ConfigError::Call(Box::new(CallFailure {
             file: call.file.clone(),
             location: call.location(),
             method: call.method.clone(),
             field: error.param().map(str::to_string),
             error,
             rollback_failures,
-        });
+        })));
     }
     Ok(calls.len())
 }

@@ -38,7 +38,7 @@ mod sys;
 
 pub use client::{format_error, save_config, to_pretty, RpcClient};
 pub use codec::{decode_message, Message, Request, StreamDecoder};
-pub use config::{apply_config, load_config, ConfigCall, ConfigError};
+pub use config::{apply_config, load_config, CallFailure, ConfigCall, ConfigError};
 pub use dispatch::{MethodTable, RegisterError, Replier, RPC_ANY_STATE, RPC_RUNTIME, RPC_STARTUP};
 pub use errors::RpcError;
 pub use params::{no_params, parse_params};
