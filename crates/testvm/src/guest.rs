@@ -1,0 +1,558 @@
+//! Booting one guest: the [`GuestBuilder`] options, the QEMU command line,
+//! the per-run initramfs (test script, environment, shares), the timeout,
+//! and reading the exit status back from the serial log.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::assets::{self, Assets};
+use crate::cpio::CpioWriter;
+use crate::error::{GuestError, Result};
+use crate::lock::FileLock;
+
+/// The line init prints after the test script returns.
+pub const EXIT_MARKER: &str = "USTOR-GUEST-EXIT=";
+/// Prefix of the `key=value` lines scripts report with `kv` (tests/guest/lib.sh).
+pub const KV_MARKER: &str = "USTOR-KV ";
+
+/// Helpers every guest script can source as `/ustor/lib.sh`.
+const GUEST_LIB: &str = include_str!("../../../tests/guest/lib.sh");
+
+/// Guest RAM default: room for the ~60 MB initramfs, page cache for a
+/// 64–256 MB test disk and the tools, without making memfd sharing costly.
+const DEFAULT_MEMORY_MIB: u32 = 768;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Path of a script in the workspace's `tests/guest/` directory.
+pub fn guest_script(name: &str) -> PathBuf {
+    assets::workspace_root().join("tests/guest").join(name)
+}
+
+#[derive(Debug, Clone)]
+enum Script {
+    Inline(String),
+    File(PathBuf),
+}
+
+/// Describes one guest run. Build it, then call [`GuestBuilder::run`].
+#[derive(Debug, Clone)]
+pub struct GuestBuilder {
+    script: Option<Script>,
+    env: Vec<(String, String)>,
+    files: Vec<(String, Vec<u8>)>,
+    vhost_user_blk: Vec<PathBuf>,
+    vhost_user_scsi: Vec<PathBuf>,
+    scsi_disks: Vec<PathBuf>,
+    shares: Vec<(PathBuf, String)>,
+    timeout: Duration,
+    cpus: u32,
+    memory_mib: u32,
+    cmdline: Vec<String>,
+    qemu_args: Vec<String>,
+    log_file: Option<PathBuf>,
+}
+
+impl Default for GuestBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GuestBuilder {
+    pub fn new() -> Self {
+        GuestBuilder {
+            script: None,
+            env: Vec::new(),
+            files: Vec::new(),
+            vhost_user_blk: Vec::new(),
+            vhost_user_scsi: Vec::new(),
+            scsi_disks: Vec::new(),
+            shares: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            // One vCPU: CI has two cores and the server under test needs one.
+            cpus: 1,
+            memory_mib: DEFAULT_MEMORY_MIB,
+            cmdline: Vec::new(),
+            qemu_args: Vec::new(),
+            log_file: None,
+        }
+    }
+
+    /// The test script's text (run by busybox `sh` as `/ustor/test.sh`).
+    pub fn script(mut self, text: impl Into<String>) -> Self {
+        self.script = Some(Script::Inline(text.into()));
+        self
+    }
+
+    /// A host file to run as the test script (read when the guest starts).
+    pub fn script_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.script = Some(Script::File(path.into()));
+        self
+    }
+
+    /// An environment variable for the script. Names must be shell
+    /// identifiers; values may hold anything (they are single-quoted).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// An extra file at `/ustor/<name>` in the guest.
+    pub fn file(mut self, name: impl Into<String>, contents: impl Into<Vec<u8>>) -> Self {
+        self.files.push((name.into(), contents.into()));
+        self
+    }
+
+    /// A vhost-user-blk device served on this unix socket (`/dev/vdX` in the
+    /// guest, in the order added). Guest RAM becomes a shared memfd.
+    pub fn vhost_user_blk(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.vhost_user_blk.push(socket.into());
+        self
+    }
+
+    /// A vhost-user-scsi controller served on this unix socket.
+    pub fn vhost_user_scsi(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.vhost_user_scsi.push(socket.into());
+        self
+    }
+
+    /// A raw host file as a disk on a virtio-scsi controller (`/dev/sdX`).
+    pub fn virtio_scsi_disk(mut self, file: impl Into<PathBuf>) -> Self {
+        self.scsi_disks.push(file.into());
+        self
+    }
+
+    /// A host directory shared over 9p and mounted at `/mnt/share` (the
+    /// first) or `/mnt/shareN`.
+    pub fn share_dir(self, dir: impl Into<PathBuf>) -> Self {
+        let n = self.shares.len();
+        let mnt = if n == 0 {
+            "/mnt/share".to_string()
+        } else {
+            format!("/mnt/share{n}")
+        };
+        self.share_dir_at(dir, mnt)
+    }
+
+    /// A host directory shared over 9p and mounted at `mountpoint`.
+    pub fn share_dir_at(mut self, dir: impl Into<PathBuf>, mountpoint: impl Into<String>) -> Self {
+        self.shares.push((dir.into(), mountpoint.into()));
+        self
+    }
+
+    /// Wall-clock limit for the whole run, boot included.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn cpus(mut self, cpus: u32) -> Self {
+        self.cpus = cpus.max(1);
+        self
+    }
+
+    pub fn memory_mib(mut self, mib: u32) -> Self {
+        self.memory_mib = mib.max(128);
+        self
+    }
+
+    /// An extra kernel command-line word.
+    pub fn kernel_arg(mut self, arg: impl Into<String>) -> Self {
+        self.cmdline.push(arg.into());
+        self
+    }
+
+    /// Extra QEMU arguments, appended verbatim.
+    pub fn qemu_arg(mut self, arg: impl Into<String>) -> Self {
+        self.qemu_args.push(arg.into());
+        self
+    }
+
+    /// Also copy the serial log to this file (kept after the run).
+    pub fn log_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.log_file = Some(path.into());
+        self
+    }
+
+    /// Boots the guest, runs the script and waits for power-off. Guest runs
+    /// are serialized machine-wide; the timeout starts once this run holds
+    /// the lock.
+    pub fn run(&self) -> Result<GuestOutcome> {
+        self.validate()?;
+        let script = match &self.script {
+            None => return Err(GuestError::Invalid("no script given".into())),
+            Some(Script::Inline(s)) => s.clone(),
+            Some(Script::File(p)) => fs::read_to_string(p)
+                .map_err(|e| GuestError::io(format!("read guest script {}", p.display()), e))?,
+        };
+        let assets = assets::ensure()?;
+        let qemu = qemu_binary()?;
+        let cache = assets::cache_dir();
+        let _lock = FileLock::exclusive(&cache.join("run.lock"))?;
+
+        let dir = tempfile::Builder::new()
+            .prefix("ustor-guest-")
+            .tempdir()
+            .map_err(|e| GuestError::io("create guest run dir", e))?;
+        let initrd = dir.path().join("initrd.cpio");
+        self.write_initrd(&assets, &script, &initrd)?;
+        let serial = dir.path().join("serial.log");
+        let qemu_out = dir.path().join("qemu.out");
+        let mut cmd = Command::new(&qemu);
+        cmd.args(self.qemu_argv(&assets, &initrd, &serial));
+        let out = File::create(&qemu_out)
+            .map_err(|e| GuestError::io(format!("create {}", qemu_out.display()), e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| GuestError::io("dup qemu output file", e))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+
+        let started = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| GuestError::io(format!("spawn `{}`", assets::describe(&cmd)), e))?;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if started.elapsed() >= self.timeout => break None,
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(GuestError::io("wait for qemu", e));
+                }
+            }
+        };
+        let duration = started.elapsed();
+        if status.is_none() {
+            // Child::kill sends SIGKILL to exactly the PID we spawned.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let log = read_log(&serial);
+        if let Some(copy) = &self.log_file {
+            fs::write(copy, &log)
+                .map_err(|e| GuestError::io(format!("copy serial log to {}", copy.display()), e))?;
+        }
+        let Some(status) = status else {
+            return Err(GuestError::Timeout {
+                timeout: self.timeout,
+                log,
+                log_path: self.log_file.clone().unwrap_or(serial),
+            });
+        };
+        match parse_exit(&log) {
+            Some(exit_code) => Ok(GuestOutcome {
+                exit_code,
+                log,
+                duration,
+            }),
+            None => Err(GuestError::NoExitMarker {
+                status: status.to_string(),
+                qemu_stderr: fs::read_to_string(&qemu_out)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+                log,
+            }),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (k, _) in &self.env {
+            let ok = !k.is_empty()
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                return Err(GuestError::Invalid(format!(
+                    "env name {k:?} is not a shell identifier"
+                )));
+            }
+        }
+        for (name, _) in &self.files {
+            if name.is_empty() || name.contains("..") || name.starts_with('/') {
+                return Err(GuestError::Invalid(format!(
+                    "file name {name:?} must be relative"
+                )));
+            }
+        }
+        // QEMU splits option values at commas; a path with one would be
+        // misparsed rather than rejected.
+        let paths = self
+            .vhost_user_blk
+            .iter()
+            .chain(&self.vhost_user_scsi)
+            .chain(&self.scsi_disks)
+            .chain(self.shares.iter().map(|(p, _)| p));
+        for p in paths {
+            if p.to_string_lossy().contains(',') {
+                return Err(GuestError::Invalid(format!(
+                    "path {} contains a comma",
+                    p.display()
+                )));
+            }
+            if !p.exists() {
+                return Err(GuestError::Invalid(format!(
+                    "{} does not exist",
+                    p.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The base initramfs followed by a second archive with this run's
+    /// files: the kernel unpacks concatenated archives in order.
+    fn write_initrd(&self, assets: &Assets, script: &str, path: &Path) -> Result<()> {
+        fs::copy(&assets.initramfs, path)
+            .map_err(|e| GuestError::io(format!("copy {}", assets.initramfs.display()), e))?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| GuestError::io(format!("open {}", path.display()), e))?;
+        let mut w = CpioWriter::new(std::io::BufWriter::new(file));
+        let mut env = String::new();
+        for (k, v) in &self.env {
+            env.push_str(&format!("export {k}={}\n", shell_quote(v)));
+        }
+        let shares: String = self
+            .shares
+            .iter()
+            .enumerate()
+            .map(|(i, (_, mnt))| format!("ustor{i} {mnt}\n"))
+            .collect();
+        let io = |e| GuestError::io(format!("append run files to {}", path.display()), e);
+        w.file("ustor/test.sh", 0o755, script.as_bytes())
+            .map_err(io)?;
+        w.file("ustor/lib.sh", 0o644, GUEST_LIB.as_bytes())
+            .map_err(io)?;
+        w.file("ustor/env", 0o644, env.as_bytes()).map_err(io)?;
+        w.file("ustor/shares", 0o644, shares.as_bytes())
+            .map_err(io)?;
+        for (name, data) in &self.files {
+            w.file(&format!("ustor/{name}"), 0o644, data).map_err(io)?;
+        }
+        let mut out = w.finish().map_err(io)?;
+        out.flush().map_err(io)?;
+        Ok(())
+    }
+
+    fn qemu_argv(&self, assets: &Assets, initrd: &Path, serial: &Path) -> Vec<String> {
+        let mut cmdline = vec![
+            "console=ttyS0".to_string(),
+            // Reboot on panic; -no-reboot turns that into QEMU exiting, so a
+            // crashed guest ends the run at once instead of at the timeout.
+            "panic=-1".into(),
+            "oops=panic".into(),
+            "quiet".into(),
+            "loglevel=4".into(),
+            "rdinit=/init".into(),
+        ];
+        cmdline.extend(self.cmdline.iter().cloned());
+        let mut a: Vec<String> = [
+            "-no-user-config",
+            "-nodefaults",
+            "-no-reboot",
+            "-M",
+            "pc",
+            // KVM is never used: the host's /dev/kvm (PVM) cannot run a
+            // stock kernel, and TCG behaves the same on every CI machine.
+            "-accel",
+            "tcg,thread=multi",
+            "-cpu",
+            "max",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(["-smp".into(), self.cpus.to_string()]);
+        a.extend(["-m".into(), format!("{}M", self.memory_mib)]);
+        a.extend(["-serial".into(), format!("file:{}", serial.display())]);
+        a.extend(["-kernel".into(), assets.vmlinux.display().to_string()]);
+        a.extend(["-initrd".into(), initrd.display().to_string()]);
+        a.extend(["-append".into(), cmdline.join(" ")]);
+        a.extend([
+            "-netdev".into(),
+            "user,id=net0".into(),
+            "-device".into(),
+            "virtio-net-pci,netdev=net0".into(),
+        ]);
+        if !self.vhost_user_blk.is_empty() || !self.vhost_user_scsi.is_empty() {
+            // vhost-user backends map guest RAM, so it must be a shareable fd.
+            a.extend([
+                "-object".into(),
+                format!(
+                    "memory-backend-memfd,id=mem,size={}M,share=on",
+                    self.memory_mib
+                ),
+                "-numa".into(),
+                "node,memdev=mem".into(),
+            ]);
+        }
+        for (i, sock) in self.vhost_user_blk.iter().enumerate() {
+            a.extend([
+                "-chardev".into(),
+                format!("socket,id=vublk{i},path={}", sock.display()),
+                "-device".into(),
+                format!("vhost-user-blk-pci,chardev=vublk{i},num-queues=1"),
+            ]);
+        }
+        for (i, sock) in self.vhost_user_scsi.iter().enumerate() {
+            a.extend([
+                "-chardev".into(),
+                format!("socket,id=vuscsi{i},path={}", sock.display()),
+                "-device".into(),
+                format!("vhost-user-scsi-pci,chardev=vuscsi{i}"),
+            ]);
+        }
+        if !self.scsi_disks.is_empty() {
+            a.extend(["-device".into(), "virtio-scsi-pci,id=scsi0".into()]);
+        }
+        for (i, disk) in self.scsi_disks.iter().enumerate() {
+            a.extend([
+                "-drive".into(),
+                format!(
+                    "file={},if=none,format=raw,id=sd{i},cache=writeback",
+                    disk.display()
+                ),
+                "-device".into(),
+                format!("scsi-hd,drive=sd{i},bus=scsi0.0,channel=0,scsi-id={i},lun=0"),
+            ]);
+        }
+        for (i, (dir, _)) in self.shares.iter().enumerate() {
+            a.extend([
+                "-fsdev".into(),
+                format!("local,id=fs{i},path={},security_model=none", dir.display()),
+                "-device".into(),
+                format!("virtio-9p-pci,fsdev=fs{i},mount_tag=ustor{i}"),
+            ]);
+        }
+        a.extend(self.qemu_args.iter().cloned());
+        a
+    }
+}
+
+/// What a finished guest run produced.
+#[derive(Debug, Clone)]
+pub struct GuestOutcome {
+    /// The test script's exit status (init's own failures are 200+).
+    pub exit_code: i32,
+    /// The whole serial log: kernel messages, script output, markers.
+    pub log: String,
+    /// Wall time from QEMU start to its exit.
+    pub duration: Duration,
+}
+
+impl GuestOutcome {
+    /// `Ok(self)` if the script exited 0, else [`GuestError::ScriptFailed`]
+    /// with the log, so a test can write `guest.run()?.success()?`.
+    pub fn success(self) -> Result<Self> {
+        if self.exit_code == 0 {
+            Ok(self)
+        } else {
+            Err(GuestError::ScriptFailed {
+                code: self.exit_code,
+                log: self.log,
+            })
+        }
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log.contains(needle)
+    }
+
+    /// The last value a script reported with `kv KEY VALUE`.
+    pub fn value(&self, key: &str) -> Option<&str> {
+        let prefix = format!("{KV_MARKER}{key}=");
+        self.log
+            .lines()
+            .rev()
+            .find_map(|l| l.find(&prefix).map(|i| l[i + prefix.len()..].trim()))
+    }
+
+    /// Guest uptime (seconds) when init started the script: the boot cost.
+    pub fn boot_seconds(&self) -> Option<f64> {
+        self.log
+            .lines()
+            .find_map(|l| l.split("USTOR-GUEST-START uptime=").nth(1))
+            .and_then(|v| v.trim().parse().ok())
+    }
+}
+
+/// `$USTOR_TESTVM_QEMU`, else `qemu-system-x86_64` from PATH.
+pub(crate) fn qemu_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("USTOR_TESTVM_QEMU") {
+        return Ok(PathBuf::from(p));
+    }
+    assets::which("qemu-system-x86_64").ok_or_else(|| {
+        GuestError::MissingTool("qemu-system-x86_64 not in PATH (Debian: qemu-system-x86)".into())
+    })
+}
+
+fn read_log(path: &Path) -> String {
+    // Serial output uses CRLF; a guest killed mid-write can leave bad UTF-8.
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).replace('\r', ""))
+        .unwrap_or_default()
+}
+
+/// The status from the last exit marker line, if any.
+fn parse_exit(log: &str) -> Option<i32> {
+    log.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix(EXIT_MARKER))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn shell_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_marker_last_wins_and_garbage_ignored() {
+        assert_eq!(parse_exit("boot\nUSTOR-GUEST-EXIT=3\n"), Some(3));
+        assert_eq!(
+            parse_exit("USTOR-GUEST-EXIT=1\nUSTOR-GUEST-EXIT=0\n"),
+            Some(0)
+        );
+        assert_eq!(parse_exit("USTOR-GUEST-EXIT=\n"), None);
+        assert_eq!(parse_exit("no marker"), None);
+    }
+
+    #[test]
+    fn kv_values() {
+        let o = GuestOutcome {
+            exit_code: 0,
+            log: "x\nUSTOR-KV md5=abc\n[ 1.0] USTOR-KV md5=def \nUSTOR-GUEST-START uptime=2.5\n"
+                .into(),
+            duration: Duration::ZERO,
+        };
+        assert_eq!(o.value("md5"), Some("def"));
+        assert_eq!(o.value("nope"), None);
+        assert_eq!(o.boot_seconds(), Some(2.5));
+    }
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(shell_quote("a'b"), "'a'\\''b'");
+    }
+
+    #[test]
+    fn rejects_bad_env_names() {
+        let b = GuestBuilder::new().script("true").env("1X", "v");
+        assert!(matches!(b.validate(), Err(GuestError::Invalid(_))));
+        let b = GuestBuilder::new().script("true").env("PORT_1", "v");
+        assert!(b.validate().is_ok());
+    }
+}

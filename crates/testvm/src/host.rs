@@ -1,0 +1,264 @@
+//! Host-side helpers for interop tests: free ports, waiting for a server to
+//! listen, running a server process that is stopped by PID when the test
+//! ends (even on panic), and checksums of host files to compare with what
+//! the guest reports.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::assets::describe;
+use crate::error::{GuestError, Result};
+
+/// A TCP port on 127.0.0.1 that was free a moment ago. (Another process
+/// can take it before the server binds; tests retry on bind failure if that
+/// matters to them.)
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| GuestError::io("bind 127.0.0.1:0 to find a free port", e))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| GuestError::io("local_addr of probe socket", e))
+}
+
+/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
+pub fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(GuestError::io(
+                    format!("nothing listens on {addr} after {timeout:?}"),
+                    e,
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Waits until `path` exists (a unix socket a daemon creates).
+pub fn wait_for_path(path: &Path, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        if Instant::now() >= deadline {
+            return Err(GuestError::Io {
+                what: format!("{} did not appear within {timeout:?}", path.display()),
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A server process owned by a test. Its output goes to a log file; it is
+/// killed by PID on drop, so a failing assertion never leaks a server.
+#[derive(Debug)]
+pub struct Server {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Spawns `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Result<Self> {
+        let out = File::create(log)
+            .map_err(|e| GuestError::io(format!("create {}", log.display()), e))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| GuestError::io("dup server log", e))?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd
+            .spawn()
+            .map_err(|e| GuestError::io(format!("spawn {name}: `{}`", describe(&cmd)), e))?;
+        Ok(Server {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The server's output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails if the server has already exited (e.g. could not bind).
+    pub fn check_running(&mut self) -> Result<()> {
+        let Some(child) = self.child.as_mut() else {
+            return Err(GuestError::Asset(format!("{} already stopped", self.name)));
+        };
+        match child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(GuestError::Command {
+                cmd: self.name.clone(),
+                status: status.to_string(),
+                stderr: self.log(),
+            }),
+            Err(e) => Err(GuestError::io(format!("wait {}", self.name), e)),
+        }
+    }
+
+    /// Sends SIGTERM, waits up to `grace`, then SIGKILL. Returns the log.
+    pub fn stop(&mut self, grace: Duration) -> String {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: signalling the PID of a child we spawned and have
+                // not yet reaped, so it cannot have been recycled.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let deadline = Instant::now() + grace;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.log()
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own (a daemon
+    /// told to quit through its control interface); kills it after that.
+    /// Returns true if it exited by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Fills `len` bytes of `path` at `offset` with pseudo-random data from a
+/// seed (xorshift), so host and guest never agree by accident on zeros.
+pub fn write_pattern(path: &Path, offset: u64, len: usize, seed: u64) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| GuestError::io(format!("open {}", path.display()), e))?;
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; len];
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    f.seek(SeekFrom::Start(offset))
+        .and_then(|_| f.write_all(&buf))
+        .and_then(|_| f.sync_all())
+        .map_err(|e| GuestError::io(format!("write pattern to {}", path.display()), e))
+}
+
+/// md5 (hex) of `len` bytes of `path` at `offset`, computed by `md5sum` so
+/// it is the same algorithm and format busybox prints in the guest.
+pub fn md5_range(path: &Path, offset: u64, len: usize) -> Result<String> {
+    let mut f =
+        File::open(path).map_err(|e| GuestError::io(format!("open {}", path.display()), e))?;
+    let mut buf = vec![0u8; len];
+    f.seek(SeekFrom::Start(offset))
+        .and_then(|_| f.read_exact(&mut buf))
+        .map_err(|e| GuestError::io(format!("read {} bytes of {}", len, path.display()), e))?;
+    md5_bytes(&buf)
+}
+
+/// md5 (hex) of a byte slice via `md5sum`.
+pub fn md5_bytes(data: &[u8]) -> Result<String> {
+    let mut child = Command::new("md5sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| GuestError::io("spawn md5sum", e))?;
+    let mut stdin = child
+        .stdin
+        .take()
+        .ok_or_else(|| GuestError::Asset("md5sum has no stdin".into()))?;
+    let data = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| GuestError::io("wait md5sum", e))?;
+    writer
+        .join()
+        .map_err(|_| GuestError::Asset("md5sum writer thread panicked".into()))?
+        .map_err(|e| GuestError::io("feed md5sum", e))?;
+    if !out.status.success() {
+        return Err(GuestError::Command {
+            cmd: "md5sum".into(),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| GuestError::Asset("md5sum printed nothing".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn md5_of_known_vector() {
+        // RFC 1321 test vector.
+        assert_eq!(
+            md5_bytes(b"abc").expect("md5"),
+            "900150983cd24fb0d6963f7d28e17f72"
+        );
+    }
+
+    #[test]
+    fn pattern_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("img");
+        std::fs::write(&p, vec![0u8; 8192]).expect("create");
+        write_pattern(&p, 4096, 4096, 7).expect("pattern");
+        let data = std::fs::read(&p).expect("read");
+        assert!(data[..4096].iter().all(|&b| b == 0));
+        assert!(data[4096..].iter().any(|&b| b != 0));
+        assert_eq!(
+            md5_range(&p, 4096, 4096).expect("md5 range"),
+            md5_bytes(&data[4096..]).expect("md5 bytes")
+        );
+    }
+}
