@@ -13,6 +13,8 @@
 //! - [`negotiation`]: the handshake state machine.
 //! - [`request`]: transmission request validation → typed [`Command`].
 //! - [`reply`]: reply headers for command outcomes.
+//! - [`server`]: the async server on the ustor runtime (listener,
+//!   connections, exports, stats, control-plane functions).
 
 pub mod export;
 #[doc(hidden)]
@@ -20,6 +22,7 @@ pub mod fuzzing;
 pub mod negotiation;
 pub mod reply;
 pub mod request;
+pub mod server;
 pub mod wire;
 
 pub use export::{BlockSizes, ExportCatalog, ExportFeatures, ExportInfo, StaticCatalog};

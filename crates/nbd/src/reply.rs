@@ -33,6 +33,12 @@ impl std::fmt::Debug for ReplyHeader {
 }
 
 impl ReplyHeader {
+    /// No header: the reply is entirely in its data buffer.
+    pub const EMPTY: ReplyHeader = ReplyHeader {
+        buf: [0; MAX_REPLY_HEADER_LEN],
+        len: 0,
+    };
+
     fn from_slice(bytes: &[u8]) -> Self {
         debug_assert!(bytes.len() <= MAX_REPLY_HEADER_LEN);
         let mut buf = [0u8; MAX_REPLY_HEADER_LEN];

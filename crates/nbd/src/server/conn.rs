@@ -1,0 +1,575 @@
+//! One client connection, owned by one reactor for its whole life.
+//!
+//! The handshake drives [`Negotiation`] with exact reads and full sends. In
+//! transmission three kinds of task share the connection state:
+//! - the receiver reads 28-byte headers, validates them, receives write
+//!   payloads straight into a pool buffer (the one the device then writes
+//!   from) and queues jobs; it stops reading while the outstanding-request
+//!   or outstanding-byte budget is spent (backpressure, bounded memory);
+//! - workers (spawned on demand, at most [`MAX_WORKERS`], then reused) run
+//!   jobs against the device channel, so requests complete and are answered
+//!   out of order;
+//! - the sender gathers every reply queued since its last send (up to
+//!   `BATCH_REPLIES`) into one `sendmsg`: read data goes out of the buffer
+//!   the device filled. At QD1 a reply is sent as soon as it is queued; under
+//!   load replies pile up while a send is in flight and leave together.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+
+use ustor_runtime::{ops, spawn, IoBuf};
+
+use super::backend::{Channel, ExportSource};
+use super::io::{discard, recv_exact, send_all, OutReply, SendBatch};
+use super::stats::{bump, inc};
+use super::Shared;
+use crate::export::ExportFeatures;
+use crate::negotiation::{Event, Negotiation, Step};
+use crate::reply::{self, ReplyHeader};
+use crate::request::{self, Command, RequestError, TransmissionParams};
+use crate::wire::{self, BlockDescriptor, NbdErrno, REQUEST_HEADER_LEN};
+
+/// Requests one connection may have received and not yet answered.
+pub const MAX_OUTSTANDING: usize = 256;
+/// Payload bytes one connection may hold in flight (reads and writes).
+pub const MAX_OUTSTANDING_BYTES: u64 = 64 << 20;
+/// Worker tasks per connection (concurrent device operations).
+pub const MAX_WORKERS: usize = 128;
+/// Extents returned in one BLOCK_STATUS reply.
+const MAX_EXTENTS: usize = 64;
+
+/// Serves one accepted socket until it closes.
+pub(crate) async fn serve<S: ExportSource>(fd: OwnedFd, shared: Arc<Shared<S>>) {
+    match handshake(fd.as_raw_fd(), &shared).await {
+        Ok(Some((source, params))) => match source.source.channel() {
+            Ok(channel) => transmission(fd, channel, params, source.features()).await,
+            Err(e) => tracing::warn!("nbd: export {} has no channel: {e}", source.name),
+        },
+        Ok(None) => bump(|c| inc(&c.handshakes_failed, 1)),
+        Err(e) => {
+            tracing::debug!("nbd: handshake ended: {e}");
+            bump(|c| inc(&c.handshakes_failed, 1));
+        }
+    }
+    bump(|c| inc(&c.connections_closed, 1));
+    shared.connection_closed();
+}
+
+type Chosen<S> = (Arc<super::ExportEntry<S>>, TransmissionParams);
+
+/// Runs option haggling; `Ok(None)` when it ended without transmission.
+async fn handshake<S: ExportSource>(
+    fd: RawFd,
+    shared: &Arc<Shared<S>>,
+) -> io::Result<Option<Chosen<S>>> {
+    let limits = shared.limits;
+    let mut neg = Negotiation::new(limits);
+    let mut out = Vec::with_capacity(1024);
+    let mut inbuf = IoBuf::heap(limits.max_option_payload as usize);
+    let mut step = neg.apply(&**shared, Event::Start, &mut out);
+    loop {
+        if !out.is_empty() {
+            let mut sendbuf = IoBuf::heap(out.len());
+            sendbuf.copy_from_slice(&out);
+            out.clear();
+            send_all(fd, sendbuf).await.0?;
+        }
+        step = match step {
+            Step::Read(n) => {
+                let (res, b) = recv_exact(fd, inbuf, 0, n).await;
+                inbuf = b;
+                res?;
+                neg.apply(&**shared, Event::Bytes(&inbuf.spare_mut()[..n]), &mut out)
+            }
+            Step::Discard(n) => {
+                let (res, b) = discard(fd, inbuf, u64::from(n)).await;
+                inbuf = b;
+                res?;
+                neg.apply(&**shared, Event::Discarded, &mut out)
+            }
+            Step::Transmission(n) => return Ok(Some((n.handle, n.params))),
+            Step::Close(reason) => {
+                tracing::debug!("nbd: handshake closed: {reason}");
+                return Ok(None);
+            }
+        };
+    }
+}
+
+/// A request handed from the receiver to a worker.
+struct Job {
+    cookie: u64,
+    command: Command,
+    /// Write payload, already received.
+    payload: Option<IoBuf>,
+}
+
+/// State shared by the tasks of one connection (all on one reactor).
+struct Conn<C> {
+    fd: OwnedFd,
+    channel: C,
+    params: TransmissionParams,
+    features: ExportFeatures,
+    jobs: RefCell<VecDeque<Job>>,
+    idle_workers: RefCell<Vec<Waker>>,
+    workers: Cell<usize>,
+    replies: RefCell<VecDeque<OutReply>>,
+    /// Received and not yet answered on the wire.
+    outstanding: Cell<usize>,
+    outstanding_bytes: Cell<u64>,
+    receiver: RefCell<Option<Waker>>,
+    sender: RefCell<Option<Waker>>,
+    /// No more requests will be read (DISC, EOF, protocol error).
+    closing: Cell<bool>,
+    /// The socket failed: replies can no longer be sent.
+    dead: Cell<bool>,
+}
+
+fn wake(slot: &RefCell<Option<Waker>>) {
+    if let Some(w) = slot.borrow_mut().take() {
+        w.wake();
+    }
+}
+
+impl<C: Channel> Conn<C> {
+    fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn queue_reply(&self, reply: OutReply) {
+        self.replies.borrow_mut().push_back(reply);
+        wake(&self.sender);
+    }
+
+    /// `count` requests holding `bytes` of payload budget were answered
+    /// (sent, or dropped with a dead socket).
+    fn finished(&self, count: usize, bytes: u64) {
+        debug_assert!(count <= self.outstanding.get() && bytes <= self.outstanding_bytes.get());
+        self.outstanding.set(self.outstanding.get() - count);
+        self.outstanding_bytes
+            .set(self.outstanding_bytes.get() - bytes);
+        wake(&self.receiver);
+        if self.outstanding.get() == 0 {
+            wake(&self.sender);
+        }
+    }
+
+    fn queue_job(self: &Rc<Self>, job: Job) {
+        self.jobs.borrow_mut().push_back(job);
+        let idle = self.idle_workers.borrow_mut().pop();
+        match idle {
+            Some(w) => w.wake(),
+            None if self.workers.get() < MAX_WORKERS => {
+                self.workers.set(self.workers.get() + 1);
+                spawn(worker(self.clone()));
+            }
+            // Every worker is busy; one takes this job when it finishes.
+            None => {}
+        }
+    }
+
+    fn wake_all_workers(&self) {
+        for w in self.idle_workers.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+}
+
+fn payload_bytes(command: &Command) -> u64 {
+    match *command {
+        Command::Read { length, .. } | Command::Write { length, .. } => u64::from(length),
+        _ => 0,
+    }
+}
+
+async fn transmission<C: Channel>(
+    fd: OwnedFd,
+    channel: C,
+    params: TransmissionParams,
+    features: ExportFeatures,
+) {
+    let conn = Rc::new(Conn {
+        fd,
+        channel,
+        params,
+        features,
+        jobs: RefCell::new(VecDeque::with_capacity(MAX_OUTSTANDING)),
+        idle_workers: RefCell::new(Vec::with_capacity(MAX_WORKERS * 2)),
+        workers: Cell::new(0),
+        replies: RefCell::new(VecDeque::with_capacity(MAX_OUTSTANDING)),
+        outstanding: Cell::new(0),
+        outstanding_bytes: Cell::new(0),
+        receiver: RefCell::new(None),
+        sender: RefCell::new(None),
+        closing: Cell::new(false),
+        dead: Cell::new(false),
+    });
+    let sender = spawn(sender(conn.clone()));
+    receiver(&conn).await;
+    conn.closing.set(true);
+    conn.wake_all_workers();
+    wake(&conn.sender);
+    // The sender returns once every received request has been answered.
+    sender.await;
+    // SAFETY: plain shutdown(2) on a socket this connection owns.
+    unsafe { libc::shutdown(conn.raw_fd(), libc::SHUT_RDWR) };
+}
+
+/// Reads and dispatches requests until DISC, EOF or a fatal error.
+async fn receiver<C: Channel>(conn: &Rc<Conn<C>>) {
+    let fd = conn.raw_fd();
+    let mut header = IoBuf::heap(REQUEST_HEADER_LEN);
+    let mut scratch: Option<IoBuf> = None;
+    loop {
+        // Backpressure: stop reading while the budgets are spent.
+        poll_fn(|cx| {
+            if conn.dead.get()
+                || (conn.outstanding.get() < MAX_OUTSTANDING
+                    && conn.outstanding_bytes.get() < MAX_OUTSTANDING_BYTES)
+            {
+                Poll::Ready(())
+            } else {
+                *conn.receiver.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+        if conn.dead.get() {
+            return;
+        }
+        let (res, h) = recv_exact(fd, header, 0, REQUEST_HEADER_LEN).await;
+        header = h;
+        bump(|c| inc(&c.recv_calls, 1));
+        if res.is_err() {
+            return;
+        }
+        match request::decode(&header.spare_mut()[..REQUEST_HEADER_LEN], &conn.params) {
+            Ok(req) => {
+                if !dispatch(conn, req).await {
+                    return;
+                }
+            }
+            Err(RequestError::Refused {
+                cookie,
+                errno,
+                discard: n,
+                ..
+            }) => {
+                if n > 0 {
+                    let s = scratch.take().unwrap_or_else(|| IoBuf::heap(64 << 10));
+                    let (res, s) = discard(fd, s, u64::from(n)).await;
+                    scratch = Some(s);
+                    bump(|c| inc(&c.bytes_discarded, u64::from(n)));
+                    if res.is_err() {
+                        return;
+                    }
+                }
+                bump(|c| inc(&c.refused, 1));
+                // Under structured replies a refused READ must get an error
+                // chunk; `reply::error` uses one for every command then.
+                conn.outstanding.set(conn.outstanding.get() + 1);
+                let header = reply::error(conn.params.structured, cookie, errno);
+                conn.queue_reply(OutReply {
+                    header,
+                    data: None,
+                    charge: 0,
+                });
+            }
+            Err(e) => {
+                tracing::debug!("nbd: closing connection: {e}");
+                bump(|c| inc(&c.protocol_errors, 1));
+                return;
+            }
+        }
+    }
+}
+
+/// Queues one valid request; false when the connection must stop reading.
+async fn dispatch<C: Channel>(conn: &Rc<Conn<C>>, req: request::Request) -> bool {
+    let mut payload = None;
+    match req.command {
+        Command::Disconnect => return false,
+        Command::Write { length, .. } if length > 0 => {
+            let mut buf = IoBuf::alloc(length as usize).await;
+            buf.set_len(length as usize);
+            // The payload lands in the buffer the device writes from.
+            let (res, buf) = recv_exact(conn.raw_fd(), buf, 0, length as usize).await;
+            bump(|c| inc(&c.recv_calls, 1));
+            if res.is_err() {
+                // Client vanished mid-write: nothing was written.
+                return false;
+            }
+            payload = Some(buf);
+        }
+        _ => {}
+    }
+    conn.outstanding.set(conn.outstanding.get() + 1);
+    conn.outstanding_bytes
+        .set(conn.outstanding_bytes.get() + payload_bytes(&req.command));
+    conn.queue_job(Job {
+        cookie: req.cookie,
+        command: req.command,
+        payload,
+    });
+    true
+}
+
+async fn worker<C: Channel>(conn: Rc<Conn<C>>) {
+    loop {
+        let job = poll_fn(|cx| {
+            if let Some(job) = conn.jobs.borrow_mut().pop_front() {
+                return Poll::Ready(Some(job));
+            }
+            if conn.closing.get() {
+                return Poll::Ready(None);
+            }
+            conn.idle_workers.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let Some(job) = job else { break };
+        let charge = payload_bytes(&job.command);
+        let mut reply = execute(&conn, job).await;
+        reply.charge = charge;
+        conn.queue_reply(reply);
+    }
+    conn.workers.set(conn.workers.get() - 1);
+}
+
+fn outcome(structured: bool, cookie: u64, r: Result<(), NbdErrno>) -> OutReply {
+    let header = match r {
+        Ok(()) => reply::ok(cookie),
+        Err(e) => {
+            bump(|c| inc(&c.io_errors, 1));
+            reply::error(structured, cookie, e)
+        }
+    };
+    OutReply {
+        header,
+        data: None,
+        charge: 0,
+    }
+}
+
+/// Runs one job against the device and builds its reply.
+async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
+    let structured = conn.params.structured;
+    let cookie = job.cookie;
+    let ch = &conn.channel;
+    match job.command {
+        Command::Read { length: 0, .. } => OutReply {
+            header: reply::read_empty(structured, cookie),
+            data: None,
+            charge: 0,
+        },
+        Command::Read { offset, length, .. } => {
+            let mut buf = IoBuf::alloc(length as usize).await;
+            buf.set_len(length as usize);
+            let (r, buf) = ch.read(offset, buf).await;
+            match r {
+                Ok(()) => {
+                    bump(|c| {
+                        inc(&c.reads, 1);
+                        inc(&c.bytes_read, u64::from(length));
+                    });
+                    OutReply {
+                        header: reply::read_ok(structured, cookie, offset, length),
+                        data: Some(buf),
+                        charge: 0,
+                    }
+                }
+                Err(e) => outcome(structured, cookie, Err(e)),
+            }
+        }
+        Command::Write {
+            offset,
+            length,
+            fua,
+        } => {
+            let r = match job.payload {
+                Some(buf) => ch.write(offset, buf, fua).await.0,
+                None => Ok(()),
+            };
+            bump(|c| {
+                inc(&c.writes, 1);
+                inc(&c.bytes_written, u64::from(length));
+            });
+            outcome(structured, cookie, r)
+        }
+        Command::Flush => {
+            bump(|c| inc(&c.flushes, 1));
+            outcome(structured, cookie, ch.flush().await)
+        }
+        Command::Trim {
+            offset,
+            length,
+            fua,
+        } => {
+            bump(|c| inc(&c.trims, 1));
+            let mut r = if length > 0 {
+                ch.trim(offset, u64::from(length)).await
+            } else {
+                Ok(())
+            };
+            if fua && r.is_ok() && conn.features.can_flush {
+                r = ch.flush().await;
+            }
+            outcome(structured, cookie, r)
+        }
+        Command::WriteZeroes {
+            offset,
+            length,
+            fua,
+            no_hole,
+            fast,
+        } => {
+            bump(|c| inc(&c.write_zeroes, 1));
+            // FAST_ZERO must fail fast when zeroing is no cheaper than writing.
+            if fast && !conn.features.fast_zero {
+                return outcome(structured, cookie, Err(NbdErrno::NotSup));
+            }
+            let mut r = if length > 0 {
+                ch.write_zeroes(offset, u64::from(length), no_hole).await
+            } else {
+                Ok(())
+            };
+            if fua && r.is_ok() && conn.features.can_flush {
+                r = ch.flush().await;
+            }
+            outcome(structured, cookie, r)
+        }
+        // A hint with no semantics; the device has no cache to warm.
+        Command::Cache { .. } => {
+            bump(|c| inc(&c.caches, 1));
+            outcome(structured, cookie, Ok(()))
+        }
+        Command::BlockStatus {
+            offset,
+            length,
+            req_one,
+            context_id,
+        } => {
+            bump(|c| inc(&c.block_status, 1));
+            block_status(conn, cookie, offset, length, req_one, context_id)
+        }
+        Command::Disconnect => outcome(structured, cookie, Ok(())),
+    }
+}
+
+fn block_status<C: Channel>(
+    conn: &Conn<C>,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    req_one: bool,
+    id: u32,
+) -> OutReply {
+    let mut extents = [BlockDescriptor {
+        length: 0,
+        flags: 0,
+    }; MAX_EXTENTS];
+    let max = if req_one { 1 } else { MAX_EXTENTS };
+    let n = conn
+        .channel
+        .block_status(offset, length, &mut extents[..max])
+        .clamp(1, max);
+    let extents = &mut extents[..n];
+    if req_one {
+        extents[0].length = extents[0].length.min(length);
+    }
+    if extents.iter().any(|e| e.length == 0) {
+        // A device bug; answer the always-correct "allocated, unknown".
+        extents[0] = BlockDescriptor { length, flags: 0 };
+    }
+    let n = if extents.iter().any(|e| e.length == 0) {
+        1
+    } else {
+        extents.len()
+    };
+    let mut chunk = Vec::with_capacity(wire::CHUNK_HEADER_LEN + 4 + n * wire::BLOCK_DESCRIPTOR_LEN);
+    wire::put_block_status(&mut chunk, cookie, true, id, &extents[..n]);
+    let mut buf = IoBuf::heap(chunk.len());
+    buf.copy_from_slice(&chunk);
+    OutReply {
+        header: ReplyHeader::EMPTY,
+        data: Some(buf),
+        charge: 0,
+    }
+}
+
+/// Sends queued replies, many per `sendmsg` when they pile up.
+async fn sender<C: Channel>(conn: Rc<Conn<C>>) {
+    let fd = conn.raw_fd();
+    let mut batch = SendBatch::new();
+    loop {
+        poll_fn(|cx| {
+            let done = conn.closing.get() && conn.outstanding.get() == 0;
+            if !conn.replies.borrow().is_empty() || done {
+                Poll::Ready(())
+            } else {
+                *conn.sender.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+        let mut bytes = 0u64;
+        {
+            let mut q = conn.replies.borrow_mut();
+            while !batch.is_full() {
+                let Some(r) = q.pop_front() else { break };
+                bytes += r.charge;
+                batch.push(r);
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        if !conn.dead.get() {
+            loop {
+                let (res, b) = ops::sendmsg(fd, batch).await;
+                batch = b;
+                bump(|c| inc(&c.send_calls, 1));
+                match res {
+                    Ok(n) if n > 0 => {
+                        if batch.advance(n) {
+                            break;
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    _ => {
+                        conn.dead.set(true);
+                        break;
+                    }
+                }
+            }
+        }
+        let n = batch.len();
+        bump(|c| inc(&c.replies_sent, n as u64));
+        batch.clear();
+        conn.finished(n, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_accounting() {
+        assert_eq!(
+            payload_bytes(&Command::Read {
+                offset: 0,
+                length: 4096,
+                df: false
+            }),
+            4096
+        );
+        assert_eq!(payload_bytes(&Command::Flush), 0);
+    }
+}

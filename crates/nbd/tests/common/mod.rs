@@ -1,0 +1,93 @@
+//! Shared fixtures for the peer tests: a runtime, a server with one RAM
+//! export on a free port, and helpers to run the peer tools.
+
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use ustor_nbd::server::{
+    ExportCreateParams, ListenAddress, MemSource, NbdServer, ServerStartParams,
+};
+use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
+
+pub struct Fixture {
+    pub server: Arc<NbdServer<MemSource>>,
+    pub port: u16,
+    // Dropped last: stops the reactors.
+    pub rt: Runtime,
+}
+
+pub fn start(export_bytes: usize, reactors: usize) -> Fixture {
+    let cfg = RuntimeConfig {
+        cores: (0..reactors).collect(),
+        pin: false,
+        poll_mode: PollMode::Adaptive,
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::start(cfg).expect("runtime starts");
+    let server = Arc::new(NbdServer::new(rt.handle()));
+    let r = server
+        .start(&ServerStartParams {
+            listen_address: ListenAddress {
+                traddr: "127.0.0.1".into(),
+                trsvcid: "0".into(),
+            },
+            max_connections: 64,
+        })
+        .expect("server starts");
+    let params = ExportCreateParams {
+        name: "mem".into(),
+        bdev_name: "Malloc0".into(),
+        read_only: false,
+        description: "RAM test export".into(),
+    };
+    server
+        .export_create(&params, MemSource::new(export_bytes, 512))
+        .expect("export");
+    Fixture {
+        server,
+        port: r.trsvcid.parse().expect("port"),
+        rt,
+    }
+}
+
+impl Fixture {
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd://127.0.0.1:{}/{}", self.port, export)
+    }
+}
+
+/// Whether `tool` is installed; tests that need it skip (loudly) otherwise.
+pub fn have(tool: &str) -> bool {
+    let ok = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!("SKIP: {tool} not installed (see .ci/apt/nbd.txt)");
+    }
+    ok
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> Output {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd} {args:?} failed: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
