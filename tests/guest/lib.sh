@@ -4,12 +4,17 @@
 # Print a value the host test reads with GuestOutcome::value(KEY).
 kv() { echo "USTOR-KV $1=$2"; }
 
-log() { echo "guest: $*"; }
+# Diagnostics go to stderr (also the console) so that `run cmd > file`
+# captures only the command's own output.
+log() { echo "guest: $*" >&2; }
 
-die() { echo "guest: FAILED: $*"; exit 1; }
+die() { echo "guest: FAILED: $*" >&2; exit 1; }
 
 # Run a command, echoing it first so the serial log shows what failed.
-run() { echo "+ $*"; "$@" || die "$* (status $?)"; }
+run() {
+    echo "+ $*" >&2
+    "$@" || die "$* (status $?)"
+}
 
 # wait_for PATH [SECONDS]: wait for a device node or file to appear.
 wait_for() {
@@ -61,4 +66,21 @@ fs_roundtrip() {
     kv tree_md5 "$(md5sum /tmp/before.md5 | cut -d' ' -f1)"
     kv files "$(wc -l < /tmp/before.md5)"
     run umount "$_mnt"
+}
+
+# read_md5 DEV OFFSET_MIB COUNT_MIB: md5 of a region read with O_DIRECT, so
+# it comes from the target and not from the guest's page cache.
+read_md5() {
+    dd if="$1" bs=1M skip="$2" count="$3" iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1
+}
+
+# raw_roundtrip DEV OFFSET_MIB COUNT_MIB KEY: write random data with
+# O_DIRECT, read it back with O_DIRECT, compare; report its md5 as KEY.
+raw_roundtrip() {
+    run dd if=/dev/urandom of=/tmp/raw.bin bs=1M count="$3" 2>/dev/null
+    _want=$(md5_of /tmp/raw.bin)
+    run dd if=/tmp/raw.bin of="$1" bs=1M seek="$2" count="$3" oflag=direct conv=fsync 2>/dev/null
+    _got=$(read_md5 "$1" "$2" "$3")
+    [ "$_want" = "$_got" ] || die "raw read-back of $1 differs: wrote $_want read $_got"
+    kv "$4" "$_want"
 }

@@ -23,7 +23,7 @@ use crate::modules::{self, ModuleTree};
 
 /// Bump when the layout of the built assets changes, so stale caches are
 /// rebuilt instead of booting a guest that lacks something new.
-const ASSET_VERSION: u32 = 2;
+const ASSET_VERSION: u32 = 3;
 
 /// The guest's init (PID 1), a busybox shell script.
 const INIT_SCRIPT: &str = include_str!("init.sh");
@@ -77,6 +77,7 @@ const MODULES: &[&str] = &[
     "sg",
     "scsi_debug",
     "loop",
+    "configfs",
     "nbd",
     "nvme_tcp",
     "nvme_fabrics",

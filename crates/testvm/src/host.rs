@@ -262,3 +262,32 @@ mod tests {
         );
     }
 }
+
+/// Checks an ext4 image on the host with `e2fsck -f -n` (read-only): what
+/// the guest wrote through a target must be a consistent file system when
+/// read straight from the backing file.
+pub fn fsck_image(image: &Path) -> Result<()> {
+    crate::assets::run_cmd(Command::new("e2fsck").arg("-f").arg("-n").arg(image)).map(|_| ())
+}
+
+/// md5 of a file inside an ext4 image, read on the host with `debugfs`
+/// (no mount, no privileges).
+pub fn ext4_file_md5(image: &Path, file: &str) -> Result<String> {
+    let out = Command::new("debugfs")
+        .arg("-R")
+        .arg(format!("cat {file}"))
+        .arg(image)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| GuestError::io("spawn debugfs", e))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // debugfs exits 0 even when the file is missing; it says so on stderr.
+    if !out.status.success() || stderr.contains("not found") {
+        return Err(GuestError::Command {
+            cmd: format!("debugfs -R 'cat {file}' {}", image.display()),
+            status: out.status.to_string(),
+            stderr: stderr.into_owned(),
+        });
+    }
+    md5_bytes(&out.stdout)
+}
