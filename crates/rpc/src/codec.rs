@@ -16,6 +16,8 @@ use serde_json::{Map, Value};
 /// Default bound on one request (one top-level JSON value), in bytes.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 << 20;
 
+/// Unfinished values up to this size are syntax-checked on every read.
+const EARLY_CHECK_ALWAYS_BYTES: usize = 4096;
 /// Decoder buffers above this capacity are shrunk once mostly consumed.
 const SHRINK_ABOVE_BYTES: usize = 256 << 10;
 
@@ -48,6 +50,8 @@ pub struct StreamDecoder {
     buf: Vec<u8>,
     max_value_bytes: usize,
     scan: Scan,
+    /// Partial-value size at the last early syntax check.
+    early_checked: usize,
 }
 
 /// Scanner state for the value being assembled at the front of `buf`.
@@ -67,6 +71,7 @@ impl StreamDecoder {
             buf: Vec::new(),
             max_value_bytes: max_value_bytes.max(1),
             scan: Scan::default(),
+            early_checked: 0,
         }
     }
 
@@ -129,7 +134,11 @@ impl StreamDecoder {
                 let limit_end = (start + self.max_value_bytes).min(self.buf.len());
                 match scan_container(&self.buf, &mut self.scan, start, limit_end) {
                     Some(end) => end,
-                    None => return self.check_limit().map(|()| None),
+                    None => {
+                        self.check_limit()?;
+                        self.early_syntax_check(start)?;
+                        return Ok(None);
+                    }
                 }
             }
             // A scalar or garbage: let serde decide (a scalar is a valid
@@ -141,6 +150,24 @@ impl StreamDecoder {
         parsed
             .map(Some)
             .map_err(|e| FrameError::Syntax(e.to_string()))
+    }
+
+    /// Report a syntax error in an unfinished value now rather than when
+    /// its brackets balance (or never, for `{garbage` with no `}`): serde
+    /// parses the partial text and only an error that is not "unexpected
+    /// end of input" counts. Checks run at geometrically growing sizes
+    /// (and always while small), so the total work stays linear however
+    /// the request is split into reads.
+    fn early_syntax_check(&mut self, start: usize) -> Result<(), FrameError> {
+        let partial = self.buf.len() - start;
+        if partial > EARLY_CHECK_ALWAYS_BYTES && partial < self.early_checked.saturating_mul(2) {
+            return Ok(());
+        }
+        self.early_checked = partial;
+        match serde_json::from_slice::<Value>(&self.buf[start..]) {
+            Err(e) if !e.is_eof() => Err(FrameError::Syntax(e.to_string())),
+            _ => Ok(()),
+        }
     }
 
     fn next_scalar(&mut self, start: usize) -> Result<Option<Value>, FrameError> {
@@ -162,6 +189,7 @@ impl StreamDecoder {
     fn consume(&mut self, end: usize) {
         self.buf.drain(..end);
         self.scan = Scan::default();
+        self.early_checked = 0;
         // Give back the memory of a large request once it is parsed, so an
         // idle connection does not keep megabytes.
         if self.buf.capacity() > SHRINK_ABOVE_BYTES && self.buf.len() < SHRINK_ABOVE_BYTES / 2 {
@@ -397,6 +425,23 @@ mod tests {
         ));
         assert!(matches!(values(&[b"xyz"])[0], Err(FrameError::Syntax(_))));
         assert!(matches!(values(&[b"{]"])[0], Err(FrameError::Syntax(_))));
+        // Garbage inside an unfinished object is reported without waiting
+        // for a closing brace that may never come.
+        assert!(matches!(
+            values(&[b"{\"a\" 1"])[0],
+            Err(FrameError::Syntax(_))
+        ));
+        assert!(matches!(values(&[b"[1, x"])[0], Err(FrameError::Syntax(_))));
+        // Partial tokens are not errors.
+        for partial in [
+            &b"{\"a\": tr"[..],
+            b"{\"a\": -",
+            b"[1.5e",
+            b"{\"\\u00",
+            b"[\"\xc3",
+        ] {
+            assert_eq!(values(&[partial]), vec![], "{partial:?}");
+        }
     }
 
     #[test]

@@ -49,13 +49,17 @@ proptest! {
     fn valid_requests_survive_any_split(
         ids in proptest::collection::vec(any::<i64>(), 1..8),
         cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        text_param in any::<String>(),
+        float_param in -1e300f64..1e300,
     ) {
+        let params = json!({"s": "}\"{", "t": text_param, "f": float_param, "b": [true, false, null, -0.5e-7]});
         let text: String = ids
             .iter()
-            .map(|id| json!({"jsonrpc": "2.0", "method": "m", "params": {"s": "}\"{"}, "id": id}).to_string())
+            .map(|id| json!({"jsonrpc": "2.0", "method": "m", "params": params, "id": id}).to_string())
             .collect::<Vec<_>>()
             .join(" ");
         let bytes = text.as_bytes();
+        // Cut anywhere, even inside a UTF-8 sequence.
         let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
         points.push(bytes.len());
         points.sort();
