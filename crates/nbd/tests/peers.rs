@@ -162,6 +162,7 @@ fn fio_verify_qd1_qd32_multiconn() {
                 "--verify=crc32c",
                 "--do_verify=1",
                 "--verify_fatal=1",
+                "--verify_state_save=0",
                 "--offset_increment=16m",
                 "--group_reporting",
             ],
