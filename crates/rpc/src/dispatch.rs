@@ -7,8 +7,6 @@
 
 use crate::codec::{encode_response, Entry, Message, Request};
 use crate::errors::RpcError;
-use crate::params::parse_params;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,6 +26,9 @@ pub const MSG_ONLY_AFTER_INIT: &str =
     "Method may only be called after framework is initialized using framework_start_init RPC.";
 /// SPDK's message for a startup-only method called at runtime.
 pub const MSG_ONLY_BEFORE_INIT: &str = "Method may only be called before framework is initialized. Use --wait-for-rpc command line parameter and then issue this RPC.";
+
+#[path = "builtins.rs"]
+mod builtins;
 
 type Deliver = Box<dyn FnOnce(Result<Value, RpcError>) + Send>;
 /// A method handler: gets the params (an object or array, `{}` when the
@@ -164,7 +165,7 @@ impl MethodTable {
                 state: AtomicU32::new(RPC_RUNTIME),
             }),
         };
-        t.register_builtins();
+        builtins::register(&t);
         t
     }
 
@@ -391,78 +392,6 @@ impl MethodTable {
                 self.call(&method, params, reply);
             }
         }
-    }
-
-    fn register_builtins(&self) {
-        let me = Arc::downgrade(&self.inner);
-        let r = self.register_sync("rpc_get_methods", RPC_ANY_STATE, move |params| {
-            #[derive(Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct P {
-                #[serde(default)]
-                current: bool,
-                #[serde(default)]
-                include_aliases: bool,
-            }
-            let p: P = parse_params(params)?;
-            let inner = me
-                .upgrade()
-                .ok_or_else(|| RpcError::internal("shutting down"))?;
-            let t = MethodTable { inner };
-            Ok(json!(t.method_names(p.current, p.include_aliases)))
-        });
-        let me = Arc::downgrade(&self.inner);
-        let s = self.register_sync("framework_get_subsystems", RPC_ANY_STATE, move |params| {
-            crate::params::no_params("framework_get_subsystems", &params)?;
-            let inner = me
-                .upgrade()
-                .ok_or_else(|| RpcError::internal("shutting down"))?;
-            let subs = read(&inner.subsystems);
-            let list: Vec<Value> = subs
-                .iter()
-                .map(|s| json!({"subsystem": s.name, "depends_on": s.depends_on}))
-                .collect();
-            Ok(Value::Array(list))
-        });
-        let me = Arc::downgrade(&self.inner);
-        let c = self.register(
-            "framework_get_config",
-            RPC_ANY_STATE,
-            move |params, reply| {
-                #[derive(Deserialize)]
-                #[serde(deny_unknown_fields)]
-                struct P {
-                    name: String,
-                    // Accepted for SPDK compatibility; ustor has no batches in
-                    // its own config dumps.
-                    #[serde(default)]
-                    #[allow(dead_code)]
-                    with_batches: bool,
-                }
-                let p: P = match parse_params(params) {
-                    Ok(p) => p,
-                    Err(e) => return reply.err(e),
-                };
-                let Some(inner) = me.upgrade() else {
-                    return reply.err(RpcError::internal("shutting down"));
-                };
-                let dump = read(&inner.subsystems)
-                    .iter()
-                    .find(|s| s.name == p.name)
-                    .map(|s| s.dump.clone());
-                match dump {
-                    Some(d) => d(reply),
-                    None => reply.err(RpcError::invalid_param(
-                        "name",
-                        format!("subsystem `{}` not found", p.name),
-                    )),
-                }
-            },
-        );
-        // The table is new, so these names cannot collide.
-        debug_assert!(r.is_ok() && s.is_ok() && c.is_ok());
-        let a = self.register_alias("get_rpc_methods", "rpc_get_methods", true);
-        debug_assert!(a.is_ok());
     }
 }
 

@@ -22,7 +22,12 @@ fn malformed_json_gets_parse_error_and_close() {
     // Garbage that is not JSON at all, and invalid UTF-8 inside a string.
     // An unfinished object that is already wrong is answered at once,
     // without waiting for a closing brace.
-    for bad in [&b"hello"[..], b"{\"a\":\"\xff\xfe\"}", b"}", b"{\"jsonrpc\" 2"] {
+    for bad in [
+        &b"hello"[..],
+        b"{\"a\":\"\xff\xfe\"}",
+        b"}",
+        b"{\"jsonrpc\" 2",
+    ] {
         let mut c = Raw::connect(&path);
         c.send(bad);
         assert_eq!(c.recv().unwrap()["error"]["code"], json!(-32700), "{bad:?}");
