@@ -11,7 +11,7 @@ set -u
 host=${ISCSI_HOST:-10.0.2.2}
 portal="$host:$ISCSI_PORT"
 
-run modprobe iscsi_tcp
+run modprobe -a iscsi_tcp sd_mod
 mkdir -p /var/lib/iscsi /run/lock/iscsi
 # iscsid in the foreground, in its own session so it outlives nothing it
 # should not; logs go to a file we print on failure.

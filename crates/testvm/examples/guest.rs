@@ -1,7 +1,7 @@
 //! Runs one guest script by hand and prints the serial log:
 //! `cargo run -p ustor-testvm --example guest -- SCRIPT [KEY=VALUE...]`.
 //! Options by environment: GUEST_TIMEOUT_S, GUEST_SCSI_DISK, GUEST_SHARE,
-//! GUEST_VHOST_USER_BLK, GUEST_CPUS.
+//! GUEST_VHOST_USER_BLK, GUEST_CPUS, GUEST_KERNEL_ARGS.
 
 use std::time::Duration;
 
@@ -28,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Ok(p) = std::env::var("GUEST_VHOST_USER_BLK") {
         b = b.vhost_user_blk(p);
+    }
+    if let Ok(args) = std::env::var("GUEST_KERNEL_ARGS") {
+        for a in args.split_whitespace() {
+            b = b.kernel_arg(a);
+        }
     }
     if let Some(n) = std::env::var("GUEST_CPUS")
         .ok()

@@ -47,11 +47,12 @@ pub enum GuestError {
     },
     /// QEMU exited but the guest never printed its exit marker: the kernel
     /// panicked, init died, or QEMU refused its command line.
-    #[error("guest ended without exit marker (qemu {status}); qemu stderr: {qemu_stderr}; serial tail:\n{}", tail(.log))]
+    #[error("guest ended without exit marker (qemu {status}, serial log {log_path:?}); qemu stderr: {qemu_stderr}; serial tail:\n{}", tail(.log))]
     NoExitMarker {
         status: String,
         qemu_stderr: String,
         log: String,
+        log_path: PathBuf,
     },
     /// The guest script ran to the end but exited non-zero (returned by
     /// [`crate::GuestOutcome::success`]).

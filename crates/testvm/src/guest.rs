@@ -237,28 +237,33 @@ impl GuestBuilder {
             fs::write(copy, &log)
                 .map_err(|e| GuestError::io(format!("copy serial log to {}", copy.display()), e))?;
         }
-        let Some(status) = status else {
-            return Err(GuestError::Timeout {
-                timeout: self.timeout,
-                log,
-                log_path: self.log_file.clone().unwrap_or(serial),
+        let exit_code = parse_exit(&log);
+        let (Some(_), Some(exit_code)) = (status, exit_code) else {
+            // The run dir is deleted on return; keep the log where a CI job
+            // can collect it.
+            let log_path = keep_failed_log(&cache, &log);
+            return Err(match status {
+                None => GuestError::Timeout {
+                    timeout: self.timeout,
+                    log,
+                    log_path,
+                },
+                Some(status) => GuestError::NoExitMarker {
+                    status: status.to_string(),
+                    qemu_stderr: fs::read_to_string(&qemu_out)
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string(),
+                    log,
+                    log_path,
+                },
             });
         };
-        match parse_exit(&log) {
-            Some(exit_code) => Ok(GuestOutcome {
-                exit_code,
-                log,
-                duration,
-            }),
-            None => Err(GuestError::NoExitMarker {
-                status: status.to_string(),
-                qemu_stderr: fs::read_to_string(&qemu_out)
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-                log,
-            }),
-        }
+        Ok(GuestOutcome {
+            exit_code,
+            log,
+            duration,
+        })
     }
 
     fn validate(&self) -> Result<()> {
@@ -332,12 +337,30 @@ impl GuestBuilder {
         w.file("ustor/env", 0o644, env.as_bytes()).map_err(io)?;
         w.file("ustor/shares", 0o644, shares.as_bytes())
             .map_err(io)?;
+        let modules = self.device_modules().join(" ");
+        w.file("ustor/modules", 0o644, modules.as_bytes())
+            .map_err(io)?;
         for (name, data) in &self.files {
             w.file(&format!("ustor/{name}"), 0o644, data).map_err(io)?;
         }
         let mut out = w.finish().map_err(io)?;
         out.flush().map_err(io)?;
         Ok(())
+    }
+
+    /// Drivers init loads for this run's devices, beyond the boot set.
+    fn device_modules(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if !self.vhost_user_blk.is_empty() {
+            m.push("virtio_blk");
+        }
+        if !self.scsi_disks.is_empty() || !self.vhost_user_scsi.is_empty() {
+            m.push("virtio_scsi");
+        }
+        if !self.shares.is_empty() {
+            m.extend(["9pnet_virtio", "9p"]);
+        }
+        m
     }
 
     fn qemu_argv(&self, assets: &Assets, initrd: &Path, serial: &Path) -> Vec<String> {
@@ -494,6 +517,21 @@ pub(crate) fn qemu_binary() -> Result<PathBuf> {
     assets::which("qemu-system-x86_64").ok_or_else(|| {
         GuestError::MissingTool("qemu-system-x86_64 not in PATH (Debian: qemu-system-x86)".into())
     })
+}
+
+/// Copies a failed run's serial log to `<cache>/logs/` and returns its path
+/// (empty if even that failed: the log is still in the error itself).
+fn keep_failed_log(cache: &Path, log: &str) -> PathBuf {
+    let dir = cache.join("logs");
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let path = dir.join(format!("guest-{secs}-{}.log", std::process::id()));
+    match fs::create_dir_all(&dir).and_then(|_| fs::write(&path, log)) {
+        Ok(()) => path,
+        Err(_) => PathBuf::new(),
+    }
 }
 
 fn read_log(path: &Path) -> String {

@@ -234,35 +234,6 @@ pub fn md5_bytes(data: &[u8]) -> Result<String> {
         .ok_or_else(|| GuestError::Asset("md5sum printed nothing".into()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn md5_of_known_vector() {
-        // RFC 1321 test vector.
-        assert_eq!(
-            md5_bytes(b"abc").expect("md5"),
-            "900150983cd24fb0d6963f7d28e17f72"
-        );
-    }
-
-    #[test]
-    fn pattern_round_trip() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let p = dir.path().join("img");
-        std::fs::write(&p, vec![0u8; 8192]).expect("create");
-        write_pattern(&p, 4096, 4096, 7).expect("pattern");
-        let data = std::fs::read(&p).expect("read");
-        assert!(data[..4096].iter().all(|&b| b == 0));
-        assert!(data[4096..].iter().any(|&b| b != 0));
-        assert_eq!(
-            md5_range(&p, 4096, 4096).expect("md5 range"),
-            md5_bytes(&data[4096..]).expect("md5 bytes")
-        );
-    }
-}
-
 /// Checks an ext4 image on the host with `e2fsck -f -n` (read-only): what
 /// the guest wrote through a target must be a consistent file system when
 /// read straight from the backing file.
@@ -290,4 +261,33 @@ pub fn ext4_file_md5(image: &Path, file: &str) -> Result<String> {
         });
     }
     md5_bytes(&out.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn md5_of_known_vector() {
+        // RFC 1321 test vector.
+        assert_eq!(
+            md5_bytes(b"abc").expect("md5"),
+            "900150983cd24fb0d6963f7d28e17f72"
+        );
+    }
+
+    #[test]
+    fn pattern_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("img");
+        std::fs::write(&p, vec![0u8; 8192]).expect("create");
+        write_pattern(&p, 4096, 4096, 7).expect("pattern");
+        let data = std::fs::read(&p).expect("read");
+        assert!(data[..4096].iter().all(|&b| b == 0));
+        assert!(data[4096..].iter().any(|&b| b != 0));
+        assert_eq!(
+            md5_range(&p, 4096, 4096).expect("md5 range"),
+            md5_bytes(&data[4096..]).expect("md5 bytes")
+        );
+    }
 }

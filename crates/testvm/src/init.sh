@@ -9,6 +9,7 @@ export HOME=/root
 umask 022
 
 mount -t proc proc /proc
+echo "USTOR-GUEST-INIT uptime=$(cut -d' ' -f1 /proc/uptime)"
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm /run/lock/iscsi /var/lib/iscsi /tmp
@@ -28,7 +29,7 @@ finish() {
 # The kernel requests modules by alias (crypto-crc32c for iSCSI digests and
 # ext4); point it at busybox modprobe, which reads our modules.dep.
 echo /sbin/modprobe > /proc/sys/kernel/modprobe
-modprobe -a $(cat /etc/ustor-boot-modules) || echo "ustor-init: some boot modules failed to load"
+modprobe -a $(cat /etc/ustor-boot-modules /ustor/modules 2>/dev/null) || echo "ustor-init: some boot modules failed to load"
 
 ip link set lo up
 if ip link set eth0 up 2>/dev/null; then

@@ -114,7 +114,7 @@ fn timeout_kills_the_guest() {
     let started = Instant::now();
     let err = GuestBuilder::new()
         .script("echo sleeping-forever; sleep 1000")
-        .timeout(Duration::from_secs(20))
+        .timeout(Duration::from_secs(10))
         .run()
         .expect_err("must time out");
     assert!(matches!(err, testvm::GuestError::Timeout { .. }), "{err}");
