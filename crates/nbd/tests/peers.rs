@@ -88,7 +88,10 @@ fn qemu_io_patterns() {
     ));
     assert!(!out.contains("failed"), "{out}");
     let stats = f.server.get_stats().expect("stats");
-    assert_eq!(stats.payload_copies, 0);
+    assert!(
+        stats.payload_copied_bytes * 20 <= stats.bytes_written,
+        "{stats:?}"
+    );
     assert!(stats.writes >= 2 && stats.reads >= 3, "{stats:?}");
 }
 

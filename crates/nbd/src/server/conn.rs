@@ -221,11 +221,109 @@ async fn transmission<C: Channel>(
     unsafe { libc::shutdown(conn.raw_fd(), libc::SHUT_RDWR) };
 }
 
+/// Bytes read from the socket but not yet consumed.
+///
+/// Headers are read greedily (many per receive) while the client sends
+/// payload-free requests; after a write header the next receive asks for
+/// exactly one header, so a write payload is received straight into its own
+/// pool buffer. Payload bytes that do land here (a write after a run of
+/// reads) are copied out once and counted in `payload_copies`.
+struct Staging {
+    /// Always `Some` except while a receive owns it.
+    buf: Option<IoBuf>,
+    start: usize,
+    end: usize,
+    /// The last request carried a payload: receive headers exactly.
+    exact: bool,
+}
+
+/// Staging capacity: 585 headers, far more than one receive brings at QD256.
+const STAGING_LEN: usize = 16 << 10;
+
+impl Staging {
+    fn new() -> Self {
+        Self {
+            buf: Some(IoBuf::heap(STAGING_LEN)),
+            start: 0,
+            end: 0,
+            exact: false,
+        }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        self.buf.as_mut().map_or(&mut [], |b| b.spare_mut())
+    }
+
+    fn available(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// The next 28-byte header, receiving as needed.
+    async fn header(&mut self, fd: RawFd) -> io::Result<[u8; REQUEST_HEADER_LEN]> {
+        while self.available() < REQUEST_HEADER_LEN {
+            if self.start > 0 {
+                // Fewer than 28 bytes move: a partial header, never payload.
+                let (start, end) = (self.start, self.end);
+                self.bytes().copy_within(start..end, 0);
+                self.end -= start;
+                self.start = 0;
+            }
+            let max = if self.exact {
+                REQUEST_HEADER_LEN - self.end
+            } else {
+                STAGING_LEN - self.end
+            };
+            let buf = self.buf.take().ok_or(io::ErrorKind::BrokenPipe)?;
+            let (res, buf) = ops::recv(fd, buf, self.end, max).await;
+            self.buf = Some(buf);
+            bump(|c| inc(&c.recv_calls, 1));
+            match res {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut h = [0u8; REQUEST_HEADER_LEN];
+        let start = self.start;
+        h.copy_from_slice(&self.bytes()[start..start + REQUEST_HEADER_LEN]);
+        self.start += REQUEST_HEADER_LEN;
+        Ok(h)
+    }
+
+    /// Takes up to `n` already-staged payload bytes into `dst[..]`; returns
+    /// how many.
+    fn take_into(&mut self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.available());
+        if n > 0 {
+            let start = self.start;
+            dst[..n].copy_from_slice(&self.bytes()[start..start + n]);
+            self.start += n;
+            bump(|c| {
+                inc(&c.payload_copies, 1);
+                inc(&c.payload_copied_bytes, n as u64);
+            });
+        }
+        n
+    }
+
+    /// Drops `n` payload bytes, staged first, then from the socket.
+    async fn discard(&mut self, fd: RawFd, n: u64) -> io::Result<()> {
+        let staged = (n.min(self.available() as u64)) as usize;
+        self.start += staged;
+        let rest = n - staged as u64;
+        if rest == 0 {
+            return Ok(());
+        }
+        let (res, _) = discard(fd, IoBuf::heap(64 << 10), rest).await;
+        res
+    }
+}
+
 /// Reads and dispatches requests until DISC, EOF or a fatal error.
 async fn receiver<C: Channel>(conn: &Rc<Conn<C>>) {
     let fd = conn.raw_fd();
-    let mut header = IoBuf::heap(REQUEST_HEADER_LEN);
-    let mut scratch: Option<IoBuf> = None;
+    let mut staging = Staging::new();
     loop {
         // Backpressure: stop reading while the budgets are spent.
         poll_fn(|cx| {
@@ -243,15 +341,13 @@ async fn receiver<C: Channel>(conn: &Rc<Conn<C>>) {
         if conn.dead.get() {
             return;
         }
-        let (res, h) = recv_exact(fd, header, 0, REQUEST_HEADER_LEN).await;
-        header = h;
-        bump(|c| inc(&c.recv_calls, 1));
-        if res.is_err() {
+        let Ok(header) = staging.header(fd).await else {
             return;
-        }
-        match request::decode(&header.spare_mut()[..REQUEST_HEADER_LEN], &conn.params) {
+        };
+        match request::decode(&header, &conn.params) {
             Ok(req) => {
-                if !dispatch(conn, req).await {
+                staging.exact = matches!(req.command, Command::Write { .. });
+                if !dispatch(conn, req, &mut staging).await {
                     return;
                 }
             }
@@ -262,11 +358,9 @@ async fn receiver<C: Channel>(conn: &Rc<Conn<C>>) {
                 ..
             }) => {
                 if n > 0 {
-                    let s = scratch.take().unwrap_or_else(|| IoBuf::heap(64 << 10));
-                    let (res, s) = discard(fd, s, u64::from(n)).await;
-                    scratch = Some(s);
+                    staging.exact = true;
                     bump(|c| inc(&c.bytes_discarded, u64::from(n)));
-                    if res.is_err() {
+                    if staging.discard(fd, u64::from(n)).await.is_err() {
                         return;
                     }
                 }
@@ -291,15 +385,20 @@ async fn receiver<C: Channel>(conn: &Rc<Conn<C>>) {
 }
 
 /// Queues one valid request; false when the connection must stop reading.
-async fn dispatch<C: Channel>(conn: &Rc<Conn<C>>, req: request::Request) -> bool {
+async fn dispatch<C: Channel>(
+    conn: &Rc<Conn<C>>,
+    req: request::Request,
+    staging: &mut Staging,
+) -> bool {
     let mut payload = None;
     match req.command {
         Command::Disconnect => return false,
         Command::Write { length, .. } if length > 0 => {
             let mut buf = IoBuf::alloc(length as usize).await;
             buf.set_len(length as usize);
-            // The payload lands in the buffer the device writes from.
-            let (res, buf) = recv_exact(conn.raw_fd(), buf, 0, length as usize).await;
+            let staged = staging.take_into(&mut buf);
+            // The rest lands in the buffer the device writes from.
+            let (res, buf) = recv_exact(conn.raw_fd(), buf, staged, length as usize).await;
             bump(|c| inc(&c.recv_calls, 1));
             if res.is_err() {
                 // Client vanished mid-write: nothing was written.
