@@ -23,7 +23,7 @@ use crate::modules::{self, ModuleTree};
 
 /// Bump when the layout of the built assets changes, so stale caches are
 /// rebuilt instead of booting a guest that lacks something new.
-const ASSET_VERSION: u32 = 5;
+const ASSET_VERSION: u32 = 6;
 
 /// The guest's init (PID 1), a busybox shell script.
 const INIT_SCRIPT: &str = include_str!("init.sh");
@@ -677,10 +677,11 @@ fn write_base<W: Write>(
 
     let mroot = format!("lib/modules/{kver}");
     for m in mods {
+        let ko = read(&tree.path_of(&m.relpath))?;
         w.file(
             &format!("{mroot}/{}", m.relpath),
             0o644,
-            &read(&tree.path_of(&m.relpath))?,
+            modules::strip_signature(&ko),
         )?;
     }
     w.file(

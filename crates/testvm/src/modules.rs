@@ -218,6 +218,32 @@ pub fn alias_conf(modules: &[Module]) -> String {
     out
 }
 
+const SIG_MAGIC: &[u8] = b"~Module signature appended~\n";
+
+/// The module without its appended signature. Debian signs its modules;
+/// the guest does not enforce signatures, and checking each one (hash the
+/// whole module, verify RSA) is measurable under TCG, so the initramfs
+/// carries them unsigned. Unsigned or malformed input is returned as is.
+pub fn strip_signature(ko: &[u8]) -> &[u8] {
+    // struct module_signature: algo, hash, id_type, signer_len, key_id_len,
+    // 3 bytes pad, big-endian u32 sig_len.
+    const INFO_LEN: usize = 12;
+    let Some(body) = ko.strip_suffix(SIG_MAGIC) else {
+        return ko;
+    };
+    let Some(info_at) = body.len().checked_sub(INFO_LEN) else {
+        return ko;
+    };
+    let info = &body[info_at..];
+    let signer_len = usize::from(info[3]);
+    let key_id_len = usize::from(info[4]);
+    let sig_len = u32::from_be_bytes([info[8], info[9], info[10], info[11]]) as usize;
+    match info_at.checked_sub(sig_len + signer_len + key_id_len) {
+        Some(end) => &ko[..end],
+        None => ko,
+    }
+}
+
 #[derive(Debug, Default, PartialEq)]
 struct ModInfo {
     depends: Vec<String>,
@@ -320,6 +346,21 @@ mod tests {
         let info = read_modinfo(&elf).expect("modinfo");
         assert_eq!(info.depends, ["nvme_fabrics", "nvme_core"]);
         assert_eq!(info.aliases, ["crypto-crc32c", "fs-ext4"]);
+    }
+
+    #[test]
+    fn strips_appended_signature() {
+        let module = b"\x7fELF module body".to_vec();
+        let mut signed = module.clone();
+        signed.extend_from_slice(&[0xab; 5]); // the PKCS#7 blob
+        signed.extend_from_slice(&[0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 5]);
+        signed.extend_from_slice(SIG_MAGIC);
+        assert_eq!(strip_signature(&signed), &module[..]);
+        assert_eq!(strip_signature(&module), &module[..]);
+        // A length larger than the file leaves it alone instead of panicking.
+        let mut bogus = vec![0, 0, 2, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff];
+        bogus.extend_from_slice(SIG_MAGIC);
+        assert_eq!(strip_signature(&bogus), &bogus[..]);
     }
 
     #[test]
