@@ -528,9 +528,26 @@ fn keep_failed_log(cache: &Path, log: &str) -> PathBuf {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let path = dir.join(format!("guest-{secs}-{}.log", std::process::id()));
+    prune_logs(&dir, KEPT_LOGS_MAX);
     match fs::create_dir_all(&dir).and_then(|_| fs::write(&path, log)) {
         Ok(()) => path,
         Err(_) => PathBuf::new(),
+    }
+}
+
+/// Failed-run logs kept in the cache; the oldest go first.
+const KEPT_LOGS_MAX: usize = 50;
+
+fn prune_logs(dir: &Path, keep: usize) {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return;
+    };
+    // Names embed the time, so name order is age order.
+    let mut logs: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    logs.sort();
+    let excess = logs.len().saturating_sub(keep.saturating_sub(1));
+    for old in &logs[..excess] {
+        let _ = fs::remove_file(old);
     }
 }
 
