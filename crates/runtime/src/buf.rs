@@ -336,3 +336,9 @@ pub type PoolUsage = (Vec<(usize, usize, usize)>, u64);
 pub fn pool_usage() -> Option<PoolUsage> {
     reactor::try_with(|r| r.bufs.usage())
 }
+
+/// The current reactor's registered pool region (for drivers that register
+/// it with a ring of their own, e.g. an SQPOLL or IOPOLL ring).
+pub fn pool_region() -> Option<libc::iovec> {
+    reactor::try_with(|r| r.bufs.region())
+}

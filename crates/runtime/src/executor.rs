@@ -84,7 +84,17 @@ impl Executor {
             let waker = make_waker(rt, rid as u16, idx);
             let mut cx = Context::from_waker(&waker);
             n += 1;
-            match fut.as_mut().poll(&mut cx) {
+            // A panicking task is a bug; it is reported and dropped, and the
+            // reactor (and every other task on it) keeps running. Release
+            // builds abort on panic instead.
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                fut.as_mut().poll(&mut cx)
+            }));
+            let polled = polled.unwrap_or_else(|_| {
+                tracing::error!("task {idx} on reactor {rid} panicked; dropped");
+                Poll::Ready(())
+            });
+            match polled {
                 Poll::Pending => self.tasks.borrow_mut()[idx as usize] = Some(fut),
                 Poll::Ready(()) => {
                     self.live.borrow_mut()[idx as usize] = false;

@@ -170,9 +170,10 @@ pub fn register_timed_poller(
     reactor::with(|r| r.pollers.add(name, p, Box::new(f)))
 }
 
-/// Unregisters a poller of the current reactor; false if it was already gone.
+/// Unregisters a poller of the current reactor; false if it was already gone
+/// (or the reactor has exited, taking its pollers with it).
 pub fn unregister_poller(id: PollerId) -> bool {
-    reactor::with(|r| r.pollers.remove(id))
+    reactor::try_with(|r| r.pollers.remove(id)).unwrap_or(false)
 }
 
 /// Names of the current reactor's pollers and whether each is timed.

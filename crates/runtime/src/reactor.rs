@@ -34,6 +34,7 @@ pub(crate) struct Reactor {
     mode: PollMode,
     idle_ticks: u64,
     stop_requested: Cell<bool>,
+    exit_hooks: std::cell::RefCell<Vec<Box<dyn FnOnce()>>>,
 }
 
 thread_local! {
@@ -69,6 +70,12 @@ pub fn is_reactor_thread() -> bool {
     try_with(|_| ()).is_some()
 }
 
+/// Runs `f` on the current reactor when it exits, before its ring and
+/// buffer pool go away (for thread-local state of upper layers).
+pub fn on_reactor_exit(f: impl FnOnce() + 'static) {
+    with(|r| r.exit_hooks.borrow_mut().push(Box::new(f)));
+}
+
 /// Asks the current reactor to leave its loop after this pass.
 pub fn request_stop() {
     with(|r| r.stop_requested.set(true));
@@ -96,12 +103,22 @@ impl Reactor {
             mode: cfg.poll_mode,
             idle_ticks: ticks::from_duration(cfg.idle_period),
             stop_requested: Cell::new(false),
+            exit_hooks: std::cell::RefCell::new(Vec::new()),
         })
     }
 
     /// Runs the loop until the runtime stops. `self` must stay put while it runs.
     pub(crate) fn run(&self) {
         CURRENT.with(|c| c.set(self as *const Reactor));
+        // Clears CURRENT even if the loop unwinds, so thread-local
+        // destructors never reach a dead reactor.
+        struct Clear;
+        impl Drop for Clear {
+            fn drop(&mut self) {
+                CURRENT.with(|c| c.set(std::ptr::null()));
+            }
+        }
+        let _clear = Clear;
         let mut last_busy = ticks::now();
         let mut prev = last_busy;
         loop {
@@ -188,6 +205,15 @@ impl Reactor {
     fn shutdown_ring(&self) {
         // Tasks go first: their in-flight ops become orphans the ring drains.
         self.exec.clear();
+        // Then per-reactor state of upper layers (bdev channels), while the
+        // reactor is still reachable from their destructors.
+        loop {
+            let hooks: Vec<Box<dyn FnOnce()>> = self.exit_hooks.borrow_mut().drain(..).collect();
+            if hooks.is_empty() {
+                break;
+            }
+            hooks.into_iter().rev().for_each(|h| h());
+        }
         self.pollers.clear();
         self.ring.cancel_all_and_drain();
     }

@@ -359,9 +359,10 @@ pub fn register_cqe_handler(h: Rc<dyn CqeHandler>) -> HandlerId {
     reactor::with(|r| r.ring.register_handler(h))
 }
 
-/// Removes a handler. Its in-flight SQEs must have completed first.
+/// Removes a handler. Its in-flight SQEs must have completed first. A no-op
+/// after the reactor exited.
 pub fn unregister_cqe_handler(id: HandlerId) {
-    reactor::with(|r| r.ring.unregister_handler(id))
+    let _ = reactor::try_with(|r| r.ring.unregister_handler(id));
 }
 
 /// Queues `sqe` on the current reactor's ring; its completion goes to

@@ -1,0 +1,581 @@
+//! Per-reactor I/O channels and the generic I/O path: range and permission
+//! checks, alignment bounce, split on max transfer size and optimal boundary,
+//! write-zeroes emulation, and iostat.
+//!
+//! A channel belongs to one reactor (`!Send`). The futures here own the
+//! caller's buffers by value and give them back with the result; once
+//! submitted, the buffers live in the I/O's slot (see [`crate::io`]).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ustor_runtime::{ticks, IoBuf};
+
+use crate::device::BdevChannel;
+use crate::error::BdevError;
+use crate::io::{with_table, Bufs, IoHandle, State, MAX_SEGMENTS};
+use crate::registry::BdevEntry;
+use crate::stats::{ChannelStats, IoStat};
+use crate::types::IoType;
+
+const NONE: u32 = u32::MAX;
+
+/// A device's channel on this reactor, shared by every descriptor of the
+/// device on this reactor.
+pub(crate) struct ChannelCore {
+    pub(crate) entry: Arc<BdevEntry>,
+    driver: Box<dyn BdevChannel>,
+    pub(crate) stats: ChannelStats,
+    block_size: u32,
+    num_blocks: u64,
+    align: u32,
+    max_xfer: u64,
+    boundary: u64,
+    supported: [bool; IoType::ALL.len()],
+    /// The driver said EOPNOTSUPP to a native write-zeroes (e.g. a file
+    /// system without ZERO_RANGE): emulate from now on.
+    zeroes_unsupported: Cell<bool>,
+    outstanding: Cell<u64>,
+}
+
+impl ChannelCore {
+    pub(crate) fn new(entry: Arc<BdevEntry>, driver: Box<dyn BdevChannel>) -> ChannelCore {
+        let b = entry.bdev.clone();
+        let info = b.info();
+        let mut supported = [false; IoType::ALL.len()];
+        for t in IoType::ALL {
+            supported[t.index()] = b.io_type_supported(t);
+        }
+        ChannelCore {
+            block_size: info.block_size,
+            num_blocks: info.num_blocks,
+            align: info.required_alignment.max(1),
+            max_xfer: info.max_transfer_blocks as u64,
+            boundary: info.optimal_boundary_blocks as u64,
+            supported,
+            entry,
+            driver,
+            stats: ChannelStats::new(),
+            zeroes_unsupported: Cell::new(false),
+            outstanding: Cell::new(0),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> IoStat {
+        self.stats.snapshot()
+    }
+}
+
+/// A descriptor's view of a channel: the shared core plus the descriptor's
+/// write permission. Cheap to clone (one non-atomic `Rc`).
+#[derive(Clone)]
+pub struct IoChannel {
+    pub(crate) core: Rc<ChannelCore>,
+    pub(crate) writable: bool,
+}
+
+impl IoChannel {
+    pub fn block_size(&self) -> u32 {
+        self.core.block_size
+    }
+    pub fn num_blocks(&self) -> u64 {
+        self.core.num_blocks
+    }
+    pub fn supports(&self, t: IoType) -> bool {
+        self.core.supported[t.index()] || t == IoType::WriteZeroes
+    }
+    pub fn name(&self) -> &str {
+        &self.core.entry.bdev.info().name
+    }
+    /// I/Os of this channel submitted and not completed.
+    pub fn outstanding(&self) -> u64 {
+        self.core.outstanding.get()
+    }
+
+    /// Reads `num_blocks` at `offset_blocks` into `buf` (`buf.len()` must be
+    /// `num_blocks * block_size`).
+    pub async fn read(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        buf: IoBuf,
+    ) -> (Result<(), BdevError>, IoBuf) {
+        let (r, b) = self
+            .io(IoType::Read, offset_blocks, num_blocks, Bufs::One(buf))
+            .await;
+        (r, one(b))
+    }
+
+    pub async fn write(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        buf: IoBuf,
+    ) -> (Result<(), BdevError>, IoBuf) {
+        let (r, b) = self
+            .io(IoType::Write, offset_blocks, num_blocks, Bufs::One(buf))
+            .await;
+        (r, one(b))
+    }
+
+    /// Scatter-gather read into up to [`MAX_SEGMENTS`] buffers, in order.
+    pub async fn readv(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: Vec<IoBuf>,
+    ) -> (Result<(), BdevError>, Vec<IoBuf>) {
+        let (r, b) = self
+            .io(IoType::Read, offset_blocks, num_blocks, Bufs::Many(bufs))
+            .await;
+        (r, many(b))
+    }
+
+    pub async fn writev(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: Vec<IoBuf>,
+    ) -> (Result<(), BdevError>, Vec<IoBuf>) {
+        let (r, b) = self
+            .io(IoType::Write, offset_blocks, num_blocks, Bufs::Many(bufs))
+            .await;
+        (r, many(b))
+    }
+
+    pub async fn flush(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
+        self.io(IoType::Flush, offset_blocks, num_blocks, Bufs::None)
+            .await
+            .0
+    }
+
+    pub async fn unmap(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
+        self.io(IoType::Unmap, offset_blocks, num_blocks, Bufs::None)
+            .await
+            .0
+    }
+
+    /// Zeroes a range; emulated with writes of a zero buffer when the driver
+    /// has no native support.
+    pub async fn write_zeroes(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
+        if self.core.supported[IoType::WriteZeroes.index()] && !self.core.zeroes_unsupported.get() {
+            match self
+                .io(IoType::WriteZeroes, offset_blocks, num_blocks, Bufs::None)
+                .await
+                .0
+            {
+                Err(BdevError::NotSupported) => self.core.zeroes_unsupported.set(true),
+                r => return r,
+            }
+        }
+        self.check(IoType::Write, offset_blocks, num_blocks)?;
+        let bs = self.core.block_size as u64;
+        let chunk_blocks = ((1u64 << 20) / bs).max(1);
+        let mut zero = IoBuf::alloc((chunk_blocks.min(num_blocks) * bs) as usize).await;
+        zero.fill(0);
+        let mut done = 0;
+        while done < num_blocks {
+            let n = chunk_blocks.min(num_blocks - done);
+            zero.set_len((n * bs) as usize);
+            let (r, z) = self.write(offset_blocks + done, n, zero).await;
+            zero = z;
+            r?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Waits for this channel's outstanding I/O, then resets the device queue.
+    pub async fn reset(&self) -> Result<(), BdevError> {
+        self.io(IoType::Reset, 0, 0, Bufs::None).await.0
+    }
+
+    fn check(&self, kind: IoType, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
+        let c = &self.core;
+        if c.entry.is_removed() {
+            return Err(BdevError::Removed);
+        }
+        if !self.writable && !matches!(kind, IoType::Read | IoType::Reset) {
+            return Err(BdevError::ReadOnly);
+        }
+        if kind != IoType::Reset {
+            let end = offset_blocks.checked_add(num_blocks);
+            if end.is_none_or(|e| e > c.num_blocks) {
+                return Err(BdevError::OutOfRange {
+                    offset_blocks,
+                    num_blocks,
+                    size_blocks: c.num_blocks,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn io(
+        &self,
+        kind: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: Bufs,
+    ) -> (Result<(), BdevError>, Bufs) {
+        if let Err(e) = self.check(kind, offset_blocks, num_blocks) {
+            return (Err(e), bufs);
+        }
+        if !self.core.supported[kind.index()] {
+            return (Err(BdevError::NotSupported), bufs);
+        }
+        if kind.has_data() {
+            let want = num_blocks * self.core.block_size as u64;
+            if bufs.total_len() != want {
+                return (
+                    Err(BdevError::BadLength {
+                        got: bufs.total_len(),
+                        want,
+                    }),
+                    bufs,
+                );
+            }
+            if bufs.segments() > MAX_SEGMENTS {
+                return (Err(BdevError::TooManySegments(bufs.segments())), bufs);
+            }
+            if !self.aligned(&bufs) {
+                return self.bounced(kind, offset_blocks, num_blocks, bufs).await;
+            }
+        }
+        let t0 = ticks::now();
+        let (r, bufs) = Submit::new(self.core.clone(), kind, offset_blocks, num_blocks, bufs).await;
+        let bytes = if kind == IoType::Reset {
+            0
+        } else {
+            num_blocks * self.core.block_size as u64
+        };
+        self.core
+            .stats
+            .record(kind, bytes, ticks::now() - t0, r.is_ok());
+        (r, bufs)
+    }
+
+    fn aligned(&self, bufs: &Bufs) -> bool {
+        let a = self.core.align as usize;
+        let bs = self.core.block_size as usize;
+        let ok = |b: &IoBuf| {
+            (b.as_ptr() as usize).is_multiple_of(a)
+                && b.len().is_multiple_of(a)
+                && b.len().is_multiple_of(bs)
+        };
+        match bufs {
+            Bufs::None => true,
+            Bufs::One(b) => (b.as_ptr() as usize).is_multiple_of(a),
+            Bufs::Many(v) => v.iter().all(ok),
+        }
+    }
+
+    /// Copies through one aligned buffer; the copy is counted in the stats.
+    async fn bounced(
+        &self,
+        kind: IoType,
+        off: u64,
+        n: u64,
+        mut bufs: Bufs,
+    ) -> (Result<(), BdevError>, Bufs) {
+        let len = bufs.total_len() as usize;
+        let mut bounce = IoBuf::alloc(len).await;
+        if kind == IoType::Write {
+            copy_between(&mut bufs, &mut bounce, true);
+        }
+        self.core
+            .stats
+            .bounce_ops
+            .set(self.core.stats.bounce_ops.get() + 1);
+        self.core
+            .stats
+            .bounce_bytes
+            .set(self.core.stats.bounce_bytes.get() + len as u64);
+        let t0 = ticks::now();
+        let (r, b) = Submit::new(self.core.clone(), kind, off, n, Bufs::One(bounce)).await;
+        self.core
+            .stats
+            .record(kind, len as u64, ticks::now() - t0, r.is_ok());
+        if r.is_ok() && kind == IoType::Read {
+            let mut bounce = one(b);
+            copy_between(&mut bufs, &mut bounce, false);
+        }
+        (r, bufs)
+    }
+}
+
+fn copy_between(bufs: &mut Bufs, bounce: &mut IoBuf, into_bounce: bool) {
+    let mut pos = 0;
+    let mut step = |b: &mut IoBuf| {
+        let n = b.len();
+        if into_bounce {
+            bounce[pos..pos + n].copy_from_slice(b);
+        } else {
+            b.copy_from_slice(&bounce[pos..pos + n]);
+        }
+        pos += n;
+    };
+    match bufs {
+        Bufs::None => {}
+        Bufs::One(b) => step(b),
+        Bufs::Many(v) => v.iter_mut().for_each(step),
+    }
+}
+
+fn one(b: Bufs) -> IoBuf {
+    match b {
+        Bufs::One(b) => b,
+        _ => unreachable!("single-buffer I/O returns its buffer"),
+    }
+}
+
+fn many(b: Bufs) -> Vec<IoBuf> {
+    match b {
+        Bufs::Many(v) => v,
+        _ => unreachable!("vectored I/O returns its buffers"),
+    }
+}
+
+/// The future of one (possibly split) I/O: owns the slot, submits children
+/// as table slots become free, completes when the last child does.
+struct Submit {
+    core: Rc<ChannelCore>,
+    kind: IoType,
+    offset: u64,
+    num: u64,
+    bufs: Option<Bufs>,
+    slot: u32,
+    split: bool,
+    next: u64,
+}
+
+impl Submit {
+    fn new(core: Rc<ChannelCore>, kind: IoType, offset: u64, num: u64, bufs: Bufs) -> Submit {
+        Submit {
+            core,
+            kind,
+            offset,
+            num,
+            bufs: Some(bufs),
+            slot: NONE,
+            split: false,
+            next: 0,
+        }
+    }
+
+    /// Blocks in the chunk starting at `start` (relative), by max transfer and
+    /// optimal boundary.
+    fn chunk(&self, start: u64) -> u64 {
+        let mut n = self.num - start;
+        if self.core.max_xfer > 0 {
+            n = n.min(self.core.max_xfer);
+        }
+        if self.core.boundary > 0 {
+            let abs = self.offset + start;
+            n = n.min(self.core.boundary - abs % self.core.boundary);
+        }
+        n
+    }
+
+    fn needs_split(&self) -> bool {
+        self.kind.has_data() && self.num > 0 && self.chunk(0) < self.num
+    }
+
+    fn start(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let core = &self.core;
+        let Some(idx) = with_table(|t| t.alloc(cx.waker())) else {
+            return Poll::Pending;
+        };
+        self.slot = idx;
+        let mut bufs = self.bufs.take().unwrap_or(Bufs::None);
+        with_table(|t| {
+            let s = &t.slots[idx as usize];
+            s.kind.set(self.kind);
+            s.offset_blocks.set(self.offset);
+            s.num_blocks.set(self.num);
+            // SAFETY: the slot is ours (just allocated); nobody else reads iov.
+            let iov = unsafe { &mut *s.iov.get() };
+            s.iovcnt.set(bufs.iovecs(iov) as u32);
+            s.fixed.set(bufs.single_fixed());
+            s.removed.set(core.entry.removed_flag());
+            *s.bufs.borrow_mut() = bufs;
+            *s.waker.borrow_mut() = Some(cx.waker().clone());
+        });
+        self.split = self.needs_split();
+        if self.split {
+            self.core
+                .stats
+                .split_ops
+                .set(self.core.stats.split_ops.get() + 1);
+        }
+        Poll::Ready(())
+    }
+
+    /// Submits children while slots last; Ready when all are submitted.
+    fn submit_children(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let bs = self.core.block_size as u64;
+        while self.next < self.num {
+            let n = self.chunk(self.next);
+            let Some(child) = with_table(|t| t.alloc(cx.waker())) else {
+                return Poll::Pending;
+            };
+            with_table(|t| {
+                let p = &t.slots[self.slot as usize];
+                let c = &t.slots[child as usize];
+                c.kind.set(self.kind);
+                c.offset_blocks.set(self.offset + self.next);
+                c.num_blocks.set(n);
+                c.parent.set(self.slot);
+                c.removed.set(p.removed.get());
+                // SAFETY: parent and child slots are distinct and owned by us.
+                let (piov, ciov) = unsafe { (&*p.iov.get(), &mut *c.iov.get()) };
+                let cnt = sub_iov(
+                    &piov[..p.iovcnt.get() as usize],
+                    self.next * bs,
+                    n * bs,
+                    ciov,
+                );
+                c.iovcnt.set(cnt as u32);
+                c.fixed.set(p.fixed.get());
+                p.children.set(p.children.get() + 1);
+            });
+            self.next += n;
+            self.core.driver.submit(IoHandle::new(child));
+        }
+        Poll::Ready(())
+    }
+}
+
+/// Iovecs covering bytes [start, start+len) of `src`.
+fn sub_iov(
+    src: &[libc::iovec],
+    start: u64,
+    len: u64,
+    out: &mut [libc::iovec; MAX_SEGMENTS],
+) -> usize {
+    let (mut pos, mut n, end) = (0u64, 0usize, start + len);
+    for v in src {
+        let (a, b) = (pos, pos + v.iov_len as u64);
+        pos = b;
+        if b <= start || a >= end {
+            continue;
+        }
+        let s = start.max(a);
+        let e = end.min(b);
+        // SAFETY: s - a < iov_len, so the pointer stays inside the segment.
+        let base = unsafe { (v.iov_base as *mut u8).add((s - a) as usize) };
+        out[n] = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: (e - s) as usize,
+        };
+        n += 1;
+    }
+    n
+}
+
+impl Future for Submit {
+    type Output = (Result<(), BdevError>, Bufs);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.slot == NONE {
+            if self.start(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.core.outstanding.set(self.core.outstanding.get() + 1);
+            if !self.split {
+                let h = IoHandle::new(self.slot);
+                self.core.driver.submit(h);
+            }
+        }
+        if self.split && self.submit_children(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let idx = self.slot;
+        let done = with_table(|t| {
+            let s = &t.slots[idx as usize];
+            let finished = if self.split {
+                s.children.get() == 0
+            } else {
+                s.state.get() == State::Done
+            };
+            if !finished {
+                *s.waker.borrow_mut() = Some(cx.waker().clone());
+                return None;
+            }
+            let status = s.status.get();
+            let bufs = std::mem::replace(&mut *s.bufs.borrow_mut(), Bufs::None);
+            t.free(idx);
+            Some((status, bufs))
+        });
+        match done {
+            Some(out) => {
+                self.slot = NONE;
+                self.core.outstanding.set(self.core.outstanding.get() - 1);
+                Poll::Ready(out)
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Submit {
+    fn drop(&mut self) {
+        if self.slot == NONE {
+            return;
+        }
+        let idx = self.slot;
+        with_table(|t| {
+            let s = &t.slots[idx as usize];
+            let busy = if self.split {
+                s.children.get() > 0
+            } else {
+                s.state.get() == State::Active
+            };
+            self.core
+                .outstanding
+                .set(self.core.outstanding.get().saturating_sub(1));
+            if busy {
+                // The device still owns the buffers: the slot keeps them and
+                // is freed by the last completion.
+                s.state.set(State::Orphan);
+                *s.waker.borrow_mut() = None;
+            } else {
+                t.free(idx);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// sub_iov against a byte-by-byte reference model.
+        #[test]
+        fn sub_iov_matches_flat_model(lens in proptest::collection::vec(1usize..64, 1..8), a in 0usize..512, l in 0usize..512) {
+            let total: usize = lens.iter().sum();
+            let start = a % total;
+            let len = l % (total - start + 1);
+            let mut backing: Vec<Vec<u8>> = Vec::new();
+            let mut k = 0u8;
+            for n in &lens {
+                backing.push((0..*n).map(|_| { k = k.wrapping_add(1); k }).collect());
+            }
+            let flat: Vec<u8> = backing.iter().flatten().copied().collect();
+            let src: Vec<libc::iovec> = backing.iter_mut().map(|v| libc::iovec { iov_base: v.as_mut_ptr().cast(), iov_len: v.len() }).collect();
+            let mut out = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_SEGMENTS];
+            let n = sub_iov(&src, start as u64, len as u64, &mut out);
+            let mut got = Vec::new();
+            for v in &out[..n] {
+                got.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) });
+            }
+            prop_assert_eq!(&got[..], &flat[start..start + len]);
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The two seams a bdev module fills, after SPDK's module table and
+//! `fn_table`: [`BdevModule`] once per module, [`Bdev`] per device, and
+//! [`BdevChannel`] per (device, reactor).
+
+use serde_json::Value;
+
+use crate::error::BdevError;
+use crate::io::IoHandle;
+use crate::types::{BdevInfo, IoType};
+
+/// One device. Shared by every reactor (`Send + Sync`); nothing on the I/O
+/// path goes through it: I/O goes through the per-reactor channel it makes.
+pub trait Bdev: Send + Sync + 'static {
+    fn info(&self) -> &BdevInfo;
+
+    /// Whether the driver implements `t` natively. The generic layer emulates
+    /// `WriteZeroes` with writes when this says no.
+    fn io_type_supported(&self, t: IoType) -> bool;
+
+    /// Makes this device's channel for the calling reactor (called on it,
+    /// once, lazily).
+    fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError>;
+
+    /// The config call that recreates this bdev
+    /// (`{"method": "bdev_malloc_create", "params": {...}}`).
+    fn config_json(&self) -> Value;
+
+    /// Driver-specific facts for `bdev_get_bdevs`' `driver_specific`.
+    fn driver_info(&self) -> Value {
+        Value::Null
+    }
+
+    /// Called once when the bdev is unregistered and every channel is gone.
+    fn destruct(&self) {}
+}
+
+/// A device's I/O queue on one reactor (`!Send`).
+pub trait BdevChannel {
+    /// Starts `io`. The driver completes it exactly once, now or later on this
+    /// reactor, with [`IoHandle::complete`]. Never blocks; a driver out of
+    /// resources completes with `BdevError::Io(EAGAIN)` or queues internally.
+    fn submit(&self, io: IoHandle);
+
+    /// I/Os submitted and not yet completed (for reset and drain).
+    fn outstanding(&self) -> usize {
+        0
+    }
+}
+
+/// A bdev module (driver): lifecycle and module-level config.
+pub trait BdevModule: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Module-level config calls that must precede the bdevs' (e.g. options).
+    fn config_json(&self) -> Vec<Value> {
+        Vec::new()
+    }
+}

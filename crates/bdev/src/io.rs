@@ -1,0 +1,335 @@
+//! Per-reactor table of in-flight bdev I/O (SPDK's `spdk_bdev_io` pool).
+//!
+//! A slot holds what a driver needs (kind, range, iovecs) and, for a parent
+//! I/O, the caller's buffers: the buffers belong to the slot from submission
+//! until the last child completes, so a dropped future never frees memory a
+//! device is still writing. The table is preallocated and bounded; when it is
+//! full, new I/O waits (queue-full is never an error and never allocates).
+
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::collections::VecDeque;
+use std::task::Waker;
+
+use ustor_runtime::IoBuf;
+
+use crate::error::BdevError;
+use crate::types::IoType;
+
+/// Most buffer segments in one I/O.
+pub const MAX_SEGMENTS: usize = 16;
+/// Slots per reactor.
+pub const TABLE_SLOTS: usize = 8192;
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum State {
+    Free,
+    /// Submitted to a driver (child) or tracking children (parent).
+    Active,
+    /// Completed; the owning future has not collected it yet.
+    Done,
+    /// The owning future was dropped; free on completion.
+    Orphan,
+}
+
+/// Buffers owned by a parent I/O.
+pub enum Bufs {
+    None,
+    One(IoBuf),
+    Many(Vec<IoBuf>),
+}
+
+impl Bufs {
+    pub fn total_len(&self) -> u64 {
+        match self {
+            Bufs::None => 0,
+            Bufs::One(b) => b.len() as u64,
+            Bufs::Many(v) => v.iter().map(|b| b.len() as u64).sum(),
+        }
+    }
+
+    pub fn segments(&self) -> usize {
+        match self {
+            Bufs::None => 0,
+            Bufs::One(_) => 1,
+            Bufs::Many(v) => v.len(),
+        }
+    }
+
+    /// Fills `out` with one iovec per buffer.
+    pub(crate) fn iovecs(&mut self, out: &mut [libc::iovec; MAX_SEGMENTS]) -> usize {
+        let mut put = |i: usize, b: &mut IoBuf| {
+            out[i] = libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            };
+        };
+        match self {
+            Bufs::None => 0,
+            Bufs::One(b) => {
+                put(0, b);
+                1
+            }
+            Bufs::Many(v) => {
+                for (i, b) in v.iter_mut().enumerate().take(MAX_SEGMENTS) {
+                    put(i, b);
+                }
+                v.len().min(MAX_SEGMENTS)
+            }
+        }
+    }
+
+    pub(crate) fn single_fixed(&self) -> bool {
+        matches!(self, Bufs::One(b) if b.is_pooled())
+    }
+}
+
+pub(crate) struct Slot {
+    pub(crate) gen: Cell<u32>,
+    pub(crate) state: Cell<State>,
+    pub(crate) kind: Cell<IoType>,
+    pub(crate) offset_blocks: Cell<u64>,
+    pub(crate) num_blocks: Cell<u64>,
+    pub(crate) iovcnt: Cell<u32>,
+    pub(crate) iov: UnsafeCell<[libc::iovec; MAX_SEGMENTS]>,
+    /// Whether every iovec lies in the reactor's registered pool.
+    pub(crate) fixed: Cell<bool>,
+    pub(crate) status: Cell<Result<(), BdevError>>,
+    pub(crate) parent: Cell<u32>,
+    pub(crate) children: Cell<u32>,
+    pub(crate) waker: RefCell<Option<Waker>>,
+    pub(crate) bufs: RefCell<Bufs>,
+    /// Set on hot-remove so completions report `Removed`.
+    pub(crate) removed: Cell<*const std::sync::atomic::AtomicBool>,
+}
+
+pub(crate) struct Table {
+    pub(crate) slots: Box<[Slot]>,
+    free: RefCell<Vec<u32>>,
+    waiters: RefCell<VecDeque<Waker>>,
+}
+
+thread_local! {
+    static TABLE: Table = Table::new(TABLE_SLOTS);
+}
+
+pub(crate) fn with_table<R>(f: impl FnOnce(&Table) -> R) -> R {
+    TABLE.with(f)
+}
+
+impl Table {
+    fn new(n: usize) -> Table {
+        let slots: Vec<Slot> = (0..n)
+            .map(|_| Slot {
+                gen: Cell::new(0),
+                state: Cell::new(State::Free),
+                kind: Cell::new(IoType::Read),
+                offset_blocks: Cell::new(0),
+                num_blocks: Cell::new(0),
+                iovcnt: Cell::new(0),
+                iov: UnsafeCell::new(
+                    [libc::iovec {
+                        iov_base: std::ptr::null_mut(),
+                        iov_len: 0,
+                    }; MAX_SEGMENTS],
+                ),
+                fixed: Cell::new(false),
+                status: Cell::new(Ok(())),
+                parent: Cell::new(NONE),
+                children: Cell::new(0),
+                waker: RefCell::new(None),
+                bufs: RefCell::new(Bufs::None),
+                removed: Cell::new(std::ptr::null()),
+            })
+            .collect();
+        Table {
+            slots: slots.into_boxed_slice(),
+            free: RefCell::new((0..n as u32).rev().collect()),
+            waiters: RefCell::new(VecDeque::with_capacity(1024)),
+        }
+    }
+
+    pub(crate) fn alloc(&self, waker: &Waker) -> Option<u32> {
+        match self.free.borrow_mut().pop() {
+            Some(i) => {
+                let s = &self.slots[i as usize];
+                s.state.set(State::Active);
+                s.status.set(Ok(()));
+                s.parent.set(NONE);
+                s.children.set(0);
+                s.iovcnt.set(0);
+                s.fixed.set(false);
+                Some(i)
+            }
+            None => {
+                self.waiters.borrow_mut().push_back(waker.clone());
+                None
+            }
+        }
+    }
+
+    pub(crate) fn free(&self, i: u32) {
+        let s = &self.slots[i as usize];
+        s.gen.set(s.gen.get().wrapping_add(1));
+        s.state.set(State::Free);
+        *s.waker.borrow_mut() = None;
+        let bufs = std::mem::replace(&mut *s.bufs.borrow_mut(), Bufs::None);
+        drop(bufs);
+        self.free.borrow_mut().push(i);
+        let w = self.waiters.borrow_mut().pop_front();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    /// A slot finished (driver completion or last child): record status, and
+    /// wake the owner, propagate to the parent, or free an orphan.
+    pub(crate) fn finish(&self, i: u32, status: Result<(), BdevError>) {
+        let s = &self.slots[i as usize];
+        let removed = s.removed.get();
+        // SAFETY: `removed` points into the bdev's registry entry, which the
+        // channel that submitted this I/O keeps alive until it completes.
+        let status = if !removed.is_null()
+            && unsafe { &*removed }.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            Err(BdevError::Removed)
+        } else {
+            status
+        };
+        let parent = s.parent.get();
+        if parent != NONE {
+            // A child: fold its status into the parent and free it.
+            let p = &self.slots[parent as usize];
+            if p.status.get().is_ok() {
+                p.status.set(status);
+            }
+            self.free(i);
+            let left = p.children.get() - 1;
+            p.children.set(left);
+            if left == 0 {
+                match p.state.get() {
+                    State::Orphan => self.free(parent),
+                    _ => {
+                        let w = p.waker.borrow_mut().take();
+                        if let Some(w) = w {
+                            w.wake();
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        match s.state.get() {
+            State::Active => {
+                s.status.set(status);
+                s.state.set(State::Done);
+                let w = s.waker.borrow_mut().take();
+                if let Some(w) = w {
+                    w.wake();
+                }
+            }
+            State::Orphan => self.free(i),
+            State::Free | State::Done => tracing::error!("bdev I/O slot {i} completed twice"),
+        }
+    }
+}
+
+/// A driver's reference to one in-flight I/O. Not `Clone`: completing it
+/// consumes it, so an I/O completes exactly once.
+#[derive(Debug)]
+pub struct IoHandle {
+    idx: u32,
+    gen: u32,
+}
+
+/// What a driver reads from an [`IoHandle`].
+#[derive(Clone, Copy, Debug)]
+pub struct IoDesc {
+    pub kind: IoType,
+    pub offset_blocks: u64,
+    pub num_blocks: u64,
+    /// Points into the I/O's slot; valid until the I/O completes.
+    pub iov: *const libc::iovec,
+    pub iovcnt: usize,
+    /// Every segment lies in the reactor's registered buffer pool.
+    pub fixed: bool,
+}
+
+impl IoDesc {
+    /// The data segments.
+    ///
+    /// # Safety
+    /// Only until the I/O is completed.
+    pub unsafe fn iovecs(&self) -> &[libc::iovec] {
+        std::slice::from_raw_parts(self.iov, self.iovcnt)
+    }
+}
+
+impl IoHandle {
+    pub(crate) fn new(idx: u32) -> IoHandle {
+        let gen = with_table(|t| t.slots[idx as usize].gen.get());
+        IoHandle { idx, gen }
+    }
+
+    pub fn desc(&self) -> IoDesc {
+        with_table(|t| {
+            let s = &t.slots[self.idx as usize];
+            IoDesc {
+                kind: s.kind.get(),
+                offset_blocks: s.offset_blocks.get(),
+                num_blocks: s.num_blocks.get(),
+                iov: s.iov.get() as *const libc::iovec,
+                iovcnt: s.iovcnt.get() as usize,
+                fixed: s.fixed.get(),
+            }
+        })
+    }
+
+    /// A 48-bit token for io_uring user_data; see [`IoHandle::from_token`].
+    pub fn into_token(self) -> u64 {
+        let t = ((self.gen as u64 & 0xffff) << 32) | self.idx as u64;
+        std::mem::forget(self);
+        t
+    }
+
+    /// Rebuilds the handle from a token; `None` if the slot was reused
+    /// (a stray completion).
+    pub fn from_token(token: u64) -> Option<IoHandle> {
+        let idx = token as u32;
+        let g = ((token >> 32) & 0xffff) as u32;
+        with_table(|t| {
+            let s = t.slots.get(idx as usize)?;
+            (s.gen.get() & 0xffff == g && s.state.get() != State::Free).then(|| IoHandle {
+                idx,
+                gen: s.gen.get(),
+            })
+        })
+    }
+
+    /// Completes the I/O.
+    pub fn complete(self, status: Result<(), BdevError>) {
+        let (idx, gen) = (self.idx, self.gen);
+        std::mem::forget(self);
+        with_table(|t| {
+            if t.slots[idx as usize].gen.get() != gen {
+                tracing::error!("completion of a recycled bdev I/O slot {idx}");
+                return;
+            }
+            t.finish(idx, status)
+        });
+    }
+}
+
+impl Drop for IoHandle {
+    fn drop(&mut self) {
+        // A driver that drops a handle without completing it would hang the
+        // submitter; fail the I/O instead.
+        tracing::error!("bdev I/O dropped by its driver without completion");
+        let (idx, gen) = (self.idx, self.gen);
+        with_table(|t| {
+            if t.slots[idx as usize].gen.get() == gen {
+                t.finish(idx, Err(BdevError::Io(libc::EIO)))
+            }
+        });
+    }
+}

@@ -1,0 +1,358 @@
+//! The bdev registry: names, aliases, UUIDs, open descriptors, claims,
+//! hot-remove, and the per-reactor channel caches.
+//!
+//! Control-plane operations take a mutex here; the I/O path never does: a
+//! descriptor hands out a channel from a thread-local cache, and I/O only
+//! reads the entry's `removed` flag (a plain atomic load).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ustor_runtime::RuntimeHandle;
+
+use crate::channel::{ChannelCore, IoChannel};
+use crate::device::{Bdev, BdevModule};
+use crate::error::{BdevError, ControlError};
+use crate::stats::IoStat;
+use crate::types::{BdevEvent, BdevInfo};
+
+type EventFn = Arc<dyn Fn(BdevEvent) + Send + Sync>;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A registered bdev: the driver's device plus registry state.
+pub struct BdevEntry {
+    pub(crate) id: u64,
+    pub(crate) bdev: Arc<dyn Bdev>,
+    removed: AtomicBool,
+    state: Mutex<EntryState>,
+}
+
+#[derive(Default)]
+struct EntryState {
+    aliases: Vec<String>,
+    claim: Option<String>,
+    openers: Vec<(u64, EventFn)>,
+}
+
+impl BdevEntry {
+    pub(crate) fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+    pub(crate) fn removed_flag(&self) -> *const AtomicBool {
+        &self.removed
+    }
+    fn lock(&self) -> MutexGuard<'_, EntryState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    pub fn info(&self) -> &BdevInfo {
+        self.bdev.info()
+    }
+    pub fn bdev(&self) -> &Arc<dyn Bdev> {
+        &self.bdev
+    }
+    pub fn aliases(&self) -> Vec<String> {
+        self.lock().aliases.clone()
+    }
+    pub fn claimed_by(&self) -> Option<String> {
+        self.lock().claim.clone()
+    }
+    pub fn open_count(&self) -> usize {
+        self.lock().openers.len()
+    }
+}
+
+impl Drop for BdevEntry {
+    fn drop(&mut self) {
+        self.bdev.destruct();
+    }
+}
+
+thread_local! {
+    // bdev id -> this reactor's channel. Filled lazily by `Desc::channel`.
+    static CHANNELS: RefCell<HashMap<u64, Rc<ChannelCore>>> = RefCell::new(HashMap::with_capacity(64));
+}
+
+/// An open descriptor: what targets and virtual bdevs hold.
+pub struct Desc {
+    entry: Arc<BdevEntry>,
+    writable: bool,
+    opener: u64,
+}
+
+impl Desc {
+    pub fn info(&self) -> &BdevInfo {
+        self.entry.bdev.info()
+    }
+    pub fn name(&self) -> &str {
+        &self.entry.bdev.info().name
+    }
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+    pub fn entry(&self) -> &Arc<BdevEntry> {
+        &self.entry
+    }
+    pub fn io_type_supported(&self, t: crate::IoType) -> bool {
+        self.entry.bdev.io_type_supported(t)
+    }
+
+    /// This reactor's channel for the bdev, created on first use.
+    pub fn channel(&self) -> Result<IoChannel, BdevError> {
+        if self.entry.is_removed() {
+            return Err(BdevError::Removed);
+        }
+        let id = self.entry.id;
+        let core = CHANNELS.with(|c| c.borrow().get(&id).cloned());
+        let core = match core {
+            Some(c) => c,
+            None => {
+                let driver = self.entry.bdev.create_channel()?;
+                let core = Rc::new(ChannelCore::new(self.entry.clone(), driver));
+                let first = CHANNELS.with(|c| {
+                    let mut c = c.borrow_mut();
+                    c.insert(id, core.clone());
+                    c.len() == 1
+                });
+                if first && ustor_runtime::is_reactor_thread() {
+                    // Channels hold driver resources tied to the reactor
+                    // (ring handlers, pollers): drop them before it exits.
+                    ustor_runtime::on_reactor_exit(|| {
+                        let all: Vec<_> = CHANNELS.with(|c| c.borrow_mut().drain().collect());
+                        drop(all);
+                    });
+                }
+                core
+            }
+        };
+        Ok(IoChannel {
+            core,
+            writable: self.writable,
+        })
+    }
+
+    /// Claims the bdev for exclusive use by `by` (a target or virtual bdev):
+    /// it can then not be deleted or claimed by another until released.
+    pub fn claim(&self, by: &str) -> Result<(), ControlError> {
+        let mut s = self.entry.lock();
+        match &s.claim {
+            Some(c) => Err(ControlError::Claimed {
+                name: self.name().to_string(),
+                by: c.clone(),
+            }),
+            None => {
+                s.claim = Some(by.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    pub fn release_claim(&self) {
+        self.entry.lock().claim = None;
+    }
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        self.entry
+            .lock()
+            .openers
+            .retain(|(id, _)| *id != self.opener);
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    by_name: HashMap<String, Arc<BdevEntry>>,
+    order: Vec<String>,
+}
+
+/// All bdevs of one ustor instance.
+pub struct Registry {
+    inner: Mutex<Inner>,
+    modules: Mutex<Vec<Arc<dyn BdevModule>>>,
+    runtime: Option<RuntimeHandle>,
+}
+
+impl Registry {
+    /// A registry whose channels live on `runtime`'s reactors (needed to drop
+    /// channels on delete and to gather iostat).
+    pub fn new(runtime: Option<RuntimeHandle>) -> Arc<Registry> {
+        Arc::new(Registry {
+            inner: Mutex::default(),
+            modules: Mutex::default(),
+            runtime,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn add_module(&self, m: Arc<dyn BdevModule>) {
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(m);
+    }
+
+    pub fn modules(&self) -> Vec<Arc<dyn BdevModule>> {
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Registers a device under its name (and UUID as an alias).
+    pub fn register(&self, bdev: Arc<dyn Bdev>) -> Result<Arc<BdevEntry>, ControlError> {
+        let name = bdev.info().name.clone();
+        if name.is_empty() {
+            return Err(ControlError::invalid("name", "must not be empty"));
+        }
+        let uuid = bdev.info().uuid.to_string();
+        let mut g = self.lock();
+        if g.by_name.contains_key(&name) || g.by_name.contains_key(&uuid) {
+            return Err(ControlError::Exists(name));
+        }
+        let entry = Arc::new(BdevEntry {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            bdev,
+            removed: AtomicBool::new(false),
+            state: Mutex::default(),
+        });
+        g.by_name.insert(name.clone(), entry.clone());
+        g.by_name.insert(uuid, entry.clone());
+        g.order.push(name);
+        Ok(entry)
+    }
+
+    /// Adds an alias (another name that opens the same bdev).
+    pub fn add_alias(&self, name: &str, alias: &str) -> Result<(), ControlError> {
+        let mut g = self.lock();
+        if g.by_name.contains_key(alias) {
+            return Err(ControlError::Exists(alias.to_string()));
+        }
+        let e = g
+            .by_name
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        e.lock().aliases.push(alias.to_string());
+        g.by_name.insert(alias.to_string(), e);
+        Ok(())
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<BdevEntry>> {
+        self.lock().by_name.get(name).cloned()
+    }
+
+    /// Every bdev, in creation order.
+    pub fn list(&self) -> Vec<Arc<BdevEntry>> {
+        let g = self.lock();
+        g.order
+            .iter()
+            .filter_map(|n| g.by_name.get(n).cloned())
+            .collect()
+    }
+
+    /// Opens a bdev by name, alias or UUID. `on_event` hears hot-remove.
+    pub fn open(
+        &self,
+        name: &str,
+        writable: bool,
+        on_event: impl Fn(BdevEvent) + Send + Sync + 'static,
+    ) -> Result<Desc, ControlError> {
+        let e = self
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        if e.is_removed() {
+            return Err(ControlError::NotFound(name.to_string()));
+        }
+        let opener = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        e.lock().openers.push((opener, Arc::new(on_event)));
+        Ok(Desc {
+            entry: e,
+            writable,
+            opener,
+        })
+    }
+
+    /// Deletes a bdev the user asked to delete: refused while claimed.
+    pub fn delete(&self, name: &str) -> Result<(), ControlError> {
+        let e = self
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        if let Some(by) = e.claimed_by() {
+            return Err(ControlError::Claimed {
+                name: name.to_string(),
+                by,
+            });
+        }
+        self.remove(&e);
+        Ok(())
+    }
+
+    /// The device is gone (hot-remove): unregister even if claimed, fail its
+    /// outstanding and future I/O with `Removed`, notify every opener.
+    pub fn hot_remove(&self, name: &str) -> Result<(), ControlError> {
+        let e = self
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        self.remove(&e);
+        Ok(())
+    }
+
+    fn remove(&self, e: &Arc<BdevEntry>) {
+        e.removed.store(true, Ordering::Release);
+        {
+            let mut g = self.lock();
+            g.by_name.retain(|_, v| !Arc::ptr_eq(v, e));
+            let name = &e.info().name;
+            g.order.retain(|n| n != name);
+        }
+        let openers: Vec<EventFn> = e.lock().openers.iter().map(|(_, f)| f.clone()).collect();
+        for f in openers {
+            f(BdevEvent::Remove);
+        }
+        // Drop the per-reactor channels so the driver's resources go with the
+        // device (the uring driver closes its file when its last channel and
+        // the entry are gone).
+        let id = e.id;
+        if let Some(rt) = &self.runtime {
+            if ustor_runtime::is_reactor_thread() {
+                let _ = rt.for_each_reactor(Arc::new(move || drop_channel(id)), || {});
+            } else {
+                let _ = rt.call_all(move |_| drop_channel(id));
+            }
+        }
+    }
+
+    /// Merged iostat of one bdev over every reactor.
+    pub fn iostat(&self, name: &str) -> Result<IoStat, ControlError> {
+        let e = self
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let id = e.id;
+        let mut total = IoStat::default();
+        if let Some(rt) = &self.runtime {
+            let parts = rt
+                .call_all(move |_| CHANNELS.with(|c| c.borrow().get(&id).map(|ch| ch.snapshot())))
+                .map_err(|err| ControlError::Os {
+                    what: "gathering iostat".into(),
+                    err: std::io::Error::other(err),
+                })?;
+            for p in parts.into_iter().flatten() {
+                total.merge(&p);
+            }
+        }
+        Ok(total)
+    }
+}
+
+fn drop_channel(id: u64) {
+    let ch = CHANNELS.with(|c| c.borrow_mut().remove(&id));
+    drop(ch);
+}
