@@ -9,6 +9,7 @@
 //! and by RPCs, never per I/O.
 
 pub mod backend;
+pub mod bdev;
 mod conn;
 mod io;
 mod stats;
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use ustor_runtime::{ops, RuntimeHandle};
 
 pub use backend::{Channel, ExportSource, MemSource};
+pub use bdev::{BdevExportChannel, BdevSource};
 pub use conn::{MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES, MAX_WORKERS};
 pub use stats::NbdStats;
 
@@ -46,6 +48,8 @@ pub enum NbdServerError {
     NoSuchExport(String),
     #[error("invalid export: {0}")]
     InvalidExport(&'static str),
+    #[error("bdev: {0}")]
+    Bdev(String),
     #[error("runtime unavailable: {0}")]
     Runtime(String),
 }

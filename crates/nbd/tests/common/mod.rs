@@ -91,3 +91,55 @@ pub fn run(cmd: &str, args: &[&str]) -> Output {
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A server exporting a malloc bdev named `Malloc0` as export `malloc`.
+pub struct BdevFixture {
+    pub server: Arc<NbdServer<ustor_nbd::server::BdevSource>>,
+    pub registry: Arc<ustor_bdev::Registry>,
+    pub port: u16,
+    pub rt: Runtime,
+}
+
+pub fn start_bdev(size_bytes: u64, block_size: u32, reactors: usize) -> BdevFixture {
+    let cfg = RuntimeConfig {
+        cores: (0..reactors).collect(),
+        pin: false,
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::start(cfg).expect("runtime starts");
+    let registry = ustor_bdev::Registry::new(Some(rt.handle()));
+    let opts = ustor_bdev::modules::RamOpts {
+        name: "Malloc0".into(),
+        num_blocks: size_bytes / u64::from(block_size),
+        block_size,
+        uuid: None,
+        optimal_io_boundary: 0,
+        max_transfer_blocks: 0,
+    };
+    ustor_bdev::modules::malloc::create(&registry, opts).expect("malloc bdev");
+    let server = Arc::new(NbdServer::new(rt.handle()));
+    let r = server
+        .start(&ServerStartParams {
+            listen_address: ListenAddress {
+                traddr: "127.0.0.1".into(),
+                trsvcid: "0".into(),
+            },
+            max_connections: 64,
+        })
+        .expect("server starts");
+    let params = ExportCreateParams {
+        name: "malloc".into(),
+        bdev_name: "Malloc0".into(),
+        read_only: false,
+        description: "malloc bdev".into(),
+    };
+    server
+        .export_create_bdev(&registry, &params)
+        .expect("export");
+    BdevFixture {
+        server,
+        registry,
+        port: r.trsvcid.parse().expect("port"),
+        rt,
+    }
+}
