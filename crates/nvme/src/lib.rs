@@ -1,0 +1,16 @@
+//! ustor's NVMe over Fabrics (TCP transport).
+//!
+//! - [`wire`]: PDUs, SQE/CQE, SGL descriptors, digests (no state).
+//! - [`coalesce`]: LANoT, the load-aware PDU coalescer both sides send
+//!   through (policy and the PDU Group iovec list).
+//! - [`nvmf`]: the target: subsystems, controllers, queue pairs on the
+//!   reactors, discovery, and the SPDK-named control functions.
+//!
+//! Nothing here takes a lock, allocates or copies payload per I/O: payload is
+//! received straight into the pool buffer the bdev uses, read data leaves
+//! from the buffer the bdev filled, and per-connection state is preallocated.
+
+pub mod wire;
+
+#[doc(hidden)]
+pub mod fuzzing;
