@@ -1,0 +1,539 @@
+//! Command descriptor blocks (SPC-4, SBC-3): builders for the commands the
+//! initiator sends and a parser that turns CDB bytes back into a
+//! [`Command`] (used by the emulated HBA, later by the target side).
+//!
+//! A [`Cdb`] is a fixed 16-byte array plus a length: building one never
+//! allocates, and it is `Copy` so it can sit in a preallocated command slot.
+
+/// Operation codes this crate builds or parses.
+pub mod op {
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    pub const REQUEST_SENSE: u8 = 0x03;
+    pub const INQUIRY: u8 = 0x12;
+    pub const READ_10: u8 = 0x28;
+    pub const WRITE_10: u8 = 0x2a;
+    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const UNMAP: u8 = 0x42;
+    pub const READ_16: u8 = 0x88;
+    pub const WRITE_16: u8 = 0x8a;
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    pub const WRITE_SAME_16: u8 = 0x93;
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
+    pub const REPORT_LUNS: u8 = 0xa0;
+    /// Service action of SERVICE ACTION IN(16) for READ CAPACITY(16).
+    pub const SA_READ_CAPACITY_16: u8 = 0x10;
+}
+
+/// Bytes of the UNMAP parameter list with one block descriptor.
+pub const UNMAP_PARAM_LEN_ONE: usize = 24;
+
+/// One CDB: up to 16 bytes, `len` of them meaningful.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Cdb {
+    bytes: [u8; 16],
+    len: u8,
+}
+
+const _: () = assert!(std::mem::size_of::<Cdb>() == 17);
+
+impl std::fmt::Debug for Cdb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cdb({:02x?})", self.as_bytes())
+    }
+}
+
+impl Cdb {
+    /// A CDB from raw bytes (SG_IO users, tests); `None` if longer than 16.
+    pub fn from_bytes(b: &[u8]) -> Option<Cdb> {
+        if b.is_empty() || b.len() > 16 {
+            return None;
+        }
+        let mut bytes = [0u8; 16];
+        bytes[..b.len()].copy_from_slice(b);
+        Some(Cdb {
+            bytes,
+            len: b.len() as u8,
+        })
+    }
+
+    fn new(len: u8, opcode: u8) -> Cdb {
+        let mut bytes = [0u8; 16];
+        bytes[0] = opcode;
+        Cdb { bytes, len }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    pub fn opcode(&self) -> u8 {
+        self.bytes[0]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn put_u16(&mut self, at: usize, v: u16) {
+        self.bytes[at..at + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    fn put_u32(&mut self, at: usize, v: u32) {
+        self.bytes[at..at + 4].copy_from_slice(&v.to_be_bytes());
+    }
+    fn put_u64(&mut self, at: usize, v: u64) {
+        self.bytes[at..at + 8].copy_from_slice(&v.to_be_bytes());
+    }
+
+    pub fn test_unit_ready() -> Cdb {
+        Cdb::new(6, op::TEST_UNIT_READY)
+    }
+
+    pub fn request_sense(alloc_len: u8) -> Cdb {
+        let mut c = Cdb::new(6, op::REQUEST_SENSE);
+        c.bytes[4] = alloc_len;
+        c
+    }
+
+    /// INQUIRY: standard data (`page: None`) or a VPD page.
+    pub fn inquiry(page: Option<u8>, alloc_len: u16) -> Cdb {
+        let mut c = Cdb::new(6, op::INQUIRY);
+        if let Some(p) = page {
+            c.bytes[1] = 0x01; // EVPD
+            c.bytes[2] = p;
+        }
+        c.put_u16(3, alloc_len);
+        c
+    }
+
+    pub fn read_capacity_16(alloc_len: u32) -> Cdb {
+        let mut c = Cdb::new(16, op::SERVICE_ACTION_IN_16);
+        c.bytes[1] = op::SA_READ_CAPACITY_16;
+        c.put_u32(10, alloc_len);
+        c
+    }
+
+    /// REPORT LUNS, SELECT REPORT 0 (all logical units but well-known ones).
+    pub fn report_luns(alloc_len: u32) -> Cdb {
+        let mut c = Cdb::new(12, op::REPORT_LUNS);
+        c.put_u32(6, alloc_len);
+        c
+    }
+
+    pub fn read_10(lba: u32, blocks: u16, fua: bool) -> Cdb {
+        Cdb::rw_10(op::READ_10, lba, blocks, fua)
+    }
+
+    pub fn write_10(lba: u32, blocks: u16, fua: bool) -> Cdb {
+        Cdb::rw_10(op::WRITE_10, lba, blocks, fua)
+    }
+
+    fn rw_10(opc: u8, lba: u32, blocks: u16, fua: bool) -> Cdb {
+        let mut c = Cdb::new(10, opc);
+        c.bytes[1] = if fua { 0x08 } else { 0 };
+        c.put_u32(2, lba);
+        c.put_u16(7, blocks);
+        c
+    }
+
+    pub fn read_16(lba: u64, blocks: u32, fua: bool) -> Cdb {
+        Cdb::rw_16(op::READ_16, lba, blocks, fua)
+    }
+
+    pub fn write_16(lba: u64, blocks: u32, fua: bool) -> Cdb {
+        Cdb::rw_16(op::WRITE_16, lba, blocks, fua)
+    }
+
+    fn rw_16(opc: u8, lba: u64, blocks: u32, fua: bool) -> Cdb {
+        let mut c = Cdb::new(16, opc);
+        c.bytes[1] = if fua { 0x08 } else { 0 };
+        c.put_u64(2, lba);
+        c.put_u32(10, blocks);
+        c
+    }
+
+    /// READ or WRITE, the 10-byte form when the range fits it (fewer bytes
+    /// on the wire, and older devices lack the 16-byte form).
+    pub fn rw(write: bool, lba: u64, blocks: u32) -> Cdb {
+        let fits10 = lba + blocks as u64 <= u32::MAX as u64 + 1 && blocks <= u16::MAX as u32;
+        match (write, fits10) {
+            (false, true) => Cdb::read_10(lba as u32, blocks as u16, false),
+            (true, true) => Cdb::write_10(lba as u32, blocks as u16, false),
+            (false, false) => Cdb::read_16(lba, blocks, false),
+            (true, false) => Cdb::write_16(lba, blocks, false),
+        }
+    }
+
+    pub fn synchronize_cache_10(lba: u32, blocks: u16) -> Cdb {
+        let mut c = Cdb::new(10, op::SYNCHRONIZE_CACHE_10);
+        c.put_u32(2, lba);
+        c.put_u16(7, blocks);
+        c
+    }
+
+    pub fn synchronize_cache_16(lba: u64, blocks: u32) -> Cdb {
+        let mut c = Cdb::new(16, op::SYNCHRONIZE_CACHE_16);
+        c.put_u64(2, lba);
+        c.put_u32(10, blocks);
+        c
+    }
+
+    /// SYNCHRONIZE CACHE over a range, 10-byte form when it fits.
+    pub fn synchronize_cache(lba: u64, blocks: u32) -> Cdb {
+        if lba + blocks as u64 <= u32::MAX as u64 + 1 && blocks <= u16::MAX as u32 {
+            Cdb::synchronize_cache_10(lba as u32, blocks as u16)
+        } else {
+            Cdb::synchronize_cache_16(lba, blocks)
+        }
+    }
+
+    /// UNMAP with a parameter list of `param_len` bytes (see [`unmap_param`]).
+    pub fn unmap(param_len: u16) -> Cdb {
+        let mut c = Cdb::new(10, op::UNMAP);
+        c.put_u16(7, param_len);
+        c
+    }
+
+    /// WRITE SAME(16) of one block of data-out (or none with NDOB).
+    pub fn write_same_16(lba: u64, blocks: u32, unmap: bool, ndob: bool) -> Cdb {
+        let mut c = Cdb::new(16, op::WRITE_SAME_16);
+        c.bytes[1] = (if unmap { 0x08 } else { 0 }) | (if ndob { 0x01 } else { 0 });
+        c.put_u64(2, lba);
+        c.put_u32(10, blocks);
+        c
+    }
+}
+
+/// Writes an UNMAP parameter list with one block descriptor into `out`.
+pub fn unmap_param(out: &mut [u8; UNMAP_PARAM_LEN_ONE], lba: u64, blocks: u32) {
+    *out = [0; UNMAP_PARAM_LEN_ONE];
+    out[0..2].copy_from_slice(&22u16.to_be_bytes()); // bytes that follow
+    out[2..4].copy_from_slice(&16u16.to_be_bytes()); // descriptor bytes
+    out[8..16].copy_from_slice(&lba.to_be_bytes());
+    out[16..20].copy_from_slice(&blocks.to_be_bytes());
+}
+
+/// Calls `f(lba, blocks)` for each block descriptor of an UNMAP parameter
+/// list, at most `max` of them; malformed lists yield what is well-formed.
+pub fn parse_unmap_param(b: &[u8], max: usize, mut f: impl FnMut(u64, u32)) -> usize {
+    if b.len() < 8 {
+        return 0;
+    }
+    let desc_len = u16::from_be_bytes([b[2], b[3]]) as usize;
+    let end = (8 + desc_len).min(b.len());
+    let mut n = 0;
+    for d in b[8..end].chunks_exact(16).take(max) {
+        let lba = u64::from_be_bytes(d[0..8].try_into().unwrap_or([0; 8]));
+        let blocks = u32::from_be_bytes(d[8..12].try_into().unwrap_or([0; 4]));
+        f(lba, blocks);
+        n += 1;
+    }
+    n
+}
+
+/// A parsed CDB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    TestUnitReady,
+    RequestSense {
+        alloc_len: u16,
+    },
+    Inquiry {
+        page: Option<u8>,
+        alloc_len: u16,
+    },
+    ReadCapacity16 {
+        alloc_len: u32,
+    },
+    ReportLuns {
+        select: u8,
+        alloc_len: u32,
+    },
+    Read {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    Write {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    SynchronizeCache {
+        lba: u64,
+        blocks: u32,
+    },
+    Unmap {
+        param_len: u16,
+    },
+    WriteSame16 {
+        lba: u64,
+        blocks: u32,
+        unmap: bool,
+        ndob: bool,
+    },
+}
+
+/// Why a CDB was refused; the emulated device answers ILLEGAL REQUEST.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CdbError {
+    #[error("empty CDB")]
+    Empty,
+    #[error("CDB of {got} bytes, opcode {opcode:#04x} needs {need}")]
+    Short { opcode: u8, got: usize, need: usize },
+    #[error("unsupported opcode {0:#04x}")]
+    UnsupportedOpcode(u8),
+    #[error("invalid field in CDB byte {0}")]
+    InvalidField(u8),
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn be64(b: &[u8], at: usize) -> u64 {
+    (be32(b, at) as u64) << 32 | be32(b, at + 4) as u64
+}
+
+impl Command {
+    /// Parses a CDB; never panics on any input.
+    pub fn parse(b: &[u8]) -> Result<Command, CdbError> {
+        let opcode = *b.first().ok_or(CdbError::Empty)?;
+        let need = match opcode {
+            0x00..=0x1f => 6,
+            0x20..=0x5f => 10,
+            0x80..=0x9f => 16,
+            0xa0..=0xbf => 12,
+            _ => return Err(CdbError::UnsupportedOpcode(opcode)),
+        };
+        if b.len() < need {
+            return Err(CdbError::Short {
+                opcode,
+                got: b.len(),
+                need,
+            });
+        }
+        let fua = b[1] & 0x08 != 0;
+        Ok(match opcode {
+            op::TEST_UNIT_READY => Command::TestUnitReady,
+            op::REQUEST_SENSE => Command::RequestSense {
+                alloc_len: b[4] as u16,
+            },
+            op::INQUIRY => {
+                let evpd = b[1] & 0x01 != 0;
+                if !evpd && b[2] != 0 {
+                    return Err(CdbError::InvalidField(2));
+                }
+                Command::Inquiry {
+                    page: evpd.then_some(b[2]),
+                    alloc_len: be16(b, 3),
+                }
+            }
+            op::SERVICE_ACTION_IN_16 if b[1] & 0x1f == op::SA_READ_CAPACITY_16 => {
+                Command::ReadCapacity16 {
+                    alloc_len: be32(b, 10),
+                }
+            }
+            op::SERVICE_ACTION_IN_16 => return Err(CdbError::InvalidField(1)),
+            op::REPORT_LUNS => Command::ReportLuns {
+                select: b[2],
+                alloc_len: be32(b, 6),
+            },
+            op::READ_10 => Command::Read {
+                lba: be32(b, 2) as u64,
+                blocks: be16(b, 7) as u32,
+                fua,
+            },
+            op::WRITE_10 => Command::Write {
+                lba: be32(b, 2) as u64,
+                blocks: be16(b, 7) as u32,
+                fua,
+            },
+            op::READ_16 => Command::Read {
+                lba: be64(b, 2),
+                blocks: be32(b, 10),
+                fua,
+            },
+            op::WRITE_16 => Command::Write {
+                lba: be64(b, 2),
+                blocks: be32(b, 10),
+                fua,
+            },
+            op::SYNCHRONIZE_CACHE_10 => Command::SynchronizeCache {
+                lba: be32(b, 2) as u64,
+                blocks: be16(b, 7) as u32,
+            },
+            op::SYNCHRONIZE_CACHE_16 => Command::SynchronizeCache {
+                lba: be64(b, 2),
+                blocks: be32(b, 10),
+            },
+            op::UNMAP => Command::Unmap {
+                param_len: be16(b, 7),
+            },
+            op::WRITE_SAME_16 => Command::WriteSame16 {
+                lba: be64(b, 2),
+                blocks: be32(b, 10),
+                unmap: b[1] & 0x08 != 0,
+                ndob: b[1] & 0x01 != 0,
+            },
+            o => return Err(CdbError::UnsupportedOpcode(o)),
+        })
+    }
+
+    /// Bytes of data-in the command asks for (or data-out it carries), given
+    /// the block size; used by the emulated device to check buffer sizes.
+    pub fn transfer_len(&self, block_size: u32) -> u64 {
+        let bs = block_size as u64;
+        match *self {
+            Command::Read { blocks, .. } | Command::Write { blocks, .. } => blocks as u64 * bs,
+            Command::WriteSame16 { ndob: false, .. } => bs,
+            Command::Unmap { param_len } => param_len as u64,
+            Command::Inquiry { alloc_len, .. } | Command::RequestSense { alloc_len } => {
+                alloc_len as u64
+            }
+            Command::ReadCapacity16 { alloc_len } | Command::ReportLuns { alloc_len, .. } => {
+                alloc_len as u64
+            }
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn builders_parse_back() {
+        let cases = [
+            (Cdb::test_unit_ready(), Command::TestUnitReady),
+            (
+                Cdb::inquiry(Some(0xb0), 252),
+                Command::Inquiry {
+                    page: Some(0xb0),
+                    alloc_len: 252,
+                },
+            ),
+            (
+                Cdb::inquiry(None, 96),
+                Command::Inquiry {
+                    page: None,
+                    alloc_len: 96,
+                },
+            ),
+            (
+                Cdb::read_capacity_16(32),
+                Command::ReadCapacity16 { alloc_len: 32 },
+            ),
+            (
+                Cdb::report_luns(4096),
+                Command::ReportLuns {
+                    select: 0,
+                    alloc_len: 4096,
+                },
+            ),
+            (
+                Cdb::rw(false, 7, 8),
+                Command::Read {
+                    lba: 7,
+                    blocks: 8,
+                    fua: false,
+                },
+            ),
+            (
+                Cdb::rw(true, 1 << 33, 8),
+                Command::Write {
+                    lba: 1 << 33,
+                    blocks: 8,
+                    fua: false,
+                },
+            ),
+            (
+                Cdb::rw(true, 0, 1 << 16),
+                Command::Write {
+                    lba: 0,
+                    blocks: 1 << 16,
+                    fua: false,
+                },
+            ),
+            (
+                Cdb::synchronize_cache(5, 10),
+                Command::SynchronizeCache { lba: 5, blocks: 10 },
+            ),
+            (
+                Cdb::synchronize_cache(1 << 40, 10),
+                Command::SynchronizeCache {
+                    lba: 1 << 40,
+                    blocks: 10,
+                },
+            ),
+            (Cdb::unmap(24), Command::Unmap { param_len: 24 }),
+            (
+                Cdb::write_same_16(9, 100, true, false),
+                Command::WriteSame16 {
+                    lba: 9,
+                    blocks: 100,
+                    unmap: true,
+                    ndob: false,
+                },
+            ),
+        ];
+        for (cdb, want) in cases {
+            assert_eq!(Command::parse(cdb.as_bytes()), Ok(want), "{cdb:?}");
+        }
+        assert_eq!(Cdb::rw(false, 0, 8).len(), 10);
+        assert_eq!(Cdb::rw(false, u32::MAX as u64, 2).len(), 16);
+    }
+
+    #[test]
+    fn refused_cdbs() {
+        assert_eq!(Command::parse(&[]), Err(CdbError::Empty));
+        assert!(matches!(
+            Command::parse(&[0x28, 0, 0]),
+            Err(CdbError::Short { need: 10, .. })
+        ));
+        assert_eq!(
+            Command::parse(&[0xff; 16]),
+            Err(CdbError::UnsupportedOpcode(0xff))
+        );
+        assert_eq!(
+            Command::parse(&[0x12, 0, 0x80, 0, 0xff, 0]),
+            Err(CdbError::InvalidField(2))
+        );
+    }
+
+    #[test]
+    fn unmap_param_round_trips() {
+        let mut p = [0u8; UNMAP_PARAM_LEN_ONE];
+        unmap_param(&mut p, 1000, 64);
+        let mut got = Vec::new();
+        assert_eq!(parse_unmap_param(&p, 8, |l, n| got.push((l, n))), 1);
+        assert_eq!(got, vec![(1000, 64)]);
+        assert_eq!(parse_unmap_param(&p[..7], 8, |_, _| {}), 0);
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(data in proptest::collection::vec(any::<u8>(), 0..40)) {
+            crate::fuzz::cdb(&data);
+        }
+
+        #[test]
+        fn rw_round_trips(write: bool, lba in 0u64..(1 << 48), blocks in 1u32..(1 << 20)) {
+            let c = Cdb::rw(write, lba, blocks);
+            let parsed = Command::parse(c.as_bytes()).unwrap();
+            let want = if write {
+                Command::Write { lba, blocks, fua: false }
+            } else {
+                Command::Read { lba, blocks, fua: false }
+            };
+            prop_assert_eq!(parsed, want);
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! ustor's userspace SCSI stack (initiator side), after Linux's three levels.
+//!
+//! - Wire-level SCSI, plain data with encode/decode that never panic:
+//!   [`cdb`] (command builders and parser), [`sense`] (fixed and descriptor
+//!   sense), [`status`], [`inquiry`] (standard INQUIRY and VPD pages),
+//!   [`capacity`] (READ CAPACITY(16)), [`lun`] (LUN encoding, REPORT LUNS,
+//!   H:C:T:L).
+//!
+//! SCSI failures are CHECK CONDITION with sense, carried as data; Rust
+//! errors are for transport failures and bad input only.
+
+pub mod capacity;
+pub mod cdb;
+#[doc(hidden)]
+pub mod fuzz;
+pub mod inquiry;
+pub mod lun;
+pub mod sense;
+pub mod status;
+
+pub use cdb::{Cdb, Command};
+pub use lun::Hctl;
+pub use sense::{Sense, SenseKey};
+pub use status::ScsiStatus;
