@@ -10,6 +10,8 @@
 //! received straight into the pool buffer the bdev uses, read data leaves
 //! from the buffer the bdev filled, and per-connection state is preallocated.
 
+pub mod coalesce;
+pub mod nvmf;
 pub mod wire;
 
 #[doc(hidden)]

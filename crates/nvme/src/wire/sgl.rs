@@ -88,6 +88,10 @@ impl DataSgl {
 /// Parses the data descriptor of a command whose capsule carried
 /// `incapsule_len` bytes of data. `max_len` caps the transfer (MDTS).
 pub fn parse_data_sgl(d: &SglDesc, incapsule_len: u32, max_len: u32) -> Result<DataSgl, Status> {
+    if d.length == 0 && incapsule_len == 0 {
+        // No data: hosts send a zeroed or a zero-length transport descriptor.
+        return Ok(DataSgl::None);
+    }
     match d.id {
         SGL_ID_INCAPSULE => {
             // The whole range must lie in what the capsule actually carried.
@@ -171,6 +175,7 @@ mod tests {
         );
         let keyed = SglDesc {
             id: 0x40,
+            length: 8,
             ..Default::default()
         };
         assert_eq!(

@@ -1,0 +1,468 @@
+//! LANoT: load-aware PDU coalescing, used by every NVMe/TCP queue on both
+//! sides (target and initiator).
+//!
+//! Outgoing PDUs collect in a [`PduGroup`] (an iovec list over a header arena
+//! and the payload buffers, owned by value) that leaves with one `sendmsg`.
+//! The [`Coalescer`] decides when: at once when the group reaches its
+//! aggregation *degree* or byte limit, at once when nothing else is in flight
+//! (so QD1 never waits), else when its *timer* fires. In adaptive mode the
+//! counters of the last window of groups steer degree and timer: mostly full
+//! groups mean the queue is throughput-bound (raise both); mostly timer
+//! expiries ("doorbell rings" that found too little to send) mean it is
+//! latency-bound (lower both).
+
+use serde::{Deserialize, Serialize};
+use ustor_runtime::{ops, IoBuf};
+
+/// Coalescing mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One PDU (a response with its data) per `sendmsg`.
+    Off,
+    /// Fixed degree and timer.
+    Fixed,
+    /// Degree and timer follow the load.
+    #[default]
+    Adaptive,
+}
+
+/// Coalescer settings (per queue; the same for every queue of a transport).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CoalesceConfig {
+    pub mode: Mode,
+    /// Fixed mode, and the starting point of adaptive mode.
+    pub degree: u32,
+    pub timer_us: u32,
+    /// Flush once the group holds this many bytes.
+    pub max_bytes: u32,
+    pub min_degree: u32,
+    pub max_degree: u32,
+    pub min_timer_us: u32,
+    pub max_timer_us: u32,
+    /// Groups per adaptive decision.
+    pub window: u32,
+}
+
+impl Default for CoalesceConfig {
+    fn default() -> Self {
+        CoalesceConfig {
+            mode: Mode::Adaptive,
+            degree: 4,
+            timer_us: 20,
+            max_bytes: 256 << 10,
+            min_degree: 1,
+            max_degree: 32,
+            min_timer_us: 5,
+            max_timer_us: 200,
+            window: 64,
+        }
+    }
+}
+
+/// Why a group was sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flush {
+    /// Reached its degree or byte limit.
+    Full,
+    /// Nothing else in flight (or mode off, or an urgent PDU): sent at once.
+    Small,
+    /// The timer fired first.
+    Timer,
+}
+
+/// What the sender does with the group it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Now(Flush),
+    /// Wait for more PDUs for at most this long.
+    Wait {
+        timer_us: u32,
+    },
+}
+
+/// Counters and current setting, as `nvmf_get_stats` shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoalesceStats {
+    pub groups: u64,
+    pub pdus: u64,
+    pub full_groups: u64,
+    pub small_groups: u64,
+    pub timer_expiries: u64,
+    pub raises: u64,
+    pub lowers: u64,
+    pub degree: u32,
+    pub timer_us: u32,
+}
+
+impl CoalesceStats {
+    pub fn add(&mut self, o: &CoalesceStats) {
+        self.groups += o.groups;
+        self.pdus += o.pdus;
+        self.full_groups += o.full_groups;
+        self.small_groups += o.small_groups;
+        self.timer_expiries += o.timer_expiries;
+        self.raises += o.raises;
+        self.lowers += o.lowers;
+        self.degree = self.degree.max(o.degree);
+        self.timer_us = self.timer_us.max(o.timer_us);
+    }
+}
+
+/// One queue's coalescing policy state.
+#[derive(Clone, Debug)]
+pub struct Coalescer {
+    cfg: CoalesceConfig,
+    degree: u32,
+    timer_us: u32,
+    win: [u32; 3],
+    win_n: u32,
+    stats: CoalesceStats,
+}
+
+impl Coalescer {
+    pub fn new(cfg: CoalesceConfig) -> Coalescer {
+        let cfg = CoalesceConfig {
+            min_degree: cfg.min_degree.max(1),
+            max_degree: cfg.max_degree.max(cfg.min_degree.max(1)),
+            window: cfg.window.max(1),
+            ..cfg
+        };
+        let degree = cfg.degree.clamp(cfg.min_degree, cfg.max_degree);
+        let timer_us = match cfg.mode {
+            Mode::Adaptive => cfg
+                .timer_us
+                .clamp(cfg.min_timer_us, cfg.max_timer_us.max(cfg.min_timer_us)),
+            _ => cfg.timer_us,
+        };
+        Coalescer {
+            cfg,
+            degree,
+            timer_us,
+            win: [0; 3],
+            win_n: 0,
+            stats: CoalesceStats {
+                degree,
+                timer_us,
+                ..Default::default()
+            },
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.cfg.mode
+    }
+
+    pub fn degree(&self) -> u32 {
+        self.degree
+    }
+
+    pub fn timer_us(&self) -> u32 {
+        self.timer_us
+    }
+
+    pub fn stats(&self) -> CoalesceStats {
+        self.stats
+    }
+
+    /// What to do with a group of `pdus` PDUs (`bytes` long) when
+    /// `others_in_flight` commands may still add to it; `urgent` when the
+    /// group holds a PDU the peer waits on to make progress (R2T, TermReq).
+    pub fn decide(
+        &self,
+        pdus: u32,
+        bytes: usize,
+        others_in_flight: bool,
+        urgent: bool,
+    ) -> Decision {
+        debug_assert!(pdus > 0);
+        if self.cfg.mode == Mode::Off {
+            return Decision::Now(Flush::Small);
+        }
+        if pdus >= self.degree || bytes >= self.cfg.max_bytes as usize {
+            return Decision::Now(Flush::Full);
+        }
+        if !others_in_flight || urgent || self.timer_us == 0 {
+            return Decision::Now(Flush::Small);
+        }
+        Decision::Wait {
+            timer_us: self.timer_us,
+        }
+    }
+
+    /// Records a sent group; in adaptive mode, adjusts degree and timer at
+    /// the end of each window.
+    pub fn on_flush(&mut self, why: Flush, pdus: u32) {
+        let s = &mut self.stats;
+        s.groups += 1;
+        s.pdus += u64::from(pdus);
+        let i = match why {
+            Flush::Full => {
+                s.full_groups += 1;
+                0
+            }
+            Flush::Small => {
+                s.small_groups += 1;
+                1
+            }
+            Flush::Timer => {
+                s.timer_expiries += 1;
+                2
+            }
+        };
+        if self.cfg.mode != Mode::Adaptive {
+            return;
+        }
+        self.win[i] += 1;
+        self.win_n += 1;
+        if self.win_n < self.cfg.window {
+            return;
+        }
+        let [full, _small, timer] = self.win;
+        let c = &self.cfg;
+        if full > timer && full * 2 >= self.win_n {
+            // Throughput-bound: groups fill before the timer; batch more.
+            self.degree = (self.degree * 2).min(c.max_degree);
+            self.timer_us = (self.timer_us * 2).clamp(c.min_timer_us, c.max_timer_us);
+            self.stats.raises += 1;
+        } else if timer > full && timer * 4 >= self.win_n {
+            // Latency-bound: the timer keeps firing on thin groups.
+            self.degree = (self.degree / 2).max(c.min_degree);
+            self.timer_us = (self.timer_us / 2).clamp(c.min_timer_us, c.max_timer_us);
+            self.stats.lowers += 1;
+        }
+        self.stats.degree = self.degree;
+        self.stats.timer_us = self.timer_us;
+        self.win = [0; 3];
+        self.win_n = 0;
+    }
+}
+
+/// Header arena bytes per group: room for every header and digest of a
+/// full group (at most `MAX_IOV` PDUs, each under 100 bytes of headers).
+pub const ARENA_LEN: usize = 2048;
+
+#[derive(Clone, Copy)]
+enum Seg {
+    Arena { off: u16, len: u16 },
+    Data { slot: u8, off: u32, len: u32 },
+}
+
+/// A PDU Group: header bytes in an owned arena and payload buffers by
+/// value, described as up to [`ops::MAX_IOV`] segments for one `sendmsg`.
+pub struct PduGroup {
+    arena: IoBuf,
+    used: usize,
+    segs: [Seg; ops::MAX_IOV],
+    nsegs: usize,
+    data: [Option<IoBuf>; ops::MAX_IOV],
+    ndata: usize,
+    pdus: u32,
+    bytes: usize,
+    urgent: bool,
+    /// Bytes already sent after a partial `sendmsg`.
+    skip: usize,
+}
+
+impl Default for PduGroup {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PduGroup {
+    pub fn new() -> PduGroup {
+        PduGroup {
+            arena: IoBuf::heap(ARENA_LEN),
+            used: 0,
+            segs: [Seg::Arena { off: 0, len: 0 }; ops::MAX_IOV],
+            nsegs: 0,
+            data: Default::default(),
+            ndata: 0,
+            pdus: 0,
+            bytes: 0,
+            urgent: false,
+            skip: 0,
+        }
+    }
+
+    pub fn pdus(&self) -> u32 {
+        self.pdus
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    pub fn is_empty(&self) -> bool {
+        self.pdus == 0
+    }
+    pub fn urgent(&self) -> bool {
+        self.urgent
+    }
+
+    /// Whether a PDU of `hdr_bytes` header/trailer bytes in `pieces` arena
+    /// pieces and `ndata` payload segments fits.
+    pub fn fits(&self, hdr_bytes: usize, pieces: usize, ndata: usize) -> bool {
+        self.used + hdr_bytes <= ARENA_LEN && self.nsegs + pieces + ndata <= ops::MAX_IOV
+    }
+
+    /// Appends header (or digest) bytes; merges with a preceding arena piece.
+    pub fn push_bytes(&mut self, b: &[u8]) {
+        assert!(self.used + b.len() <= ARENA_LEN, "PDU group arena overflow");
+        let off = self.used;
+        self.arena.spare_mut()[off..off + b.len()].copy_from_slice(b);
+        self.used += b.len();
+        self.bytes += b.len();
+        if let Some(Seg::Arena { off: o, len }) = self.segs[..self.nsegs].last_mut() {
+            if *o as usize + *len as usize == off {
+                *len += b.len() as u16;
+                return;
+            }
+        }
+        assert!(self.nsegs < ops::MAX_IOV, "PDU group iovec overflow");
+        self.segs[self.nsegs] = Seg::Arena {
+            off: off as u16,
+            len: b.len() as u16,
+        };
+        self.nsegs += 1;
+    }
+
+    /// Appends `buf[off..off+len]` as payload; the group owns `buf` until
+    /// it is sent.
+    pub fn push_data(&mut self, buf: IoBuf, off: usize, len: usize) {
+        assert!(off + len <= buf.len(), "payload range beyond its buffer");
+        assert!(self.nsegs < ops::MAX_IOV && self.ndata < ops::MAX_IOV);
+        self.segs[self.nsegs] = Seg::Data {
+            slot: self.ndata as u8,
+            off: off as u32,
+            len: len as u32,
+        };
+        self.nsegs += 1;
+        self.data[self.ndata] = Some(buf);
+        self.ndata += 1;
+        self.bytes += len;
+    }
+
+    /// Marks the end of one PDU (counted for the degree).
+    pub fn end_pdu(&mut self, urgent: bool) {
+        self.pdus += 1;
+        self.urgent |= urgent;
+    }
+
+    /// Records `n` more bytes sent; true when the whole group is out.
+    pub fn advance(&mut self, n: usize) -> bool {
+        self.skip += n;
+        self.skip >= self.bytes
+    }
+
+    /// Empties the group, returning payload buffers to their pools.
+    pub fn clear(&mut self) {
+        for d in self.data.iter_mut().take(self.ndata) {
+            *d = None;
+        }
+        self.used = 0;
+        self.nsegs = 0;
+        self.ndata = 0;
+        self.pdus = 0;
+        self.bytes = 0;
+        self.urgent = false;
+        self.skip = 0;
+    }
+}
+
+impl ops::IoVecs for PduGroup {
+    fn iovecs(&self, out: &mut [libc::iovec; ops::MAX_IOV]) -> usize {
+        let mut skip = self.skip;
+        let mut n = 0;
+        for seg in &self.segs[..self.nsegs] {
+            let (ptr, len) = match *seg {
+                // SAFETY: arena pieces lie inside the arena (checked on push).
+                Seg::Arena { off, len } => (
+                    unsafe { self.arena.as_ptr().add(off as usize) },
+                    len as usize,
+                ),
+                Seg::Data { slot, off, len } => match &self.data[slot as usize] {
+                    // SAFETY: off + len <= buf.len(), checked on push.
+                    Some(b) => (unsafe { b.as_ptr().add(off as usize) }, len as usize),
+                    None => continue,
+                },
+            };
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            // SAFETY: skip < len keeps the pointer inside the segment.
+            out[n] = libc::iovec {
+                iov_base: unsafe { ptr.add(skip) } as *mut _,
+                iov_len: len - skip,
+            };
+            skip = 0;
+            n += 1;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(mode: Mode) -> CoalesceConfig {
+        CoalesceConfig {
+            mode,
+            window: 8,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn qd1_never_waits() {
+        for m in [Mode::Fixed, Mode::Adaptive, Mode::Off] {
+            let c = Coalescer::new(cfg(m));
+            assert!(matches!(c.decide(1, 4096, false, false), Decision::Now(_)));
+        }
+        let c = Coalescer::new(cfg(Mode::Fixed));
+        assert_eq!(
+            c.decide(1, 100, true, false),
+            Decision::Wait { timer_us: 20 }
+        );
+        assert_eq!(c.decide(1, 100, true, true), Decision::Now(Flush::Small));
+        assert_eq!(c.decide(4, 100, true, false), Decision::Now(Flush::Full));
+        assert_eq!(
+            c.decide(1, 1 << 20, true, false),
+            Decision::Now(Flush::Full)
+        );
+    }
+
+    #[test]
+    fn adaptive_raises_and_lowers() {
+        let mut c = Coalescer::new(cfg(Mode::Adaptive));
+        for _ in 0..8 {
+            c.on_flush(Flush::Full, 4);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (8, 40));
+        for _ in 0..24 {
+            c.on_flush(Flush::Full, 8);
+        }
+        assert_eq!(c.degree(), 32);
+        assert_eq!(c.stats().raises, 4);
+        for _ in 0..8 {
+            c.on_flush(Flush::Timer, 1);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (16, 100));
+        for _ in 0..80 {
+            c.on_flush(Flush::Timer, 1);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (1, 5));
+        // Small groups (idle flushes) leave it alone.
+        for _ in 0..16 {
+            c.on_flush(Flush::Small, 1);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (1, 5));
+        let mut f = Coalescer::new(cfg(Mode::Fixed));
+        for _ in 0..16 {
+            f.on_flush(Flush::Full, 4);
+        }
+        assert_eq!(f.degree(), 4);
+    }
+}

@@ -1,0 +1,209 @@
+//! A controller: what one host's admin queue created with Connect, shared
+//! by that host's queue pairs (on any reactor). Holds the properties (CAP,
+//! VS, CC, CSTS), features, keep-alive deadline, asynchronous events and
+//! the sockets of its queues (so a KATO expiry or a shutdown can close them
+//! all). Only admin commands and Connect touch its mutexes; I/O never does.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+
+use ustor_runtime::ticks;
+
+use super::subsystem::Subsystem;
+use crate::wire::prop;
+
+/// Admin queue depth we accept (Linux asks for 32).
+pub const MAX_AQ_DEPTH: u16 = 128;
+/// I/O queue depth (CAP.MQES + 1).
+pub const MAX_IO_QUEUE_DEPTH: u16 = 128;
+/// Outstanding AERs a host may park (Identify AERL + 1).
+pub const MAX_AERS: usize = 4;
+/// CAP.TO in 500 ms units.
+const CAP_TO: u64 = 30;
+/// NVMe 1.3.
+pub const VERSION: u32 = 0x0001_0300;
+
+/// Asynchronous event config bit: namespace attribute notices.
+pub const AEC_NS_ATTR: u32 = 1 << 8;
+/// AER completion for "namespace attribute changed": type Notice (2),
+/// info 0, log page 04h (changed namespace list).
+pub const AEN_NS_CHANGED: u32 = 0x0004_0002;
+
+#[derive(Default)]
+pub(crate) struct Regs {
+    pub cc: u32,
+    pub csts: u32,
+}
+
+pub(crate) struct Features {
+    /// Granted I/O queues (submission = completion), 1's based.
+    pub num_io_queues: u16,
+    pub aec: u32,
+    pub vwc: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Aer {
+    pub parked: usize,
+    pub events: VecDeque<u32>,
+    pub waiters: Vec<Waker>,
+    /// Changed namespace list (log page 04h) since it was last read.
+    pub changed_ns: Vec<u32>,
+}
+
+pub struct Ctrl {
+    pub cntlid: u16,
+    pub subsys: Arc<Subsystem>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub(crate) kato_ms: AtomicU32,
+    last_ka: AtomicU64,
+    pub(crate) regs: Mutex<Regs>,
+    pub(crate) features: Mutex<Features>,
+    pub(crate) aer: Mutex<Aer>,
+    queues: Mutex<Vec<(u16, RawFd)>>,
+    pub(crate) failed: AtomicBool,
+    /// Most I/O queues the transport allows per controller.
+    pub max_io_queues: u16,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Ctrl {
+    pub(crate) fn new(
+        cntlid: u16,
+        subsys: Arc<Subsystem>,
+        hostnqn: String,
+        hostid: [u8; 16],
+        kato_ms: u32,
+        max_io_queues: u16,
+        vwc: bool,
+    ) -> Ctrl {
+        Ctrl {
+            cntlid,
+            subsys,
+            hostnqn,
+            hostid,
+            kato_ms: AtomicU32::new(kato_ms),
+            last_ka: AtomicU64::new(ticks::now()),
+            regs: Mutex::new(Regs::default()),
+            features: Mutex::new(Features {
+                num_io_queues: max_io_queues,
+                aec: 0,
+                vwc,
+            }),
+            aer: Mutex::new(Aer::default()),
+            queues: Mutex::new(Vec::new()),
+            failed: AtomicBool::new(false),
+            max_io_queues,
+        }
+    }
+
+    pub fn is_discovery(&self) -> bool {
+        self.subsys.subtype == super::subsystem::SubType::Discovery
+    }
+
+    /// Keep alive (or any admin command): pushes the deadline back.
+    pub fn touch(&self) {
+        self.last_ka.store(ticks::now(), Ordering::Relaxed);
+    }
+
+    /// Whether the keep-alive timeout ran out.
+    pub fn kato_expired(&self) -> bool {
+        let kato = self.kato_ms.load(Ordering::Relaxed);
+        if kato == 0 {
+            return false;
+        }
+        let idle = ticks::now().saturating_sub(self.last_ka.load(Ordering::Relaxed));
+        ticks::to_ns(idle) > u64::from(kato) * 1_000_000
+    }
+
+    pub fn enabled(&self) -> bool {
+        lock(&self.regs).csts & 1 != 0
+    }
+
+    pub(crate) fn add_queue(&self, qid: u16, fd: RawFd) -> bool {
+        let mut q = lock(&self.queues);
+        if q.iter().any(|(id, _)| *id == qid) || self.failed.load(Ordering::Acquire) {
+            return false;
+        }
+        q.push((qid, fd));
+        true
+    }
+
+    pub(crate) fn remove_queue(&self, qid: u16) {
+        lock(&self.queues).retain(|(id, _)| *id != qid);
+    }
+
+    /// Fails the controller: every queue's socket is shut down, which ends
+    /// its connection on whatever reactor owns it.
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+        for (_, fd) in lock(&self.queues).iter() {
+            // SAFETY: shutdown(2) on a socket the queue registered and
+            // unregisters before it closes it (under this same mutex).
+            unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+        }
+        let waiters: Vec<Waker> = lock(&self.aer).waiters.drain(..).collect();
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// CAP: MQES, CQR, TO, CSS (NVM), MPSMIN/MAX = 4 KiB.
+    pub fn cap(&self) -> u64 {
+        let mqes = u64::from(MAX_IO_QUEUE_DEPTH - 1);
+        mqes | 1 << 16 | CAP_TO << 24 | 1 << 37
+    }
+
+    pub fn property_get(&self, offset: u32) -> Option<u64> {
+        let r = lock(&self.regs);
+        Some(match offset {
+            prop::CAP => self.cap(),
+            prop::VS => u64::from(VERSION),
+            prop::CC => u64::from(r.cc),
+            prop::CSTS => u64::from(r.csts),
+            _ => return None,
+        })
+    }
+
+    /// Property Set; only CC is writable. Enable sets RDY, disable clears
+    /// it, a shutdown request completes at once (nothing to flush that the
+    /// bdevs do not already hold).
+    pub fn property_set(&self, offset: u32, value: u64) -> bool {
+        if offset != prop::CC {
+            return false;
+        }
+        let cc = value as u32;
+        let mut r = lock(&self.regs);
+        r.cc = cc;
+        let en = cc & 1 != 0;
+        let shn = (cc >> 14) & 3;
+        r.csts = (r.csts & !1) | en as u32;
+        if shn != 0 {
+            r.csts = (r.csts & !(3 << 2)) | (2 << 2);
+        } else {
+            r.csts &= !(3 << 2);
+        }
+        true
+    }
+
+    /// Posts an asynchronous event (namespace added or removed).
+    pub fn notify_ns_changed(&self, nsid: u32) {
+        let enabled = lock(&self.features).aec & AEC_NS_ATTR != 0;
+        let mut a = lock(&self.aer);
+        if !a.changed_ns.contains(&nsid) && a.changed_ns.len() < 1024 {
+            a.changed_ns.push(nsid);
+        }
+        // One outstanding notice of a type until the host reads the log.
+        if enabled && !a.events.contains(&AEN_NS_CHANGED) {
+            a.events.push_back(AEN_NS_CHANGED);
+        }
+        let waiters: Vec<Waker> = a.waiters.drain(..).collect();
+        drop(a);
+        waiters.into_iter().for_each(Waker::wake);
+    }
+}

@@ -1,0 +1,126 @@
+//! Per-reactor target counters (thread-local `Cell`s: no atomics per I/O),
+//! summed by `nvmf_get_stats` through `call_all`.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Weak;
+
+use serde::{Deserialize, Serialize};
+
+use crate::coalesce::{CoalesceStats, Coalescer};
+
+/// Receive states, for the per-state transition counters.
+pub const RECV_STATES: [&str; 4] = ["await_ch", "await_psh", "await_payload", "quiesced"];
+
+/// One poll group's (reactor's) counters.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PollGroupStats {
+    pub name: String,
+    pub current_io_qpairs: u64,
+    pub current_admin_qpairs: u64,
+    pub admin_qpairs: u64,
+    pub io_qpairs: u64,
+    pub pending_bdev_io: u64,
+    pub commands: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub r2ts: u64,
+    pub h2c_pdus: u64,
+    pub c2h_pdus: u64,
+    pub errors: u64,
+    pub term_reqs_sent: u64,
+    pub term_reqs_received: u64,
+    pub digest_errors: u64,
+    pub recv_calls: u64,
+    pub sendmsg_calls: u64,
+    /// Payload bytes that were staged and copied once (not zero-copy).
+    pub payload_copies: u64,
+    pub payload_copied_bytes: u64,
+    pub recv_state_transitions: Vec<(String, u64)>,
+    pub coalesce: CoalesceStats,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub admin_qpairs: Cell<u64>,
+    pub io_qpairs: Cell<u64>,
+    pub cur_admin: Cell<u64>,
+    pub cur_io: Cell<u64>,
+    pub commands: Cell<u64>,
+    pub reads: Cell<u64>,
+    pub writes: Cell<u64>,
+    pub bytes_read: Cell<u64>,
+    pub bytes_written: Cell<u64>,
+    pub r2ts: Cell<u64>,
+    pub h2c: Cell<u64>,
+    pub c2h: Cell<u64>,
+    pub errors: Cell<u64>,
+    pub term_sent: Cell<u64>,
+    pub term_recv: Cell<u64>,
+    pub digest_errors: Cell<u64>,
+    pub recv_calls: Cell<u64>,
+    pub sendmsg_calls: Cell<u64>,
+    pub payload_copies: Cell<u64>,
+    pub payload_copied_bytes: Cell<u64>,
+    pub recv_states: [Cell<u64>; 4],
+    pub pending_io: Cell<u64>,
+    /// Closed queues' coalescer counters.
+    pub coalesce_closed: Cell<CoalesceStats>,
+    pub live: RefCell<Vec<Weak<RefCell<Coalescer>>>>,
+}
+
+thread_local! {
+    static COUNTERS: Counters = Counters::default();
+}
+
+pub(crate) fn with<R>(f: impl FnOnce(&Counters) -> R) -> R {
+    COUNTERS.with(f)
+}
+
+#[inline]
+pub(crate) fn inc(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+pub(crate) fn snapshot(reactor: usize) -> PollGroupStats {
+    with(|c| {
+        let mut co = c.coalesce_closed.get();
+        c.live.borrow_mut().retain(|w| w.strong_count() > 0);
+        for w in c.live.borrow().iter() {
+            if let Some(q) = w.upgrade() {
+                co.add(&q.borrow().stats());
+            }
+        }
+        PollGroupStats {
+            name: format!("nvmf_tgt_poll_group_{reactor}"),
+            current_io_qpairs: c.cur_io.get(),
+            current_admin_qpairs: c.cur_admin.get(),
+            admin_qpairs: c.admin_qpairs.get(),
+            io_qpairs: c.io_qpairs.get(),
+            pending_bdev_io: c.pending_io.get(),
+            commands: c.commands.get(),
+            reads: c.reads.get(),
+            writes: c.writes.get(),
+            bytes_read: c.bytes_read.get(),
+            bytes_written: c.bytes_written.get(),
+            r2ts: c.r2ts.get(),
+            h2c_pdus: c.h2c.get(),
+            c2h_pdus: c.c2h.get(),
+            errors: c.errors.get(),
+            term_reqs_sent: c.term_sent.get(),
+            term_reqs_received: c.term_recv.get(),
+            digest_errors: c.digest_errors.get(),
+            recv_calls: c.recv_calls.get(),
+            sendmsg_calls: c.sendmsg_calls.get(),
+            payload_copies: c.payload_copies.get(),
+            payload_copied_bytes: c.payload_copied_bytes.get(),
+            recv_state_transitions: RECV_STATES
+                .iter()
+                .zip(&c.recv_states)
+                .map(|(n, v)| (n.to_string(), v.get()))
+                .collect(),
+            coalesce: co,
+        }
+    })
+}
