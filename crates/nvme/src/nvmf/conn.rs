@@ -219,6 +219,9 @@ async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), Option<Fata
     st.consume(IC_LEN);
     let dg = req.digests;
     conn.dg.set(dg);
+    if dg.header && dg.data {
+        stats::with(|c| inc(&c.digest_qpairs, 1));
+    }
     let resp = IcResp {
         pfv: 0,
         cpda: 0,

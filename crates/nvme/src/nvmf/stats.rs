@@ -32,6 +32,8 @@ pub struct PollGroupStats {
     pub term_reqs_sent: u64,
     pub term_reqs_received: u64,
     pub digest_errors: u64,
+    /// Queue pairs with both header and data digests on.
+    pub digest_qpairs: u64,
     pub recv_calls: u64,
     pub sendmsg_calls: u64,
     /// Payload bytes that were staged and copied once (not zero-copy).
@@ -59,6 +61,7 @@ pub(crate) struct Counters {
     pub term_sent: Cell<u64>,
     pub term_recv: Cell<u64>,
     pub digest_errors: Cell<u64>,
+    pub digest_qpairs: Cell<u64>,
     pub recv_calls: Cell<u64>,
     pub sendmsg_calls: Cell<u64>,
     pub payload_copies: Cell<u64>,
@@ -111,6 +114,7 @@ pub(crate) fn snapshot(reactor: usize) -> PollGroupStats {
             term_reqs_sent: c.term_sent.get(),
             term_reqs_received: c.term_recv.get(),
             digest_errors: c.digest_errors.get(),
+            digest_qpairs: c.digest_qpairs.get(),
             recv_calls: c.recv_calls.get(),
             sendmsg_calls: c.sendmsg_calls.get(),
             payload_copies: c.payload_copies.get(),
