@@ -1159,7 +1159,9 @@ async fn sender(conn: Rc<Conn>) {
             continue;
         }
         let others = conn.executing.get() > 0 || !conn.out.borrow().is_empty();
-        let why = if pending.is_some() {
+        let why = if mode_off {
+            Flush::Small
+        } else if pending.is_some() {
             // Out of iovecs or arena: the group is as full as it gets.
             Flush::Full
         } else if timer_fired {
