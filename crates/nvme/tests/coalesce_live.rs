@@ -1,0 +1,92 @@
+//! LANoT on a live queue: QD1 never waits for the timer; a burst of
+//! pipelined reads leaves in fewer sendmsg calls than responses.
+
+mod common;
+
+use common::*;
+use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+use ustor_nvme::nvmf::NvmfStats;
+use ustor_nvme::wire::*;
+
+fn totals(s: &NvmfStats) -> (u64, u64, u64, u64) {
+    s.poll_groups.iter().fold((0, 0, 0, 0), |a, g| {
+        (
+            a.0 + g.sendmsg_calls,
+            a.1 + g.coalesce.timer_expiries,
+            a.2 + g.coalesce.full_groups,
+            a.3 + g.coalesce.pdus,
+        )
+    })
+}
+
+#[test]
+fn qd1_pays_no_timer_and_bursts_coalesce() {
+    let cfg = CoalesceConfig {
+        mode: Mode::Fixed,
+        degree: 8,
+        timer_us: 50,
+        ..Default::default()
+    };
+    let e = env_with(32768, cfg);
+    let (_a, cntlid) = Client::admin(e.port, Digests::default());
+    let mut q = Client::io_queue(e.port, Digests::default(), cntlid, 1);
+    let data = pattern(4096, 5);
+    let mut w = Client::rw_sqe(io::WRITE, 0, 8, true);
+    assert!(q.cmd(&mut w, &data).1.status().is_success());
+
+    let before = totals(&e.target.nvmf_get_stats().unwrap());
+    for _ in 0..50 {
+        let (d, c) = q.read(0, 8);
+        assert!(c.status().is_success());
+        assert_eq!(d, data);
+    }
+    let after = totals(&e.target.nvmf_get_stats().unwrap());
+    assert_eq!(after.1, before.1, "QD1 must never wait for the timer");
+    // One sendmsg per response (the last may still be counting).
+    assert!(
+        (49..=50).contains(&(after.0 - before.0)),
+        "{}",
+        after.0 - before.0
+    );
+
+    // Bursts of 32 pipelined reads.
+    let rounds = 20u64;
+    for _ in 0..rounds {
+        let mut cids = Vec::new();
+        let mut burst = Vec::new();
+        for _ in 0..32 {
+            let mut r = Client::rw_sqe(io::READ, 0, 8, false);
+            let cid = q.next_cid();
+            r.set_cid(cid).set_sgl_psdt();
+            let mut h = [0u8; 80];
+            let n = encode_capsule_cmd(&mut h, &r, Digests::default(), 0);
+            burst.extend_from_slice(&h[..n]);
+            cids.push(cid);
+        }
+        use std::io::Write;
+        q.s.write_all(&burst).unwrap();
+        let mut done = 0;
+        while done < 32 {
+            let p = q.recv().unwrap();
+            if p.ty == PduType::C2HData as u8 {
+                assert_eq!(p.data, data);
+            } else {
+                assert!(p.cqe().status().is_success());
+                done += 1;
+            }
+        }
+    }
+    let end = totals(&e.target.nvmf_get_stats().unwrap());
+    let sends = end.0 - after.0;
+    eprintln!(
+        "bursts: {} responses in {sends} sendmsg, full groups {}",
+        rounds * 32,
+        end.2 - after.2
+    );
+    assert!(
+        sends < rounds * 32,
+        "no coalescing: {sends} sendmsg for {} responses",
+        rounds * 32
+    );
+    assert!(end.2 > after.2, "no full groups");
+}
