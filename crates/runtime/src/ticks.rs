@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 static HZ: OnceLock<u64> = OnceLock::new();
+// ns per tick as 32.32 fixed point, so `to_ns` is a multiply and a shift
+// (it runs per I/O for latency histograms).
+static NS_MULT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 static EPOCH: OnceLock<Instant> = OnceLock::new();
 
 /// Current tick count.
@@ -46,7 +49,12 @@ fn calibrate() -> u64 {
 /// Converts a tick delta to nanoseconds.
 #[inline]
 pub fn to_ns(ticks: u64) -> u64 {
-    (ticks as u128 * 1_000_000_000 / hz() as u128) as u64
+    let mut m = NS_MULT.load(std::sync::atomic::Ordering::Relaxed);
+    if m == 0 {
+        m = ((1_000_000_000u128 << 32) / hz() as u128) as u64;
+        NS_MULT.store(m, std::sync::atomic::Ordering::Relaxed);
+    }
+    ((ticks as u128 * m as u128) >> 32) as u64
 }
 
 /// Converts a duration to ticks.

@@ -1,0 +1,174 @@
+//! The data path proves itself: 100k I/Os through malloc and uring bdevs on
+//! two reactors, under a counting global allocator, with zero allocations
+//! (on any thread) once warmed up.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ustor_bdev::modules::{malloc, uring, RamOpts};
+use ustor_runtime::IoBuf;
+
+struct Counting;
+
+static WINDOW: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if WINDOW.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.alloc(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if WINDOW.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        System.realloc(p, l, n)
+    }
+}
+
+#[global_allocator]
+static A: Counting = Counting;
+
+const TASKS_PER_BDEV: usize = 4;
+const TOTAL_IOS: usize = 100_000;
+
+#[test]
+fn steady_state_io_allocates_nothing() {
+    let path = temp_file("alloc", 16 << 20);
+    let rt = runtime(2);
+    let reg = registry(&rt);
+    malloc::create(
+        &reg,
+        RamOpts {
+            name: "m".into(),
+            num_blocks: 8192,
+            block_size: 512,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        },
+    )
+    .unwrap();
+    uring::create(
+        &reg,
+        uring::UringOpts {
+            name: "u".into(),
+            filename: path.to_string_lossy().into(),
+            block_size: 0,
+            uuid: None,
+            direct: true,
+            sqpoll: false,
+            iopoll: false,
+        },
+    )
+    .unwrap();
+    let tasks = 2 * 2 * TASKS_PER_BDEV;
+    let per_task = TOTAL_IOS / tasks;
+    let ready = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let ios = Arc::new(AtomicUsize::new(0));
+    for r in 0..2 {
+        for bdev in ["m", "u"] {
+            let desc = Arc::new(reg.open(bdev, true, |_| {}).unwrap());
+            let (ready, go, done, ios) = (ready.clone(), go.clone(), done.clone(), ios.clone());
+            rt.handle()
+                .send(r, move || {
+                    let ch = desc.channel().unwrap();
+                    let blocks = 4096 / ch.block_size() as u64;
+                    let units = ch.num_blocks() / blocks;
+                    for t in 0..TASKS_PER_BDEV {
+                        let (ch, ready, go, done, ios) = (
+                            ch.clone(),
+                            ready.clone(),
+                            go.clone(),
+                            done.clone(),
+                            ios.clone(),
+                        );
+                        ustor_runtime::spawn(async move {
+                            let mut buf = IoBuf::alloc(4096).await;
+                            let mut x = (r * 31 + t * 7 + 1) as u64;
+                            let run = |n: usize, buf: IoBuf| {
+                                let ch = ch.clone();
+                                async move {
+                                    let mut buf = buf;
+                                    let mut ok = 0usize;
+                                    for i in 0..n {
+                                        x = x
+                                            .wrapping_mul(6364136223846793005)
+                                            .wrapping_add(1442695040888963407);
+                                        let lba = ((x >> 33) % units) * blocks;
+                                        let (res, b) = if i % 2 == 0 {
+                                            ch.write(lba, blocks, buf).await
+                                        } else {
+                                            ch.read(lba, blocks, buf).await
+                                        };
+                                        buf = b;
+                                        ok += res.is_ok() as usize;
+                                    }
+                                    (ok, buf)
+                                }
+                            };
+                            // Warm-up: channels, slots, histograms, ring all touched.
+                            let (_, b) = run(2000, buf).await;
+                            buf = b;
+                            ready.fetch_add(1, Ordering::SeqCst);
+                            while !go.load(Ordering::SeqCst) {
+                                ustor_runtime::yield_now().await;
+                            }
+                            let (ok, b) = run(per_task, buf).await;
+                            buf = b;
+                            ios.fetch_add(ok, Ordering::SeqCst);
+                            done.fetch_add(1, Ordering::SeqCst);
+                            drop(buf);
+                        });
+                    }
+                })
+                .unwrap();
+        }
+    }
+    let t0 = Instant::now();
+    while ready.load(Ordering::SeqCst) < tasks {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "warm-up did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ALLOCS.store(0, Ordering::SeqCst);
+    WINDOW.store(true, Ordering::SeqCst);
+    go.store(true, Ordering::SeqCst);
+    while done.load(Ordering::SeqCst) < tasks {
+        if t0.elapsed() > Duration::from_secs(120) {
+            WINDOW.store(false, Ordering::SeqCst);
+            panic!("measured phase did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    WINDOW.store(false, Ordering::SeqCst);
+    let n = ALLOCS.load(Ordering::SeqCst);
+    assert_eq!(
+        ios.load(Ordering::SeqCst),
+        per_task * tasks,
+        "some I/O failed"
+    );
+    assert!(per_task * tasks >= TOTAL_IOS - tasks);
+    assert_eq!(
+        n,
+        0,
+        "{n} allocations during {} steady-state I/Os",
+        per_task * tasks
+    );
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}

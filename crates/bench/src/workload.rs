@@ -1,0 +1,431 @@
+//! The workload engine: `qd` queue slots per reactor, each a task that owns
+//! one pool buffer and loops submit → await → record until the deadline.
+//!
+//! Nothing in the loop allocates or makes a syscall: offsets come from a
+//! per-slot xorshift, timestamps from the TSC, latencies go into a
+//! per-reactor histogram behind a `RefCell`.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use ustor_bdev::{IoChannel, Registry};
+use ustor_runtime::{ticks, IoBuf, RuntimeHandle};
+
+use crate::report::{CoreResult, Report};
+use crate::verify;
+
+/// Access pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+    RandRw,
+}
+
+impl std::str::FromStr for Pattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "read" => Pattern::Read,
+            "write" => Pattern::Write,
+            "randread" => Pattern::RandRead,
+            "randwrite" => Pattern::RandWrite,
+            "randrw" => Pattern::RandRw,
+            _ => {
+                return Err(format!(
+                    "unknown workload `{s}` (read, write, randread, randwrite, randrw)"
+                ))
+            }
+        })
+    }
+}
+
+impl Pattern {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Read => "read",
+            Pattern::Write => "write",
+            Pattern::RandRead => "randread",
+            Pattern::RandWrite => "randwrite",
+            Pattern::RandRw => "randrw",
+        }
+    }
+    fn random(self) -> bool {
+        matches!(
+            self,
+            Pattern::RandRead | Pattern::RandWrite | Pattern::RandRw
+        )
+    }
+    fn writes(self) -> bool {
+        !matches!(self, Pattern::Read | Pattern::RandRead)
+    }
+    fn reads(self) -> bool {
+        !matches!(self, Pattern::Write | Pattern::RandWrite)
+    }
+}
+
+/// One benchmark run.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub bdev: String,
+    pub pattern: Pattern,
+    /// Percent of reads for `randrw`.
+    pub rwmixread: u32,
+    pub bs: usize,
+    /// Queue depth per reactor.
+    pub qd: usize,
+    pub time: Duration,
+    pub verify: bool,
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("reactors stopped during the run")]
+    Stopped,
+}
+
+/// Per-reactor counters, shared by that reactor's slots.
+struct CoreState {
+    ios: Cell<u64>,
+    reads: Cell<u64>,
+    errors: Cell<u64>,
+    verify_errors: Cell<u64>,
+    first_mismatch: RefCell<Option<String>>,
+    lat_sum: Cell<u64>,
+    hist: RefCell<Histogram<u64>>,
+    cursor: Cell<u64>,
+    ready: Cell<usize>,
+    start: Cell<u64>,
+    deadline: Cell<u64>,
+}
+
+thread_local! {
+    static CORE: RefCell<Option<Rc<CoreState>>> = const { RefCell::new(None) };
+}
+
+impl CoreState {
+    #[inline]
+    fn record(&self, dt: u64, ok: bool, read: bool) {
+        if !ok {
+            self.errors.set(self.errors.get() + 1);
+            return;
+        }
+        self.ios.set(self.ios.get() + 1);
+        if read {
+            self.reads.set(self.reads.get() + 1);
+        }
+        self.lat_sum.set(self.lat_sum.get() + dt);
+        self.hist.borrow_mut().saturating_record(dt.max(1));
+    }
+}
+
+/// What one queue slot covers, in I/O units of `bs`.
+#[derive(Clone, Copy)]
+struct SlotPlan {
+    id: u64,
+    start: u64,
+    units: u64,
+}
+
+struct Shared {
+    cfg: BenchConfig,
+    bpi: u64,
+}
+
+/// xorshift64*: cheap, good enough for offsets.
+struct Rng(u64);
+impl Rng {
+    #[inline]
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>) {
+    let cfg = &sh.cfg;
+    let bs = ch.block_size() as usize;
+    let mut buf = IoBuf::alloc(cfg.bs).await;
+    let mut rng = Rng(cfg.seed ^ (plan.id + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut gens = if cfg.verify {
+        vec![0u32; plan.units as usize]
+    } else {
+        Vec::new()
+    };
+    if cfg.verify && cfg.pattern.reads() {
+        // Reads need known contents: write the slot's region once first.
+        for u in 0..plan.units {
+            let lba = (plan.start + u) * sh.bpi;
+            gens[u as usize] = 1;
+            verify::fill(&mut buf, bs, lba, cfg.seed, 1);
+            let (r, b) = ch.write(lba, sh.bpi, buf).await;
+            buf = b;
+            if r.is_err() {
+                core.errors.set(core.errors.get() + 1);
+            }
+        }
+    }
+    // Ready; wait for the common start instant from the control thread.
+    core.ready.set(core.ready.get() + 1);
+    while core.start.get() == 0 {
+        ustor_runtime::sleep(Duration::from_micros(100)).await;
+    }
+    ustor_runtime::sleep_until(core.start.get()).await;
+    let deadline = core.deadline.get();
+    let mut seq = 0u64;
+    let mut n = 0u32;
+    loop {
+        if ticks::now() >= deadline {
+            break;
+        }
+        let unit = if cfg.pattern.random() {
+            rng.next() % plan.units
+        } else if cfg.verify {
+            seq = (seq + 1) % plan.units;
+            seq
+        } else {
+            let c = core.cursor.get();
+            core.cursor.set((c + 1) % plan.units);
+            c
+        };
+        let read = match cfg.pattern {
+            Pattern::Read | Pattern::RandRead => true,
+            Pattern::Write | Pattern::RandWrite => false,
+            Pattern::RandRw => (rng.next() % 100) < cfg.rwmixread as u64,
+        };
+        let lba = (plan.start + unit) * sh.bpi;
+        if !read && cfg.verify {
+            let g = &mut gens[unit as usize];
+            *g = g.wrapping_add(1).max(1);
+            verify::fill(&mut buf, bs, lba, cfg.seed, *g);
+        }
+        let t0 = ticks::now();
+        let (r, b) = if read {
+            ch.read(lba, sh.bpi, buf).await
+        } else {
+            ch.write(lba, sh.bpi, buf).await
+        };
+        buf = b;
+        core.record(ticks::now() - t0, r.is_ok(), read);
+        if read && cfg.verify && r.is_ok() && gens[unit as usize] > 0 {
+            if let Err(m) = verify::check(&buf, bs, lba, cfg.seed, gens[unit as usize]) {
+                core.verify_errors.set(core.verify_errors.get() + 1);
+                let mut first = core.first_mismatch.borrow_mut();
+                if first.is_none() {
+                    *first = Some(format!("LBA {}: {}", m.lba, m.what));
+                }
+            }
+        }
+        n = n.wrapping_add(1);
+        // Drivers that complete inline (null, malloc) never make the task
+        // wait; yield so every slot of the queue depth gets its turn.
+        if n.is_multiple_of(8) {
+            ustor_runtime::yield_now().await;
+        }
+    }
+}
+
+/// Runs the workload on every reactor of `rt` and reports.
+pub fn run(
+    rt: &RuntimeHandle,
+    reg: &Arc<Registry>,
+    cfg: &BenchConfig,
+    mut progress: impl FnMut(f64, u64),
+) -> Result<Report, BenchError> {
+    let entry = reg
+        .get(&cfg.bdev)
+        .ok_or_else(|| BenchError::Setup(format!("no bdev named `{}`", cfg.bdev)))?;
+    let info = entry.info().clone();
+    let bs = info.block_size as usize;
+    if cfg.bs == 0 || !cfg.bs.is_multiple_of(bs) {
+        return Err(BenchError::Setup(format!(
+            "--bs {} is not a multiple of the block size {bs}",
+            cfg.bs
+        )));
+    }
+    if cfg.qd == 0 {
+        return Err(BenchError::Setup("--qd must be > 0".into()));
+    }
+    let bpi = (cfg.bs / bs) as u64;
+    let total_units = info.num_blocks / bpi;
+    let cores = rt.num_reactors();
+    let slots = (cores * cfg.qd) as u64;
+    if total_units == 0 || (cfg.verify && total_units < slots) {
+        return Err(BenchError::Setup(format!(
+            "bdev `{}` has {total_units} units of {} bytes: too small for {slots} queue slots",
+            cfg.bdev, cfg.bs
+        )));
+    }
+    let writable = cfg.pattern.writes() || cfg.verify;
+    let hz = ticks::hz();
+    // Every reactor starts at one TSC instant, after all have their slots
+    // (and verify prefill) ready.
+    let (tx, rx) = mpsc::channel::<CoreResult>();
+    let (ready_tx, ready_rx) = mpsc::channel::<usize>();
+    let mut starts = Vec::new();
+    for r in 0..cores {
+        let desc = reg
+            .open(&cfg.bdev, writable, |_| {})
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let cfg2 = cfg.clone();
+        let (tx, ready_tx) = (tx.clone(), ready_tx.clone());
+        let (stx, srx) = mpsc::channel::<(u64, u64)>();
+        starts.push(stx);
+        rt.spawn_on(r, move || async move {
+            let ch = match desc.channel() {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(CoreResult::failed(r, e.to_string()));
+                    return;
+                }
+            };
+            let core = Rc::new(CoreState {
+                ios: Cell::new(0),
+                reads: Cell::new(0),
+                errors: Cell::new(0),
+                verify_errors: Cell::new(0),
+                first_mismatch: RefCell::new(None),
+                lat_sum: Cell::new(0),
+                hist: RefCell::new(
+                    Histogram::new_with_bounds(1, hz.saturating_mul(60).max(2), 3)
+                        .expect("valid bounds"),
+                ),
+                cursor: Cell::new(0),
+                ready: Cell::new(0),
+                start: Cell::new(0),
+                deadline: Cell::new(0),
+            });
+            CORE.with(|c| *c.borrow_mut() = Some(core.clone()));
+            let sh = Rc::new(Shared {
+                cfg: cfg2.clone(),
+                bpi,
+            });
+            let per_slot = if cfg2.verify {
+                total_units / slots
+            } else {
+                total_units
+            };
+            let mut js = Vec::with_capacity(cfg2.qd);
+            for q in 0..cfg2.qd {
+                let id = (r * cfg2.qd + q) as u64;
+                let start = if cfg2.verify { id * per_slot } else { 0 };
+                let plan = SlotPlan {
+                    id,
+                    start,
+                    units: per_slot,
+                };
+                js.push(ustor_runtime::spawn(slot(
+                    ch.clone(),
+                    plan,
+                    core.clone(),
+                    sh.clone(),
+                )));
+            }
+            // Slots are ready (buffers taken, verify prefill written): report,
+            // then wait for the common start and deadline.
+            while core.ready.get() < cfg2.qd {
+                ustor_runtime::sleep(Duration::from_micros(200)).await;
+            }
+            let _ = ready_tx.send(r);
+            let (start, deadline) = loop {
+                match srx.try_recv() {
+                    Ok(v) => break v,
+                    Err(mpsc::TryRecvError::Empty) => {
+                        ustor_runtime::sleep(Duration::from_micros(200)).await
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => break (1, 1),
+                }
+            };
+            core.deadline.set(deadline);
+            core.start.set(start);
+            for j in js {
+                j.await;
+            }
+            let res = CoreResult::from_state(r, &core, hz, cfg2.bs);
+            CORE.with(|c| *c.borrow_mut() = None);
+            let _ = tx.send(res);
+        })
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    }
+    drop(tx);
+    drop(ready_tx);
+    for _ in 0..cores {
+        ready_rx.recv().map_err(|_| BenchError::Stopped)?;
+    }
+    let usage0 = rusage();
+    let start_at = ticks::now() + ticks::from_duration(Duration::from_millis(2));
+    let deadline = start_at + ticks::from_duration(cfg.time);
+    for s in starts {
+        let _ = s.send((start_at, deadline));
+    }
+    let t0 = Instant::now();
+    let mut results = Vec::new();
+    let mut next_tick = t0 + Duration::from_secs(1);
+    while results.len() < cores {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(r) => results.push(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(BenchError::Stopped),
+        }
+        if Instant::now() >= next_tick && results.len() < cores {
+            next_tick += Duration::from_secs(1);
+            let ios: u64 = rt
+                .call_all(|_| CORE.with(|c| c.borrow().as_ref().map(|s| s.ios.get()).unwrap_or(0)))
+                .map(|v| v.iter().sum())
+                .unwrap_or(0);
+            progress(t0.elapsed().as_secs_f64(), ios);
+        }
+    }
+    let usage1 = rusage();
+    let elapsed = ticks::to_ns(ticks::now().min(deadline).saturating_sub(start_at)).max(1);
+    results.sort_by_key(|r| r.reactor);
+    let cpu_ns = usage1.saturating_sub(usage0);
+    Ok(Report::new(
+        cfg.clone(),
+        results,
+        cpu_ns,
+        elapsed,
+        &info.name,
+    ))
+}
+
+/// User + system CPU time of the whole process, in ns.
+fn rusage() -> u64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+pub(crate) fn hist_of(core: &RefCell<Histogram<u64>>) -> Histogram<u64> {
+    core.borrow().clone()
+}
+
+impl CoreResult {
+    fn from_state(reactor: usize, s: &CoreState, _hz: u64, _bs: usize) -> CoreResult {
+        let h = hist_of(&s.hist);
+        CoreResult::from_parts(
+            reactor,
+            s.ios.get(),
+            s.reads.get(),
+            s.errors.get(),
+            s.verify_errors.get(),
+            s.first_mismatch.borrow().clone(),
+            s.lat_sum.get(),
+            h,
+        )
+    }
+}

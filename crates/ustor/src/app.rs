@@ -1,0 +1,90 @@
+//! One running ustor instance: reactors, bdev registry, targets, the RPC
+//! method table and the control thread. `serve`, `bench` and tests build
+//! one of these.
+
+use std::sync::Arc;
+
+use ustor_bdev::Registry;
+use ustor_nbd::server::{BdevSource, NbdServer};
+use ustor_rpc::MethodTable;
+use ustor_runtime::{Runtime, RuntimeConfig, RuntimeHandle};
+
+use crate::control::Control;
+
+pub struct App {
+    pub registry: Arc<Registry>,
+    pub nbd: Arc<NbdServer<BdevSource>>,
+    pub table: MethodTable,
+    pub rt: RuntimeHandle,
+    pub cfg: RuntimeConfig,
+    // Dropped last: the runtime outlives every user of its handle above.
+    _control: Control,
+    runtime: Option<Runtime>,
+}
+
+impl App {
+    /// Starts the reactors and registers every RPC method.
+    pub fn start(cfg: RuntimeConfig) -> std::io::Result<App> {
+        let runtime = Runtime::start(cfg.clone())?;
+        let rt = runtime.handle();
+        let registry = Registry::new(Some(rt.clone()));
+        let nbd = Arc::new(NbdServer::new(rt.clone()));
+        let table = MethodTable::new();
+        let control = Control::start()?;
+        let ctx = crate::methods::Ctx {
+            rt: rt.clone(),
+            registry: registry.clone(),
+            nbd: nbd.clone(),
+            table: table.clone(),
+            ctl: control.sender(),
+        };
+        crate::methods::register_all(&ctx).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(App {
+            registry,
+            nbd,
+            table,
+            rt,
+            cfg,
+            _control: control,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Stops targets, waits briefly for connections to drain, flushes every
+    /// bdev, and stops the reactors.
+    pub fn shutdown(&mut self) {
+        self.nbd.stop();
+        let t0 = std::time::Instant::now();
+        while self.nbd.connections() > 0 && t0.elapsed() < std::time::Duration::from_secs(2) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        for e in self.registry.list() {
+            let name = e.info().name.clone();
+            if let Ok(desc) = self.registry.open(&name, true, |_| {}) {
+                let r = self.rt.block_on(0, move || async move {
+                    match desc.channel() {
+                        Ok(ch) if ch.supports(ustor_bdev::IoType::Flush) => {
+                            ch.flush(0, ch.num_blocks()).await
+                        }
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                });
+                if let Ok(Err(e)) = r {
+                    tracing::warn!("flushing {name} at exit: {e}");
+                }
+            }
+        }
+        if let Some(mut rt) = self.runtime.take() {
+            rt.stop();
+        }
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        if self.runtime.is_some() {
+            self.shutdown();
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The `ustor` command: `serve` (the target), `rpc` / `save-config` /
+//! `load-config` (the control client), `bench` (the in-process benchmark).
+
+mod app;
+mod bench_cmd;
+mod control;
+mod methods;
+mod rpc_cmd;
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ustor",
+    version,
+    about = "ustor: a userspace storage I/O stack"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the storage server (reactors, bdevs, targets, RPC socket).
+    Serve(serve::ServeArgs),
+    /// Call one JSON-RPC method: `ustor rpc METHOD [--key value ...] [--json '{...}']`.
+    Rpc(rpc_cmd::RpcArgs),
+    /// Print the running server's configuration (SPDK's save_config).
+    SaveConfig(rpc_cmd::SocketArg),
+    /// Apply a JSON config file to a running server (SPDK's load_config).
+    LoadConfig(rpc_cmd::LoadArgs),
+    /// Benchmark a bdev from inside the reactors (like SPDK's bdevperf).
+    Bench(bench_cmd::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Rpc(a) => rpc_cmd::run(a),
+        Cmd::SaveConfig(a) => rpc_cmd::save(a),
+        Cmd::LoadConfig(a) => rpc_cmd::load(a),
+        Cmd::Bench(a) => bench_cmd::run(a),
+    };
+    std::process::exit(code);
+}
+
+/// Shared runtime flags of `serve` and `bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RuntimeArgs {
+    /// Reactor cores as a hex mask (0x3).
+    #[arg(long, short = 'm')]
+    pub cpumask: Option<String>,
+    /// Reactor cores as a list (0,1 or 0-3).
+    #[arg(long)]
+    pub cores: Option<String>,
+    /// poll, interrupt or adaptive.
+    #[arg(long, default_value = "adaptive")]
+    pub poll_mode: String,
+    /// Buffer pool per reactor, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub mem_size: usize,
+    /// Adaptive mode: idle time before a reactor sleeps, in microseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub idle_us: u64,
+    /// Do not pin reactors to their cores.
+    #[arg(long)]
+    pub no_pin: bool,
+}
+
+impl RuntimeArgs {
+    pub fn config(&self, default_cores: &str) -> Result<ustor_runtime::RuntimeConfig, String> {
+        let spec = self
+            .cpumask
+            .as_deref()
+            .or(self.cores.as_deref())
+            .unwrap_or(default_cores);
+        let cores = ustor_runtime::parse_cores(spec)?;
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        if let Some(c) = cores.iter().find(|c| **c >= n.max(1) && !self.no_pin) {
+            return Err(format!(
+                "core {c} does not exist on this machine ({n} CPUs)"
+            ));
+        }
+        Ok(ustor_runtime::RuntimeConfig {
+            cores,
+            pin: !self.no_pin,
+            poll_mode: self.poll_mode.parse()?,
+            idle_period: std::time::Duration::from_micros(self.idle_us),
+            bufs: ustor_runtime::BufPoolConfig {
+                mem_bytes: self.mem_size << 20,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+}
+
+pub fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,200 @@
+//! bdev_* methods: create/delete for malloc, null, uring; bdev_get_bdevs;
+//! bdev_get_iostat; and the bdev subsystem's config dump.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use ustor_bdev::modules::{malloc, null, uring, RamOpts};
+use ustor_bdev::{BdevEntry, IoType};
+use ustor_rpc::{parse_params, Replier, RpcError, RPC_RUNTIME};
+
+use super::{control_err, Ctx};
+
+/// `bdev_malloc_create` / `bdev_null_create` as SPDK's client sends them.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RamParams {
+    name: Option<String>,
+    num_blocks: u64,
+    block_size: u32,
+    uuid: Option<uuid::Uuid>,
+    #[serde(default)]
+    optimal_io_boundary: u32,
+    /// Accepted when equal to block_size (no separate physical size here).
+    physical_block_size: Option<u32>,
+    /// Metadata is not supported: only absent or 0 is accepted.
+    #[serde(default)]
+    md_size: u32,
+    #[serde(default)]
+    md_interleave: bool,
+    #[serde(default)]
+    dif_type: u32,
+    #[serde(default)]
+    dif_is_head_of_md: bool,
+    #[serde(default)]
+    max_transfer_blocks: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameParam {
+    name: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct GetParams {
+    name: Option<String>,
+    #[serde(default)]
+    timeout: u64,
+}
+
+fn ram_opts(c: &Ctx, p: RamParams, prefix: &str) -> Result<RamOpts, RpcError> {
+    if p.md_size != 0 || p.dif_type != 0 || p.md_interleave || p.dif_is_head_of_md {
+        return Err(RpcError::invalid_param(
+            "md_size",
+            "metadata and DIF are not supported",
+        ));
+    }
+    if let Some(pbs) = p.physical_block_size {
+        if pbs != p.block_size && pbs != 0 {
+            return Err(RpcError::invalid_param(
+                "physical_block_size",
+                "must equal block_size",
+            ));
+        }
+    }
+    let name = match p.name {
+        Some(n) => n,
+        None => (0..)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|n| c.registry.get(n).is_none())
+            .unwrap_or_default(),
+    };
+    Ok(RamOpts {
+        name,
+        num_blocks: p.num_blocks,
+        block_size: p.block_size,
+        uuid: p.uuid,
+        optimal_io_boundary: p.optimal_io_boundary,
+        max_transfer_blocks: p.max_transfer_blocks,
+    })
+}
+
+fn delete(c: &Ctx, params: Value, module: &str) -> Result<Value, RpcError> {
+    let p: NameParam = parse_params(params)?;
+    match c.registry.get(&p.name) {
+        Some(e) if e.info().module == module => {}
+        Some(_) => {
+            return Err(RpcError::errno_msg(
+                libc::ENODEV,
+                format!("bdev {} is not a {module} bdev", p.name),
+            ))
+        }
+        None => return Err(RpcError::errno(libc::ENODEV)),
+    }
+    c.registry.delete(&p.name).map_err(control_err)?;
+    Ok(json!(true))
+}
+
+/// SPDK's `bdev_get_bdevs` entry.
+pub fn bdev_json(e: &BdevEntry) -> Value {
+    let i = e.info();
+    let b = e.bdev();
+    let claim = e.claimed_by();
+    let sup = |t| b.io_type_supported(t);
+    json!({
+        "name": i.name,
+        "aliases": e.aliases(),
+        "product_name": i.product_name,
+        "block_size": i.block_size,
+        "num_blocks": i.num_blocks,
+        "uuid": i.uuid.to_string(),
+        "assigned_rate_limits": {"rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0},
+        "claimed": claim.is_some(),
+        "claim_type": if claim.is_some() { "exclusive_write" } else { "none" },
+        "claimed_by": claim,
+        "zoned": false,
+        "optimal_io_boundary": i.optimal_boundary_blocks,
+        "md_size": 0,
+        "write_cache": i.write_cache,
+        "required_alignment": i.required_alignment.trailing_zeros(),
+        "supported_io_types": {
+            "read": sup(IoType::Read), "write": sup(IoType::Write), "unmap": sup(IoType::Unmap),
+            "flush": sup(IoType::Flush), "reset": sup(IoType::Reset),
+            // Emulated with writes where the driver lacks it.
+            "write_zeroes": true,
+            "compare": false, "compare_and_write": false, "abort": false, "copy": false,
+            "seek_hole": false, "seek_data": false, "nvme_admin": false, "nvme_io": false, "nvme_io_md": false, "zcopy": false,
+        },
+        "driver_specific": b.driver_info(),
+        "module": i.module,
+    })
+}
+
+pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
+    ctx.method("bdev_malloc_create", RPC_RUNTIME, |c, params| {
+        let p: RamParams = parse_params(params)?;
+        let o = ram_opts(c, p, "Malloc")?;
+        malloc::create(&c.registry, o)
+            .map(|e| json!(e.info().name))
+            .map_err(control_err)
+    })?;
+    ctx.method("bdev_malloc_delete", RPC_RUNTIME, |c, p| {
+        delete(c, p, "malloc")
+    })?;
+    ctx.method("bdev_null_create", RPC_RUNTIME, |c, params| {
+        let p: RamParams = parse_params(params)?;
+        let o = ram_opts(c, p, "Null")?;
+        null::create(&c.registry, o)
+            .map(|e| json!(e.info().name))
+            .map_err(control_err)
+    })?;
+    ctx.method("bdev_null_delete", RPC_RUNTIME, |c, p| delete(c, p, "null"))?;
+    ctx.method("bdev_uring_create", RPC_RUNTIME, |c, params| {
+        let o: uring::UringOpts = parse_params(params)?;
+        uring::create(&c.registry, o)
+            .map(|e| json!(e.info().name))
+            .map_err(control_err)
+    })?;
+    ctx.method("bdev_uring_delete", RPC_RUNTIME, |c, p| {
+        delete(c, p, "uring")
+    })?;
+    ctx.method("bdev_get_bdevs", RPC_RUNTIME, |c, params| {
+        let p: GetParams = if params.is_null() {
+            GetParams::default()
+        } else {
+            parse_params(params)?
+        };
+        let _ = p.timeout;
+        match p.name {
+            Some(n) => match c.registry.get(&n) {
+                Some(e) => Ok(json!([bdev_json(&e)])),
+                None => Err(RpcError::errno(libc::ENODEV)),
+            },
+            None => Ok(Value::Array(
+                c.registry.list().iter().map(|e| bdev_json(e)).collect(),
+            )),
+        }
+    })?;
+    ctx.method("bdev_get_iostat", RPC_RUNTIME, |c, params| {
+        let p: GetParams = if params.is_null() { GetParams::default() } else { parse_params(params)? };
+        let entries = match p.name {
+            Some(n) => vec![c.registry.get(&n).ok_or_else(|| RpcError::errno(libc::ENODEV))?],
+            None => c.registry.list(),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let name = e.info().name.clone();
+            let st = c.registry.iostat(&name).map_err(control_err)?;
+            out.push(st.to_spdk_json(&name));
+        }
+        Ok(json!({"tick_rate": ustor_runtime::ticks::hz(), "ticks": ustor_runtime::ticks::now(), "bdevs": out}))
+    })?;
+    let reg = ctx.registry.clone();
+    ctx.table
+        .add_subsystem("bdev", &[], move |reply: Replier| {
+            let calls: Vec<Value> = reg.list().iter().map(|e| e.bdev().config_json()).collect();
+            reply.ok(Value::Array(calls));
+        })?;
+    Ok(())
+}

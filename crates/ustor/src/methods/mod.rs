@@ -1,0 +1,75 @@
+//! The JSON-RPC methods, by subsystem, with SPDK's names and parameters.
+//! Each subsystem also dumps the config calls that recreate its objects
+//! (`framework_get_config`, used by `save_config`).
+
+pub mod bdev;
+pub mod framework;
+pub mod nbd;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use ustor_bdev::{ControlError, Registry};
+use ustor_nbd::server::{BdevSource, NbdServer};
+use ustor_rpc::{MethodTable, RegisterError, RpcError};
+use ustor_runtime::RuntimeHandle;
+
+use crate::control::ControlSender;
+
+/// What methods need.
+#[derive(Clone)]
+pub struct Ctx {
+    pub rt: RuntimeHandle,
+    pub registry: Arc<Registry>,
+    pub nbd: Arc<NbdServer<BdevSource>>,
+    pub table: MethodTable,
+    pub ctl: ControlSender,
+}
+
+impl Ctx {
+    /// Registers a method that runs on the control thread.
+    pub fn method(
+        &self,
+        name: &str,
+        mask: u32,
+        f: impl Fn(&Ctx, Value) -> Result<Value, RpcError> + Send + Sync + 'static,
+    ) -> Result<(), RegisterError> {
+        let me = self.clone();
+        self.ctl.method(&self.table, name, mask, move |p| f(&me, p))
+    }
+}
+
+pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
+    framework::register(ctx)?;
+    bdev::register(ctx)?;
+    nbd::register(ctx)?;
+    Ok(())
+}
+
+/// SPDK-style domain error from a bdev control error.
+pub fn control_err(e: ControlError) -> RpcError {
+    match &e {
+        ControlError::Invalid { param, why } => RpcError::invalid_param(param, why),
+        _ => RpcError::errno_msg(e.errno(), e.to_string()),
+    }
+}
+
+/// The undo call for a config call that created something (config rollback).
+pub fn undo_call(c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
+    let name = c.params.get("name").cloned();
+    let method = match c.method.as_str() {
+        "bdev_malloc_create" => "bdev_malloc_delete",
+        "bdev_null_create" => "bdev_null_delete",
+        "bdev_uring_create" => "bdev_uring_delete",
+        "nbd_export_create" => "nbd_export_delete",
+        "nbd_server_start" => {
+            return Some(ustor_rpc::ConfigCall::new("nbd_server_stop", Value::Null))
+        }
+        _ => return None,
+    };
+    let name = name?;
+    Some(ustor_rpc::ConfigCall::new(
+        method,
+        serde_json::json!({ "name": name }),
+    ))
+}

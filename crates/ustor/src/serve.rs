@@ -1,0 +1,184 @@
+//! `ustor serve`: start the reactors and the RPC server, load a config (or
+//! the embedded default: a 1 GiB malloc bdev exported on 127.0.0.1), print
+//! what is served and how to reach it, and run until SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::json;
+use ustor_rpc::{ServerConfig, RPC_RUNTIME, RPC_STARTUP};
+
+use crate::app::App;
+use crate::RuntimeArgs;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// JSON config (SPDK format) to load at start.
+    #[arg(short = 'c', long = "config")]
+    config: Option<PathBuf>,
+    /// RPC socket path.
+    #[arg(short = 'r', long = "rpc-socket", default_value = crate::rpc_cmd::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Start only the RPC server; load config after framework_start_init.
+    #[arg(long)]
+    wait_for_rpc: bool,
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// NBD port of the embedded default config.
+    #[arg(long, default_value_t = 10809)]
+    nbd_port: u16,
+    /// Size of the default malloc bdev in MiB.
+    #[arg(long, default_value_t = 1024)]
+    default_size_mib: u64,
+    #[command(flatten)]
+    rt: RuntimeArgs,
+}
+
+/// Signals are blocked in every thread and taken with sigwait here, so no
+/// handler runs inside a reactor.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain sigset manipulation and pthread_sigmask on our thread
+    // (inherited by every thread started afterwards).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_signal(set: &libc::sigset_t) -> i32 {
+    let mut sig = 0;
+    // SAFETY: sigwait on a set we built; writes the signal number.
+    unsafe { libc::sigwait(set, &mut sig) };
+    sig
+}
+
+fn default_config(app: &App, a: &ServeArgs) -> Result<(), String> {
+    let t = Duration::from_secs(30);
+    let call = |m: &str, p: serde_json::Value| {
+        app.table
+            .call_blocking(m, p, t)
+            .map_err(|e| format!("{m}: {}", e.message))
+    };
+    let bs = 512u64;
+    call(
+        "bdev_malloc_create",
+        json!({"name": "Malloc0", "num_blocks": (a.default_size_mib << 20) / bs, "block_size": bs}),
+    )?;
+    call(
+        "nbd_server_start",
+        json!({"listen_address": {"traddr": "127.0.0.1", "trsvcid": a.nbd_port.to_string()}}),
+    )?;
+    call(
+        "nbd_export_create",
+        json!({"name": "Malloc0", "bdev_name": "Malloc0", "description": "ustor default malloc bdev"}),
+    )?;
+    Ok(())
+}
+
+fn print_banner(app: &App, a: &ServeArgs) {
+    println!(
+        "ustor {} serving on reactors {:?} ({} mode)",
+        env!("CARGO_PKG_VERSION"),
+        app.cfg.cores,
+        app.cfg.poll_mode
+    );
+    println!(
+        "  RPC socket: {}   (ustor rpc -s {} bdev_get_bdevs)",
+        a.socket.display(),
+        a.socket.display()
+    );
+    for e in app.registry.list() {
+        let i = e.info();
+        println!(
+            "  bdev {}: {} x {} B ({} MiB, {})",
+            i.name,
+            i.num_blocks,
+            i.block_size,
+            i.size_bytes() >> 20,
+            i.module
+        );
+    }
+    if let Some(addr) = app.nbd.local_addr() {
+        for x in app.nbd.get_exports() {
+            println!("  NBD export `{}` (bdev {}) on {addr}", x.name, x.bdev_name);
+            println!("    nbdinfo nbd://{addr}/{}", x.name);
+            println!("    qemu-img info nbd://{addr}/{}", x.name);
+            println!(
+                "    nbd-client {} {} -N {} /dev/nbd0",
+                addr.ip(),
+                addr.port(),
+                x.name
+            );
+        }
+    }
+    println!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");
+}
+
+pub fn run(a: ServeArgs) -> i32 {
+    crate::init_logging(&a.log_level);
+    let sigs = block_signals();
+    let cfg = match a.rt.config("0") {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ustor serve: {e}");
+            return 2;
+        }
+    };
+    let mut app = match App::start(cfg) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("ustor serve: starting reactors: {e}");
+            return 1;
+        }
+    };
+    if a.wait_for_rpc {
+        app.table.set_state(RPC_STARTUP);
+    }
+    let server = match ustor_rpc::start(ServerConfig::with_path(&a.socket), app.table.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ustor serve: RPC server on {}: {e}", a.socket.display());
+            return 1;
+        }
+    };
+    if a.wait_for_rpc {
+        println!("waiting for framework_start_init on {}", a.socket.display());
+        while app.table.state() != RPC_RUNTIME {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let loaded = match &a.config {
+        Some(path) => ustor_rpc::load_config(path)
+            .map_err(|e| e.to_string())
+            .and_then(|calls| {
+                ustor_rpc::apply_config(&app.table, &calls, crate::methods::undo_call)
+                    .map_err(|e| e.to_string())
+            }),
+        None if a.wait_for_rpc => Ok(0),
+        None => default_config(&app, &a).map(|_| 3),
+    };
+    if let Err(e) = loaded {
+        eprintln!("ustor serve: {e}");
+        server.shutdown();
+        app.shutdown();
+        return 1;
+    }
+    print_banner(&app, &a);
+    let sig = wait_signal(&sigs);
+    tracing::info!("signal {sig}: shutting down (send another to force exit)");
+    // A second signal during the graceful shutdown forces exit.
+    std::thread::spawn(move || {
+        let s = wait_signal(&sigs);
+        eprintln!("signal {s} during shutdown: forcing exit");
+        std::process::exit(130);
+    });
+    server.shutdown();
+    app.shutdown();
+    println!("ustor: stopped cleanly");
+    0
+}
