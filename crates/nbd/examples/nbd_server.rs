@@ -1,10 +1,13 @@
 //! A standalone NBD server over a malloc bdev, for benchmarks and manual
 //! tests until the `ustor` binary wires the RPCs:
 //!
-//! `nbd_server [--cores 0,1] [--port 10809] [--size-mib 1024] [--block-size 512] [--poll-mode adaptive]`
+//! `nbd_server [--cores 0,1] [--port 10809] [--size-mib 1024] [--block-size 512]
+//!  [--poll-mode adaptive] [--idle-us 1000]`
 //!
-//! Prints `listening on HOST:PORT` and serves until killed (SIGTERM/SIGINT),
-//! then prints the server's stats as JSON.
+//! `--idle-us` is the adaptive mode's busy-poll period before a reactor
+//! sleeps. Prints `listening on HOST:PORT` and serves until killed
+//! (SIGTERM/SIGINT), then prints the server's stats as JSON and the
+//! reactors' loop counters on stderr.
 
 use std::sync::Arc;
 
@@ -29,10 +32,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let size_mib: u64 = arg(&args, "--size-mib", "1024").parse()?;
     let block_size: u32 = arg(&args, "--block-size", "512").parse()?;
     let poll_mode: PollMode = arg(&args, "--poll-mode", "adaptive").parse()?;
+    let defaults = RuntimeConfig::default();
+    let idle_us: u64 = arg(
+        &args,
+        "--idle-us",
+        &defaults.idle_period.as_micros().to_string(),
+    )
+    .parse()?;
     let rt = Runtime::start(RuntimeConfig {
         cores,
         poll_mode,
-        ..RuntimeConfig::default()
+        idle_period: std::time::Duration::from_micros(idle_us),
+        ..defaults
     })?;
     let registry = Registry::new(Some(rt.handle()));
     let opts = RamOpts {
@@ -62,6 +73,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("listening on {}:{}", bound.traddr, bound.trsvcid);
     wait_for_signal();
     println!("{}", serde_json::to_string(&server.get_stats()?)?);
+    for r in rt.handle().stats()? {
+        eprintln!(
+            "reactor {}: loops {} sleeps {} wakeups {} tasks_polled {} submits {} completions {} busy_ms {} idle_ms {}",
+            r.reactor,
+            r.loops,
+            r.sleeps,
+            r.wakeups,
+            r.tasks_polled,
+            r.submits,
+            r.completions,
+            r.busy_ns / 1_000_000,
+            r.idle_ns / 1_000_000
+        );
+    }
     Ok(())
 }
 

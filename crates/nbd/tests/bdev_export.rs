@@ -63,10 +63,11 @@ fn malloc_export_serves_qemu_io_and_fio() {
         }
     }
     let stats = f.server.get_stats().expect("stats");
-    // Payload is copied only when a write header arrives in a greedy
-    // header receive after reads; that must stay rare.
+    // Small write payloads (fio's 4 KiB) come through the staging buffer
+    // and are copied once each; qemu-io's 1 MiB write lands in place.
+    assert!(stats.payload_copies <= stats.writes, "{stats:?}");
     assert!(
-        stats.payload_copied_bytes * 20 <= stats.bytes_written,
+        stats.payload_copied_bytes + (512 << 10) <= stats.bytes_written,
         "{stats:?}"
     );
     assert_eq!(stats.io_errors, 0);

@@ -88,10 +88,9 @@ fn qemu_io_patterns() {
     ));
     assert!(!out.contains("failed"), "{out}");
     let stats = f.server.get_stats().expect("stats");
-    assert!(
-        stats.payload_copied_bytes * 20 <= stats.bytes_written,
-        "{stats:?}"
-    );
+    // A large write is copied only for the part a greedy receive staged
+    // (at most one staging buffer), never twice.
+    assert!(stats.payload_copies <= stats.writes, "{stats:?}");
     assert!(stats.writes >= 2 && stats.reads >= 3, "{stats:?}");
 }
 

@@ -2,17 +2,23 @@
 //!
 //! The handshake drives [`Negotiation`] with exact reads and full sends. In
 //! transmission three kinds of task share the connection state:
-//! - the receiver reads 28-byte headers, validates them, receives write
-//!   payloads straight into a pool buffer (the one the device then writes
-//!   from) and queues jobs; it stops reading while the outstanding-request
-//!   or outstanding-byte budget is spent (backpressure, bounded memory);
+//! - the receiver reads requests greedily into a staging buffer (one
+//!   receive brings every header, and every small write payload, the client
+//!   has sent), validates them and queues jobs. Small write payloads (up to
+//!   [`COPY_MAX`]) are copied once from staging into a pool buffer (counted
+//!   in `payload_copies`): a 4 KiB copy costs far less than the receive and
+//!   the loop pass that receiving each payload on its own would. Larger
+//!   payloads are received straight into the pool buffer the device writes
+//!   from. The receiver stops reading while the outstanding-request or
+//!   outstanding-byte budget is spent (backpressure, bounded memory);
 //! - workers (spawned on demand, at most [`MAX_WORKERS`], then reused) run
 //!   jobs against the device channel, so requests complete and are answered
 //!   out of order;
 //! - the sender gathers every reply queued since its last send (up to
-//!   `BATCH_REPLIES`) into one `sendmsg`: read data goes out of the buffer
-//!   the device filled. At QD1 a reply is sent as soon as it is queued; under
-//!   load replies pile up while a send is in flight and leave together.
+//!   `BATCH_REPLIES`, 64) into one non-blocking `sendmsg`: read data goes out
+//!   of the buffer the device filled. At QD1 a reply is sent in the loop pass
+//!   that completed it; under load every reply completed in a pass leaves
+//!   with one syscall.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -26,7 +32,7 @@ use std::task::{Poll, Waker};
 use ustor_runtime::{ops, spawn, IoBuf};
 
 use super::backend::{Channel, ExportSource};
-use super::io::{discard, recv_exact, send_all, OutReply, SendBatch};
+use super::io::{recv_exact, send_all, OutReply, SendBatch};
 use super::stats::{bump, inc};
 use super::Shared;
 use crate::export::ExportFeatures;
@@ -43,6 +49,10 @@ pub const MAX_OUTSTANDING_BYTES: u64 = 64 << 20;
 pub const MAX_WORKERS: usize = 128;
 /// Extents returned in one BLOCK_STATUS reply.
 const MAX_EXTENTS: usize = 64;
+/// Write payloads up to this size are received through the staging buffer
+/// and copied once into their pool buffer; larger ones are received in
+/// place.
+pub const COPY_MAX: usize = 32 << 10;
 
 /// Serves one accepted socket until it closes.
 pub(crate) async fn serve<S: ExportSource>(fd: OwnedFd, shared: Arc<Shared<S>>) {
@@ -73,6 +83,7 @@ async fn handshake<S: ExportSource>(
     let mut out = Vec::with_capacity(1024);
     let mut inbuf = IoBuf::heap(limits.max_option_payload as usize);
     let mut step = neg.apply(&**shared, Event::Start, &mut out);
+    let mut scratch = IoBuf::heap(64 << 10);
     loop {
         if !out.is_empty() {
             let mut sendbuf = IoBuf::heap(out.len());
@@ -88,8 +99,8 @@ async fn handshake<S: ExportSource>(
                 neg.apply(&**shared, Event::Bytes(&inbuf.spare_mut()[..n]), &mut out)
             }
             Step::Discard(n) => {
-                let (res, b) = discard(fd, inbuf, u64::from(n)).await;
-                inbuf = b;
+                let (res, b) = super::io::discard(fd, scratch, u64::from(n)).await;
+                scratch = b;
                 res?;
                 neg.apply(&**shared, Event::Discarded, &mut out)
             }
@@ -117,8 +128,12 @@ struct Conn<C> {
     params: TransmissionParams,
     features: ExportFeatures,
     jobs: RefCell<VecDeque<Job>>,
-    idle_workers: RefCell<Vec<Waker>>,
+    /// Parked workers, by index into `worker_slots`.
+    idle_workers: RefCell<Vec<usize>>,
+    worker_slots: Box<[WorkerSlot]>,
     workers: Cell<usize>,
+    /// Block-status chunks are encoded here (no allocation per request).
+    scratch: RefCell<Vec<u8>>,
     replies: RefCell<VecDeque<OutReply>>,
     /// Received and not yet answered on the wire.
     outstanding: Cell<usize>,
@@ -129,6 +144,15 @@ struct Conn<C> {
     closing: Cell<bool>,
     /// The socket failed: replies can no longer be sent.
     dead: Cell<bool>,
+}
+
+/// A worker's parking place. A worker is in `idle_workers` exactly while
+/// `parked` is set, so spurious polls (a device that completes inline wakes
+/// its task while it is being polled) never enter it twice.
+#[derive(Default)]
+struct WorkerSlot {
+    waker: RefCell<Option<Waker>>,
+    parked: Cell<bool>,
 }
 
 fn wake(slot: &RefCell<Option<Waker>>) {
@@ -164,19 +188,56 @@ impl<C: Channel> Conn<C> {
         self.jobs.borrow_mut().push_back(job);
         let idle = self.idle_workers.borrow_mut().pop();
         match idle {
-            Some(w) => w.wake(),
+            Some(i) => self.unpark(i),
             None if self.workers.get() < MAX_WORKERS => {
-                self.workers.set(self.workers.get() + 1);
-                spawn(worker(self.clone()));
+                let id = self.workers.get();
+                self.workers.set(id + 1);
+                spawn(worker(self.clone(), id));
             }
             // Every worker is busy; one takes this job when it finishes.
             None => {}
         }
     }
 
-    fn wake_all_workers(&self) {
-        for w in self.idle_workers.borrow_mut().drain(..) {
+    /// Wakes worker `i`, already taken off the idle list.
+    fn unpark(&self, i: usize) {
+        let slot = &self.worker_slots[i];
+        debug_assert!(slot.parked.get());
+        slot.parked.set(false);
+        let w = slot.waker.borrow_mut().take();
+        if let Some(w) = w {
             w.wake();
+        }
+    }
+
+    /// Parks worker `i` (idempotent).
+    fn park(&self, i: usize, waker: &Waker) {
+        let slot = &self.worker_slots[i];
+        *slot.waker.borrow_mut() = Some(waker.clone());
+        if !slot.parked.replace(true) {
+            self.idle_workers.borrow_mut().push(i);
+        }
+    }
+
+    /// Worker `i` found a job on its own (a spurious poll while parked):
+    /// it leaves the idle list so no job is handed to a busy worker.
+    fn unpark_self(&self, i: usize) {
+        let slot = &self.worker_slots[i];
+        if slot.parked.replace(false) {
+            *slot.waker.borrow_mut() = None;
+            let mut idle = self.idle_workers.borrow_mut();
+            if let Some(pos) = idle.iter().position(|&w| w == i) {
+                idle.swap_remove(pos);
+            }
+        }
+    }
+
+    fn wake_all_workers(&self) {
+        loop {
+            let Some(i) = self.idle_workers.borrow_mut().pop() else {
+                break;
+            };
+            self.unpark(i);
         }
     }
 }
@@ -200,8 +261,12 @@ async fn transmission<C: Channel>(
         params,
         features,
         jobs: RefCell::new(VecDeque::with_capacity(MAX_OUTSTANDING)),
-        idle_workers: RefCell::new(Vec::with_capacity(MAX_WORKERS * 2)),
+        idle_workers: RefCell::new(Vec::with_capacity(MAX_WORKERS)),
+        worker_slots: (0..MAX_WORKERS).map(|_| WorkerSlot::default()).collect(),
         workers: Cell::new(0),
+        scratch: RefCell::new(Vec::with_capacity(
+            wire::CHUNK_HEADER_LEN + 4 + MAX_EXTENTS * wire::BLOCK_DESCRIPTOR_LEN,
+        )),
         replies: RefCell::new(VecDeque::with_capacity(MAX_OUTSTANDING)),
         outstanding: Cell::new(0),
         outstanding_bytes: Cell::new(0),
@@ -223,22 +288,23 @@ async fn transmission<C: Channel>(
 
 /// Bytes read from the socket but not yet consumed.
 ///
-/// Headers are read greedily (many per receive) while the client sends
-/// payload-free requests; after a write header the next receive asks for
-/// exactly one header, so a write payload is received straight into its own
-/// pool buffer. Payload bytes that do land here (a write after a run of
-/// reads) are copied out once and counted in `payload_copies`.
+/// Receives are greedy (as much as the staging buffer holds) so that one
+/// receive brings every request the client has sent: headers and small write
+/// payloads alike. After a write larger than [`COPY_MAX`] the next receive
+/// asks for exactly one header, so the following large payload is received
+/// straight into its own pool buffer instead of being staged and copied.
 struct Staging {
     /// Always `Some` except while a receive owns it.
     buf: Option<IoBuf>,
     start: usize,
     end: usize,
-    /// The last request carried a payload: receive headers exactly.
+    /// The last request carried a large payload: receive headers exactly.
     exact: bool,
 }
 
-/// Staging capacity: 585 headers, far more than one receive brings at QD256.
-const STAGING_LEN: usize = 16 << 10;
+/// Staging capacity: a QD32 burst of 4 KiB writes or 2340 headers.
+const STAGING_LEN: usize = 128 << 10;
+const _: () = assert!(COPY_MAX + REQUEST_HEADER_LEN <= STAGING_LEN);
 
 impl Staging {
     fn new() -> Self {
@@ -258,20 +324,26 @@ impl Staging {
         self.end - self.start
     }
 
-    /// The next 28-byte header, receiving as needed.
-    async fn header(&mut self, fd: RawFd) -> io::Result<[u8; REQUEST_HEADER_LEN]> {
-        while self.available() < REQUEST_HEADER_LEN {
+    /// Receives until at least `need` bytes (at most `STAGING_LEN`) are
+    /// staged; `greedy` takes whatever else the socket has too.
+    async fn fill(&mut self, fd: RawFd, need: usize, greedy: bool) -> io::Result<()> {
+        debug_assert!(need <= STAGING_LEN);
+        while self.available() < need {
             if self.start > 0 {
-                // Fewer than 28 bytes move: a partial header, never payload.
+                // Less than one request moves: a partial header or a partial
+                // small payload (counted as a copy then).
                 let (start, end) = (self.start, self.end);
                 self.bytes().copy_within(start..end, 0);
+                if end - start > REQUEST_HEADER_LEN {
+                    bump(|c| inc(&c.payload_copied_bytes, (end - start) as u64));
+                }
                 self.end -= start;
                 self.start = 0;
             }
-            let max = if self.exact {
-                REQUEST_HEADER_LEN - self.end
-            } else {
+            let max = if greedy {
                 STAGING_LEN - self.end
+            } else {
+                need - self.end
             };
             let buf = self.buf.take().ok_or(io::ErrorKind::BrokenPipe)?;
             let (res, buf) = ops::recv(fd, buf, self.end, max).await;
@@ -284,15 +356,26 @@ impl Staging {
                 Err(e) => return Err(e),
             }
         }
+        Ok(())
+    }
+
+    /// The next 28-byte header, receiving as needed.
+    async fn header(&mut self, fd: RawFd) -> io::Result<[u8; REQUEST_HEADER_LEN]> {
+        let greedy = !self.exact;
+        self.fill(fd, REQUEST_HEADER_LEN, greedy).await?;
         let mut h = [0u8; REQUEST_HEADER_LEN];
         let start = self.start;
         h.copy_from_slice(&self.bytes()[start..start + REQUEST_HEADER_LEN]);
         self.start += REQUEST_HEADER_LEN;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
         Ok(h)
     }
 
-    /// Takes up to `n` already-staged payload bytes into `dst[..]`; returns
-    /// how many.
+    /// Takes up to `dst.len()` already-staged payload bytes into `dst`;
+    /// returns how many.
     fn take_into(&mut self, dst: &mut [u8]) -> usize {
         let n = dst.len().min(self.available());
         if n > 0 {
@@ -307,16 +390,18 @@ impl Staging {
         n
     }
 
-    /// Drops `n` payload bytes, staged first, then from the socket.
-    async fn discard(&mut self, fd: RawFd, n: u64) -> io::Result<()> {
-        let staged = (n.min(self.available() as u64)) as usize;
-        self.start += staged;
-        let rest = n - staged as u64;
-        if rest == 0 {
-            return Ok(());
+    /// Drops `n` payload bytes, staged first, then received into staging.
+    async fn discard(&mut self, fd: RawFd, mut n: u64) -> io::Result<()> {
+        loop {
+            let take = n.min(self.available() as u64) as usize;
+            self.start += take;
+            n -= take as u64;
+            if n == 0 {
+                return Ok(());
+            }
+            let want = n.min(STAGING_LEN as u64) as usize;
+            self.fill(fd, want, false).await?;
         }
-        let (res, _) = discard(fd, IoBuf::heap(64 << 10), rest).await;
-        res
     }
 }
 
@@ -346,7 +431,8 @@ async fn receiver<C: Channel>(conn: &Rc<Conn<C>>) {
         };
         match request::decode(&header, &conn.params) {
             Ok(req) => {
-                staging.exact = matches!(req.command, Command::Write { .. });
+                staging.exact = matches!(req.command,
+                    Command::Write { length, .. } if length as usize > COPY_MAX);
                 if !dispatch(conn, req, &mut staging).await {
                     return;
                 }
@@ -394,15 +480,25 @@ async fn dispatch<C: Channel>(
     match req.command {
         Command::Disconnect => return false,
         Command::Write { length, .. } if length > 0 => {
-            let mut buf = IoBuf::alloc(length as usize).await;
-            buf.set_len(length as usize);
-            let staged = staging.take_into(&mut buf);
-            // The rest lands in the buffer the device writes from.
-            let (res, buf) = recv_exact(conn.raw_fd(), buf, staged, length as usize).await;
-            bump(|c| inc(&c.recv_calls, 1));
-            if res.is_err() {
-                // Client vanished mid-write: nothing was written.
-                return false;
+            let len = length as usize;
+            let mut buf = IoBuf::alloc(len).await;
+            buf.set_len(len);
+            if len <= COPY_MAX {
+                // Small: through staging, with the requests that follow it.
+                if staging.fill(conn.raw_fd(), len, true).await.is_err() {
+                    // Client vanished mid-write: nothing was written.
+                    return false;
+                }
+                staging.take_into(&mut buf);
+            } else {
+                let staged = staging.take_into(&mut buf);
+                // The rest lands in the buffer the device writes from.
+                let (res, b) = recv_exact(conn.raw_fd(), buf, staged, len).await;
+                buf = b;
+                bump(|c| inc(&c.recv_calls, 1));
+                if res.is_err() {
+                    return false;
+                }
             }
             payload = Some(buf);
         }
@@ -419,16 +515,18 @@ async fn dispatch<C: Channel>(
     true
 }
 
-async fn worker<C: Channel>(conn: Rc<Conn<C>>) {
+async fn worker<C: Channel>(conn: Rc<Conn<C>>, id: usize) {
     loop {
         let job = poll_fn(|cx| {
             if let Some(job) = conn.jobs.borrow_mut().pop_front() {
+                conn.unpark_self(id);
                 return Poll::Ready(Some(job));
             }
             if conn.closing.get() {
+                conn.unpark_self(id);
                 return Poll::Ready(None);
             }
-            conn.idle_workers.borrow_mut().push(cx.waker().clone());
+            conn.park(id, cx.waker());
             Poll::Pending
         })
         .await;
@@ -555,13 +653,13 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
             context_id,
         } => {
             bump(|c| inc(&c.block_status, 1));
-            block_status(conn, cookie, offset, length, req_one, context_id)
+            block_status(conn, cookie, offset, length, req_one, context_id).await
         }
         Command::Disconnect => outcome(structured, cookie, Ok(())),
     }
 }
 
-fn block_status<C: Channel>(
+async fn block_status<C: Channel>(
     conn: &Conn<C>,
     cookie: u64,
     offset: u64,
@@ -591,10 +689,16 @@ fn block_status<C: Channel>(
     } else {
         extents.len()
     };
-    let mut chunk = Vec::with_capacity(wire::CHUNK_HEADER_LEN + 4 + n * wire::BLOCK_DESCRIPTOR_LEN);
-    wire::put_block_status(&mut chunk, cookie, true, id, &extents[..n]);
-    let mut buf = IoBuf::heap(chunk.len());
-    buf.copy_from_slice(&chunk);
+    let len = wire::CHUNK_HEADER_LEN + 4 + n * wire::BLOCK_DESCRIPTOR_LEN;
+    let mut buf = IoBuf::alloc(len).await;
+    buf.set_len(len);
+    {
+        let mut chunk = conn.scratch.borrow_mut();
+        chunk.clear();
+        wire::put_block_status(&mut chunk, cookie, true, id, &extents[..n]);
+        debug_assert_eq!(chunk.len(), len);
+        buf.copy_from_slice(&chunk);
+    }
     OutReply {
         header: ReplyHeader::EMPTY,
         data: Some(buf),
@@ -629,29 +733,38 @@ async fn sender<C: Channel>(conn: Rc<Conn<C>>) {
         if batch.is_empty() {
             return;
         }
-        if !conn.dead.get() {
-            loop {
-                let (res, b) = ops::sendmsg(fd, batch).await;
-                batch = b;
-                bump(|c| inc(&c.send_calls, 1));
-                match res {
-                    Ok(n) if n > 0 => {
-                        if batch.advance(n) {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    _ => {
-                        conn.dead.set(true);
-                        break;
-                    }
-                }
-            }
+        if !conn.dead.get() && send_batch(fd, &mut batch).await.is_err() {
+            conn.dead.set(true);
         }
         let n = batch.len();
         bump(|c| inc(&c.replies_sent, n as u64));
         batch.clear();
         conn.finished(n, bytes);
+    }
+}
+
+/// Sends the whole batch: non-blocking `sendmsg` calls, waiting for
+/// `POLLOUT` on the ring only when the socket buffer is full.
+async fn send_batch(fd: RawFd, batch: &mut SendBatch) -> io::Result<()> {
+    loop {
+        let r = batch.send_nonblocking(fd);
+        bump(|c| inc(&c.send_calls, 1));
+        match r {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                if batch.advance(n) {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let (res, _) = ops::poll_ready(fd, libc::POLLOUT as u32).await;
+                if res < 0 && res != -libc::EINTR {
+                    return Err(io::Error::from_raw_os_error(-res));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 

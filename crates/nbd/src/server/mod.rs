@@ -25,7 +25,7 @@ use ustor_runtime::{ops, RuntimeHandle};
 
 pub use backend::{Channel, ExportSource, MemSource};
 pub use bdev::{BdevExportChannel, BdevSource};
-pub use conn::{MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES, MAX_WORKERS};
+pub use conn::{COPY_MAX, MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES, MAX_WORKERS};
 pub use stats::NbdStats;
 
 use crate::export::{ExportCatalog, ExportFeatures, ExportInfo};

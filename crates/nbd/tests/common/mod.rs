@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::process::{Command, Output};
 use std::sync::Arc;
 
