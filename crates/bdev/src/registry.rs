@@ -31,10 +31,19 @@ pub struct BdevEntry {
     state: Mutex<EntryState>,
 }
 
+/// A module's claim on a bdev. Targets take shared claims (several targets
+/// may export one bdev, as SPDK's NVMe-oF and NBD do); a virtual bdev built
+/// on a base bdev takes an exclusive one. Any claim blocks deletion.
+struct Claim {
+    opener: u64,
+    by: String,
+    exclusive: bool,
+}
+
 #[derive(Default)]
 struct EntryState {
     aliases: Vec<String>,
-    claim: Option<String>,
+    claims: Vec<Claim>,
     openers: Vec<(u64, EventFn)>,
 }
 
@@ -57,8 +66,21 @@ impl BdevEntry {
     pub fn aliases(&self) -> Vec<String> {
         self.lock().aliases.clone()
     }
+    /// Who holds claims on the bdev (comma-separated), if anyone.
     pub fn claimed_by(&self) -> Option<String> {
-        self.lock().claim.clone()
+        let s = self.lock();
+        (!s.claims.is_empty()).then(|| {
+            s.claims
+                .iter()
+                .map(|c| c.by.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+    }
+
+    /// Whether an exclusive claim is held.
+    pub fn claimed_exclusive(&self) -> bool {
+        self.lock().claims.iter().any(|c| c.exclusive)
     }
     pub fn open_count(&self) -> usize {
         self.lock().openers.len()
@@ -134,33 +156,45 @@ impl Desc {
         })
     }
 
-    /// Claims the bdev for exclusive use by `by` (a target or virtual bdev):
-    /// it can then not be deleted or claimed by another until released.
+    /// A shared claim by a target (`by` names it): the bdev cannot be
+    /// deleted while held, nor claimed exclusively; other targets may share.
     pub fn claim(&self, by: &str) -> Result<(), ControlError> {
-        let mut s = self.entry.lock();
-        match &s.claim {
-            Some(c) => Err(ControlError::Claimed {
-                name: self.name().to_string(),
-                by: c.clone(),
-            }),
-            None => {
-                s.claim = Some(by.to_string());
-                Ok(())
-            }
-        }
+        self.claim_with(by, false)
     }
 
+    /// An exclusive claim (a virtual bdev consuming this one): refused if
+    /// anyone holds a claim, and blocks every other claim.
+    pub fn claim_exclusive(&self, by: &str) -> Result<(), ControlError> {
+        self.claim_with(by, true)
+    }
+
+    fn claim_with(&self, by: &str, exclusive: bool) -> Result<(), ControlError> {
+        let mut s = self.entry.lock();
+        if let Some(c) = s.claims.iter().find(|c| c.exclusive || exclusive) {
+            return Err(ControlError::Claimed {
+                name: self.name().to_string(),
+                by: c.by.clone(),
+            });
+        }
+        s.claims.push(Claim {
+            opener: self.opener,
+            by: by.to_string(),
+            exclusive,
+        });
+        Ok(())
+    }
+
+    /// Releases this descriptor's claims (also done when it is dropped).
     pub fn release_claim(&self) {
-        self.entry.lock().claim = None;
+        self.entry.lock().claims.retain(|c| c.opener != self.opener);
     }
 }
 
 impl Drop for Desc {
     fn drop(&mut self) {
-        self.entry
-            .lock()
-            .openers
-            .retain(|(id, _)| *id != self.opener);
+        let mut s = self.entry.lock();
+        s.openers.retain(|(id, _)| *id != self.opener);
+        s.claims.retain(|c| c.opener != self.opener);
     }
 }
 

@@ -14,6 +14,7 @@ use crate::control::Control;
 pub struct App {
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer<BdevSource>>,
+    pub nvmf: ustor_nvme::nvmf::Target,
     pub table: MethodTable,
     pub rt: RuntimeHandle,
     pub cfg: RuntimeConfig,
@@ -29,12 +30,14 @@ impl App {
         let rt = runtime.handle();
         let registry = Registry::new(Some(rt.clone()));
         let nbd = Arc::new(NbdServer::new(rt.clone()));
+        let nvmf = ustor_nvme::nvmf::Target::new(rt.clone(), registry.clone());
         let table = MethodTable::new();
         let control = Control::start()?;
         let ctx = crate::methods::Ctx {
             rt: rt.clone(),
             registry: registry.clone(),
             nbd: nbd.clone(),
+            nvmf: nvmf.clone(),
             table: table.clone(),
             ctl: control.sender(),
         };
@@ -42,6 +45,7 @@ impl App {
         Ok(App {
             registry,
             nbd,
+            nvmf,
             table,
             rt,
             cfg,

@@ -28,6 +28,9 @@ pub struct ServeArgs {
     /// NBD port of the embedded default config.
     #[arg(long, default_value_t = 10809)]
     nbd_port: u16,
+    /// NVMe/TCP port of the embedded default config.
+    #[arg(long, default_value_t = 4420)]
+    nvmf_port: u16,
     /// Size of the default malloc bdev in MiB.
     #[arg(long, default_value_t = 1024)]
     default_size_mib: u64,
@@ -57,6 +60,9 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
     sig
 }
 
+/// NQN of the default config's NVMe-oF subsystem.
+const DEFAULT_NQN: &str = "nqn.2026-11.io.ustor:malloc0";
+
 fn default_config(app: &App, a: &ServeArgs) -> Result<(), String> {
     let t = Duration::from_secs(30);
     let call = |m: &str, p: serde_json::Value| {
@@ -76,6 +82,20 @@ fn default_config(app: &App, a: &ServeArgs) -> Result<(), String> {
     call(
         "nbd_export_create",
         json!({"name": "Malloc0", "bdev_name": "Malloc0", "description": "ustor default malloc bdev"}),
+    )?;
+    call("nvmf_create_transport", json!({"trtype": "TCP"}))?;
+    call(
+        "nvmf_create_subsystem",
+        json!({"nqn": DEFAULT_NQN, "allow_any_host": true, "serial_number": "USTOR0000000000001", "model_number": "ustor malloc"}),
+    )?;
+    call(
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": DEFAULT_NQN, "namespace": {"bdev_name": "Malloc0"}}),
+    )?;
+    let listen = json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": a.nvmf_port.to_string()});
+    call(
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": DEFAULT_NQN, "listen_address": listen}),
     )?;
     Ok(())
 }
@@ -114,6 +134,21 @@ fn print_banner(app: &App, a: &ServeArgs) {
                 addr.port(),
                 x.name
             );
+        }
+    }
+    for sub in app.nvmf.nvmf_get_subsystems() {
+        for l in &sub.listen_addresses {
+            if sub.subtype.eq_ignore_ascii_case("nvme") {
+                println!(
+                    "  NVMe/TCP subsystem {} on {}:{}",
+                    sub.nqn, l.traddr, l.trsvcid
+                );
+                println!("    nvme discover -t tcp -a {} -s {}", l.traddr, l.trsvcid);
+                println!(
+                    "    nvme connect -t tcp -a {} -s {} -n {}",
+                    l.traddr, l.trsvcid, sub.nqn
+                );
+            }
         }
     }
     println!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");

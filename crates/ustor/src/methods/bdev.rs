@@ -111,7 +111,12 @@ pub fn bdev_json(e: &BdevEntry) -> Value {
         "uuid": i.uuid.to_string(),
         "assigned_rate_limits": {"rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0},
         "claimed": claim.is_some(),
-        "claim_type": if claim.is_some() { "exclusive_write" } else { "none" },
+        // SPDK's names: a virtual bdev's claim is exclusive; targets share.
+        "claim_type": match (&claim, e.claimed_exclusive()) {
+            (None, _) => "none",
+            (Some(_), true) => "exclusive_write",
+            (Some(_), false) => "read_many_write_many",
+        },
         "claimed_by": claim,
         "zoned": false,
         "optimal_io_boundary": i.optimal_boundary_blocks,

@@ -5,6 +5,7 @@
 pub mod bdev;
 pub mod framework;
 pub mod nbd;
+pub mod nvmf;
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ pub struct Ctx {
     pub rt: RuntimeHandle,
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer<BdevSource>>,
+    pub nvmf: ustor_nvme::nvmf::Target,
     pub table: MethodTable,
     pub ctl: ControlSender,
 }
@@ -43,6 +45,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     framework::register(ctx)?;
     bdev::register(ctx)?;
     nbd::register(ctx)?;
+    nvmf::register(ctx)?;
     Ok(())
 }
 
