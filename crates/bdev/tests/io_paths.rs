@@ -258,10 +258,16 @@ fn claims_block_delete_and_hot_remove_fails_io() {
         reg.delete("n0"),
         Err(ControlError::Claimed { .. })
     ));
+    // Targets share a bdev; an exclusive claim (a virtual bdev) is refused.
+    let d3 = reg.open("n0", true, |_| {}).unwrap();
+    d3.claim("nvmf").unwrap();
+    assert_eq!(reg.get("n0").unwrap().claimed_by().unwrap(), "nbd, nvmf");
     assert!(matches!(
-        desc.claim("other"),
+        d3.claim_exclusive("vbdev"),
         Err(ControlError::Claimed { .. })
     ));
+    drop(d3);
+    assert_eq!(reg.get("n0").unwrap().claimed_by().unwrap(), "nbd");
     // Aliases and UUID open the same bdev.
     reg.add_alias("n0", "fast").unwrap();
     let uuid = reg.get("n0").unwrap().info().uuid.to_string();
