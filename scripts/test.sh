@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what the tests need (Debian packages listed in .ci/apt/*.txt, Python
+# packages in .ci/pip.txt), then runs
+# every test of the workspace. Safe to run again: installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_root() { [ "$(id -u)" = 0 ] || { echo "scripts/test.sh: installing $1 needs root" >&2; exit 1; }; }
+
+pkgs=$(cat .ci/apt/*.txt 2>/dev/null | sed 's/#.*//' | tr -s ' \t' '\n' | sed '/^$/d' | sort -u)
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  need_root "Debian packages:$missing"
+  echo "== installing Debian packages:$missing"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+if [ -s .ci/pip.txt ]; then
+  pip_missing=""
+  for p in $(sed 's/#.*//' .ci/pip.txt); do
+    python3 -c "import importlib.metadata as m; m.version('$p')" 2>/dev/null || pip_missing="$pip_missing $p"
+  done
+  if [ -n "$pip_missing" ]; then
+    echo "== installing Python packages:$pip_missing"
+    python3 -m pip install -q $pip_missing
+  fi
+fi
+
+command -v cargo >/dev/null || { echo "scripts/test.sh: needs a stable Rust toolchain (cargo) on PATH" >&2; exit 1; }
+
+echo "== cargo test --workspace"
+cargo test --workspace --no-fail-fast "$@"
