@@ -139,7 +139,7 @@ pub fn load(a: LoadArgs) -> i32 {
             return 1;
         }
     };
-    for call in &calls {
+    for (n, call) in calls.iter().enumerate() {
         if let Err(e) = c.call(&call.method, call.params.clone()) {
             eprintln!(
                 "{}: {}: {}",
@@ -147,6 +147,19 @@ pub fn load(a: LoadArgs) -> i32 {
                 call.location(),
                 format_error(&call.method, &call.params, &e)
             );
+            // Nothing half-created: undo what this file created, newest first.
+            for done in calls[..n].iter().rev() {
+                if let Some(u) = crate::methods::undo_call(done) {
+                    if let Err(e) = c.call(&u.method, u.params.clone()) {
+                        eprintln!(
+                            "rollback of {}: {} failed: {}",
+                            done.location(),
+                            u.method,
+                            e.message
+                        );
+                    }
+                }
+            }
             return 1;
         }
     }

@@ -31,6 +31,11 @@ struct RamParams {
     #[serde(default)]
     dif_is_head_of_md: bool,
     #[serde(default)]
+    dif_pi_format: u32,
+    /// NUMA placement is the kernel's business here (no hugepages).
+    #[allow(dead_code)]
+    numa_id: Option<i32>,
+    #[serde(default)]
     max_transfer_blocks: u32,
 }
 
@@ -49,7 +54,12 @@ struct GetParams {
 }
 
 fn ram_opts(c: &Ctx, p: RamParams, prefix: &str) -> Result<RamOpts, RpcError> {
-    if p.md_size != 0 || p.dif_type != 0 || p.md_interleave || p.dif_is_head_of_md {
+    if p.md_size != 0
+        || p.dif_type != 0
+        || p.dif_pi_format != 0
+        || p.md_interleave
+        || p.dif_is_head_of_md
+    {
         return Err(RpcError::invalid_param(
             "md_size",
             "metadata and DIF are not supported",
