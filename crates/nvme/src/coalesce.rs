@@ -245,8 +245,21 @@ pub const ARENA_LEN: usize = 2048;
 
 #[derive(Clone, Copy)]
 enum Seg {
-    Arena { off: u16, len: u16 },
-    Data { slot: u8, off: u32, len: u32 },
+    Arena {
+        off: u16,
+        len: u16,
+    },
+    Data {
+        slot: u8,
+        off: u32,
+        len: u32,
+    },
+    /// Caller-owned memory (the initiator's write data in a bdev I/O's
+    /// buffers); see [`PduGroup::push_raw`].
+    Raw {
+        ptr: *const u8,
+        len: u32,
+    },
 }
 
 /// A PDU Group: header bytes in an owned arena and payload buffers by
@@ -343,6 +356,23 @@ impl PduGroup {
         self.bytes += len;
     }
 
+    /// Appends caller-owned memory as payload, so write data leaves from the
+    /// bdev I/O's own buffers without a copy.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay valid and unchanged until the `sendmsg`
+    /// that carries this group has completed and the group was cleared.
+    pub unsafe fn push_raw(&mut self, ptr: *const u8, len: usize) {
+        assert!(self.nsegs < ops::MAX_IOV, "PDU group iovec overflow");
+        assert!(len <= u32::MAX as usize);
+        self.segs[self.nsegs] = Seg::Raw {
+            ptr,
+            len: len as u32,
+        };
+        self.nsegs += 1;
+        self.bytes += len;
+    }
+
     /// Marks the end of one PDU (counted for the degree).
     pub fn end_pdu(&mut self, urgent: bool) {
         self.pdus += 1;
@@ -386,6 +416,7 @@ impl ops::IoVecs for PduGroup {
                     Some(b) => (unsafe { b.as_ptr().add(off as usize) }, len as usize),
                     None => continue,
                 },
+                Seg::Raw { ptr, len } => (ptr, len as usize),
             };
             if skip >= len {
                 skip -= len;

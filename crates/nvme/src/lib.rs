@@ -3,6 +3,7 @@
 //! - [`wire`]: PDUs, SQE/CQE, SGL descriptors, digests (no state).
 //! - [`coalesce`]: LANoT, the load-aware PDU coalescer both sides send
 //!   through (policy and the PDU Group iovec list).
+//! - [`initiator`]: the NVMe/TCP initiator bdev (`bdev_nvme_attach_controller`).
 //! - [`nvmf`]: the target: subsystems, controllers, queue pairs on the
 //!   reactors, discovery, and the SPDK-named control functions.
 //!
@@ -11,6 +12,7 @@
 //! from the buffer the bdev filled, and per-connection state is preallocated.
 
 pub mod coalesce;
+pub mod initiator;
 pub mod nvmf;
 pub mod wire;
 

@@ -965,6 +965,7 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
             kato,
             conn.opts.max_io_qpairs_per_ctrlr,
             true,
+            conn.listen.clone(),
         ));
         s.ctrls.insert(cntlid, Arc::downgrade(&ctrl));
         drop(s);

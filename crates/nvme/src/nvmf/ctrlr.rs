@@ -68,6 +68,9 @@ pub struct Ctrl {
     pub(crate) failed: AtomicBool,
     /// Most I/O queues the transport allows per controller.
     pub max_io_queues: u16,
+    /// The listener the admin queue connected through: removing that
+    /// listener disconnects the controller (SPDK's behaviour).
+    pub listener: super::subsystem::ListenAddress,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -75,6 +78,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Ctrl {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         cntlid: u16,
         subsys: Arc<Subsystem>,
@@ -83,6 +87,7 @@ impl Ctrl {
         kato_ms: u32,
         max_io_queues: u16,
         vwc: bool,
+        listener: super::subsystem::ListenAddress,
     ) -> Ctrl {
         Ctrl {
             cntlid,
@@ -101,6 +106,7 @@ impl Ctrl {
             queues: Mutex::new(Vec::new()),
             failed: AtomicBool::new(false),
             max_io_queues,
+            listener,
         }
     }
 

@@ -438,6 +438,13 @@ impl Target {
             return Err(NvmfError::invalid("listen_address", "not listening there"));
         }
         self.unlisten(&p.listen_address);
+        // Hosts connected through that listener lose their controllers, as
+        // with SPDK: their queues' sockets are shut down.
+        for c in s.ctrls() {
+            if c.listener.same(&p.listen_address) {
+                c.fail();
+            }
+        }
         self.shared.changed();
         Ok(true)
     }

@@ -1,0 +1,242 @@
+//! Socket helpers for the initiator's queues: a non-blocking TCP connect
+//! completed through the reactor's io_uring (POLLOUT), and a vectored
+//! receive straight into caller memory (the bdev I/O's buffers).
+//!
+//! The receive is a `recvmsg(MSG_DONTWAIT)` on data already queued and an
+//! io_uring poll for readiness when there is none: the runtime's `ops::recv`
+//! takes pool buffers by value, while read data must land in the buffers the
+//! bdev layer handed us, whose owner outlives the call (the I/O completes
+//! only after the receive returned).
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use ustor_runtime::ops;
+
+/// Most iovecs one receive carries: data segments, a digest, the next header.
+pub(crate) const MAX_RECV_IOV: usize = ustor_bdev::io::MAX_SEGMENTS + 2;
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and aligned for it.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn setopt(fd: RawFd, level: i32, name: i32, v: libc::c_int) {
+    // SAFETY: setsockopt with an int option on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Connects a TCP socket to `addr`: non-blocking connect, readiness through
+/// the ring, then back to blocking mode (io_uring sends must not see
+/// EAGAIN). TCP_NODELAY: the coalescer does the batching.
+pub(crate) async fn connect(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let fam = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2); the fd is owned by the OwnedFd right below.
+    let raw = unsafe {
+        libc::socket(
+            fam,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let (ss, len) = sockaddr(&addr);
+    // SAFETY: ss/len describe a valid address of the socket's family.
+    let r = unsafe { libc::connect(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        let (res, _) = ops::poll_ready(raw, libc::POLLOUT as u32).await;
+        if res < 0 {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        let mut err: libc::c_int = 0;
+        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: SO_ERROR into an int we own.
+        unsafe {
+            libc::getsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut err as *mut libc::c_int).cast(),
+                &mut l,
+            )
+        };
+        if err != 0 {
+            return Err(io::Error::from_raw_os_error(err));
+        }
+    }
+    // SAFETY: fcntl on our own fd.
+    unsafe {
+        let fl = libc::fcntl(raw, libc::F_GETFL);
+        libc::fcntl(raw, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+    }
+    setopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+    Ok(fd)
+}
+
+/// A receive target: `len` bytes at `ptr`.
+#[derive(Clone, Copy)]
+pub(crate) struct Seg {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+/// Receives into `segs` in order until at least `min` bytes arrived (at
+/// most their total); returns the bytes received. EOF is `UnexpectedEof`.
+///
+/// # Safety
+/// Every segment must be valid for writes for the whole call.
+pub(crate) async unsafe fn recv_at_least(fd: RawFd, segs: &[Seg], min: usize) -> io::Result<usize> {
+    debug_assert!(segs.len() <= MAX_RECV_IOV);
+    let total: usize = segs.iter().map(|s| s.len).sum();
+    debug_assert!(min <= total);
+    let want = min.clamp(1, total.max(1)).min(total);
+    let mut got = 0usize;
+    // Budget: each round gains at least one byte or returns, so the loop
+    // ends after `want` rounds at most.
+    while got < want {
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_RECV_IOV];
+        let mut n = 0;
+        let mut skip = got;
+        for s in segs {
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            iov[n] = libc::iovec {
+                iov_base: s.ptr.add(skip).cast(),
+                iov_len: s.len - skip,
+            };
+            skip = 0;
+            n += 1;
+        }
+        // SAFETY: all-zero is a valid msghdr; iov points at `n` valid entries.
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n as _;
+        let r = libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT);
+        if r > 0 {
+            got += r as usize;
+            continue;
+        }
+        if r == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) => {
+                let (res, _) = ops::poll_ready(fd, libc::POLLIN as u32).await;
+                if res < 0 {
+                    return Err(io::Error::from_raw_os_error(-res));
+                }
+            }
+            Some(libc::EINTR) => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// One non-blocking receive into `seg`: `Ok(None)` when nothing is queued.
+///
+/// # Safety
+/// The segment must be valid for writes.
+pub(crate) unsafe fn try_recv(fd: RawFd, seg: Seg) -> io::Result<Option<usize>> {
+    let r = libc::recv(fd, seg.ptr.cast(), seg.len, libc::MSG_DONTWAIT);
+    if r > 0 {
+        return Ok(Some(r as usize));
+    }
+    if r == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+        _ => Err(e),
+    }
+}
+
+/// Waits until `fd` is readable (through the ring).
+pub(crate) async fn readable(fd: RawFd) -> io::Result<()> {
+    let (res, _) = ops::poll_ready(fd, libc::POLLIN as u32).await;
+    if res < 0 {
+        return Err(io::Error::from_raw_os_error(-res));
+    }
+    Ok(())
+}
+
+/// Sends all of `buf` (control path: ICReq, admin capsules).
+pub(crate) async fn send_all(fd: RawFd, mut buf: ustor_runtime::IoBuf) -> io::Result<()> {
+    let end = buf.len();
+    let mut at = 0;
+    while at < end {
+        let (res, b) = ops::send(fd, buf, at, end).await;
+        buf = b;
+        match res {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Shuts a socket down so that pending receives and sends on it end.
+pub(crate) fn shutdown(fd: RawFd) {
+    // SAFETY: shutdown(2) on a socket the caller still owns.
+    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+}
