@@ -47,6 +47,17 @@ struct NameParam {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct IostatParams {
+    name: Option<String>,
+    /// SPDK 24+: a list of names.
+    names: Option<Vec<String>>,
+    #[serde(default)]
+    per_channel: bool,
+    reset_mode: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct GetParams {
     name: Option<String>,
     #[serde(default)]
@@ -192,10 +203,18 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         }
     })?;
     ctx.method("bdev_get_iostat", RPC_RUNTIME, |c, params| {
-        let p: GetParams = if params.is_null() { GetParams::default() } else { parse_params(params)? };
-        let entries = match p.name {
-            Some(n) => vec![c.registry.get(&n).ok_or_else(|| RpcError::errno(libc::ENODEV))?],
-            None => c.registry.list(),
+        let p: IostatParams = if params.is_null() { IostatParams::default() } else { parse_params(params)? };
+        if p.per_channel {
+            return Err(RpcError::errno_msg(libc::EOPNOTSUPP, "per_channel iostat is not supported yet"));
+        }
+        if p.reset_mode.as_deref().is_some_and(|m| m != "none") {
+            return Err(RpcError::errno_msg(libc::EOPNOTSUPP, "reset_mode is not supported yet"));
+        }
+        let wanted: Vec<String> = p.name.into_iter().chain(p.names.unwrap_or_default()).collect();
+        let entries = if wanted.is_empty() {
+            c.registry.list()
+        } else {
+            wanted.iter().map(|n| c.registry.get(n).ok_or_else(|| RpcError::errno(libc::ENODEV))).collect::<Result<_, _>>()?
         };
         let mut out = Vec::new();
         for e in entries {

@@ -53,7 +53,11 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
 pub fn control_err(e: ControlError) -> RpcError {
     match &e {
         ControlError::Invalid { param, why } => RpcError::invalid_param(param, why),
-        _ => RpcError::errno_msg(e.errno(), e.to_string()),
+        // SPDK's message is strerror(errno); the detail follows it.
+        _ => RpcError::errno_msg(
+            e.errno(),
+            format!("{}: {e}", ustor_rpc::errors::strerror(e.errno())),
+        ),
     }
 }
 

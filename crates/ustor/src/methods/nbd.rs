@@ -21,7 +21,10 @@ fn err(e: NbdServerError) -> RpcError {
         NbdServerError::Bdev(_) => libc::ENODEV,
         NbdServerError::Runtime(_) => libc::EIO,
     };
-    RpcError::errno_msg(errno, e.to_string())
+    RpcError::errno_msg(
+        errno,
+        format!("{}: {e}", ustor_rpc::errors::strerror(errno)),
+    )
 }
 
 pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {

@@ -11,7 +11,10 @@ use ustor_rpc::{no_params, parse_params, Replier, RpcError, RPC_RUNTIME};
 use super::Ctx;
 
 fn err(e: NvmfError) -> RpcError {
-    RpcError::errno_msg(-e.code(), e.to_string())
+    RpcError::errno_msg(
+        -e.code(),
+        format!("{}: {e}", ustor_rpc::errors::strerror(-e.code())),
+    )
 }
 
 fn out<T: Serialize>(v: T) -> Result<Value, RpcError> {
