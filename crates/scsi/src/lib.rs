@@ -6,6 +6,14 @@
 //!   [`capacity`] (READ CAPACITY(16)), [`lun`] (LUN encoding, REPORT LUNS,
 //!   H:C:T:L).
 //!
+//! - [`lld`]: the low-level driver contract (docs/writing-an-lld.md).
+//! - [`mid`]: the mid-layer: host/device/driver registries, scan and
+//!   bring-up, retry rules, error handling (abort → LUN reset → host reset
+//!   → offline).
+//! - [`emul`]: the emulated HBA (RAM-backed, scriptable faults).
+//! - [`bdev`]: SCSI bdevs (device ranges as named bdevs).
+//! - [`api`]: the control functions the RPC layer exposes.
+//!
 //! SCSI failures are CHECK CONDITION with sense, carried as data; Rust
 //! errors are for transport failures and bad input only.
 
@@ -22,3 +30,10 @@ pub use cdb::{Cdb, Command};
 pub use lun::Hctl;
 pub use sense::{Sense, SenseKey};
 pub use status::ScsiStatus;
+pub mod api;
+pub mod bdev;
+pub mod emul;
+pub mod lld;
+pub mod mid;
+
+pub use mid::{ScsiError, ScsiStack};
