@@ -3,9 +3,7 @@
 use super::{lock, EmulShared, LunState};
 use crate::capacity::{Capacity, READ_CAPACITY_16_LEN};
 use crate::cdb::{parse_unmap_param, CdbError, Command};
-use crate::inquiry::{
-    self, BlockCharacteristics, DeviceType, StdInquiry, BLOCK_LIMITS_LEN, STD_INQUIRY_LEN,
-};
+use crate::inquiry::{self, BlockCharacteristics, StdInquiry, BLOCK_LIMITS_LEN, STD_INQUIRY_LEN};
 use crate::lld::{DataDir, ScsiCmd};
 use crate::lun::encode_report_luns;
 use crate::sense::{asc, Sense, SenseKey};
