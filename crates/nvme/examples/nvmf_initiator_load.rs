@@ -1,0 +1,231 @@
+//! LANoT through the initiator bdev: the target runs in a runtime on core 0,
+//! the initiator bdev and an in-reactor load generator in a second runtime
+//! on core 1, both in this process, over 127.0.0.1. The same coalescing mode is set
+//! on both sides. Prints IOPS, mean/p99 latency, sendmsg calls per I/O and
+//! CPU time per I/O on each side.
+//!
+//! `nvmf_initiator_load MODE RW BS QD SECS [RATE]`
+//! MODE = off | fixed | adaptive (fixed = degree 16, timer 50 µs);
+//! RW = randread | randwrite; RATE (IOPS, QD 1) paces the load for the
+//! low-load latency test.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use ustor_bdev::{modules, Registry};
+use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+use ustor_nvme::initiator::{attach_controller, io_queue_stats, AttachParams};
+use ustor_nvme::nvmf::{
+    AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
+    NamespaceParams, Target, TransportOpts,
+};
+use ustor_runtime::{ticks, IoBuf, PollMode, Runtime, RuntimeConfig};
+
+const NQN: &str = "nqn.2024-01.io.ustor:bench";
+
+fn cpu_ns(tid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime, stime (fields 14, 15; index 11, 12 after the comm).
+    let hz = 100u64;
+    (t(11) + t(12)) * 1_000_000_000 / hz
+}
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let mode = match a.get(1).map(String::as_str) {
+        Some("off") => Mode::Off,
+        Some("fixed") => Mode::Fixed,
+        _ => Mode::Adaptive,
+    };
+    let write = a.get(2).map(String::as_str) == Some("randwrite");
+    let bs: usize = a.get(3).and_then(|v| v.parse().ok()).unwrap_or(4096);
+    let qd: usize = a.get(4).and_then(|v| v.parse().ok()).unwrap_or(1);
+    let secs: u64 = a.get(5).and_then(|v| v.parse().ok()).unwrap_or(2);
+    let rate: u64 = a.get(6).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let coal = CoalesceConfig {
+        mode,
+        degree: 16,
+        timer_us: 50,
+        ..Default::default()
+    };
+    // Two runtimes: the target's on core 0, the initiator's on core 1.
+    let start = |core: usize| {
+        Runtime::start(RuntimeConfig {
+            cores: vec![core],
+            pin: true,
+            poll_mode: PollMode::Adaptive,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime")
+    };
+    let trt = start(0);
+    let irt = start(1);
+    let reg = Registry::new(Some(trt.handle()));
+    let ireg = Registry::new(Some(irt.handle()));
+    modules::malloc::create(
+        &reg,
+        modules::RamOpts {
+            name: "Malloc0".into(),
+            num_blocks: 262144,
+            block_size: 512,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        },
+    )
+    .expect("malloc");
+    let t = Target::new(trt.handle(), reg.clone());
+    t.nvmf_create_transport(&CreateTransportParams {
+        trtype: "TCP".into(),
+        opts: TransportOpts {
+            coalesce: coal,
+            ..TransportOpts::default()
+        },
+    })
+    .unwrap();
+    t.nvmf_create_subsystem(&CreateSubsystemParams {
+        nqn: NQN.into(),
+        serial_number: "BENCH".into(),
+        model_number: "ustor bench".into(),
+        allow_any_host: true,
+        max_namespaces: 4,
+        min_cntlid: 1,
+        max_cntlid: 0xffef,
+    })
+    .unwrap();
+    t.nvmf_subsystem_add_ns(&AddNsParams {
+        nqn: NQN.into(),
+        namespace: NamespaceParams {
+            bdev_name: "Malloc0".into(),
+            nsid: 0,
+            uuid: None,
+            nguid: None,
+        },
+    })
+    .unwrap();
+    let l = t
+        .nvmf_subsystem_add_listener(&ListenerParams {
+            nqn: NQN.into(),
+            listen_address: ListenAddress {
+                trtype: "TCP".into(),
+                adrfam: "IPv4".into(),
+                traddr: "127.0.0.1".into(),
+                trsvcid: "0".into(),
+            },
+        })
+        .unwrap();
+    let mut p = AttachParams::tcp("Bench", "127.0.0.1", &l.trsvcid, NQN);
+    p.coalesce = coal;
+    p.io_queue_size = 128;
+    let names = attach_controller(&irt.handle(), &ireg, &p).expect("attach");
+    let bdev = names[0].clone();
+    let tids = [trt.thread_ids()[0], irt.thread_ids()[0]];
+    let tstats = |t: &Target| {
+        t.nvmf_get_stats()
+            .map(|s| s.poll_groups.iter().map(|g| g.sendmsg_calls).sum::<u64>())
+            .unwrap_or(0)
+    };
+    let reg2 = ireg.clone();
+    // Warm-up + measurement on reactor 1.
+    let run = move |secs: u64| {
+        let reg = reg2.clone();
+        let bdev = bdev.clone();
+        move || async move {
+            let d = reg.open(&bdev, true, |_| {}).unwrap();
+            let ch = d.channel().unwrap();
+            let nb = (bs / 512) as u64;
+            let slots = ch.num_blocks() / nb;
+            let end = ticks::now() + ticks::from_duration(Duration::from_secs(secs));
+            let lat: Rc<RefCell<Vec<u32>>> = Rc::new(RefCell::new(vec![0u32; 1 << 16]));
+            let ios = Rc::new(std::cell::Cell::new(0u64));
+            let mut hs = Vec::new();
+            for w in 0..qd {
+                let (ch, lat, ios) = (ch.clone(), lat.clone(), ios.clone());
+                hs.push(ustor_runtime::spawn(async move {
+                    let mut b = IoBuf::alloc(bs).await;
+                    b.fill(w as u8);
+                    let mut x = (w as u64 + 1) * 0x9e37_79b9_7f4a_7c15;
+                    let gap = if rate > 0 {
+                        ticks::from_duration(Duration::from_nanos(1_000_000_000 / rate))
+                    } else {
+                        0
+                    };
+                    let mut next = ticks::now();
+                    while ticks::now() < end {
+                        if gap > 0 {
+                            next += gap;
+                            ustor_runtime::sleep_until(next).await;
+                        }
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let off = (x % slots) * nb;
+                        let t0 = ticks::now();
+                        let (r, bb) = if write {
+                            ch.write(off, nb, b).await
+                        } else {
+                            ch.read(off, nb, b).await
+                        };
+                        b = bb;
+                        r.expect("I/O");
+                        let us = ticks::to_ns(ticks::now() - t0) / 100; // 0.1 µs units
+                        let mut l = lat.borrow_mut();
+                        let i = (us as usize).min(l.len() - 1);
+                        l[i] += 1;
+                        ios.set(ios.get() + 1);
+                    }
+                }));
+            }
+            for h in hs {
+                h.await;
+            }
+            let l = lat.borrow();
+            let n = ios.get();
+            let (mut sum, mut p99, mut acc) = (0u64, 0usize, 0u64);
+            for (i, c) in l.iter().enumerate() {
+                sum += i as u64 * u64::from(*c);
+                acc += u64::from(*c);
+                if p99 == 0 && acc * 100 >= n * 99 {
+                    p99 = i;
+                }
+            }
+            (n, sum as f64 / 10.0 / n.max(1) as f64, p99 as f64 / 10.0)
+        }
+    };
+    let h = irt.handle();
+    h.block_on(0, run(1)).unwrap();
+    let s0 = io_queue_stats("Bench").unwrap();
+    let t0s = tstats(&t);
+    let c0: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
+    let (n, avg, p99) = h.block_on(0, run(secs)).unwrap();
+    let c1: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
+    let s1 = io_queue_stats("Bench").unwrap();
+    let t1s = tstats(&t);
+    let isend: u64 = s1.iter().map(|s| s.sendmsg_calls).sum::<u64>()
+        - s0.iter().map(|s| s.sendmsg_calls).sum::<u64>();
+    let n1 = n.max(1) as f64;
+    let cpu = |i: usize| {
+        c1.get(i)
+            .unwrap_or(&0)
+            .saturating_sub(*c0.get(i).unwrap_or(&0)) as f64
+            / n1
+    };
+    let cs = s1.first().map(|s| s.coalesce).unwrap_or_default();
+    println!(
+        "mode={mode:?} rw={} bs={bs} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p99_lat_us={p99:.1} \
+         ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
+        if write { "randwrite" } else { "randread" },
+        n as f64 / secs as f64,
+        isend as f64 / n1,
+        (t1s - t0s) as f64 / n1,
+        cpu(0),
+        cpu(1),
+        cs.degree,
+        cs.timer_us,
+    );
+    std::process::exit(0);
+}
