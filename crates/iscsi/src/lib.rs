@@ -1,1 +1,6 @@
-//! ustor's iSCSI: wire format and the initiator used as a SCSI low-level driver (in progress).
+//! ustor's iSCSI: the wire format ([`wire`]: BHS, AHS, data segments,
+//! CRC32C digests, text keys) and the initiator used as a SCSI low-level
+//! driver ([`initiator`]).
+
+pub mod initiator;
+pub mod wire;

@@ -1,0 +1,1 @@
+//! The iSCSI initiator as a SCSI LLD (in progress).
