@@ -12,7 +12,7 @@ set -eu
 secs=${1:-2}
 rsecs=${2:-4}
 cd "$(dirname "$0")/.."
-cargo build --release -q -p ustor-nvme --example nvmf_initiator_load
+[ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load
 bin=target/release/examples/nvmf_initiator_load
 out=bench/results/nvmf-init-$(date +%Y%m%d-%H%M%S).txt
 {
