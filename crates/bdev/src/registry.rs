@@ -28,6 +28,7 @@ pub struct BdevEntry {
     pub(crate) id: u64,
     pub(crate) bdev: Arc<dyn Bdev>,
     removed: AtomicBool,
+    histograms: AtomicBool,
     state: Mutex<EntryState>,
 }
 
@@ -48,6 +49,21 @@ struct EntryState {
 }
 
 impl BdevEntry {
+    /// Whether per-I/O latency histograms are recorded (read per I/O with
+    /// a plain load).
+    pub(crate) fn histograms_on(&self) -> bool {
+        self.histograms.load(Ordering::Relaxed)
+    }
+
+    /// SPDK's `bdev_enable_histogram`.
+    pub fn set_histograms(&self, on: bool) {
+        self.histograms.store(on, Ordering::Relaxed);
+    }
+
+    pub fn histograms_enabled(&self) -> bool {
+        self.histograms_on()
+    }
+
     pub(crate) fn is_removed(&self) -> bool {
         self.removed.load(Ordering::Relaxed)
     }
@@ -255,6 +271,7 @@ impl Registry {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             bdev,
             removed: AtomicBool::new(false),
+            histograms: AtomicBool::new(false),
             state: Mutex::default(),
         });
         g.by_name.insert(name.clone(), entry.clone());

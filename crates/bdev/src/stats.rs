@@ -48,7 +48,7 @@ impl ChannelStats {
 
     /// Records one completed I/O: `ticks` of latency.
     #[inline]
-    pub(crate) fn record(&self, t: IoType, bytes: u64, ticks: u64, ok: bool) {
+    pub(crate) fn record(&self, t: IoType, bytes: u64, ticks: u64, ok: bool, hist: bool) {
         let c = &self.by_type[t.index()];
         let mut s = c.get();
         if !ok {
@@ -66,6 +66,11 @@ impl ChannelStats {
             s.lat_min.min(ticks)
         };
         c.set(s);
+        // Histograms cost a few ns per I/O: on only when asked
+        // (SPDK's bdev_enable_histogram).
+        if !hist {
+            return;
+        }
         let h = match t {
             IoType::Read => 0,
             IoType::Write => 1,
