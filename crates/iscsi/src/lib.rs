@@ -2,5 +2,6 @@
 //! CRC32C digests, text keys) and the initiator used as a SCSI low-level
 //! driver ([`initiator`]).
 
+pub mod conn;
 pub mod initiator;
 pub mod wire;
