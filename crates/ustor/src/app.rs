@@ -31,6 +31,7 @@ impl App {
         let registry = Registry::new(Some(rt.clone()));
         let nbd = Arc::new(NbdServer::new(rt.clone()));
         let nvmf = ustor_nvme::nvmf::Target::new(rt.clone(), registry.clone());
+        let scsi = ustor_scsi::ScsiStack::new(rt.clone(), registry.clone());
         let table = MethodTable::new();
         let control = Control::start()?;
         let ctx = crate::methods::Ctx {
@@ -38,6 +39,7 @@ impl App {
             registry: registry.clone(),
             nbd: nbd.clone(),
             nvmf: nvmf.clone(),
+            scsi,
             table: table.clone(),
             ctl: control.sender(),
         };

@@ -224,11 +224,53 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         }
         Ok(json!({"tick_rate": ustor_runtime::ticks::hz(), "ticks": ustor_runtime::ticks::now(), "bdevs": out}))
     })?;
+    nvme_initiator(ctx)?;
     let reg = ctx.registry.clone();
     ctx.table
         .add_subsystem("bdev", &[], move |reply: Replier| {
-            let calls: Vec<Value> = reg.list().iter().map(|e| e.bdev().config_json()).collect();
+            // NVMe namespaces are recreated by attaching their controller once;
+            // SCSI bdevs by the scsi subsystem, after its hosts.
+            let mut calls: Vec<Value> = reg
+                .list()
+                .iter()
+                .filter(|e| !matches!(e.info().module, "nvme" | "scsi"))
+                .map(|e| e.bdev().config_json())
+                .filter(|c| !c.is_null())
+                .collect();
+            calls.extend(ustor_nvme::initiator::config_json());
             reply.ok(Value::Array(calls));
         })?;
+    Ok(())
+}
+
+/// bdev_nvme_* (the NVMe/TCP initiator), SPDK's names and parameters.
+fn nvme_initiator(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
+    use ustor_nvme::initiator::{
+        self as ini, AttachParams, DetachParams, GetControllersParams, InitiatorError,
+    };
+    fn err(e: InitiatorError) -> RpcError {
+        RpcError::errno_msg(
+            -e.code(),
+            format!("{}: {e}", ustor_rpc::errors::strerror(-e.code())),
+        )
+    }
+    ctx.method("bdev_nvme_attach_controller", RPC_RUNTIME, |c, params| {
+        let p: AttachParams = parse_params(params)?;
+        let names = ini::attach_controller(&c.rt, &c.registry, &p).map_err(err)?;
+        Ok(json!(names))
+    })?;
+    ctx.method("bdev_nvme_detach_controller", RPC_RUNTIME, |_, params| {
+        let p: DetachParams = parse_params(params)?;
+        ini::detach_controller(&p).map(|b| json!(b)).map_err(err)
+    })?;
+    ctx.method("bdev_nvme_get_controllers", RPC_RUNTIME, |_, params| {
+        let p: GetControllersParams = if params.is_null() {
+            GetControllersParams::default()
+        } else {
+            parse_params(params)?
+        };
+        let v = ini::get_controllers(&p).map_err(err)?;
+        serde_json::to_value(v).map_err(RpcError::internal)
+    })?;
     Ok(())
 }

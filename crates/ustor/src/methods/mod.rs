@@ -6,6 +6,7 @@ pub mod bdev;
 pub mod framework;
 pub mod nbd;
 pub mod nvmf;
+pub mod scsi;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ pub struct Ctx {
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer<BdevSource>>,
     pub nvmf: ustor_nvme::nvmf::Target,
+    pub scsi: ustor_scsi::ScsiStack,
     pub table: MethodTable,
     pub ctl: ControlSender,
 }
@@ -46,6 +48,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     bdev::register(ctx)?;
     nbd::register(ctx)?;
     nvmf::register(ctx)?;
+    scsi::register(ctx)?;
     Ok(())
 }
 
@@ -68,7 +71,9 @@ pub fn undo_call(c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
         "bdev_malloc_create" => "bdev_malloc_delete",
         "bdev_null_create" => "bdev_null_delete",
         "bdev_uring_create" => "bdev_uring_delete",
+        "bdev_nvme_attach_controller" => "bdev_nvme_detach_controller",
         "nbd_export_create" => "nbd_export_delete",
+        "bdev_scsi_create" => "bdev_scsi_delete",
         "nbd_server_start" => {
             return Some(ustor_rpc::ConfigCall::new("nbd_server_stop", Value::Null))
         }
