@@ -224,6 +224,23 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         }
         Ok(json!({"tick_rate": ustor_runtime::ticks::hz(), "ticks": ustor_runtime::ticks::now(), "bdevs": out}))
     })?;
+    ctx.method("bdev_enable_histogram", RPC_RUNTIME, |c, params| {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            name: String,
+            enable: bool,
+            /// SPDK 24+: per-opcode histograms; only all opcodes here.
+            opc: Option<String>,
+        }
+        let p: P = parse_params(params)?;
+        if p.opc.is_some() {
+            return Err(RpcError::invalid_param("opc", "per-opcode histograms are not supported"));
+        }
+        let e = c.registry.get(&p.name).ok_or_else(|| RpcError::errno(libc::ENODEV))?;
+        e.set_histograms(p.enable);
+        Ok(json!(true))
+    })?;
     nvme_initiator(ctx)?;
     let reg = ctx.registry.clone();
     ctx.table
