@@ -235,9 +235,15 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         }
         let p: P = parse_params(params)?;
         if p.opc.is_some() {
-            return Err(RpcError::invalid_param("opc", "per-opcode histograms are not supported"));
+            return Err(RpcError::invalid_param(
+                "opc",
+                "per-opcode histograms are not supported",
+            ));
         }
-        let e = c.registry.get(&p.name).ok_or_else(|| RpcError::errno(libc::ENODEV))?;
+        let e = c
+            .registry
+            .get(&p.name)
+            .ok_or_else(|| RpcError::errno(libc::ENODEV))?;
         e.set_histograms(p.enable);
         Ok(json!(true))
     })?;
