@@ -149,11 +149,10 @@ fn main() {
                     let mut b = IoBuf::alloc(bs).await;
                     b.fill(w as u8);
                     let mut x = (w as u64 + 1) * 0x9e37_79b9_7f4a_7c15;
-                    let gap = if rate > 0 {
-                        ticks::from_duration(Duration::from_nanos(1_000_000_000 / rate))
-                    } else {
-                        0
-                    };
+                    let gap = 1_000_000_000u64
+                        .checked_div(rate)
+                        .map(|ns| ticks::from_duration(Duration::from_nanos(ns)))
+                        .unwrap_or(0);
                     let mut next = ticks::now();
                     while ticks::now() < end {
                         if gap > 0 {
