@@ -27,6 +27,8 @@ pub(crate) const OWNER_OPS: u16 = 0;
 const OWNER_WAKE: u16 = 1;
 const FIRST_HANDLER: u16 = 2;
 const REAP_BATCH: usize = 128;
+/// Registered-file slots per reactor ring.
+const FILE_SLOTS: u32 = 256;
 
 /// Receives the completions of SQEs a driver submitted with [`submit_sqe`].
 pub trait CqeHandler {
@@ -71,6 +73,8 @@ pub(crate) struct Ring {
     wake_armed: Cell<bool>,
     pub(crate) submits: Cell<u64>,
     pub(crate) cqes: Cell<u64>,
+    /// Registered-file slots in use (empty if the kernel has no sparse table).
+    files: RefCell<Vec<bool>>,
 }
 
 impl Ring {
@@ -90,6 +94,13 @@ impl Ring {
         // SAFETY: the region is the pool's mmap, which outlives the ring (the
         // reactor drops the ring first: field order in `Reactor`).
         unsafe { ring.submitter().register_buffers(&[region])? };
+        // A sparse table for drivers' registered files (saves the fd lookup
+        // and reference counting per I/O). Optional: older kernels lack it.
+        let files = if ring.submitter().register_files_sparse(FILE_SLOTS).is_ok() {
+            vec![false; FILE_SLOTS as usize]
+        } else {
+            Vec::new()
+        };
         let n = cfg.max_ops.max(16) as usize;
         let slots: Vec<OpSlot> = (0..n)
             .map(|_| OpSlot {
@@ -124,6 +135,7 @@ impl Ring {
             wake_armed: Cell::new(false),
             submits: Cell::new(0),
             cqes: Cell::new(0),
+            files: RefCell::new(files),
         })
     }
 
@@ -344,6 +356,26 @@ impl Ring {
         }
     }
 
+    fn register_file(&self, fd: RawFd) -> Option<u32> {
+        let mut files = self.files.borrow_mut();
+        let idx = files.iter().position(|used| !used)?;
+        let ring = self.ring.borrow();
+        ring.submitter()
+            .register_files_update(idx as u32, &[fd])
+            .ok()?;
+        files[idx] = true;
+        Some(idx as u32)
+    }
+
+    fn unregister_file(&self, idx: u32) {
+        let mut files = self.files.borrow_mut();
+        if let Some(used) = files.get_mut(idx as usize) {
+            let ring = self.ring.borrow();
+            let _ = ring.submitter().register_files_update(idx, &[-1]);
+            *used = false;
+        }
+    }
+
     pub(crate) fn inflight(&self) -> u64 {
         self.inflight.get()
     }
@@ -357,6 +389,19 @@ fn libc_enter_getevents() -> u32 {
 /// Registers a completion handler on the current reactor's ring.
 pub fn register_cqe_handler(h: Rc<dyn CqeHandler>) -> HandlerId {
     reactor::with(|r| r.ring.register_handler(h))
+}
+
+/// Registers `fd` in the current reactor's ring file table; SQEs may then
+/// name it as `types::Fixed(index)`. `None` when the table is full or the
+/// kernel has none (use the plain fd then).
+pub fn register_file(fd: RawFd) -> Option<u32> {
+    reactor::try_with(|r| r.ring.register_file(fd)).flatten()
+}
+
+/// Frees a registered-file slot (its SQEs must have completed). A no-op
+/// after the reactor exited.
+pub fn unregister_file(index: u32) {
+    let _ = reactor::try_with(|r| r.ring.unregister_file(index));
 }
 
 /// Removes a handler. Its in-flight SQEs must have completed first. A no-op

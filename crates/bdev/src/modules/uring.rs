@@ -4,8 +4,9 @@
 //!   (BLKSSZGET) or, for files, from statx's DIO alignment; the generic layer
 //!   bounces any buffer that breaks it, because ext4 silently turns a
 //!   misaligned O_DIRECT request into buffered I/O.
-//! - By default I/O goes on the reactor's own ring: pool buffers as fixed
-//!   buffers (READ_FIXED/WRITE_FIXED), other buffers as READV/WRITEV.
+//! - By default I/O goes on the reactor's own ring with the file registered
+//!   in the ring's file table: pool buffers as fixed buffers
+//!   (READ_FIXED/WRITE_FIXED), other buffers as READV/WRITEV.
 //! - `sqpoll` / `iopoll` give each channel a ring of its own with those
 //!   flags, registered file and buffers, reaped by an active poller. IOPOLL
 //!   is probed at create time: a device without poll queues answers
@@ -222,6 +223,8 @@ struct Completer {
     /// Polled I/Os the device refused (EOPNOTSUPP) and that were redone with
     /// interrupt completions.
     iopoll_fallbacks: Cell<u64>,
+    /// Registered-file index on the reactor ring.
+    fixed: Cell<Option<u32>>,
 }
 
 impl Completer {
@@ -269,6 +272,8 @@ struct OwnRing {
 struct UringChannel {
     file: Arc<File>,
     fd: RawFd,
+    /// The file's slot in the reactor ring's registered-file table.
+    fixed: Option<u32>,
     completer: Rc<Completer>,
     handler: HandlerId,
     own: Option<OwnRing>,
@@ -284,6 +289,7 @@ impl UringChannel {
             fd: b.file.as_raw_fd(),
             handler: Cell::new(None),
             iopoll_fallbacks: Cell::new(0),
+            fixed: Cell::new(None),
         });
         let handler = ustor_runtime::register_cqe_handler(completer.clone());
         completer.handler.set(Some(handler));
@@ -306,8 +312,11 @@ impl UringChannel {
             let poller = ustor_runtime::register_poller("uring_bdev", move || reap_own(&r2, &c2));
             own = Some(OwnRing { ring, poller });
         }
+        let fixed = ustor_runtime::uring::register_file(b.file.as_raw_fd());
+        completer.fixed.set(fixed);
         Ok(UringChannel {
             fd: b.file.as_raw_fd(),
+            fixed,
             file: b.file.clone(),
             completer,
             handler,
@@ -317,25 +326,27 @@ impl UringChannel {
     }
 
     fn sqe(&self, io: &IoHandle) -> squeue::Entry {
-        build_sqe(self.fd, self.completer.bs, io, self.own.is_some())
+        let target = if self.own.is_some() {
+            Some(0)
+        } else {
+            self.fixed
+        };
+        build_sqe(self.fd, self.completer.bs, io, target)
     }
 }
 
-/// The SQE for `io`; on a channel's own ring the file is registered as 0.
-fn build_sqe(fd_raw: RawFd, bs: u64, io: &IoHandle, own: bool) -> squeue::Entry {
+/// The SQE for `io`, naming the file by its registered index when it has
+/// one (index 0 on a channel's own ring), else by fd.
+fn build_sqe(fd_raw: RawFd, bs: u64, io: &IoHandle, fixed: Option<u32>) -> squeue::Entry {
     {
         let d = io.desc();
         let off = d.offset_blocks * bs;
         let len = d.num_blocks * bs;
-        // On an own ring the file is registered as index 0.
-        let fd = |f: RawFd, own: bool| {
-            if own {
-                types::Fixed(0).into()
-            } else {
-                FdOrFixed::Fd(types::Fd(f))
-            }
+        let fd = |f: RawFd, fixed: Option<u32>| match fixed {
+            Some(i) => types::Fixed(i).into(),
+            None => FdOrFixed::Fd(types::Fd(f)),
         };
-        let target = fd(fd_raw, own);
+        let target = fd(fd_raw, fixed);
         // SAFETY: reading the iovecs of an I/O we have not completed.
         let iov = unsafe { d.iovecs() };
         match d.kind {
@@ -450,7 +461,7 @@ fn resubmit_plain(c: &Completer, token: u64) -> bool {
     let (Some(io), Some(h)) = (IoHandle::from_token(token), c.handler.get()) else {
         return false;
     };
-    let sqe = build_sqe(c.fd, c.bs, &io, false);
+    let sqe = build_sqe(c.fd, c.bs, &io, c.fixed.get());
     let token = io.into_token();
     if c.iopoll_fallbacks.get() == 0 {
         tracing::warn!("polled I/O refused with EOPNOTSUPP (no poll queues for this request); using interrupt completions");
@@ -517,6 +528,9 @@ impl Drop for UringChannel {
             ustor_runtime::unregister_poller(own.poller);
         }
         ustor_runtime::unregister_cqe_handler(self.handler);
+        if let Some(i) = self.fixed {
+            ustor_runtime::uring::unregister_file(i);
+        }
         let _ = &self.file;
     }
 }
