@@ -20,6 +20,8 @@ fn rpc_answers_during_heavy_io() {
     let s = Server::start(&dir, &exported_config(64), &[]);
     let port = s.nbd_port();
     let mut fio = Command::new("fio")
+        // fio leaves verify state files in its working directory.
+        .current_dir(&dir)
         .args([
             "--name=load",
             "--ioengine=nbd",
