@@ -271,6 +271,12 @@ impl IoHandle {
         IoHandle { idx, gen }
     }
 
+    /// A handle for slot `idx` whose generation the caller just read from
+    /// the table (saves a thread-local lookup per I/O).
+    pub(crate) fn from_parts(idx: u32, gen: u32) -> IoHandle {
+        IoHandle { idx, gen }
+    }
+
     pub fn desc(&self) -> IoDesc {
         with_table(|t| {
             let s = &t.slots[self.idx as usize];
