@@ -16,6 +16,8 @@
 #
 # Usage: bench/nbd.sh   (env: ROUNDS=3 RUNTIME=3 SIZE_MIB=1024 CORES=0 NICE=-20
 #                        SERVERS="ustor ustor-int qsd nbdkit" RWS QDS CONNS)
+# Before/after: BASE_BIN=<an older nbd_server build> and add "base base-int"
+# to SERVERS; those rows are printed but left out of the summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,9 +51,9 @@ declare -A PID URI
 cleanup() { for p in "${PID[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f /dev/shm/ustor-bench-qsd.img; }
 trap cleanup EXIT
 
-start_ustor() { # name poll-mode
+start_ustor() { # name poll-mode [binary]
   local port; port=$(free_port)
-  "${RUN[@]}" taskset -c "$CORES" "$BIN" --cores "$CORES" --port "$port" --size-mib "$SIZE_MIB" --poll-mode "$2" >"$OUT/$1.log" 2>&1 &
+  "${RUN[@]}" taskset -c "$CORES" "${3:-$BIN}" --cores "$CORES" --port "$port" --size-mib "$SIZE_MIB" --poll-mode "$2" >"$OUT/$1.log" 2>&1 &
   PID[$1]=$!; wait_port "$port"; URI[$1]="nbd://127.0.0.1:$port/malloc"
 }
 start_qsd() {
@@ -75,6 +77,8 @@ for s in $SERVERS; do
     ustor) start_ustor ustor adaptive ;;
     ustor-int) start_ustor ustor-int interrupt ;;
     ustor-poll) start_ustor ustor-poll poll ;;
+    base) start_ustor base adaptive "$BASE_BIN" ;;
+    base-int) start_ustor base-int interrupt "$BASE_BIN" ;;
     qsd) start_qsd ;;
     nbdkit) start_nbdkit ;;
     *) echo "unknown server $s" >&2; exit 1 ;;
@@ -141,7 +145,7 @@ for w in sorted({k[:3] for k in cells}):
               f"{med(rs,'lat_mean_us'):>9.1f}{med(rs,'lat_p99_us'):>9.1f}{med(rs,'cpu_us_per_io'):>10.2f}"
               f"{med(rs,'client_cpu_us_per_io'):>10.2f}")
     us = {s: rs for s, rs in ws.items() if s.startswith("ustor")}
-    peers = {s: rs for s, rs in ws.items() if not s.startswith("ustor")}
+    peers = {s: rs for s, rs in ws.items() if not s.startswith(("ustor", "base"))}
     if us and peers:
         bu = max(us, key=lambda s: med(us[s], "iops"))
         bp = max(peers, key=lambda s: med(peers[s], "iops"))
