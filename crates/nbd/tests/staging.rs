@@ -61,7 +61,7 @@ fn run(structured: bool) {
         done += 1;
     }
     // Read back, also pipelined (greedy receives of read headers).
-    let mut pending = vec![usize::MAX; DEPTH];
+    let mut pending = [usize::MAX; DEPTH];
     let mut next = 0;
     let mut done = 0;
     while done < plan.len() {
