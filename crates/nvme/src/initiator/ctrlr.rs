@@ -101,6 +101,9 @@ pub(crate) struct Ctrlr {
     icd_max: AtomicU32,
     /// Largest transfer (MDTS), bytes; 0 = no limit.
     mdts_bytes: AtomicU32,
+    /// I/O queues the controller granted (Set Features Number of Queues);
+    /// qids beyond it are not handed out.
+    granted_queues: AtomicU32,
     qids: Mutex<Vec<bool>>,
     qps: Mutex<Vec<Arc<QpCounters>>>,
     bdevs: Mutex<Option<(Arc<Registry>, Vec<String>)>>,
@@ -143,6 +146,7 @@ impl Ctrlr {
             resets: AtomicU64::new(0),
             icd_max: AtomicU32::new(0),
             mdts_bytes: AtomicU32::new(0),
+            granted_queues: AtomicU32::new(nq as u32),
             qids: Mutex::new(vec![false; nq]),
             qps: Mutex::new(Vec::new()),
             bdevs: Mutex::new(None),
@@ -179,9 +183,12 @@ impl Ctrlr {
         }
     }
 
+    /// A free I/O queue id within what the controller granted; `None`
+    /// when every granted queue is taken (one per reactor and bdev).
     pub fn alloc_qid(&self) -> Option<u16> {
         let mut q = lock(&self.qids);
-        let i = q.iter().position(|u| !u)?;
+        let lim = (self.granted_queues.load(Ordering::Acquire) as usize).min(q.len());
+        let i = q[..lim].iter().position(|u| !u)?;
         q[i] = true;
         Some(i as u16 + 1)
     }
@@ -408,6 +415,10 @@ impl AdminQ {
                 status: r.status,
             });
         }
+        // NSQA / NCQA (0's based): the controller may grant fewer queues
+        // than asked; connecting beyond them is refused.
+        let granted = (r.dw0 & 0xffff).min(r.dw0 >> 16) + 1;
+        c.granted_queues.store(granted, Ordering::Release);
         Ok((q, cntlid))
     }
 

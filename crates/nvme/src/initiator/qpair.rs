@@ -33,6 +33,7 @@ use ustor_runtime::{ops, ticks};
 
 use super::ctrlr::{connect_queue, Ctrlr, CtrlrState};
 use super::sock::{self, Seg, MAX_RECV_IOV};
+use super::InitiatorError;
 use crate::coalesce::{CoalesceStats, Coalescer, Decision, Flush, Mode, PduGroup};
 use crate::wire::*;
 
@@ -423,6 +424,23 @@ pub(crate) async fn drive(qp: Rc<Qp>) {
                 qp.dg.set(dg);
                 qp.maxh2c.set(maxh2c);
                 fd
+            }
+            Some(Err(e @ InitiatorError::Status { .. })) => {
+                // The controller answered and refused this queue (e.g. a
+                // restarted target granting fewer queues): its admin queue
+                // is fine, so resetting it would only drop the other queues
+                // (and be refused again, in a loop). Fail this queue's I/O
+                // and try again after the reconnect delay.
+                if qp.state.get() != QpState::Failed {
+                    tracing::warn!("nvme: I/O queue {} refused: {e}", qp.qid);
+                    qp.state.set(QpState::Failed);
+                    qp.fail_all(BdevError::Io(libc::ENXIO));
+                } else {
+                    tracing::debug!("nvme: I/O queue {} refused: {e}", qp.qid);
+                }
+                let delay = u64::from(qp.ctrlr.p.reconnect_delay_sec.max(1));
+                idle(&qp, Duration::from_secs(delay)).await;
+                continue;
             }
             other => {
                 if let Some(Err(e)) = other {

@@ -1,0 +1,177 @@
+//! The initiator against a controller that grants fewer I/O queues than it
+//! asked for (found by `ustor bench --cores 0,1` against a target with
+//! `max_io_qpairs_per_ctrlr` 1): a reactor beyond the grant must get a
+//! channel error, not a queue whose refused Connect resets the controller
+//! (which dropped the working queue too, in a loop, and hung the I/O).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ustor_bdev::{modules, BdevError, Registry};
+use ustor_nvme::initiator::{
+    attach_controller, detach_controller, get_controllers, AttachParams, DetachParams,
+    GetControllersParams,
+};
+use ustor_nvme::nvmf::{
+    AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
+    NamespaceParams, Target, TransportOpts,
+};
+use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
+
+const NQN: &str = "nqn.2024-01.io.ustor:queues";
+
+struct Env {
+    _target: Target,
+    registry: Arc<Registry>,
+    port: u16,
+    rt: Runtime,
+}
+
+/// Two reactors, a malloc namespace, a target granting `max_io_queues`.
+fn env(max_io_queues: u16) -> Env {
+    let rt = Runtime::start(RuntimeConfig {
+        cores: vec![0, 1],
+        pin: false,
+        poll_mode: PollMode::Adaptive,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let registry = Registry::new(Some(rt.handle()));
+    modules::malloc::create(
+        &registry,
+        modules::RamOpts {
+            name: "Malloc0".into(),
+            num_blocks: 8192,
+            block_size: 512,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        },
+    )
+    .expect("malloc");
+    let target = Target::new(rt.handle(), registry.clone());
+    target
+        .nvmf_create_transport(&CreateTransportParams {
+            trtype: "TCP".into(),
+            opts: TransportOpts {
+                max_io_qpairs_per_ctrlr: max_io_queues,
+                ..TransportOpts::default()
+            },
+        })
+        .unwrap();
+    target
+        .nvmf_create_subsystem(&CreateSubsystemParams {
+            nqn: NQN.into(),
+            serial_number: "USTOR0002".into(),
+            model_number: "ustor test".into(),
+            allow_any_host: true,
+            max_namespaces: 8,
+            min_cntlid: 1,
+            max_cntlid: 0xffef,
+        })
+        .unwrap();
+    target
+        .nvmf_subsystem_add_ns(&AddNsParams {
+            nqn: NQN.into(),
+            namespace: NamespaceParams {
+                bdev_name: "Malloc0".into(),
+                nsid: 0,
+                uuid: None,
+                nguid: None,
+            },
+        })
+        .unwrap();
+    let l = target
+        .nvmf_subsystem_add_listener(&ListenerParams {
+            nqn: NQN.into(),
+            listen_address: ListenAddress {
+                trtype: "TCP".into(),
+                adrfam: "IPv4".into(),
+                traddr: "127.0.0.1".into(),
+                trsvcid: "0".into(),
+            },
+        })
+        .unwrap();
+    Env {
+        _target: target,
+        registry,
+        port: l.trsvcid.parse().unwrap(),
+        rt,
+    }
+}
+
+/// On `reactor`: writes `qd` 4 KiB blocks and reads them back. A channel
+/// that cannot be had is the error.
+fn round(e: &Env, reactor: usize, bdev: &str, seed: u8) -> Result<(), BdevError> {
+    round_on(e.rt.handle(), e.registry.clone(), reactor, bdev, seed)
+}
+
+fn round_on(
+    rt: ustor_runtime::RuntimeHandle,
+    reg: Arc<Registry>,
+    reactor: usize,
+    bdev: &str,
+    seed: u8,
+) -> Result<(), BdevError> {
+    let name = bdev.to_string();
+    rt.block_on(reactor, move || async move {
+        let d = reg.open(&name, true, |_| {}).expect("open");
+        let ch = d.channel()?;
+        for i in 0..8u64 {
+            let mut b = IoBuf::alloc(4096).await;
+            b.fill(seed.wrapping_add(i as u8));
+            ch.write(i * 8, 8, b).await.0?;
+        }
+        for i in 0..8u64 {
+            let (r, b) = ch.read(i * 8, 8, IoBuf::alloc(4096).await).await;
+            r?;
+            assert!(b.iter().all(|x| *x == seed.wrapping_add(i as u8)));
+        }
+        Ok(())
+    })
+    .expect("reactor")
+}
+
+fn resets(name: &str) -> (String, u64) {
+    let c = get_controllers(&GetControllersParams {
+        name: Some(name.into()),
+    })
+    .unwrap();
+    (c[0].ctrlrs[0].state.clone(), c[0].ctrlrs[0].resets)
+}
+
+#[test]
+fn reactor_beyond_granted_queues_gets_an_error_not_a_reset_loop() {
+    let e = env(1);
+    // Asks for the default 64 queues; the controller grants one.
+    let mut p = AttachParams::tcp("NvmeFewQ", "127.0.0.1", &e.port.to_string(), NQN);
+    p.ctrlr_loss_timeout_sec = 5;
+    let names = attach_controller(&e.rt.handle(), &e.registry, &p).unwrap();
+    round(&e, 0, &names[0], 1).expect("reactor 0 has the granted queue");
+    let (rt, reg, name) = (e.rt.handle(), e.registry.clone(), names[0].clone());
+    let h = std::thread::spawn(move || round_on(rt, reg, 1, &name, 2));
+    let t0 = std::time::Instant::now();
+    while !h.is_finished() {
+        // Before the fix: the refused queue reset the controller, in a loop.
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "I/O on the second reactor hangs; controller {:?}",
+            resets("NvmeFewQ")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = h.join().unwrap();
+    assert!(
+        r.is_err(),
+        "second reactor got a queue the controller lacks"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // The controller was not reset and its queue still works.
+    assert_eq!(resets("NvmeFewQ"), ("enabled".into(), 0));
+    round(&e, 0, &names[0], 3).expect("reactor 0 after the refusal");
+    assert_eq!(resets("NvmeFewQ"), ("enabled".into(), 0));
+    detach_controller(&DetachParams {
+        name: "NvmeFewQ".into(),
+    })
+    .unwrap();
+}
