@@ -22,7 +22,7 @@ pub mod subsystem;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -123,7 +123,11 @@ impl Default for TransportOpts {
 
 struct Listener {
     addr: ListenAddress,
-    fd: RawFd,
+    /// Shared with the accept loop: the socket stays open while either
+    /// holds it, so the `shutdown` that stops the loop can never hit a
+    /// reused fd number (the loop may be gone already when the runtime
+    /// stopped first; another socket of the process may have that number).
+    fd: Arc<OwnedFd>,
     refs: usize,
     stop: Arc<AtomicBool>,
 }
@@ -250,16 +254,14 @@ impl Target {
             traddr: bound.ip().to_string(),
             trsvcid: bound.port().to_string(),
         };
-        let fd = tcp.into_raw_fd();
+        let fd = Arc::new(OwnedFd::from(tcp));
         let stop = Arc::new(AtomicBool::new(false));
-        let (shared, l2, st) = (self.shared.clone(), real.clone(), stop.clone());
+        let (shared, l2, st, fd2) = (self.shared.clone(), real.clone(), stop.clone(), fd.clone());
         if let Err(e) = self
             .shared
             .rt
-            .spawn_on(0, move || accept_loop(fd, shared, l2, st))
+            .spawn_on(0, move || accept_loop(fd2, shared, l2, st))
         {
-            // SAFETY: fd came from into_raw_fd above and was not handed on.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
             return Err(NvmfError::Runtime(e.to_string()));
         }
         ls.push(Listener {
@@ -278,8 +280,9 @@ impl Target {
             if ls[i].refs == 0 {
                 let l = ls.remove(i);
                 l.stop.store(true, Ordering::Release);
-                // SAFETY: wakes the pending accept, which then closes the fd.
-                unsafe { libc::shutdown(l.fd, libc::SHUT_RDWR) };
+                // SAFETY: shutdown(2) on a socket `l` keeps open; wakes the
+                // pending accept, which then drops its reference.
+                unsafe { libc::shutdown(l.fd.as_raw_fd(), libc::SHUT_RDWR) };
             }
         }
     }
@@ -290,7 +293,7 @@ impl Drop for Shared {
         for l in lock(&self.listeners).drain(..) {
             l.stop.store(true, Ordering::Release);
             // SAFETY: see `unlisten`.
-            unsafe { libc::shutdown(l.fd, libc::SHUT_RDWR) };
+            unsafe { libc::shutdown(l.fd.as_raw_fd(), libc::SHUT_RDWR) };
         }
     }
 }
@@ -310,9 +313,12 @@ fn set_nodelay(fd: RawFd) {
     }
 }
 
-async fn accept_loop(fd: RawFd, shared: Arc<Shared>, addr: ListenAddress, stop: Arc<AtomicBool>) {
-    // SAFETY: the listener fd is owned by this loop from here on.
-    let listen = unsafe { OwnedFd::from_raw_fd(fd) };
+async fn accept_loop(
+    listen: Arc<OwnedFd>,
+    shared: Arc<Shared>,
+    addr: ListenAddress,
+    stop: Arc<AtomicBool>,
+) {
     let weak = Arc::downgrade(&shared);
     drop(shared);
     loop {
