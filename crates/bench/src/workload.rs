@@ -306,7 +306,10 @@ pub fn run(
             let ch = match desc.channel() {
                 Ok(c) => c,
                 Err(e) => {
+                    // Counted as ready too, or the control thread would wait
+                    // for this reactor forever.
                     let _ = tx.send(CoreResult::failed(r, e.to_string()));
+                    let _ = ready_tx.send(r);
                     return;
                 }
             };
