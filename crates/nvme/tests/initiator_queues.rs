@@ -7,97 +7,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ustor_bdev::{modules, BdevError, Registry};
+use ustor_bdev::{BdevError, Registry};
 use ustor_nvme::initiator::{
     attach_controller, detach_controller, get_controllers, AttachParams, DetachParams,
     GetControllersParams,
 };
-use ustor_nvme::nvmf::{
-    AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
-    NamespaceParams, Target, TransportOpts,
-};
-use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
+use ustor_nvme::nvmf::TransportOpts;
+use ustor_runtime::IoBuf;
 
-const NQN: &str = "nqn.2024-01.io.ustor:queues";
+mod common;
 
-struct Env {
-    _target: Target,
-    registry: Arc<Registry>,
-    port: u16,
-    rt: Runtime,
-}
+use common::{Env, NQN};
 
 /// Two reactors, a malloc namespace, a target granting `max_io_queues`.
 fn env(max_io_queues: u16) -> Env {
-    let rt = Runtime::start(RuntimeConfig {
-        cores: vec![0, 1],
-        pin: false,
-        poll_mode: PollMode::Adaptive,
-        ..RuntimeConfig::default()
-    })
-    .expect("runtime");
-    let registry = Registry::new(Some(rt.handle()));
-    modules::malloc::create(
-        &registry,
-        modules::RamOpts {
-            name: "Malloc0".into(),
-            num_blocks: 8192,
-            block_size: 512,
-            uuid: None,
-            optimal_io_boundary: 0,
-            max_transfer_blocks: 0,
+    common::env_opts(
+        8192,
+        TransportOpts {
+            max_io_qpairs_per_ctrlr: max_io_queues,
+            ..TransportOpts::default()
         },
     )
-    .expect("malloc");
-    let target = Target::new(rt.handle(), registry.clone());
-    target
-        .nvmf_create_transport(&CreateTransportParams {
-            trtype: "TCP".into(),
-            opts: TransportOpts {
-                max_io_qpairs_per_ctrlr: max_io_queues,
-                ..TransportOpts::default()
-            },
-        })
-        .unwrap();
-    target
-        .nvmf_create_subsystem(&CreateSubsystemParams {
-            nqn: NQN.into(),
-            serial_number: "USTOR0002".into(),
-            model_number: "ustor test".into(),
-            allow_any_host: true,
-            max_namespaces: 8,
-            min_cntlid: 1,
-            max_cntlid: 0xffef,
-        })
-        .unwrap();
-    target
-        .nvmf_subsystem_add_ns(&AddNsParams {
-            nqn: NQN.into(),
-            namespace: NamespaceParams {
-                bdev_name: "Malloc0".into(),
-                nsid: 0,
-                uuid: None,
-                nguid: None,
-            },
-        })
-        .unwrap();
-    let l = target
-        .nvmf_subsystem_add_listener(&ListenerParams {
-            nqn: NQN.into(),
-            listen_address: ListenAddress {
-                trtype: "TCP".into(),
-                adrfam: "IPv4".into(),
-                traddr: "127.0.0.1".into(),
-                trsvcid: "0".into(),
-            },
-        })
-        .unwrap();
-    Env {
-        _target: target,
-        registry,
-        port: l.trsvcid.parse().unwrap(),
-        rt,
-    }
 }
 
 /// On `reactor`: writes `qd` 4 KiB blocks and reads them back. A channel

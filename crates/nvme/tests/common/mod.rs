@@ -26,6 +26,18 @@ pub struct Env {
 }
 
 pub fn env_with(blocks: u64, coalesce: ustor_nvme::coalesce::CoalesceConfig) -> Env {
+    env_opts(
+        blocks,
+        TransportOpts {
+            coalesce,
+            ..TransportOpts::default()
+        },
+    )
+}
+
+/// Two reactors, a malloc namespace of `blocks` 512-byte blocks, and the
+/// target's TCP transport created with `opts`.
+pub fn env_opts(blocks: u64, opts: TransportOpts) -> Env {
     let cfg = RuntimeConfig {
         cores: vec![0, 1],
         pin: false,
@@ -47,10 +59,6 @@ pub fn env_with(blocks: u64, coalesce: ustor_nvme::coalesce::CoalesceConfig) -> 
     )
     .expect("malloc");
     let target = Target::new(rt.handle(), registry.clone());
-    let opts = TransportOpts {
-        coalesce,
-        ..TransportOpts::default()
-    };
     target
         .nvmf_create_transport(&CreateTransportParams {
             trtype: "TCP".into(),
