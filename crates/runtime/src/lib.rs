@@ -33,6 +33,7 @@ pub mod buf;
 pub mod config;
 pub mod executor;
 pub mod msg;
+pub mod net;
 pub mod ops;
 pub mod poller;
 pub mod reactor;

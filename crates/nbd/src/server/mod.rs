@@ -361,21 +361,6 @@ impl<S: ExportSource> Drop for NbdServer<S> {
     }
 }
 
-fn set_nodelay(fd: RawFd) {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt with a valid int option on a socket we own. NBD
-    // replies are small and latency-bound: Nagle would hold them back.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-}
-
 /// Accepts connections until the server stops; runs on reactor 0.
 async fn accept_loop<S: ExportSource>(fd: RawFd, shared: Arc<Shared<S>>) {
     // SAFETY: the listener fd is owned by this loop from here on.
@@ -403,7 +388,7 @@ async fn accept_loop<S: ExportSource>(fd: RawFd, shared: Arc<Shared<S>>) {
             continue;
         }
         stats::bump(|c| stats::inc(&c.connections_accepted, 1));
-        set_nodelay(client.as_raw_fd());
+        let _ = ustor_runtime::net::set_nodelay(client.as_raw_fd());
         let n = shared.rt.num_reactors().max(1);
         let target = shared.next_reactor.fetch_add(1, Ordering::Relaxed) % n;
         let s = shared.clone();

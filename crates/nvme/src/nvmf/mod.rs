@@ -22,7 +22,7 @@ pub mod subsystem;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -298,21 +298,6 @@ impl Drop for Shared {
     }
 }
 
-fn set_nodelay(fd: RawFd) {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt with a valid int option on a socket we own;
-    // responses are small and latency-bound, the coalescer does the batching.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
-}
-
 async fn accept_loop(
     listen: Arc<OwnedFd>,
     shared: Arc<Shared>,
@@ -337,7 +322,7 @@ async fn accept_loop(
                 continue;
             }
         };
-        set_nodelay(client.as_raw_fd());
+        let _ = ustor_runtime::net::set_nodelay(client.as_raw_fd());
         shared.connections.fetch_add(1, Ordering::AcqRel);
         let n = shared.rt.num_reactors().max(1);
         let target = shared.next_reactor.fetch_add(1, Ordering::Relaxed) % n;
