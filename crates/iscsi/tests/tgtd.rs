@@ -2,8 +2,10 @@
 //! bdev over the LUN, data verified by checksum in the bdev and in the
 //! LUN's backing file.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use testvm::host::Tgtd;
 
 use ustor_bdev::Registry;
 use ustor_iscsi::initiator::{IscsiConfig, IscsiLld};
@@ -14,129 +16,44 @@ use ustor_scsi::ScsiStack;
 
 const IQN: &str = "iqn.2024-01.io.ustor:scsi-test";
 
-struct Tgtd {
-    child: Child,
-    control: u16,
-    img: std::path::PathBuf,
+/// A tgtd LUN on a backing file (in /dev/shm when it exists), through the
+/// rig's shared tgtd helper (stopped via tgtadm, then by PID, on drop).
+struct Lun {
+    _tgtd: Tgtd,
+    img: PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-fn tgtadm(control: u16, args: &[&str]) {
-    let out = Command::new("tgtadm")
-        .arg("-C")
-        .arg(control.to_string())
-        .args(args)
-        .output()
-        .expect("tgtadm");
-    assert!(
-        out.status.success(),
-        "tgtadm {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Drop for Tgtd {
-    fn drop(&mut self) {
-        let _ = Command::new("tgtadm")
-            .args([
-                "-C",
-                &self.control.to_string(),
-                "--op",
-                "delete",
-                "--mode",
-                "system",
-            ])
-            .output();
-        for _ in 0..50 {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.img);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start_tgtd(size: u64) -> Option<(Tgtd, u16)> {
-    if Command::new("tgtd")
+fn start_tgtd(size: u64) -> Option<(Lun, u16)> {
+    let have = Command::new("tgtd")
         .arg("--help")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .is_err()
-    {
-        eprintln!("tgtd not installed; skipping");
+        .is_ok();
+    if !have {
+        eprintln!(
+            "SKIPPED: tgtd (Debian `tgt`) is not installed [scsi_bdev_over_iscsi_against_tgtd]"
+        );
         return None;
     }
-    let port = free_port();
-    let control = 20000 + port % 10000;
-    let img = std::path::PathBuf::from(format!(
-        "/dev/shm/ustor-scsi-{}-{port}.img",
-        std::process::id()
-    ));
+    let dir = tempfile::Builder::new()
+        .prefix("ustor-scsi")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("tempdir");
+    let img = dir.path().join("lun1.img");
     std::fs::File::create(&img).unwrap().set_len(size).unwrap();
-    let child = Command::new("tgtd")
-        .args([
-            "-f",
-            "--iscsi",
-            &format!("portal=127.0.0.1:{port}"),
-            "-C",
-            &control.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let t = Tgtd {
-        child,
-        control,
-        img,
-    };
-    let up = (0..100).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
-    assert!(up, "tgtd did not listen");
-    tgtadm(
-        control,
-        &[
-            "--lld", "iscsi", "--op", "new", "--mode", "target", "--tid", "1", "-T", IQN,
-        ],
-    );
-    let backing = t.img.to_string_lossy().to_string();
-    tgtadm(
-        control,
-        &[
-            "--lld",
-            "iscsi",
-            "--op",
-            "new",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            "1",
-            "--lun",
-            "1",
-            "-b",
-            &backing,
-        ],
-    );
-    tgtadm(
-        control,
-        &[
-            "--lld", "iscsi", "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
-        ],
-    );
-    Some((t, port))
+    let tgtd = Tgtd::start(IQN, &img, &dir.path().join("tgtd.log")).expect("start tgtd");
+    let port = tgtd.port();
+    Some((
+        Lun {
+            _tgtd: tgtd,
+            img,
+            _dir: dir,
+        },
+        port,
+    ))
 }
 
 fn fnv(data: &[u8]) -> u64 {

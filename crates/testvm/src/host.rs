@@ -291,3 +291,106 @@ mod tests {
         );
     }
 }
+
+/// A tgtd (Debian `tgt`) serving one iSCSI target with LUN 1 on a backing
+/// file, listening on 127.0.0.1 on its own portal and control ports (so a
+/// system tgtd is untouched). tgtd ignores SIGTERM: stopping goes through
+/// `tgtadm --op delete --mode system`, then by PID.
+#[derive(Debug)]
+pub struct Tgtd {
+    server: Server,
+    port: u16,
+    control: u16,
+}
+
+impl Tgtd {
+    /// Starts tgtd, waits until it listens, creates target `iqn` with LUN 1
+    /// on `backing` and allows every initiator. Output goes to `log`.
+    pub fn start(iqn: &str, backing: &Path, log: &Path) -> Result<Tgtd> {
+        let port = free_port()?;
+        let control = 20000 + port % 10000;
+        let mut cmd = Command::new("tgtd");
+        cmd.arg("-f")
+            .arg("--iscsi")
+            .arg(format!("portal=127.0.0.1:{port}"))
+            .arg("-C")
+            .arg(control.to_string());
+        let server = Server::spawn("tgtd", cmd, log)?;
+        let mut t = Tgtd {
+            server,
+            port,
+            control,
+        };
+        wait_for_port(port, Duration::from_secs(10))?;
+        let backing = backing.to_string_lossy();
+        let tid = ["--lld", "iscsi", "--tid", "1"];
+        t.admin(&[&tid[..], &["--op", "new", "--mode", "target", "-T", iqn]].concat())?;
+        t.admin(
+            &[
+                &tid[..],
+                &[
+                    "--op",
+                    "new",
+                    "--mode",
+                    "logicalunit",
+                    "--lun",
+                    "1",
+                    "-b",
+                    &backing,
+                ],
+            ]
+            .concat(),
+        )?;
+        t.admin(&[&tid[..], &["--op", "bind", "--mode", "target", "-I", "ALL"]].concat())?;
+        t.server.check_running()?;
+        Ok(t)
+    }
+
+    /// The iSCSI portal port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Runs `tgtadm -C <control> args...`.
+    pub fn admin(&mut self, args: &[&str]) -> Result<String> {
+        let out = Command::new("tgtadm")
+            .arg("-C")
+            .arg(self.control.to_string())
+            .args(args)
+            .output()
+            .map_err(|e| GuestError::io(format!("running tgtadm {args:?}"), e))?;
+        if !out.status.success() {
+            return Err(GuestError::Command {
+                cmd: format!("tgtadm {}", args.join(" ")),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Errors if tgtd has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.server.check_running()
+    }
+
+    pub fn log(&self) -> String {
+        self.server.log()
+    }
+
+    /// Deletes the target and the system through tgtadm, then waits for the
+    /// process (killed by PID after 10 s). Idempotent.
+    pub fn stop(&mut self) {
+        let _ = self.admin(&[
+            "--lld", "iscsi", "--op", "delete", "--mode", "target", "--tid", "1", "--force",
+        ]);
+        let _ = self.admin(&["--op", "delete", "--mode", "system"]);
+        self.server.wait_exit(Duration::from_secs(10));
+    }
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
