@@ -5,8 +5,9 @@
 //! device's block limits; the generic bdev layer splits data I/O to the
 //! device's (and host's) maximum transfer.
 //!
-//! The channel lives on the host's reactor: I/O goes straight into the
-//! host's preallocated command slots (no lock, allocation or copy).
+//! A channel on the host's reactor puts I/O straight into the host's
+//! preallocated command slots (no lock, allocation or copy); a channel on
+//! any other reactor forwards it there and back (`crate::forward`).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -15,8 +16,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use ustor_bdev::{Bdev, BdevChannel, BdevError, BdevInfo, IoHandle, IoType};
 
+use crate::forward::{RemoteChannel, Target};
 use crate::lun::Hctl;
-use crate::mid::host::{IoCaps, Pending};
+use crate::mid::host::{BdevIo, IoCaps, Pending};
 use crate::mid::{local_host, Device, DeviceState, MapRecord, ScsiError, ScsiStack, StackShared};
 
 /// A size as bytes or text with a binary unit (`"400G"`).
@@ -72,6 +74,9 @@ struct ScsiBdev {
     hctl: Hctl,
     base_lba: u64,
     caps: IoCaps,
+    /// Most iovec segments per command (the host's limit).
+    max_sg: usize,
+    rt: ustor_runtime::RuntimeHandle,
 }
 
 struct ScsiChannel {
@@ -94,7 +99,8 @@ impl BdevChannel for ScsiChannel {
             return;
         }
         self.host.submit_bdev(Pending {
-            io,
+            desc: d,
+            io: BdevIo::Local(io),
             dev: self.dev.clone(),
             base_lba: self.base_lba,
             caps: self.caps,
@@ -116,15 +122,22 @@ impl Bdev for ScsiBdev {
     }
 
     fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
-        // The host's commands, LLD and completions are this reactor's alone;
-        // a channel elsewhere would need cross-reactor forwarding (not yet).
+        // On the host's reactor the channel feeds the host's command slots
+        // directly; elsewhere it forwards each I/O there (crate::forward).
         if ustor_runtime::reactor_id() != self.reactor {
-            tracing::warn!(
-                "SCSI bdev {} is served on reactor {} only",
-                self.info.name,
-                self.reactor
-            );
-            return Err(BdevError::NotSupported);
+            let ch = RemoteChannel::new(
+                self.rt.clone(),
+                Target {
+                    stack: self.stack,
+                    host: self.host,
+                    host_reactor: self.reactor,
+                    hctl: self.hctl,
+                    base_lba: self.base_lba,
+                    caps: self.caps,
+                },
+                self.max_sg,
+            )?;
+            return Ok(Box::new(ch));
         }
         let host = local_host(self.stack, self.host).ok_or(BdevError::Removed)?;
         let dev = host.device(&self.hctl).ok_or(BdevError::Removed)?;
@@ -245,6 +258,8 @@ pub fn create(stack: &ScsiStack, mut opts: ScsiBdevOpts) -> Result<String, ScsiE
         hctl,
         base_lba: start,
         caps,
+        max_sg: host.limits.max_sg_entries.max(1) as usize,
+        rt: shared.rt.clone(),
     };
     {
         // Check-and-insert under one lock so two creates cannot overlap.

@@ -11,7 +11,8 @@
 //!   bring-up, retry rules, error handling (abort → LUN reset → host reset
 //!   → offline).
 //! - [`emul`]: the emulated HBA (RAM-backed, scriptable faults).
-//! - [`bdev`]: SCSI bdevs (device ranges as named bdevs).
+//! - [`bdev`]: SCSI bdevs (device ranges as named bdevs); `forward` carries
+//!   their I/O from channels on other reactors to the host's reactor.
 //! - [`api`]: the control functions the RPC layer exposes.
 //!
 //! SCSI failures are CHECK CONDITION with sense, carried as data; Rust
@@ -33,6 +34,7 @@ pub use status::ScsiStatus;
 pub mod api;
 pub mod bdev;
 pub mod emul;
+mod forward;
 pub mod lld;
 pub mod mid;
 

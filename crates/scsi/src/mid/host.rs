@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
 
-use ustor_bdev::{IoHandle, IoType};
+use ustor_bdev::{IoDesc, IoHandle, IoType};
 use ustor_runtime::{ticks, PollStatus, PollerId};
 
 use super::device::{Device, DeviceState};
@@ -75,7 +75,7 @@ pub(crate) enum Owner {
     },
     /// A bdev I/O; UNMAP and WRITE SAME ranges go in chunks from one slot.
     Bdev {
-        io: IoHandle,
+        io: BdevIo,
         kind: IoType,
         next_lba: u64,
         remaining: u64,
@@ -151,9 +151,30 @@ impl Slot {
     }
 }
 
+/// Whose bdev I/O a slot serves: one of this reactor's, or one forwarded
+/// from a SCSI bdev channel on another reactor (`crate::forward`).
+pub(crate) enum BdevIo {
+    Local(IoHandle),
+    Remote {
+        q: Arc<crate::forward::FwdQueue>,
+        token: u64,
+    },
+}
+
+impl BdevIo {
+    fn complete(self, res: Result<(), ustor_bdev::BdevError>) {
+        match self {
+            BdevIo::Local(io) => io.complete(res),
+            BdevIo::Remote { q, token } => q.complete(token, res),
+        }
+    }
+}
+
 /// A bdev I/O waiting for a slot (or for error handling to finish).
 pub(crate) struct Pending {
-    pub(crate) io: IoHandle,
+    pub(crate) io: BdevIo,
+    /// The I/O's kind, range and buffers (read once, where it was submitted).
+    pub(crate) desc: IoDesc,
     pub(crate) dev: Rc<Device>,
     pub(crate) base_lba: u64,
     pub(crate) caps: IoCaps,
@@ -596,7 +617,7 @@ impl Host {
 
     fn start_bdev(&self, i: u16, p: Pending) {
         let s = &self.slots[i as usize];
-        let d = p.io.desc();
+        let d = p.desc;
         let lba = p.base_lba + d.offset_blocks;
         p.dev.inflight.set(p.dev.inflight.get() + 1);
         *s.dev.borrow_mut() = Some(p.dev);
