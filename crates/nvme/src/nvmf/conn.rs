@@ -14,6 +14,14 @@
 //! A malformed PDU gets a C2HTermReq with the fatal error status and the
 //! connection closes; a bad command gets an NVMe status and nothing else
 //! changes. Other connections never notice.
+//!
+//! Abort (admin 0x08) reaches the named queue on its reactor (a message
+//! when that is another reactor) and aborts a command that has not reached
+//! the bdev: waiting for a slot, for a pool buffer, for its R2T's H2CData,
+//! or for a worker. It completes with Command Abort Requested; a command
+//! already executing is left alone (Abort DW0 bit 0 = 1). H2CData that
+//! arrives later for an aborted R2T finds its transfer tag retired and is
+//! a fatal PDU error (hosts do not send data for a command they aborted).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -21,8 +29,8 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::rc::{Rc, Weak};
+use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -61,10 +69,15 @@ enum RecvState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum SlotState {
     Free,
+    /// The receiver is working on it (waiting for a pool buffer, receiving
+    /// data): an Abort only marks it.
+    Receiving,
     /// R2T sent; H2CData PDUs are filling the buffer.
     AwaitH2C,
-    /// Waiting for (or running on) a worker.
+    /// Waiting for a worker.
     Queued,
+    /// Executing (submitted to the bdev, or an admin command / parked AER).
+    Running,
 }
 
 struct Slot {
@@ -77,6 +90,8 @@ struct Slot {
     got: u32,
     /// Set when the command already failed in transport (bad data digest).
     failed: Option<Status>,
+    /// An Abort arrived while the receiver held the slot.
+    aborted: bool,
 }
 
 /// A response waiting for the sender.
@@ -135,6 +150,32 @@ pub(crate) struct Conn {
     closing: Cell<bool>,
     dead: Cell<bool>,
     coal: Rc<RefCell<Coalescer>>,
+    /// CID of the capsule the receiver holds while it waits for a slot, and
+    /// whether an Abort named it meanwhile.
+    slot_wait: Cell<Option<u16>>,
+    slot_wait_aborted: Cell<bool>,
+}
+
+thread_local! {
+    /// This reactor's I/O queues by (controller address, qid), so an Abort
+    /// sent here from the admin queue's reactor finds its connection.
+    static IO_QUEUES: RefCell<Vec<(usize, u16, Weak<Conn>)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn ctrl_key(ctrl: &Arc<Ctrl>) -> usize {
+    Arc::as_ptr(ctrl) as usize
+}
+
+/// Aborts command `cid` of queue `qid` of controller `key` if that queue
+/// lives on this reactor; whether it was aborted.
+fn abort_here(key: usize, qid: u16, cid: u16) -> bool {
+    let conn = IO_QUEUES.with(|q| {
+        q.borrow()
+            .iter()
+            .find(|e| e.0 == key && e.1 == qid)
+            .and_then(|e| e.2.upgrade())
+    });
+    conn.is_some_and(|c| c.abort(cid))
 }
 
 fn wake(slot: &RefCell<Option<Waker>>) {
@@ -175,6 +216,7 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
                     len: 0,
                     got: 0,
                     failed: None,
+                    aborted: false,
                 })
                 .collect(),
         ),
@@ -189,6 +231,8 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
         closing: Cell::new(false),
         dead: Cell::new(false),
         coal,
+        slot_wait: Cell::new(None),
+        slot_wait_aborted: Cell::new(false),
     });
     let mut staging = Staging::new();
     if let Err(f) = initialize(&conn, &mut staging).await {
@@ -285,6 +329,7 @@ impl Conn {
         slot.state = SlotState::Free;
         slot.buf = None;
         slot.failed = None;
+        slot.aborted = false;
         drop(s);
         self.free.borrow_mut().push(i);
         wake(&self.receiver);
@@ -302,6 +347,56 @@ impl Conn {
                 spawn(worker(self.clone()));
             }
             None => {}
+        }
+    }
+
+    /// Completes slot `i`'s command with Command Abort Requested and frees
+    /// the slot (its buffer goes back to the pool).
+    fn complete_aborted(&self, i: u16) {
+        let cid = {
+            let mut s = self.slots.borrow_mut();
+            s[i as usize].buf = None;
+            s[i as usize].sqe.cid()
+        };
+        let c = self.cqe(cid, Status::ABORT_REQUESTED);
+        self.free_slot(i);
+        stats::with(|c| inc(&c.aborted, 1));
+        self.push_out(Out::Resp(c));
+    }
+
+    /// Abort of command `cid`: true if it had not reached the bdev (it is
+    /// completed with Command Abort Requested now, or by the receiver as
+    /// soon as it has consumed the command's data).
+    fn abort(&self, cid: u16) -> bool {
+        if self.slot_wait.get() == Some(cid) {
+            self.slot_wait_aborted.set(true);
+            return true;
+        }
+        let mut s = self.slots.borrow_mut();
+        let Some(i) = s
+            .iter()
+            .position(|x| x.state != SlotState::Free && x.sqe.cid() == cid)
+        else {
+            return false;
+        };
+        match s[i].state {
+            SlotState::Receiving => {
+                s[i].aborted = true;
+                true
+            }
+            SlotState::AwaitH2C => {
+                drop(s);
+                self.complete_aborted(i as u16);
+                true
+            }
+            SlotState::Queued => {
+                drop(s);
+                self.jobs.borrow_mut().retain(|&j| j != i as u16);
+                self.executing.set(self.executing.get() - 1);
+                self.complete_aborted(i as u16);
+                true
+            }
+            SlotState::Running | SlotState::Free => false,
         }
     }
 
@@ -333,6 +428,10 @@ impl Conn {
     fn finish(&self) {
         let ctrl = self.ctrl.borrow_mut().take();
         let admin = self.qid.get() == Some(0);
+        if let (Some(ctrl), Some(qid)) = (&ctrl, self.qid.get()) {
+            let key = ctrl_key(ctrl);
+            IO_QUEUES.with(|q| q.borrow_mut().retain(|e| !(e.0 == key && e.1 == qid)));
+        }
         if let Some(ctrl) = ctrl {
             ctrl.remove_queue(self.qid.get().unwrap_or(0));
             if admin {
@@ -627,7 +726,11 @@ async fn capsule(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) -
     let sqe = Sqe::from_slice(&hdr[CH_LEN..]).ok_or(Some(Fatal::header(ch_off::HLEN)))?;
     stats::with(|c| inc(&c.commands, 1));
     let fd = conn.raw();
-    let Some(i) = slot(conn).await else {
+    conn.slot_wait.set(Some(sqe.cid()));
+    let i = slot(conn).await;
+    conn.slot_wait.set(None);
+    let aborted = conn.slot_wait_aborted.replace(false);
+    let Some(i) = i else {
         return Err(None);
     };
     let sq = conn.sqsize.get().max(1);
@@ -662,14 +765,21 @@ async fn capsule(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) -
         slot.sqe = sqe;
         slot.sgl = sgl;
         slot.failed = None;
+        slot.aborted = aborted;
         slot.got = 0;
         slot.len = sgl.len();
+        slot.state = SlotState::Receiving;
     }
+    let aborted = || conn.slots.borrow()[i as usize].aborted;
     if l.data_len > 0 {
         let mut buf = IoBuf::alloc(l.data_len).await;
         buf.set_len(l.data_len);
         let (r, mut buf) = pdu_data(conn, st, l, buf, 0).await;
         let ok = r?;
+        if aborted() {
+            conn.complete_aborted(i);
+            return Ok(());
+        }
         if !ok {
             fail(Status::TRANSIENT_TRANSPORT);
             return Ok(());
@@ -690,6 +800,10 @@ async fn capsule(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) -
         DataSgl::Transport { len } if direction(&sqe) & 1 != 0 => {
             // Host-to-controller data not in the capsule: ask for it.
             let mut buf = IoBuf::alloc(len as usize).await;
+            if aborted() {
+                conn.complete_aborted(i);
+                return Ok(());
+            }
             buf.set_len(len as usize);
             {
                 let mut s = conn.slots.borrow_mut();
@@ -703,6 +817,7 @@ async fn capsule(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) -
                 len,
             });
         }
+        _ if aborted() => conn.complete_aborted(i),
         _ => conn.queue_job(i),
     }
     Ok(())
@@ -730,6 +845,9 @@ async fn h2c_data(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) 
                 fei: 12,
             }));
         }
+        // The receiver holds the buffer while the data comes in: an Abort
+        // meanwhile only marks the slot.
+        slot.state = SlotState::Receiving;
         (slot.buf.take(), slot.got, slot.len)
     };
     let Some(buf) = buf else {
@@ -738,17 +856,20 @@ async fn h2c_data(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) 
     let (r, buf) = pdu_data(conn, st, l, buf, expect_off as usize).await;
     let ok = r?;
     let got = expect_off + h.length;
-    let done = {
+    let (done, aborted) = {
         let mut s = conn.slots.borrow_mut();
         let slot = &mut s[i];
         slot.buf = Some(buf);
         slot.got = got;
+        slot.state = SlotState::AwaitH2C;
         if !ok {
             slot.failed = Some(Status::TRANSIENT_TRANSPORT);
         }
-        got == total
+        (got == total, slot.aborted)
     };
-    if done {
+    if aborted {
+        conn.complete_aborted(i as u16);
+    } else if done {
         conn.queue_job(i as u16);
     } else if l.flags & flags::LAST_PDU != 0 {
         // The host says it is done before the R2T's data is in.
@@ -777,6 +898,7 @@ async fn worker(conn: Rc<Conn>) {
         let (sqe, sgl, buf, failed) = {
             let mut s = conn.slots.borrow_mut();
             let slot = &mut s[i as usize];
+            slot.state = SlotState::Running;
             (slot.sqe, slot.sgl, slot.buf.take(), slot.failed)
         };
         let out = match failed {
@@ -845,6 +967,15 @@ async fn execute(conn: &Rc<Conn>, i: u16, sqe: &Sqe, sgl: DataSgl, buf: Option<I
         if sqe.opcode() == crate::wire::admin::ASYNC_EVENT_REQUEST {
             return aer(conn, &ctrl, cid).await;
         }
+        if sqe.opcode() == crate::wire::admin::ABORT {
+            ctrl.touch();
+            let (sqid, acid) = (sqe.cdw(10) as u16, (sqe.cdw(10) >> 16) as u16);
+            let done = abort_cmd(conn, &ctrl, sqid, acid).await;
+            let mut c = conn.cqe(cid, Status::SUCCESS);
+            // DW0 bit 0: 0 = aborted, 1 = not aborted.
+            c.dw0 = u32::from(!done);
+            return Out::Resp(c);
+        }
         let facts = admin::TransportFacts {
             in_capsule_data_size: conn.opts.in_capsule_data_size,
             mdts: (conn.opts.max_io_size / 4096).max(1).ilog2() as u8,
@@ -886,6 +1017,46 @@ async fn execute(conn: &Rc<Conn>, i: u16, sqe: &Sqe, sgl: DataSgl, buf: Option<I
             Out::Resp(conn.cqe(cid, done.status))
         }
     }
+}
+
+/// Abort on queue `sqid` of `ctrl`, run on the reactor that owns it.
+async fn abort_cmd(conn: &Rc<Conn>, ctrl: &Arc<Ctrl>, sqid: u16, cid: u16) -> bool {
+    if sqid == 0 {
+        return conn.abort(cid);
+    }
+    let Some(reactor) = ctrl.queue_reactor(sqid) else {
+        return false;
+    };
+    let key = ctrl_key(ctrl);
+    if reactor == ustor_runtime::reactor_id() {
+        return abort_here(key, sqid, cid);
+    }
+    // Control path: one message there, the answer and a wake back.
+    type Reply = Mutex<(Option<bool>, Option<Waker>)>;
+    let reply: Arc<Reply> = Arc::new(Mutex::new((None, None)));
+    let back = reply.clone();
+    let sent = conn.shared.rt.send(reactor, move || {
+        let r = abort_here(key, sqid, cid);
+        let mut g = back.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 = Some(r);
+        if let Some(w) = g.1.take() {
+            w.wake();
+        }
+    });
+    if sent.is_err() {
+        return false;
+    }
+    poll_fn(|cx| {
+        let mut g = reply.lock().unwrap_or_else(|p| p.into_inner());
+        match g.0 {
+            Some(r) => Poll::Ready(r),
+            None => {
+                g.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    })
+    .await
 }
 
 /// Parks an AER until an event is posted (or the controller goes away).
@@ -969,7 +1140,7 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
         ));
         s.ctrls.insert(cntlid, Arc::downgrade(&ctrl));
         drop(s);
-        ctrl.add_queue(0, conn.raw());
+        ctrl.add_queue(0, conn.raw(), ustor_runtime::reactor_id());
         *conn.ctrl.borrow_mut() = Some(ctrl.clone());
         conn.qid.set(Some(0));
         stats::with(|c| {
@@ -1002,9 +1173,13 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
     if cmd.sqsize == 0 || cmd.sqsize >= MAX_IO_QUEUE_DEPTH {
         return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 44);
     }
-    if !ctrl.add_queue(cmd.qid, conn.raw()) {
+    if !ctrl.add_queue(cmd.qid, conn.raw(), ustor_runtime::reactor_id()) {
         return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 42);
     }
+    IO_QUEUES.with(|q| {
+        q.borrow_mut()
+            .push((ctrl_key(&ctrl), cmd.qid, Rc::downgrade(conn)))
+    });
     conn.qid.set(Some(cmd.qid));
     conn.sqsize.set(cmd.sqsize);
     conn.sqflow_off

@@ -1,8 +1,16 @@
 //! A controller: what one host's admin queue created with Connect, shared
 //! by that host's queue pairs (on any reactor). Holds the properties (CAP,
 //! VS, CC, CSTS), features, keep-alive deadline, asynchronous events and
-//! the sockets of its queues (so a KATO expiry or a shutdown can close them
-//! all). Only admin commands and Connect touch its mutexes; I/O never does.
+//! the sockets and reactors of its queues (so a KATO expiry, a reset or a
+//! shutdown can close them, and Abort can find the queue's reactor). Only
+//! admin commands and Connect touch its mutexes; I/O never does.
+//!
+//! CC.EN 1 -> 0 and CC.SHN are a controller reset / shutdown: the I/O
+//! queues' sockets are shut down (each connection then ends on its own
+//! reactor once its in-flight commands completed, dropping its buffers),
+//! and CSTS only reports the end (RDY = 0, SHST = complete) once no I/O
+//! queue is left, so a host that waits for it can connect new I/O queues
+//! with the same ids.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -32,10 +40,29 @@ pub const AEC_NS_ATTR: u32 = 1 << 8;
 /// info 0, log page 04h (changed namespace list).
 pub const AEN_NS_CHANGED: u32 = 0x0004_0002;
 
+/// CSTS.RDY.
+const CSTS_RDY: u32 = 1;
+/// CSTS.SHST: shutdown processing (01b) / complete (10b).
+const SHST_MASK: u32 = 3 << 2;
+const SHST_PROCESSING: u32 = 1 << 2;
+const SHST_COMPLETE: u32 = 2 << 2;
+
 #[derive(Default)]
 pub(crate) struct Regs {
     pub cc: u32,
     pub csts: u32,
+    /// A reset (CC.EN 1 -> 0) or shutdown is waiting for the I/O queues
+    /// to go; CSTS reports its end.
+    pub teardown: bool,
+}
+
+/// One queue of the controller: its socket (shut down to end it) and the
+/// reactor that owns it (where an Abort for it runs).
+#[derive(Clone, Copy)]
+struct QueueRef {
+    qid: u16,
+    fd: RawFd,
+    reactor: usize,
 }
 
 pub(crate) struct Features {
@@ -64,7 +91,7 @@ pub struct Ctrl {
     pub(crate) regs: Mutex<Regs>,
     pub(crate) features: Mutex<Features>,
     pub(crate) aer: Mutex<Aer>,
-    queues: Mutex<Vec<(u16, RawFd)>>,
+    queues: Mutex<Vec<QueueRef>>,
     pub(crate) failed: AtomicBool,
     /// Most I/O queues the transport allows per controller.
     pub max_io_queues: u16,
@@ -129,32 +156,65 @@ impl Ctrl {
         ticks::to_ns(idle) > u64::from(kato) * 1_000_000
     }
 
+    /// Ready for I/O queues: enabled, not being reset or shut down.
     pub fn enabled(&self) -> bool {
-        lock(&self.regs).csts & 1 != 0
+        let r = lock(&self.regs);
+        r.csts & CSTS_RDY != 0 && !r.teardown && (r.cc >> 14) & 3 == 0
     }
 
-    pub(crate) fn add_queue(&self, qid: u16, fd: RawFd) -> bool {
+    pub(crate) fn add_queue(&self, qid: u16, fd: RawFd, reactor: usize) -> bool {
         let mut q = lock(&self.queues);
-        if q.iter().any(|(id, _)| *id == qid) || self.failed.load(Ordering::Acquire) {
+        if q.iter().any(|e| e.qid == qid) || self.failed.load(Ordering::Acquire) {
             return false;
         }
-        q.push((qid, fd));
+        q.push(QueueRef { qid, fd, reactor });
         true
     }
 
     pub(crate) fn remove_queue(&self, qid: u16) {
-        lock(&self.queues).retain(|(id, _)| *id != qid);
+        lock(&self.queues).retain(|e| e.qid != qid);
+    }
+
+    /// The reactor that owns queue `qid`, if it is connected.
+    pub(crate) fn queue_reactor(&self, qid: u16) -> Option<usize> {
+        lock(&self.queues)
+            .iter()
+            .find(|e| e.qid == qid)
+            .map(|e| e.reactor)
+    }
+
+    /// Shuts down the sockets of the queues `which` selects; each
+    /// connection then ends on the reactor that owns it.
+    fn shutdown_queues(&self, which: impl Fn(u16) -> bool) {
+        for e in lock(&self.queues).iter().filter(|e| which(e.qid)) {
+            // SAFETY: shutdown(2) on a socket the queue registered and
+            // unregisters before it closes it (under this same mutex).
+            unsafe { libc::shutdown(e.fd, libc::SHUT_RDWR) };
+        }
+    }
+
+    fn io_queues_left(&self) -> bool {
+        lock(&self.queues).iter().any(|e| e.qid != 0)
+    }
+
+    /// Ends a pending reset/shutdown once the last I/O queue is gone:
+    /// RDY follows CC.EN again, SHST processing becomes complete.
+    fn settle(&self, r: &mut Regs) {
+        if !r.teardown || self.io_queues_left() {
+            return;
+        }
+        r.teardown = false;
+        r.csts = (r.csts & !CSTS_RDY) | (r.cc & 1);
+        if r.csts & SHST_MASK == SHST_PROCESSING {
+            r.csts = (r.csts & !SHST_MASK) | SHST_COMPLETE;
+        }
     }
 
     /// Fails the controller: every queue's socket is shut down, which ends
     /// its connection on whatever reactor owns it.
     pub fn fail(&self) {
         self.failed.store(true, Ordering::Release);
-        for (_, fd) in lock(&self.queues).iter() {
-            // SAFETY: shutdown(2) on a socket the queue registered and
-            // unregisters before it closes it (under this same mutex).
-            unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
-        }
+        self.shutdown_queues(|_| true);
         let waiters: Vec<Waker> = lock(&self.aer).waiters.drain(..).collect();
         waiters.into_iter().for_each(Waker::wake);
     }
@@ -166,7 +226,8 @@ impl Ctrl {
     }
 
     pub fn property_get(&self, offset: u32) -> Option<u64> {
-        let r = lock(&self.regs);
+        let mut r = lock(&self.regs);
+        self.settle(&mut r);
         Some(match offset {
             prop::CAP => self.cap(),
             prop::VS => u64::from(VERSION),
@@ -176,24 +237,37 @@ impl Ctrl {
         })
     }
 
-    /// Property Set; only CC is writable. Enable sets RDY, disable clears
-    /// it, a shutdown request completes at once (nothing to flush that the
-    /// bdevs do not already hold).
+    /// Property Set; only CC is writable. EN 0 -> 1 sets RDY (at once, or
+    /// when a pending teardown ends); EN 1 -> 0 (reset) and SHN (shutdown,
+    /// SHST = processing) disconnect the I/O queues, and CSTS shows the end
+    /// once they are gone (nothing to flush that the bdevs do not already
+    /// hold).
     pub fn property_set(&self, offset: u32, value: u64) -> bool {
         if offset != prop::CC {
             return false;
         }
         let cc = value as u32;
         let mut r = lock(&self.regs);
+        let (was_en, was_shn) = (r.cc & 1 != 0, (r.cc >> 14) & 3 != 0);
+        let (en, shn) = (cc & 1 != 0, (cc >> 14) & 3 != 0);
         r.cc = cc;
-        let en = cc & 1 != 0;
-        let shn = (cc >> 14) & 3;
-        r.csts = (r.csts & !1) | en as u32;
-        if shn != 0 {
-            r.csts = (r.csts & !(3 << 2)) | (2 << 2);
-        } else {
-            r.csts &= !(3 << 2);
+        let mut teardown = false;
+        if shn && !was_shn {
+            r.csts = (r.csts & !SHST_MASK) | SHST_PROCESSING;
+            teardown = true;
+        } else if !shn {
+            r.csts &= !SHST_MASK;
         }
+        if was_en && !en {
+            teardown = true;
+        } else if en && !was_en && !r.teardown {
+            r.csts |= CSTS_RDY;
+        }
+        if teardown {
+            r.teardown = true;
+            self.shutdown_queues(|qid| qid != 0);
+        }
+        self.settle(&mut r);
         true
     }
 

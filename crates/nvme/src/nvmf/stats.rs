@@ -29,6 +29,9 @@ pub struct PollGroupStats {
     pub h2c_pdus: u64,
     pub c2h_pdus: u64,
     pub errors: u64,
+    /// Commands completed with Command Abort Requested by an Abort.
+    #[serde(default)]
+    pub aborted: u64,
     pub term_reqs_sent: u64,
     pub term_reqs_received: u64,
     pub digest_errors: u64,
@@ -58,6 +61,7 @@ pub(crate) struct Counters {
     pub h2c: Cell<u64>,
     pub c2h: Cell<u64>,
     pub errors: Cell<u64>,
+    pub aborted: Cell<u64>,
     pub term_sent: Cell<u64>,
     pub term_recv: Cell<u64>,
     pub digest_errors: Cell<u64>,
@@ -111,6 +115,7 @@ pub(crate) fn snapshot(reactor: usize) -> PollGroupStats {
             h2c_pdus: c.h2c.get(),
             c2h_pdus: c.c2h.get(),
             errors: c.errors.get(),
+            aborted: c.aborted.get(),
             term_reqs_sent: c.term_sent.get(),
             term_reqs_received: c.term_recv.get(),
             digest_errors: c.digest_errors.get(),
