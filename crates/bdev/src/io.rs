@@ -109,12 +109,35 @@ pub(crate) struct Table {
     waiters: RefCell<VecDeque<Waker>>,
 }
 
-thread_local! {
-    static TABLE: Table = Table::new(TABLE_SLOTS);
+/// Owns this thread's table; its destructor clears [`TABLE_PTR`] first so a
+/// late lookup (another thread-local's destructor) never sees freed memory.
+struct TableOwner(Box<Table>);
+
+impl Drop for TableOwner {
+    fn drop(&mut self) {
+        TABLE_PTR.with(|p| p.set(std::ptr::null()));
+    }
 }
 
+thread_local! {
+    static TABLE: TableOwner = TableOwner(Box::new(Table::new(TABLE_SLOTS)));
+    /// The table's address: a `const` thread-local without a destructor is
+    /// one segment-relative load, where the lazily built `TABLE` costs a
+    /// call and a state check on each of the several lookups per I/O.
+    static TABLE_PTR: Cell<*const Table> = const { Cell::new(std::ptr::null()) };
+}
+
+#[inline(always)]
 pub(crate) fn with_table<R>(f: impl FnOnce(&Table) -> R) -> R {
-    TABLE.with(f)
+    let mut p = TABLE_PTR.with(|p| p.get());
+    if p.is_null() {
+        p = TABLE.with(|t| &*t.0 as *const Table);
+        TABLE_PTR.with(|c| c.set(p));
+    }
+    // SAFETY: `p` points into `TABLE`'s box, which lives until this thread's
+    // `TableOwner` is dropped, and that drop clears `TABLE_PTR` first. The
+    // table is only reached from this thread (`Cell`s, `!Sync`).
+    f(unsafe { &*p })
 }
 
 impl Table {
