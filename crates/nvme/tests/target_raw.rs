@@ -390,3 +390,101 @@ fn keep_alive_timeout_closes_the_controller() {
         "{el:?}"
     );
 }
+
+fn expect_term_at(c: &mut Client, fes: u16, fei: u32) {
+    let p = c.recv().expect("termination request");
+    assert_eq!(p.ty, PduType::C2HTermReq as u8, "{p:?}");
+    let t = TermReq::decode(&p.hdr).unwrap();
+    assert_eq!((t.fes, t.fei), (fes, fei), "{t:?}");
+    assert!(
+        c.recv().is_err(),
+        "the target must close after a C2HTermReq"
+    );
+}
+
+/// The rest of the bad-input list: a PDU type wrong for the connection's
+/// state (a second ICReq), an unknown PDU type, PLEN below the header,
+/// H2CData naming another command, LAST_PDU before the R2T's data is in
+/// (fatal, with FES and FEI); a data digest error on H2CData (fails only
+/// that command). Other queues keep working.
+#[test]
+fn more_bad_pdus_and_h2c_data_errors() {
+    use std::io::Write;
+    let e = env();
+    let (_a, cntlid) = Client::admin(e.port, DG);
+    let mut good = Client::io_queue(e.port, DG, cntlid, 1);
+    // A second ICReq after initialization.
+    let mut q = Client::io_queue(e.port, DG, cntlid, 2);
+    let ic = IcReq {
+        pfv: 0,
+        hpda: 0,
+        digests: DG,
+        maxr2t: 0,
+    };
+    q.s.write_all(&ic.encode()).unwrap();
+    expect_term_at(&mut q, fes::PDU_SEQUENCE_ERROR, ch_off::PDU_TYPE);
+    // Unknown PDU type.
+    let mut q = Client::io_queue(e.port, DG, cntlid, 3);
+    q.s.write_all(&[0x77, 0, 8, 0, 8, 0, 0, 0]).unwrap();
+    expect_term_at(&mut q, fes::INVALID_HEADER_FIELD, ch_off::PDU_TYPE);
+    // PLEN smaller than the header.
+    let mut q = Client::io_queue(e.port, DG, cntlid, 4);
+    let mut b = [0u8; 80];
+    let n = encode_capsule_cmd(&mut b, &Client::rw_sqe(io::READ, 0, 1, false), DG, 0);
+    b[4..8].copy_from_slice(&40u32.to_le_bytes());
+    q.s.write_all(&b[..n]).unwrap();
+    expect_term_at(&mut q, fes::INVALID_HEADER_FIELD, ch_off::PLEN);
+    // H2CData whose CCCID is not the command its transfer tag belongs to,
+    // and LAST_PDU before all of the R2T's data arrived.
+    for (wrong_cid, fes_want, fei) in [
+        (true, fes::INVALID_HEADER_FIELD, 8),
+        (false, fes::PDU_SEQUENCE_ERROR, ch_off::FLAGS),
+    ] {
+        let mut q = Client::io_queue(e.port, DG, cntlid, 5);
+        let mut w = Client::rw_sqe(io::WRITE, 0, 32, false);
+        w.set_cid(11).set_sgl_psdt();
+        q.send_cmd(&w, &[]);
+        let r = q.recv().unwrap();
+        assert_eq!(r.ty, PduType::R2T as u8);
+        let ttag = DataHdr::decode(&r.hdr).unwrap().ttag;
+        let cid = if wrong_cid { 12 } else { 11 };
+        q.send_h2c(cid, ttag, 0, &[0; 4096], true);
+        expect_term_at(&mut q, fes_want, fei);
+        drop(q);
+        // Let the target retire queue 5 before it is connected again.
+        let t = std::time::Instant::now();
+        while e.target.connections() > 2 {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    // A data digest error in H2CData fails just that command.
+    let mut q = Client::io_queue(e.port, DG, cntlid, 6);
+    let data = pattern(16384, 4);
+    let mut w = Client::rw_sqe(io::WRITE, 256, 32, false);
+    w.set_cid(21).set_sgl_psdt();
+    q.send_cmd(&w, &[]);
+    let r = q.recv().unwrap();
+    let ttag = DataHdr::decode(&r.hdr).unwrap().ttag;
+    let mut h = [0u8; 32];
+    let d = DataHdr {
+        cccid: 21,
+        ttag,
+        offset: 0,
+        length: data.len() as u32,
+    };
+    let n = encode_data_hdr(&mut h, PduType::H2CData, &d, flags::LAST_PDU, DG);
+    let mut v = h[..n].to_vec();
+    v.extend_from_slice(&data);
+    v.extend_from_slice(&(crc(&data) ^ 1).to_le_bytes());
+    q.s.write_all(&v).unwrap();
+    assert_eq!(q.wait(21).1.status(), Status::TRANSIENT_TRANSPORT);
+    assert_eq!(q.read(256, 32).0, vec![0; 16384], "bad-digest data landed");
+    assert!(q.write_r2t(256, &data).status().is_success());
+    assert_eq!(q.read(256, 32).0, data);
+    // Queue 1 never noticed.
+    let d1 = pattern(4096, 10);
+    let mut w = Client::rw_sqe(io::WRITE, 8, 8, true);
+    assert!(good.cmd(&mut w, &d1).1.status().is_success());
+    assert_eq!(good.read(8, 8).0, d1);
+}
