@@ -6,30 +6,189 @@
 # off / fixed(degree 16, timer 50 us) / adaptive.
 # Part 1: randread/randwrite 4 KiB and randread 16 KiB, QD 1..128.
 # Part 2: QD1 paced at fixed low rates (50..500 IOPS): latency per mode.
-# Usage: bench/nvmf.sh [SECS] [RATE_SECS]; results in bench/results/nvmf-init-<date>.txt
+# The three modes are interleaved (mode is the innermost loop, repetition
+# the outermost), every point is run REPEAT times, and the summary reports
+# medians (of IOPS, mean/p50/p99 latency, sendmsg per I/O), the goals
+# table, and SPDK nvmf_tgt's figures from /work/shared/REFERENCE.md — a
+# reference run on a similar machine, NOT this run — with the ratio.
+#
+# Usage: [REPEAT=3] [QDS="1 8 32 128"] [RATES="50 200 500"] [POLL=adaptive]
+#        bench/nvmf.sh [SECS] [RATE_SECS]
+# Results: bench/results/nvmf-init-<date>.txt (raw lines + summary) and
+# -iops.png / -lowrate.png next to it. The 2-vCPU box is shared: each line
+# carries the 1-minute load average at its start.
 # (the older raw-client run is examples/nvmf_load.rs).
 set -eu
-secs=${1:-2}
-rsecs=${2:-4}
+secs=${1:-1}
+rsecs=${2:-2}
+repeat=${REPEAT:-3}
+qds=${QDS:-1 8 32 128}
+rates=${RATES:-50 200 500}
 cd "$(dirname "$0")/.."
 [ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load
 bin=target/release/examples/nvmf_initiator_load
-out=bench/results/nvmf-init-$(date +%Y%m%d-%H%M%S).txt
+stamp=$(date +%Y%m%d-%H%M%S)
+out=bench/results/nvmf-init-$stamp.txt
+run() {
+    l=$(cut -d' ' -f1 /proc/loadavg)
+    r=$("$bin" "$@" 2>/dev/null) || r="mode=$1 rw=$2 bs=$3 qd=$4 rate=${6:-0} FAILED"
+    echo "rep=$rep load=$l $r"
+}
 {
-    echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); secs=$secs rate_secs=$rsecs"
-    echo "# cmd: bench/nvmf.sh $secs $rsecs"
-    for w in "randread 4096" "randwrite 4096" "randread 16384"; do
-        set -- $w
-        for qd in 1 8 32 128; do
-            for mode in off fixed adaptive; do
-                "$bin" "$mode" "$1" "$2" "$qd" "$secs" 2>/dev/null || echo "mode=$mode rw=$1 bs=$2 qd=$qd FAILED"
+    echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); secs=$secs rate_secs=$rsecs repeat=$repeat poll=${POLL:-adaptive}"
+    echo "# cmd: REPEAT=$repeat QDS=\"$qds\" RATES=\"$rates\" bench/nvmf.sh $secs $rsecs"
+    echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    rep=1
+    while [ "$rep" -le "$repeat" ]; do
+        for w in "randread 4096" "randwrite 4096" "randread 16384"; do
+            set -- $w
+            for qd in $qds; do
+                for mode in off fixed adaptive; do
+                    run "$mode" "$1" "$2" "$qd" "$secs"
+                done
             done
         done
-    done
-    for rate in 50 200 500; do
-        for mode in off fixed adaptive; do
-            "$bin" "$mode" randread 4096 1 "$rsecs" "$rate" 2>/dev/null || echo "mode=$mode rate=$rate FAILED"
+        for rate in $rates; do
+            for mode in off fixed adaptive; do
+                run "$mode" randread 4096 1 "$rsecs" "$rate"
+            done
         done
+        rep=$((rep + 1))
     done
+    echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out"
+python3 - "$out" <<'EOF' | tee -a "$out"
+import re, statistics as st, sys
+path = sys.argv[1]
+rows = []
+for line in open(path):
+    if not line.startswith("rep=") or "FAILED" in line:
+        continue
+    kv = dict(re.findall(r"(\w+)=(\S+)", line))
+    rows.append(kv)
+
+def med(xs):
+    return st.median(xs) if xs else float("nan")
+
+def group(pred):
+    g = {}
+    for r in rows:
+        if pred(r):
+            key = (r["rw"], int(r["bs"]), int(r["qd"]), int(r["rate"]), r["mode"].lower())
+            g.setdefault(key, []).append(r)
+    return g
+
+F = ["iops", "avg_lat_us", "p50_lat_us", "p99_lat_us", "ini_sendmsg_per_io",
+     "tgt_sendmsg_per_io", "tgt_sleeps_per_io", "pace_late_avg_us", "load"]
+
+def summary(rs):
+    return {f: med([float(r[f]) for r in rs if f in r]) for f in F} | {"n": len(rs)}
+
+sat = {k: summary(v) for k, v in group(lambda r: r["rate"] == "0").items()}
+low = {k: summary(v) for k, v in group(lambda r: r["rate"] != "0").items()}
+print()
+print("## Summary (medians over repetitions)")
+print()
+print("| rw | bs | qd | mode | n | IOPS | mean µs | p50 µs | p99 µs | ini sendmsg/IO | tgt sendmsg/IO | load |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for k in sorted(sat, key=lambda k: (k[0], k[1], k[2], ["off", "fixed", "adaptive"].index(k[4]))):
+    s = sat[k]
+    print(f"| {k[0]} | {k[1]} | {k[2]} | {k[4]} | {s['n']} | {s['iops']:.0f} | {s['avg_lat_us']:.1f} | "
+          f"{s['p50_lat_us']:.1f} | {s['p99_lat_us']:.1f} | {s['ini_sendmsg_per_io']:.3f} | "
+          f"{s['tgt_sendmsg_per_io']:.3f} | {s['load']:.2f} |")
+print()
+print("### Low rate, QD1 randread 4 KiB (paced)")
+print()
+print("| rate | mode | n | mean µs | p50 µs | p99 µs | pacer late (mean µs) | tgt sleeps/IO | load |")
+print("|---|---|---|---|---|---|---|---|---|")
+for k in sorted(low, key=lambda k: (k[3], ["off", "fixed", "adaptive"].index(k[4]))):
+    s = low[k]
+    print(f"| {k[3]} | {k[4]} | {s['n']} | {s['avg_lat_us']:.1f} | {s['p50_lat_us']:.1f} | "
+          f"{s['p99_lat_us']:.1f} | {s['pace_late_avg_us']:.1f} | {s['tgt_sleeps_per_io']:.2f} | {s['load']:.2f} |")
+
+print()
+print("## Goals")
+print()
+print("| goal | point | measured | met |")
+print("|---|---|---|---|")
+for rate in sorted({k[3] for k in low}):
+    o = low.get(("randread", 4096, 1, rate, "off"))
+    a = low.get(("randread", 4096, 1, rate, "adaptive"))
+    if o and a:
+        for f, name in (("avg_lat_us", "mean"), ("p50_lat_us", "p50")):
+            ratio = a[f] / o[f]
+            print(f"| adaptive latency within 5% of off (low load) | {rate} IOPS QD1, {name} | "
+                  f"{a[f]:.1f} vs {o[f]:.1f} µs = {ratio:.2f}x | {'yes' if ratio <= 1.05 else 'no'} |")
+for (rw, bs, qd) in sorted({(k[0], k[1], k[2]) for k in sat if k[2] >= 32}):
+    o = sat.get((rw, bs, qd, 0, "off"))
+    f = sat.get((rw, bs, qd, 0, "fixed"))
+    a = sat.get((rw, bs, qd, 0, "adaptive"))
+    if not (o and f and a):
+        continue
+    r = a["iops"] / o["iops"]
+    sys_a = a["ini_sendmsg_per_io"] + a["tgt_sendmsg_per_io"]
+    sys_o = o["ini_sendmsg_per_io"] + o["tgt_sendmsg_per_io"]
+    pt = f"{rw} {bs // 1024} KiB QD{qd}"
+    print(f"| adaptive >= 1.3x off IOPS (saturation) | {pt} | {a['iops']:.0f} vs {o['iops']:.0f} = {r:.2f}x | {'yes' if r >= 1.3 else 'no'} |")
+    print(f"| adaptive fewer sendmsg per I/O than off | {pt} | {sys_a:.3f} vs {sys_o:.3f} (ini+tgt) | {'yes' if sys_a < sys_o else 'no'} |")
+    print(f"| adaptive >= best fixed IOPS | {pt} | {a['iops']:.0f} vs fixed {f['iops']:.0f} | {'yes' if a['iops'] >= f['iops'] else 'no'} |")
+
+# SPDK nvmf_tgt reference: /work/shared/REFERENCE.md (SPDK v26.09-pre, malloc
+# namespace, target on 1 core, spdk_nvme_perf on the other, 127.0.0.1).
+ref = {("randread", 1): (46e3, 21.5), ("randwrite", 1): (54e3, 18.4),
+       ("randread", 32): (306e3, 113.0), ("randwrite", 32): (289e3, 111.0),
+       ("randread", 128): (251e3, 511.0)}
+print()
+print("## ustor (this run, best mode by median IOPS) vs SPDK nvmf_tgt")
+print()
+print("SPDK figures are REFERENCE figures from another run on a similar machine")
+print("(/work/shared/REFERENCE.md: 2 vCPU EPYC Firecracker guest, spdk_nvme_perf as")
+print("initiator), not measured in this run; the initiators differ too.")
+print()
+print("| workload | QD | ustor mode | ustor IOPS | ustor mean µs | SPDK ref IOPS | SPDK ref mean µs | ustor/SPDK IOPS |")
+print("|---|---|---|---|---|---|---|---|")
+for (rw, qd), (riops, rlat) in ref.items():
+    cands = [(m, sat[(rw, 4096, qd, 0, m)]) for m in ("off", "fixed", "adaptive") if (rw, 4096, qd, 0, m) in sat]
+    if not cands:
+        continue
+    m, s = max(cands, key=lambda c: c[1]["iops"])
+    print(f"| {rw} 4 KiB | {qd} | {m} | {s['iops']:.0f} | {s['avg_lat_us']:.1f} | {riops:.0f} | {rlat} | {s['iops'] / riops:.2f} |")
+
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    print("\n(no matplotlib: plots skipped)")
+    sys.exit(0)
+base = path[:-4]
+wls = sorted({(k[0], k[1]) for k in sat})
+fig, axes = plt.subplots(1, len(wls), figsize=(5 * len(wls), 4), squeeze=False)
+for ax, (rw, bs) in zip(axes[0], wls):
+    for m in ("off", "fixed", "adaptive"):
+        pts = sorted((k[2], v["iops"]) for k, v in sat.items() if k[0] == rw and k[1] == bs and k[4] == m)
+        ax.plot([p[0] for p in pts], [p[1] / 1e3 for p in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("queue depth")
+    ax.set_ylabel("kIOPS (median)")
+    ax.set_title(f"{rw} {bs // 1024} KiB")
+    ax.legend()
+fig.suptitle("ustor NVMe/TCP via ustor initiator, coalescing mode per side (2 vCPU, noisy)")
+fig.tight_layout()
+fig.savefig(base + "-iops.png", dpi=90)
+rts = sorted({k[3] for k in low})
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+for ax, (f, name) in zip(axes, (("avg_lat_us", "mean"), ("p50_lat_us", "p50"), ("p99_lat_us", "p99"))):
+    w = 0.25
+    for i, m in enumerate(("off", "fixed", "adaptive")):
+        ys = [low.get(("randread", 4096, 1, r, m), {}).get(f, 0) for r in rts]
+        ax.bar([j + (i - 1) * w for j in range(len(rts))], ys, w, label=m)
+    ax.set_xticks(range(len(rts)), [f"{r} IOPS" for r in rts])
+    ax.set_ylabel(f"{name} latency µs (median of runs)")
+    ax.set_title(f"QD1 randread 4 KiB, paced: {name}")
+    ax.legend()
+fig.tight_layout()
+fig.savefig(base + "-lowrate.png", dpi=90)
+print(f"\nplots: {base}-iops.png {base}-lowrate.png")
+EOF
 echo "$out"

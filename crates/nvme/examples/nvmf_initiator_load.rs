@@ -8,6 +8,16 @@
 //! MODE = off | fixed | adaptive (fixed = degree 16, timer 50 µs);
 //! RW = randread | randwrite; RATE (IOPS, QD 1) paces the load for the
 //! low-load latency test.
+//! Env: `POLL` = adaptive (default) | poll | interrupt, the reactors' poll
+//! mode on both sides, and `IDLE_US` their adaptive idle period (1000).
+//!
+//! Latencies are kept as raw samples (10 ns units) in a vector reserved up
+//! front, so percentiles are exact and nothing caps them (the first version
+//! binned 0.1 µs steps into 65536 bins: every sample above 6553.5 µs landed
+//! in the last bin, which is why p99 read "6553.5" whenever more than 1% of
+//! the samples were slower). Paced runs also report how late the pacer's
+//! timer fired (`pace_late_*`), and every run the reactors' sleeps per I/O:
+//! the two things a low-rate latency depends on besides the I/O itself.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -46,6 +56,14 @@ fn main() {
     let qd: usize = a.get(4).and_then(|v| v.parse().ok()).unwrap_or(1);
     let secs: u64 = a.get(5).and_then(|v| v.parse().ok()).unwrap_or(2);
     let rate: u64 = a.get(6).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let poll_mode: PollMode = std::env::var("POLL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(PollMode::Adaptive);
+    let idle_us: u64 = std::env::var("IDLE_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
     let coal = CoalesceConfig {
         mode,
         degree: 16,
@@ -57,7 +75,8 @@ fn main() {
         Runtime::start(RuntimeConfig {
             cores: vec![core],
             pin: true,
-            poll_mode: PollMode::Adaptive,
+            poll_mode,
+            idle_period: Duration::from_micros(idle_us),
             ..RuntimeConfig::default()
         })
         .expect("runtime")
@@ -140,11 +159,16 @@ fn main() {
             let nb = (bs / 512) as u64;
             let slots = ch.num_blocks() / nb;
             let end = ticks::now() + ticks::from_duration(Duration::from_secs(secs));
-            let lat: Rc<RefCell<Vec<u32>>> = Rc::new(RefCell::new(vec![0u32; 1 << 16]));
-            let ios = Rc::new(std::cell::Cell::new(0u64));
+            // Raw samples in 10 ns units; the capacity covers ~5 M IOPS for
+            // `secs`, so a push never reallocates inside the timed loop.
+            let cap = (secs as usize * 5_000_000).min(1 << 26);
+            let lat: Rc<RefCell<Vec<u32>>> = Rc::new(RefCell::new(Vec::with_capacity(cap)));
+            let late: Rc<RefCell<Vec<u32>>> = Rc::new(RefCell::new(Vec::with_capacity(
+                (rate as usize * secs as usize + 16).min(1 << 20),
+            )));
             let mut hs = Vec::new();
             for w in 0..qd {
-                let (ch, lat, ios) = (ch.clone(), lat.clone(), ios.clone());
+                let (ch, lat, late) = (ch.clone(), lat.clone(), late.clone());
                 hs.push(ustor_runtime::spawn(async move {
                     let mut b = IoBuf::alloc(bs).await;
                     b.fill(w as u8);
@@ -158,6 +182,11 @@ fn main() {
                         if gap > 0 {
                             next += gap;
                             ustor_runtime::sleep_until(next).await;
+                            let l = ticks::to_ns(ticks::now().saturating_sub(next)) / 10;
+                            let mut v = late.borrow_mut();
+                            if v.len() < v.capacity() {
+                                v.push(l.min(u64::from(u32::MAX)) as u32);
+                            }
                         }
                         x ^= x << 13;
                         x ^= x >> 7;
@@ -171,28 +200,31 @@ fn main() {
                         };
                         b = bb;
                         r.expect("I/O");
-                        let us = ticks::to_ns(ticks::now() - t0) / 100; // 0.1 µs units
+                        let t = ticks::to_ns(ticks::now() - t0) / 10;
                         let mut l = lat.borrow_mut();
-                        let i = (us as usize).min(l.len() - 1);
-                        l[i] += 1;
-                        ios.set(ios.get() + 1);
+                        if l.len() < l.capacity() {
+                            l.push(t.min(u64::from(u32::MAX)) as u32);
+                        }
                     }
                 }));
             }
             for h in hs {
                 h.await;
             }
-            let l = lat.borrow();
-            let n = ios.get();
-            let (mut sum, mut p99, mut acc) = (0u64, 0usize, 0u64);
-            for (i, c) in l.iter().enumerate() {
-                sum += i as u64 * u64::from(*c);
-                acc += u64::from(*c);
-                if p99 == 0 && acc * 100 >= n * 99 {
-                    p99 = i;
+            let summary = |v: &mut Vec<u32>| {
+                v.sort_unstable();
+                let n = v.len();
+                if n == 0 {
+                    return (0.0, 0.0, 0.0);
                 }
-            }
-            (n, sum as f64 / 10.0 / n.max(1) as f64, p99 as f64 / 10.0)
+                let mean = v.iter().map(|&x| u64::from(x)).sum::<u64>() as f64 / n as f64;
+                let pct = |p: usize| f64::from(v[((n * p).div_ceil(100)).clamp(1, n) - 1]);
+                (mean / 100.0, pct(50) / 100.0, pct(99) / 100.0)
+            };
+            let n = lat.borrow().len() as u64;
+            let l = summary(&mut lat.borrow_mut());
+            let p = summary(&mut late.borrow_mut());
+            (n, l, p)
         }
     };
     let h = irt.handle();
@@ -200,7 +232,15 @@ fn main() {
     let s0 = io_queue_stats("Bench").unwrap();
     let t0s = tstats(&t);
     let c0: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
-    let (n, avg, p99) = h.block_on(0, run(secs)).unwrap();
+    let sleeps = || -> Vec<u64> {
+        [&trt, &irt]
+            .iter()
+            .map(|r| r.handle().stats().map(|s| s[0].sleeps).unwrap_or(0))
+            .collect()
+    };
+    let z0 = sleeps();
+    let (n, (avg, p50, p99), (late_avg, _, late_p99)) = h.block_on(0, run(secs)).unwrap();
+    let z1 = sleeps();
     let c1: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
     let s1 = io_queue_stats("Bench").unwrap();
     let t1s = tstats(&t);
@@ -215,10 +255,12 @@ fn main() {
     };
     let cs = s1.first().map(|s| s.coalesce).unwrap_or_default();
     println!(
-        "mode={mode:?} rw={} bs={bs} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p99_lat_us={p99:.1} \
-         ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
+        "mode={mode:?} poll={poll_mode} rw={} bs={bs} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p50_lat_us={p50:.1} p99_lat_us={p99:.1} \
+         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
         if write { "randwrite" } else { "randread" },
         n as f64 / secs as f64,
+        (z1[0] - z0[0]) as f64 / n1,
+        (z1[1] - z0[1]) as f64 / n1,
         isend as f64 / n1,
         (t1s - t0s) as f64 / n1,
         cpu(0),
