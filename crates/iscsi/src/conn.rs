@@ -1,8 +1,17 @@
-//! Socket helpers on the reactor's io_uring: exact receives and whole sends
-//! of byte buffers, and one PDU read (BHS, then the rest by its lengths).
+//! Socket helpers. Login path (allocating, on the reactor's io_uring):
+//! exact receives, whole sends, one PDU read. Data path: non-blocking
+//! `readv`/`writev` straight between the socket and the command's buffers,
+//! with io_uring readiness polls when the socket is not ready. The data
+//! path uses synchronous non-blocking calls on purpose: a command's buffer
+//! may be handed back to the mid-layer (abort, reset) at any await point,
+//! and a synchronous call never leaves the kernel holding a pointer into it.
 
+use std::future::Future;
 use std::io;
 use std::os::fd::RawFd;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::Duration;
 
 use ustor_runtime::{ops, IoBuf};
 
@@ -62,4 +71,85 @@ pub fn pdu_bytes(bhs: &Bhs, data: &[u8]) -> Vec<u8> {
     out.extend_from_slice(data);
     out.resize(BHS_LEN + crate::wire::pad4(data.len()), 0);
     out
+}
+
+/// Runs `fut` for at most `d`; `None` when the time ran out first.
+pub async fn with_timeout<F: Future>(d: Duration, fut: F) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    let mut sleep = pin!(ustor_runtime::sleep(d));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Makes a socket non-blocking (the data path's readv/writev).
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own; no pointers.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One non-blocking `readv`: `Ok(None)` = would block, `Ok(Some(0))` = EOF.
+///
+/// # Safety
+/// Every iovec must describe writable memory that stays valid for the call.
+pub unsafe fn readv_nb(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+    loop {
+        // SAFETY: the caller vouches for the iovecs; the count is the slice's.
+        let r = unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+        if r >= 0 {
+            return Ok(Some(r as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// One non-blocking `writev` (MSG_NOSIGNAL semantics via sendmsg):
+/// `Ok(None)` = would block.
+///
+/// # Safety
+/// Every iovec must describe readable memory that stays valid for the call.
+pub unsafe fn writev_nb(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
+    // SAFETY: zeroed msghdr is valid; we only set the iovec fields.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: msg points at the caller's iovecs, valid for this call.
+        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            return Ok(Some(r as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Waits (io_uring poll) until `fd` has `events` (POLLIN / POLLOUT).
+pub async fn wait_ready(fd: RawFd, events: u32) -> io::Result<()> {
+    let (r, _) = ustor_runtime::ops::poll_ready(fd, events).await;
+    ustor_runtime::ops::result(r).map(|_| ())
 }

@@ -1,35 +1,40 @@
 //! The iSCSI initiator as a SCSI low-level driver: one session (one
-//! connection) per host to one target, on the reactor's io_uring socket
-//! ops. Login with operational negotiation (no digests, InitialR2T=Yes,
-//! ImmediateData=No), SendTargets discovery when no target is named,
-//! SCSI commands with Data-In / R2T / Data-Out, answers to the target's
-//! NOP-Ins, ABORT TASK and LOGICAL UNIT RESET, host reset = a new session.
+//! connection) per host to one target. Login with CHAP (one-way or
+//! mutual) and operational negotiation (CRC32C digests, ImmediateData,
+//! InitialR2T, burst lengths); SendTargets discovery when no target is
+//! named. The data path is the socket-free machine in [`crate::session`]
+//! driven by three tasks per connection: a receiver (non-blocking `readv`
+//! straight into the command's buffers), a sender (`writev` of headers and
+//! the command's buffers) and a keep-alive (NOP-Out pings when idle).
 //!
-//! Partial (first cut): Data-In and Data-Out are copied between the PDU
-//! buffers and the command's iovecs; per-command state lives in a map.
+//! Recovery (RFC 7143 §7.8, the simplest allowed): any connection failure
+//! — socket error, digest mismatch, malformed PDU, unanswered ping — fails
+//! the outstanding commands back to the mid-layer (which retries them) and
+//! reinstates the session in the background; host reset does the same
+//! with every command dropped.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
-use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
+use ustor_runtime::ticks;
 use ustor_scsi::lld::{
-    Completion, DataDir, HostLimits, Lld, LocalFuture, Nexus, QueueError, ScsiCmd, Tag, TargetAddr,
+    Completion, HostLimits, Lld, LocalFuture, Nexus, QueueError, ScsiCmd, Tag, TargetAddr,
     TmfResult, TransportError,
 };
 use ustor_scsi::lun::encode_lun;
-use ustor_scsi::ScsiStatus;
 
-use crate::conn::{pdu_bytes, read_pdu, send_all};
-use crate::wire::{
-    build, encode_text, opcode, parse_text, tmf, Bhs, LoginStatus, TargetPdu, RESERVED_TAG,
-};
+use crate::chap::ChapSecret;
+use crate::conn::{readv_nb, set_nonblocking, wait_ready, writev_nb};
+use crate::login::{self, LoginError, LoginParams, Negotiated};
+use crate::session::{Params, State, Stats, ITT_TMF, MAX_TASKS, RX_IOVS, TX_IOVS};
+use crate::task::SENSE_MAX;
+use crate::wire::{build, tmf, RESERVED_TAG};
 
-/// What to connect to.
+/// What to connect to and how.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct IscsiConfig {
     /// `host:port` of the portal.
@@ -41,6 +46,41 @@ pub struct IscsiConfig {
     pub initiator: String,
     #[serde(default = "default_queue")]
     pub queue_depth: u32,
+    /// CHAP: our name and secret (the target checks us).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap_secret: Option<String>,
+    /// Mutual CHAP: the target's name and secret (we check the target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_chap_user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_chap_secret: Option<String>,
+    /// Offer CRC32C header / data digests.
+    #[serde(default)]
+    pub header_digest: bool,
+    #[serde(default)]
+    pub data_digest: bool,
+    /// Offer ImmediateData=Yes and InitialR2T=No (fewer round trips for
+    /// writes); the target's answer decides.
+    #[serde(default = "yes")]
+    pub immediate_data: bool,
+    #[serde(default)]
+    pub initial_r2t: bool,
+    #[serde(default = "default_first_burst")]
+    pub first_burst_length: u32,
+    #[serde(default = "default_max_burst")]
+    pub max_burst_length: u32,
+    /// Idle time before a NOP-Out ping, ms (0 = no pings).
+    #[serde(default = "default_nop_ms")]
+    pub nop_interval_ms: u64,
+    /// Time a ping may go unanswered before the connection counts as
+    /// failed, ms.
+    #[serde(default = "default_nop_ms")]
+    pub nop_timeout_ms: u64,
+    /// Bound on one login (a target that accepts and then stalls).
+    #[serde(default = "default_login_ms")]
+    pub login_timeout_ms: u64,
 }
 
 fn default_initiator() -> String {
@@ -49,488 +89,366 @@ fn default_initiator() -> String {
 fn default_queue() -> u32 {
     64
 }
+fn yes() -> bool {
+    true
+}
+fn default_first_burst() -> u32 {
+    65536
+}
+fn default_max_burst() -> u32 {
+    262_144
+}
+fn default_nop_ms() -> u64 {
+    5000
+}
+fn default_login_ms() -> u64 {
+    5000
+}
 
-const MAX_RECV_SEG: usize = 262_144;
+impl IscsiConfig {
+    /// A config with every option at its default.
+    pub fn new(portal: impl Into<String>, target: Option<String>) -> IscsiConfig {
+        IscsiConfig {
+            portal: portal.into(),
+            target,
+            initiator: default_initiator(),
+            queue_depth: default_queue(),
+            chap_user: None,
+            chap_secret: None,
+            mutual_chap_user: None,
+            mutual_chap_secret: None,
+            header_digest: false,
+            data_digest: false,
+            immediate_data: true,
+            initial_r2t: false,
+            first_burst_length: default_first_burst(),
+            max_burst_length: default_max_burst(),
+            nop_interval_ms: default_nop_ms(),
+            nop_timeout_ms: default_nop_ms(),
+            login_timeout_ms: default_login_ms(),
+        }
+    }
+
+    fn secret(user: &Option<String>, secret: &Option<String>) -> Option<ChapSecret> {
+        Some(ChapSecret {
+            user: user.clone()?,
+            secret: secret.clone()?,
+        })
+    }
+}
+
+/// Our MaxRecvDataSegmentLength and the largest command transfer.
+const MAX_RECV_SEG: u32 = 262_144;
 const TMF_WAIT: Duration = Duration::from_secs(5);
+/// Back-off between reinstatement attempts.
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// Socket passes a loop makes before yielding the reactor.
+const LOOP_BUDGET: u32 = 32;
 
-struct Cmd {
-    lun: [u8; 8],
-    iov: *const libc::iovec,
-    iovcnt: usize,
-    data_len: u32,
-    cmdsn: u32,
-    lun_no: u64,
-    moved: u32,
-}
-
-struct Done {
-    tag: Tag,
-    status: Result<ScsiStatus, TransportError>,
-    sense: Vec<u8>,
-    resid: u32,
-}
-
-#[derive(Default)]
-struct Session {
+/// The state every task of the host shares (one reactor, so `Rc`).
+struct Shared {
+    cfg: IscsiConfig,
+    isid: [u8; 6],
+    st: RefCell<Option<State>>,
     stream: RefCell<Option<TcpStream>>,
-    fd: Cell<RawFd>,
     connected: Cell<bool>,
+    /// Bumped by every connection and teardown: loops of an older one stop.
     generation: Cell<u64>,
     target: RefCell<String>,
-    cmdsn: Cell<u32>,
-    expstatsn: Cell<u32>,
-    maxcmdsn: Cell<u32>,
-    max_send_seg: Cell<usize>,
-    cmds: RefCell<HashMap<Tag, Cmd>>,
-    sendq: RefCell<VecDeque<Vec<u8>>>,
+    negotiated: Cell<Option<Negotiated>>,
     send_waker: RefCell<Option<Waker>>,
-    done: RefCell<VecDeque<Done>>,
-    tmf_itt: Cell<u32>,
-    tmf: RefCell<HashMap<u32, u8>>,
-    tmf_waker: RefCell<Option<Waker>>,
+    reinstating: Cell<bool>,
+    recovering: Cell<bool>,
+    closed: Cell<bool>,
+    seq: Cell<u16>,
+    /// Counters kept across connections (the session state's are added).
+    stats: Cell<Stats>,
+    last_error: RefCell<Option<String>>,
+}
+
+thread_local! {
+    /// The sessions of this reactor, for [`local_sessions`].
+    static SESSIONS: RefCell<Vec<std::rc::Weak<Shared>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Live facts (`info()`: negotiated values, counters) of the iSCSI
+/// sessions on the calling reactor, oldest first. `scsi_get_hosts` shows
+/// the info taken when the host was added; this one is current.
+pub fn local_sessions() -> Vec<serde_json::Value> {
+    SESSIONS.with(|v| {
+        let mut v = v.borrow_mut();
+        v.retain(|w| w.strong_count() > 0);
+        v.iter()
+            .filter_map(|w| w.upgrade())
+            .map(|s| s.info())
+            .collect()
+    })
 }
 
 /// The iSCSI LLD.
 pub struct IscsiLld {
-    cfg: IscsiConfig,
-    s: Rc<Session>,
+    s: Rc<Shared>,
 }
 
 impl IscsiLld {
     pub fn new(cfg: IscsiConfig) -> IscsiLld {
-        IscsiLld {
-            cfg,
-            s: Rc::new(Session::default()),
+        // A per-host ISID (random qualifier, RFC 7143 §10.12.5 type 0x80
+        // "random"), kept across reinstatements so the target replaces the
+        // old session instead of keeping two.
+        let mut isid = [0x80, 0, 0, 0, 0, 0];
+        if crate::chap::random_bytes(&mut isid[1..]).is_err() {
+            isid[1..5].copy_from_slice(&std::process::id().to_be_bytes());
         }
-    }
-}
-
-/// SendTargets discovery: the target names behind a portal.
-pub async fn discover(portal: &str, initiator: &str) -> io::Result<Vec<String>> {
-    let stream = TcpStream::connect(portal)?;
-    let fd = stream.as_raw_fd();
-    let (statsn, cmdsn, _) = login(fd, initiator, None).await?;
-    let text = encode_text(&[("SendTargets", "All")]);
-    let mut b = build::text(1, cmdsn, statsn.wrapping_add(1));
-    b.set_data_len(text.len());
-    send_all(fd, &pdu_bytes(&b, &text)).await?;
-    let (rb, data) = read_pdu(fd).await?;
-    if rb.opcode() != opcode::TEXT_RESP {
-        return Err(io::Error::other("no text response to SendTargets"));
-    }
-    let lo = build::logout(2, cmdsn.wrapping_add(1), rb.u32_at(24).wrapping_add(1));
-    let _ = send_all(fd, &pdu_bytes(&lo, &[])).await;
-    let _ = read_pdu(fd).await;
-    Ok(parse_text(&data)
-        .into_iter()
-        .filter(|(k, _)| k == "TargetName")
-        .map(|(_, v)| v)
-        .collect())
-}
-
-/// Logs in (security stage with AuthMethod=None, then operational);
-/// returns (StatSN, next CmdSN, negotiated keys).
-async fn login(
-    fd: RawFd,
-    initiator: &str,
-    target: Option<&str>,
-) -> io::Result<(u32, u32, Vec<(String, String)>)> {
-    let isid = [0x80, 0x00, 0x75, 0x73, 0x74, 0x01];
-    let mut keys = vec![("InitiatorName", initiator), ("AuthMethod", "None")];
-    match target {
-        Some(t) => keys.extend([("SessionType", "Normal"), ("TargetName", t)]),
-        None => keys.push(("SessionType", "Discovery")),
-    }
-    let (mut statsn, mut expcmdsn) = (0u32, 0u32);
-    let mut negotiated = Vec::new();
-    let mut csg = 0u8;
-    // Security, then operational: two exchanges, a few more if the target
-    // does not transit at once (a budget on the loop).
-    for _ in 0..6 {
-        let nsg = if csg == 0 { 1 } else { 3 };
-        let text = encode_text(&keys);
-        let mut b = build::login(isid, 0, 0, expcmdsn, statsn, csg, nsg, true);
-        b.set_data_len(text.len());
-        send_all(fd, &pdu_bytes(&b, &text)).await?;
-        let (rb, data) = read_pdu(fd).await?;
-        let pdu = TargetPdu::decode(&rb).map_err(io::Error::other)?;
-        let TargetPdu::LoginResponse {
-            transit,
-            nsg: got,
-            statsn: s,
-            status,
-            ..
-        } = pdu
-        else {
-            return Err(io::Error::other(format!(
-                "unexpected PDU during login: {pdu:?}"
-            )));
+        let lld = IscsiLld {
+            s: Rc::new(Shared {
+                cfg,
+                isid,
+                st: RefCell::new(None),
+                stream: RefCell::new(None),
+                connected: Cell::new(false),
+                generation: Cell::new(0),
+                target: RefCell::new(String::new()),
+                negotiated: Cell::new(None),
+                send_waker: RefCell::new(None),
+                reinstating: Cell::new(false),
+                recovering: Cell::new(false),
+                closed: Cell::new(false),
+                seq: Cell::new(0),
+                stats: Cell::new(Stats::default()),
+                last_error: RefCell::new(None),
+            }),
         };
-        if status != LoginStatus::Success {
-            return Err(io::Error::other(format!("login refused: {status:?}")));
-        }
-        statsn = s.wrapping_add(1);
-        expcmdsn = rb.u32_at(28);
-        negotiated.extend(parse_text(&data));
-        if transit && got == 3 {
-            return Ok((statsn.wrapping_sub(1), expcmdsn, negotiated));
-        }
-        if transit && got == 1 {
-            csg = 1;
-            keys = vec![
-                ("HeaderDigest", "None"),
-                ("DataDigest", "None"),
-                ("MaxRecvDataSegmentLength", "262144"),
-            ];
-            if target.is_some() {
-                keys.extend([
-                    ("InitialR2T", "Yes"),
-                    ("ImmediateData", "No"),
-                    ("MaxBurstLength", "262144"),
-                    ("FirstBurstLength", "65536"),
-                    ("MaxOutstandingR2T", "1"),
-                    ("MaxConnections", "1"),
-                    ("DataPDUInOrder", "Yes"),
-                    ("DataSequenceInOrder", "Yes"),
-                    ("ErrorRecoveryLevel", "0"),
-                    ("DefaultTime2Wait", "0"),
-                    ("DefaultTime2Retain", "0"),
-                ]);
-            }
-        } else {
-            keys.clear();
-        }
+        SESSIONS.with(|v| v.borrow_mut().push(Rc::downgrade(&lld.s)));
+        lld
     }
-    Err(io::Error::other("login did not reach full feature phase"))
+
+    /// Counters of this host (also in `info().stats`).
+    pub fn stats(&self) -> Stats {
+        self.s.stats()
+    }
 }
 
-impl Session {
+impl Drop for IscsiLld {
+    fn drop(&mut self) {
+        self.s.closed.set(true);
+        self.s.teardown();
+    }
+}
+
+/// SendTargets discovery with default options: the target names behind a
+/// portal.
+pub async fn discover(portal: &str, initiator: &str) -> std::io::Result<Vec<String>> {
+    let cfg = IscsiConfig::new(portal, None);
+    let mut p = login_params(&cfg, [0x80, 0, 0, 0, 0, 1], None);
+    p.initiator = initiator;
+    login::discover(portal, &p, Duration::from_millis(cfg.login_timeout_ms))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+fn login_params<'a>(
+    cfg: &'a IscsiConfig,
+    isid: [u8; 6],
+    target: Option<&'a str>,
+) -> LoginParams<'a> {
+    LoginParams {
+        initiator: &cfg.initiator,
+        target,
+        isid,
+        chap: IscsiConfig::secret(&cfg.chap_user, &cfg.chap_secret),
+        mutual: IscsiConfig::secret(&cfg.mutual_chap_user, &cfg.mutual_chap_secret),
+        header_digest: cfg.header_digest,
+        data_digest: cfg.data_digest,
+        immediate_data: cfg.immediate_data,
+        initial_r2t: cfg.initial_r2t,
+        first_burst: cfg.first_burst_length.max(512),
+        max_burst: cfg.max_burst_length.max(512),
+        max_recv_seg: MAX_RECV_SEG,
+    }
+}
+
+impl Shared {
+    fn info(&self) -> serde_json::Value {
+        let s = self;
+        let n = s.negotiated.get();
+        serde_json::json!({
+            "portal": s.cfg.portal,
+            "target": *s.target.borrow(),
+            "connected": s.connected.get(),
+            "isid": crate::chap::encode_hex(&s.isid),
+            "negotiated": n.map(|n| serde_json::json!({
+                "header_digest": n.header_digest,
+                "data_digest": n.data_digest,
+                "immediate_data": n.immediate_data,
+                "initial_r2t": n.initial_r2t,
+                "first_burst_length": n.first_burst,
+                "max_burst_length": n.max_burst,
+                "max_send_data_segment_length": n.max_send_seg,
+                "chap": n.chap,
+                "mutual_chap": n.mutual,
+            })),
+            "last_error": *s.last_error.borrow(),
+            "stats": s.stats(),
+        })
+    }
+
+    fn stats(&self) -> Stats {
+        let mut s = self.stats.get();
+        if let Some(st) = self.st.borrow().as_ref() {
+            add_stats(&mut s, &st.stats);
+        }
+        s
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Stats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
     fn wake_sender(&self) {
         if let Some(w) = self.send_waker.borrow_mut().take() {
             w.wake();
         }
     }
 
-    fn send(&self, pdu: Vec<u8>) {
-        self.sendq.borrow_mut().push_back(pdu);
+    fn live(&self, gen: u64) -> bool {
+        self.generation.get() == gen && self.connected.get()
+    }
+
+    /// Stops the current connection's loops and closes its socket. The
+    /// shutdown happens before anything hands a command's buffer back: a
+    /// shut-down socket never writes into memory again.
+    fn teardown(&self) {
+        self.generation.set(self.generation.get() + 1);
+        self.connected.set(false);
+        if let Some(st) = self.stream.borrow_mut().take() {
+            let _ = st.shutdown(std::net::Shutdown::Both);
+        }
         self.wake_sender();
     }
 
-    fn update_sn(&self, statsn: Option<u32>, maxcmdsn: u32) {
-        if let Some(s) = statsn {
-            self.expstatsn.set(s.wrapping_add(1));
+    /// The connection of generation `gen` failed: fail its commands back
+    /// to the mid-layer and reinstate the session in the background.
+    fn fail_conn(self: &Rc<Self>, gen: u64, why: &str) {
+        if !self.live(gen) {
+            return;
         }
-        if (maxcmdsn.wrapping_sub(self.maxcmdsn.get()) as i32) > 0 {
-            self.maxcmdsn.set(maxcmdsn);
+        tracing::warn!("iscsi {}: connection failed: {why}", self.cfg.portal);
+        *self.last_error.borrow_mut() = Some(why.to_string());
+        self.teardown();
+        if let Some(st) = self.st.borrow_mut().as_mut() {
+            st.stats.connection_failures += 1;
+            st.fail_all(TransportError::Disconnected);
         }
-    }
-
-    fn fail_all(&self, why: TransportError) {
-        let tags: Vec<Tag> = self.cmds.borrow_mut().drain().map(|(t, _)| t).collect();
-        let mut d = self.done.borrow_mut();
-        for tag in tags {
-            d.push_back(Done {
-                tag,
-                status: Err(why),
-                sense: Vec::new(),
-                resid: 0,
-            });
+        if !self.recovering.get() && !self.closed.get() {
+            ustor_runtime::spawn(recover(self.clone()));
         }
     }
 
-    /// Copies PDU data into a command's iovecs at `offset`.
-    fn data_in(&self, itt: Tag, offset: u32, data: &[u8]) {
-        let cmds = self.cmds.borrow();
-        let Some(c) = cmds.get(&itt) else { return };
-        let mut skip = offset as usize;
-        let mut src = data;
-        // SAFETY: the mid-layer keeps the iovecs alive while the command is ours.
-        let iov = if c.iov.is_null() {
-            &[][..]
-        } else {
-            unsafe { std::slice::from_raw_parts(c.iov, c.iovcnt) }
-        };
-        for v in iov {
-            if src.is_empty() {
-                break;
+    /// Logs in anew (session reinstatement: same ISID, TSIH 0) and starts
+    /// the connection's loops. One at a time: a second caller waits for
+    /// the first.
+    async fn reinstate(self: &Rc<Self>) -> Result<(), LoginError> {
+        if self.reinstating.get() {
+            let deadline = ticks::now()
+                + ticks::from_duration(Duration::from_millis(self.cfg.login_timeout_ms * 3));
+            while self.reinstating.get() && ticks::now() < deadline {
+                ustor_runtime::sleep(Duration::from_millis(1)).await;
             }
-            if skip >= v.iov_len {
-                skip -= v.iov_len;
-                continue;
-            }
-            let n = (v.iov_len - skip).min(src.len());
-            // SAFETY: within the iovec's bounds (skip + n <= iov_len).
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), (v.iov_base as *mut u8).add(skip), n)
+            return if self.connected.get() {
+                Ok(())
+            } else {
+                Err(LoginError::Protocol(
+                    "concurrent reinstatement failed".into(),
+                ))
             };
-            src = &src[n..];
-            skip = 0;
         }
-    }
-
-    /// Gathers `len` bytes at `offset` of a command's data-out.
-    fn data_out(c: &Cmd, offset: usize, len: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(len);
-        let mut skip = offset;
-        // SAFETY: as in `data_in`.
-        let iov = if c.iov.is_null() {
-            &[][..]
-        } else {
-            unsafe { std::slice::from_raw_parts(c.iov, c.iovcnt) }
-        };
-        for v in iov {
-            if out.len() == len {
-                break;
-            }
-            if skip >= v.iov_len {
-                skip -= v.iov_len;
-                continue;
-            }
-            let n = (v.iov_len - skip).min(len - out.len());
-            // SAFETY: within the iovec's bounds.
-            out.extend_from_slice(unsafe {
-                std::slice::from_raw_parts((v.iov_base as *const u8).add(skip), n)
-            });
-            skip = 0;
-        }
-        out
-    }
-
-    fn on_pdu(&self, b: &Bhs, data: &[u8]) {
-        let Ok(pdu) = TargetPdu::decode(b) else {
-            tracing::warn!("iscsi: unexpected {b:?}");
-            return;
-        };
-        match pdu {
-            TargetPdu::DataIn {
-                itt,
-                status,
-                statsn,
-                maxcmdsn,
-                offset,
-                residual,
-                underflow,
-                ..
-            } => {
-                self.data_in(itt, offset, data);
-                if let Some(st) = status {
-                    self.update_sn(Some(statsn), maxcmdsn);
-                    self.cmds.borrow_mut().remove(&itt);
-                    let resid = if underflow { residual } else { 0 };
-                    self.done.borrow_mut().push_back(Done {
-                        tag: itt,
-                        status: Ok(ScsiStatus::from_u8(st)),
-                        sense: Vec::new(),
-                        resid,
-                    });
-                } else {
-                    self.update_sn(None, maxcmdsn);
-                }
-            }
-            TargetPdu::ScsiResponse {
-                itt,
-                response,
-                status,
-                statsn,
-                maxcmdsn,
-                residual,
-                underflow,
-            } => {
-                self.update_sn(Some(statsn), maxcmdsn);
-                self.cmds.borrow_mut().remove(&itt);
-                let sense = if data.len() >= 2 {
-                    let n = (u16::from_be_bytes([data[0], data[1]]) as usize).min(data.len() - 2);
-                    data[2..2 + n].to_vec()
-                } else {
-                    Vec::new()
-                };
-                let status = if response == 0 {
-                    Ok(ScsiStatus::from_u8(status))
-                } else {
-                    Err(TransportError::Protocol("target failure response"))
-                };
-                self.done.borrow_mut().push_back(Done {
-                    tag: itt,
-                    status,
-                    sense,
-                    resid: if underflow { residual } else { 0 },
-                });
-            }
-            TargetPdu::R2t {
-                itt,
-                ttt,
-                maxcmdsn,
-                offset,
-                len,
-                ..
-            } => {
-                self.update_sn(None, maxcmdsn);
-                self.answer_r2t(itt, ttt, offset, len);
-            }
-            TargetPdu::NopIn {
-                ttt,
-                statsn,
-                maxcmdsn,
-                ..
-            } => {
-                self.update_sn(Some(statsn), maxcmdsn);
-                if ttt != RESERVED_TAG {
-                    let nop = build::nop_out(
-                        b.lun(),
-                        RESERVED_TAG,
-                        ttt,
-                        self.cmdsn.get(),
-                        self.expstatsn.get(),
-                    );
-                    self.send(pdu_bytes(&nop, &[]));
-                }
-            }
-            TargetPdu::TmfResponse {
-                itt,
-                response,
-                statsn,
-                maxcmdsn,
-            } => {
-                self.update_sn(Some(statsn), maxcmdsn);
-                self.tmf.borrow_mut().insert(itt, response);
-                if let Some(w) = self.tmf_waker.borrow_mut().take() {
-                    w.wake();
-                }
-            }
-            TargetPdu::Async {
-                statsn,
-                maxcmdsn,
-                event,
-            } => {
-                self.update_sn(Some(statsn), maxcmdsn);
-                tracing::info!("iscsi: async event {event}");
-            }
-            TargetPdu::Reject { reason, statsn } => {
-                self.update_sn(Some(statsn), self.maxcmdsn.get());
-                tracing::warn!("iscsi: reject reason {reason:#x}");
-            }
-            p => tracing::debug!("iscsi: ignored {p:?}"),
-        }
-    }
-
-    fn answer_r2t(&self, itt: Tag, ttt: u32, offset: u32, len: u32) {
-        let mut cmds = self.cmds.borrow_mut();
-        let Some(c) = cmds.get_mut(&itt) else { return };
-        let seg = self.max_send_seg.get().max(512);
-        let end = (offset as usize + len as usize).min(c.data_len as usize);
-        let mut pos = offset as usize;
-        let mut datasn = 0;
-        // Bounded by the R2T's length over the segment size.
-        while pos < end {
-            let n = seg.min(end - pos);
-            let data = Session::data_out(c, pos, n);
-            let b = build::data_out(
-                c.lun,
-                itt,
-                ttt,
-                self.expstatsn.get(),
-                datasn,
-                pos as u32,
-                data.len(),
-                pos + n == end,
-            );
-            self.sendq.borrow_mut().push_back(pdu_bytes(&b, &data));
-            pos += n;
-            datasn += 1;
-        }
-        c.moved += len;
-        drop(cmds);
-        self.wake_sender();
-    }
-}
-
-async fn receiver(s: Rc<Session>, fd: RawFd, gen: u64) {
-    loop {
-        match read_pdu(fd).await {
-            Ok((b, data)) if s.generation.get() == gen => s.on_pdu(&b, &data),
-            Ok(_) => return,
+        self.reinstating.set(true);
+        let r = self.connect().await;
+        self.reinstating.set(false);
+        match &r {
+            Ok(()) => self.count(|s| s.reinstatements += 1),
             Err(e) => {
-                if s.generation.get() == gen {
-                    tracing::warn!("iscsi: connection lost: {e}");
-                    s.connected.set(false);
-                    s.fail_all(TransportError::Disconnected);
-                    s.wake_sender();
-                }
-                return;
+                self.count(|s| s.reinstatement_failures += 1);
+                *self.last_error.borrow_mut() = Some(e.to_string());
             }
         }
+        r
     }
-}
 
-async fn sender(s: Rc<Session>, fd: RawFd, gen: u64) {
-    loop {
-        if s.generation.get() != gen || !s.connected.get() {
-            return;
-        }
-        let next = s.sendq.borrow_mut().pop_front();
-        match next {
-            Some(p) => {
-                if let Err(e) = send_all(fd, &p).await {
-                    tracing::warn!("iscsi: send failed: {e}");
-                    return;
-                }
+    async fn connect(self: &Rc<Self>) -> Result<(), LoginError> {
+        self.teardown();
+        let cfg = &self.cfg;
+        let timeout = Duration::from_millis(cfg.login_timeout_ms);
+        let known = self.target.borrow().clone();
+        let target = match (&cfg.target, known.is_empty()) {
+            (Some(t), _) => t.clone(),
+            (None, false) => known,
+            (None, true) => {
+                let p = login_params(cfg, self.isid, None);
+                login::discover(&cfg.portal, &p, timeout)
+                    .await?
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| LoginError::Protocol("SendTargets listed no target".into()))?
             }
-            None => {
-                std::future::poll_fn(|cx| {
-                    if !s.sendq.borrow().is_empty()
-                        || s.generation.get() != gen
-                        || !s.connected.get()
-                    {
-                        return Poll::Ready(());
-                    }
-                    *s.send_waker.borrow_mut() = Some(cx.waker().clone());
-                    Poll::Pending
-                })
-                .await
-            }
-        }
-    }
-}
-
-impl IscsiLld {
-    async fn connect(&self) -> Result<(), TransportError> {
-        let io = |e: io::Error| TransportError::Io(e.raw_os_error().unwrap_or(libc::EIO));
-        let target = match &self.cfg.target {
-            Some(t) => t.clone(),
-            None => discover(&self.cfg.portal, &self.cfg.initiator)
-                .await
-                .map_err(io)?
-                .into_iter()
-                .next()
-                .ok_or(TransportError::NoDevice)?,
         };
-        let stream = TcpStream::connect(&self.cfg.portal).map_err(io)?;
-        let _ = stream.set_nodelay(true);
+        let stream = TcpStream::connect(&cfg.portal)?;
         let fd = stream.as_raw_fd();
-        let (statsn, cmdsn, keys) = login(fd, &self.cfg.initiator, Some(&target))
-            .await
-            .map_err(io)?;
-        let s = &self.s;
-        let mrdsl = keys
-            .iter()
-            .find(|(k, _)| k == "MaxRecvDataSegmentLength")
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or(8192usize);
-        s.max_send_seg.set(mrdsl);
-        s.cmdsn.set(cmdsn);
-        s.maxcmdsn.set(cmdsn);
-        s.expstatsn.set(statsn.wrapping_add(1));
-        s.fd.set(fd);
-        *s.stream.borrow_mut() = Some(stream);
-        *s.target.borrow_mut() = target;
-        s.connected.set(true);
-        let gen = s.generation.get() + 1;
-        s.generation.set(gen);
-        ustor_runtime::spawn(receiver(s.clone(), fd, gen));
-        ustor_runtime::spawn(sender(s.clone(), fd, gen));
+        let p = login_params(cfg, self.isid, Some(&target));
+        let n = login::login(fd, &p, timeout).await?;
+        let _ = ustor_runtime::net::set_nodelay(fd);
+        set_nonblocking(fd)?;
+        let params = Params {
+            header_digest: n.header_digest,
+            data_digest: n.data_digest,
+            immediate_data: n.immediate_data,
+            initial_r2t: n.initial_r2t,
+            first_burst: n.first_burst,
+            max_burst: n.max_burst,
+            max_send_seg: n.max_send_seg.min(MAX_RECV_SEG),
+            max_recv_seg: MAX_RECV_SEG,
+        };
+        tracing::info!("iscsi {}: logged in to {target}: {n:?}", self.cfg.portal);
+        let expstatsn = n.statsn.wrapping_add(1);
+        {
+            let mut g = self.st.borrow_mut();
+            match g.as_mut() {
+                Some(st) => {
+                    // Fold the old connection's counters into the host's.
+                    let old = std::mem::take(&mut st.stats);
+                    self.count(|s| add_stats(s, &old));
+                    st.reset_conn(params, n.cmdsn, expstatsn, n.maxcmdsn);
+                }
+                None => {
+                    let ntasks = self.cfg.queue_depth.clamp(1, MAX_TASKS as u32) as usize;
+                    *g = Some(State::new(params, ntasks, n.cmdsn, expstatsn, n.maxcmdsn));
+                }
+            }
+        }
+        *self.stream.borrow_mut() = Some(stream);
+        *self.target.borrow_mut() = target;
+        self.negotiated.set(Some(n));
+        let gen = self.generation.get() + 1;
+        self.generation.set(gen);
+        self.connected.set(true);
+        ustor_runtime::spawn(receiver(self.clone(), fd, gen));
+        ustor_runtime::spawn(sender(self.clone(), fd, gen));
+        if cfg.nop_interval_ms > 0 {
+            ustor_runtime::spawn(keepalive(self.clone(), gen));
+        }
         Ok(())
     }
 
+    fn next_seq(&self) -> u16 {
+        let v = self.seq.get().wrapping_add(1);
+        self.seq.set(v);
+        v
+    }
+
+    /// Sends a TMF and waits (bounded) for its response code.
     async fn send_tmf(
         &self,
         function: u8,
@@ -538,30 +456,265 @@ impl IscsiLld {
         ref_itt: u32,
         refcmdsn: u32,
     ) -> Option<u8> {
-        let s = &self.s;
-        let itt = 0x4000_0000 | s.tmf_itt.get();
-        s.tmf_itt.set(s.tmf_itt.get().wrapping_add(1) & 0x0fff_ffff);
-        let b = build::tmf(
-            function,
-            lun,
-            itt,
-            ref_itt,
-            s.cmdsn.get(),
-            s.expstatsn.get(),
-            refcmdsn,
-        );
-        s.send(pdu_bytes(&b, &[]));
-        let deadline = ustor_runtime::ticks::now() + ustor_runtime::ticks::from_duration(TMF_WAIT);
-        // Waits for the response, a bounded time.
-        loop {
-            if let Some(r) = s.tmf.borrow_mut().remove(&itt) {
-                return Some(r);
+        let itt = (self.next_seq() as u32) << 16 | ITT_TMF;
+        {
+            let mut g = self.st.borrow_mut();
+            let st = g.as_mut()?;
+            if !self.connected.get() {
+                return None;
             }
-            if ustor_runtime::ticks::now() >= deadline || !s.connected.get() {
+            st.tmf_resp = None;
+            let b = build::tmf(
+                function,
+                lun,
+                itt,
+                ref_itt,
+                st.cmdsn,
+                st.expstatsn,
+                refcmdsn,
+            );
+            st.send_ctl(b);
+        }
+        self.wake_sender();
+        let deadline = ticks::now() + ticks::from_duration(TMF_WAIT);
+        loop {
+            {
+                let mut g = self.st.borrow_mut();
+                let st = g.as_mut()?;
+                if let Some((i, r)) = st.tmf_resp {
+                    if i == itt {
+                        st.tmf_resp = None;
+                        return Some(r);
+                    }
+                }
+            }
+            if ticks::now() >= deadline || !self.connected.get() {
                 return None;
             }
             ustor_runtime::sleep(Duration::from_millis(1)).await;
         }
+    }
+}
+
+fn add_stats(a: &mut Stats, b: &Stats) {
+    a.pdus_rx += b.pdus_rx;
+    a.pdus_tx += b.pdus_tx;
+    a.data_in_bytes += b.data_in_bytes;
+    a.data_out_bytes += b.data_out_bytes;
+    a.immediate_bytes += b.immediate_bytes;
+    a.r2ts += b.r2ts;
+    a.pings_sent += b.pings_sent;
+    a.pings_answered += b.pings_answered;
+    a.target_nops_answered += b.target_nops_answered;
+    a.keepalive_timeouts += b.keepalive_timeouts;
+    a.header_digest_errors += b.header_digest_errors;
+    a.data_digest_errors += b.data_digest_errors;
+    a.protocol_errors += b.protocol_errors;
+    a.connection_failures += b.connection_failures;
+    a.reinstatements += b.reinstatements;
+    a.reinstatement_failures += b.reinstatement_failures;
+    a.spills += b.spills;
+}
+
+/// Background session reinstatement after a connection failure, with
+/// back-off, until it works or the host goes away.
+async fn recover(s: Rc<Shared>) {
+    s.recovering.set(true);
+    let mut delay = RECONNECT_MIN;
+    let mut tries = 0u32;
+    while !s.closed.get() && !s.connected.get() {
+        match s.reinstate().await {
+            Ok(()) => {
+                tracing::info!("iscsi {}: session reinstated", s.cfg.portal);
+                break;
+            }
+            Err(e) => {
+                tries += 1;
+                if tries == 1 || tries.is_multiple_of(10) {
+                    tracing::warn!(
+                        "iscsi {}: reinstatement failed ({tries} tries): {e}",
+                        s.cfg.portal
+                    );
+                }
+                ustor_runtime::sleep(delay).await;
+                delay = (delay * 2).min(RECONNECT_MAX);
+            }
+        }
+    }
+    s.recovering.set(false);
+}
+
+/// Receives PDUs straight into their destination (see `State::rx_iovecs`).
+async fn receiver(s: Rc<Shared>, fd: RawFd, gen: u64) {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; RX_IOVS];
+    let mut passes = 0u32;
+    loop {
+        if !s.live(gen) {
+            return;
+        }
+        // One non-blocking read and the state change it causes, with no
+        // await in between: the iovecs are valid for exactly this call.
+        let r = {
+            let mut g = s.st.borrow_mut();
+            let Some(st) = g.as_mut() else { return };
+            let n = st.rx_iovecs(&mut iov);
+            let asked: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+            // SAFETY: the iovecs point into the state's own buffers or into
+            // an active command's buffer, which the mid-layer keeps alive
+            // while the command is ours; nothing can release it during this
+            // synchronous call.
+            match unsafe { readv_nb(fd, &iov[..n]) } {
+                Ok(Some(k)) => match st.rx_advance(k) {
+                    Ok(()) => Ok(k < asked),
+                    Err(e) => {
+                        if !matches!(e, crate::session::RxError::Eof) {
+                            st.stats.protocol_errors += 1;
+                        }
+                        Err(e.to_string())
+                    }
+                },
+                Ok(None) => Ok(true),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        let drained = match r {
+            Ok(d) => d,
+            Err(why) => {
+                s.fail_conn(gen, &why);
+                return;
+            }
+        };
+        if s.st.borrow().as_ref().is_some_and(|st| st.tx_pending()) {
+            s.wake_sender();
+        }
+        passes += 1;
+        if drained {
+            // A short read emptied the socket: wait for more.
+            passes = 0;
+            if let Err(e) = wait_ready(fd, libc::POLLIN as u32).await {
+                s.fail_conn(gen, &e.to_string());
+                return;
+            }
+        } else if passes >= LOOP_BUDGET {
+            passes = 0;
+            ustor_runtime::yield_now().await;
+        }
+    }
+}
+
+/// Sends staged PDUs with `writev` (headers and the commands' buffers).
+async fn sender(s: Rc<Shared>, fd: RawFd, gen: u64) {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; TX_IOVS];
+    let mut passes = 0u32;
+    loop {
+        if !s.live(gen) {
+            return;
+        }
+        let r = {
+            let mut g = s.st.borrow_mut();
+            let Some(st) = g.as_mut() else { return };
+            let n = st.tx_iovecs(&mut iov);
+            if n == 0 {
+                None
+            } else {
+                // SAFETY: the iovecs point into staged headers, the spill
+                // buffer or active commands' buffers (see `State::release_tx`
+                // for commands that go away); valid for this synchronous call.
+                Some(match unsafe { writev_nb(fd, &iov[..n]) } {
+                    Ok(Some(k)) => {
+                        st.tx_advance(k);
+                        Ok(true)
+                    }
+                    Ok(None) => Ok(false),
+                    Err(e) => Err(e.to_string()),
+                })
+            }
+        };
+        match r {
+            None => {
+                std::future::poll_fn(|cx| {
+                    let pending = s.st.borrow().as_ref().is_some_and(|st| st.tx_pending());
+                    if pending || !s.live(gen) {
+                        return Poll::Ready(());
+                    }
+                    let mut w = s.send_waker.borrow_mut();
+                    if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        *w = Some(cx.waker().clone());
+                    }
+                    Poll::Pending
+                })
+                .await;
+                passes = 0;
+            }
+            Some(Ok(true)) => {
+                passes += 1;
+                if passes >= LOOP_BUDGET {
+                    passes = 0;
+                    ustor_runtime::yield_now().await;
+                }
+            }
+            Some(Ok(false)) => {
+                if let Err(e) = wait_ready(fd, libc::POLLOUT as u32).await {
+                    s.fail_conn(gen, &e.to_string());
+                    return;
+                }
+            }
+            Some(Err(why)) => {
+                s.fail_conn(gen, &why);
+                return;
+            }
+        }
+    }
+}
+
+/// NOP-Out pings when nothing arrived for `nop_interval_ms`; an answer
+/// missing after `nop_timeout_ms` fails the connection.
+async fn keepalive(s: Rc<Shared>, gen: u64) {
+    let interval = ticks::from_duration(Duration::from_millis(s.cfg.nop_interval_ms));
+    let timeout = ticks::from_duration(Duration::from_millis(s.cfg.nop_timeout_ms.max(1)));
+    let tick = Duration::from_millis((s.cfg.nop_interval_ms.min(s.cfg.nop_timeout_ms) / 4).max(10));
+    let mut last_rx = ticks::now();
+    let mut ping_sent = 0u64;
+    loop {
+        ustor_runtime::sleep(tick).await;
+        if !s.live(gen) {
+            return;
+        }
+        let now = ticks::now();
+        let seq = s.next_seq();
+        let failed = {
+            let mut g = s.st.borrow_mut();
+            let Some(st) = g.as_mut() else { return };
+            if st.rx_seen {
+                st.rx_seen = false;
+                last_rx = now;
+            }
+            if st.ping_itt.is_some() {
+                if now.saturating_sub(ping_sent) > timeout {
+                    st.stats.keepalive_timeouts += 1;
+                    true
+                } else {
+                    false
+                }
+            } else {
+                if now.saturating_sub(last_rx) >= interval {
+                    st.ping(seq);
+                    ping_sent = now;
+                }
+                false
+            }
+        };
+        if failed {
+            s.fail_conn(gen, "NOP-Out ping not answered");
+            return;
+        }
+        s.wake_sender();
     }
 }
 
@@ -571,11 +724,12 @@ impl Lld for IscsiLld {
     }
 
     fn limits(&self) -> HostLimits {
+        let q = self.s.cfg.queue_depth.clamp(1, MAX_TASKS as u32);
         HostLimits {
-            can_queue: self.cfg.queue_depth.max(1),
-            cmd_per_lun: self.cfg.queue_depth.max(1),
-            max_transfer_bytes: MAX_RECV_SEG as u32,
-            max_sg_entries: 16,
+            can_queue: q,
+            cmd_per_lun: q,
+            max_transfer_bytes: MAX_RECV_SEG,
+            max_sg_entries: crate::MAX_SEGS as u32,
             dma_alignment: 1,
         }
     }
@@ -585,50 +739,36 @@ impl Lld for IscsiLld {
         if !s.connected.get() {
             return Err(QueueError::NotConnected);
         }
-        // The target's command window (MaxCmdSN) is closed: wait.
-        if (s.cmdsn.get().wrapping_sub(s.maxcmdsn.get()) as i32) > 0 {
-            return Err(QueueError::HostBusy);
+        {
+            let mut g = s.st.borrow_mut();
+            let st = g.as_mut().ok_or(QueueError::NotConnected)?;
+            // The target's command window (MaxCmdSN) is closed: wait.
+            if !st.window_open() {
+                return Err(QueueError::HostBusy);
+            }
+            st.start(cmd).ok_or(QueueError::HostBusy)?;
         }
-        let lun = encode_lun(cmd.nexus.lun);
-        let cmdsn = s.cmdsn.get();
-        let b = build::scsi_cmd(
-            lun,
-            cmd.tag,
-            cmd.cdb.as_bytes(),
-            cmd.dir == DataDir::FromDevice,
-            cmd.dir == DataDir::ToDevice,
-            cmd.data_len,
-            cmdsn,
-            s.expstatsn.get(),
-        );
-        s.cmdsn.set(cmdsn.wrapping_add(1));
-        s.cmds.borrow_mut().insert(
-            cmd.tag,
-            Cmd {
-                lun,
-                iov: cmd.iov,
-                iovcnt: cmd.iovcnt,
-                data_len: cmd.data_len,
-                cmdsn,
-                lun_no: cmd.nexus.lun,
-                moved: 0,
-            },
-        );
-        s.send(pdu_bytes(&b, &[]));
+        s.wake_sender();
         Ok(())
     }
 
     fn poll(&self, budget: usize, done: &mut dyn FnMut(Completion<'_>)) -> usize {
+        let mut sense = [0u8; SENSE_MAX];
         let mut n = 0;
         while n < budget {
-            let Some(d) = self.s.done.borrow_mut().pop_front() else {
+            // Taken out before the callback: it may queue the next command.
+            let d = match self.s.st.borrow_mut().as_mut() {
+                Some(st) => st.take_done(&mut sense),
+                None => None,
+            };
+            let Some((tag, status, resid, slen)) = d else {
                 break;
             };
             done(Completion {
-                tag: d.tag,
-                status: d.status,
-                sense: &d.sense,
-                resid: d.resid,
+                tag,
+                status,
+                sense: &sense[..slen],
+                resid,
             });
             n += 1;
         }
@@ -638,7 +778,10 @@ impl Lld for IscsiLld {
     fn scan(&self) -> LocalFuture<'_, Result<Vec<TargetAddr>, TransportError>> {
         Box::pin(async move {
             if !self.s.connected.get() {
-                self.connect().await?;
+                if let Err(e) = self.s.reinstate().await {
+                    tracing::error!("iscsi {}: {e}", self.s.cfg.portal);
+                    return Err(e.transport());
+                }
             }
             Ok(vec![TargetAddr {
                 channel: 0,
@@ -651,14 +794,28 @@ impl Lld for IscsiLld {
 
     fn abort(&self, tag: Tag, nexus: Nexus) -> LocalFuture<'_, TmfResult> {
         Box::pin(async move {
-            let refcmdsn = self.s.cmds.borrow().get(&tag).map(|c| c.cmdsn).unwrap_or(0);
-            match self
+            let s = &self.s;
+            let slot = (tag & 0xffff) as u16;
+            let refcmdsn = {
+                let g = s.st.borrow();
+                match g.as_ref().and_then(|st| st.tasks.get(slot as usize)) {
+                    Some(t) if t.tag == tag && t.state != crate::task::TaskState::Free => t.cmdsn,
+                    // Not ours any more: counts as aborted.
+                    _ => return TmfResult::Success,
+                }
+            };
+            match s
                 .send_tmf(tmf::ABORT_TASK, encode_lun(nexus.lun), tag, refcmdsn)
                 .await
             {
                 // Function complete, or the task is not there (any more).
                 Some(0) | Some(1) => {
-                    self.s.cmds.borrow_mut().remove(&tag);
+                    if let Some(st) = s.st.borrow_mut().as_mut() {
+                        let t = &st.tasks[slot as usize];
+                        if t.tag == tag && t.state != crate::task::TaskState::Free {
+                            st.drop_task(slot);
+                        }
+                    }
                     TmfResult::Success
                 }
                 _ => TmfResult::Failed,
@@ -668,15 +825,20 @@ impl Lld for IscsiLld {
 
     fn device_reset(&self, nexus: Nexus) -> LocalFuture<'_, TmfResult> {
         Box::pin(async move {
-            match self
+            let s = &self.s;
+            match s
                 .send_tmf(tmf::LUN_RESET, encode_lun(nexus.lun), RESERVED_TAG, 0)
                 .await
             {
                 Some(0) => {
-                    self.s
-                        .cmds
-                        .borrow_mut()
-                        .retain(|_, c| c.lun_no != nexus.lun);
+                    if let Some(st) = s.st.borrow_mut().as_mut() {
+                        for i in 0..st.tasks.len() {
+                            let t = &st.tasks[i];
+                            if t.state != crate::task::TaskState::Free && t.lun_no == nexus.lun {
+                                st.drop_task(i as u16);
+                            }
+                        }
+                    }
                     TmfResult::Success
                 }
                 _ => TmfResult::Failed,
@@ -686,21 +848,17 @@ impl Lld for IscsiLld {
 
     fn host_reset(&self) -> LocalFuture<'_, TmfResult> {
         Box::pin(async move {
-            // Session reinstatement: drop the connection and log in anew;
-            // every outstanding command is gone with the old session.
+            // Session reinstatement; every outstanding command is dropped
+            // with the old session (the socket is shut down first).
             let s = &self.s;
-            s.generation.set(s.generation.get() + 1);
-            s.connected.set(false);
-            if let Some(st) = s.stream.borrow_mut().take() {
-                let _ = st.shutdown(std::net::Shutdown::Both);
+            s.teardown();
+            if let Some(st) = s.st.borrow_mut().as_mut() {
+                st.drop_all();
             }
-            s.cmds.borrow_mut().clear();
-            s.sendq.borrow_mut().clear();
-            s.wake_sender();
-            match self.connect().await {
+            match s.reinstate().await {
                 Ok(()) => TmfResult::Success,
                 Err(e) => {
-                    tracing::warn!("iscsi: session reinstatement failed: {e}");
+                    tracing::warn!("iscsi {}: session reinstatement failed: {e}", s.cfg.portal);
                     TmfResult::Failed
                 }
             }
@@ -708,6 +866,6 @@ impl Lld for IscsiLld {
     }
 
     fn info(&self) -> serde_json::Value {
-        serde_json::json!({"portal": self.cfg.portal, "target": *self.s.target.borrow(), "connected": self.s.connected.get()})
+        self.s.info()
     }
 }

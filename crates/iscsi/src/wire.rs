@@ -187,6 +187,34 @@ pub enum LoginStatus {
 }
 
 impl LoginStatus {
+    /// The class/detail pair with its RFC 7143 §11.13.5 meaning.
+    pub fn describe(&self) -> String {
+        let (class, detail, what) = match *self {
+            LoginStatus::Success => (0, 0, "success"),
+            LoginStatus::Redirect(d) => (1, d, "target moved (redirection)"),
+            LoginStatus::InitiatorError(d) => (
+                2,
+                d,
+                match d {
+                    1 => "authentication failure",
+                    2 => "authorization failure",
+                    3 => "target not found",
+                    4 => "target removed",
+                    5 => "unsupported version",
+                    6 => "too many connections",
+                    7 => "missing parameter",
+                    8 => "can't include in session",
+                    9 => "session type not supported",
+                    10 => "session does not exist",
+                    11 => "invalid request during login",
+                    _ => "initiator error",
+                },
+            ),
+            LoginStatus::TargetError(d) => (3, d, "target error"),
+        };
+        format!("{what} (status class {class:#04x}, detail {detail:#04x})")
+    }
+
     pub fn from_bhs(b: &Bhs) -> LoginStatus {
         let (class, detail) = (b.u8_at(36), b.u8_at(37));
         match class {

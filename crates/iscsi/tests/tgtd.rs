@@ -1,161 +1,197 @@
-//! The iSCSI initiator LLD against tgtd: discovery, login, scan, a SCSI
-//! bdev over the LUN, data verified by checksum in the bdev and in the
-//! LUN's backing file.
+//! The iSCSI initiator LLD against tgtd: discovery, login (no auth, CHAP,
+//! mutual CHAP, a wrong secret), CRC32C digests, ImmediateData, NOP-Out
+//! keep-alives and a target that stops answering (SIGSTOP), and a SCSI
+//! bdev over the LUN with data verified byte for byte and in the LUN's
+//! backing file. A missing tgtd prints `SKIPPED:`.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+mod common;
 
-use testvm::host::Tgtd;
+use std::time::{Duration, Instant};
 
-use ustor_bdev::Registry;
-use ustor_iscsi::initiator::{IscsiConfig, IscsiLld};
-use ustor_runtime::{IoBuf, Runtime, RuntimeConfig};
+use common::*;
+use ustor_iscsi::initiator::IscsiConfig;
 use ustor_scsi::api::*;
-use ustor_scsi::mid::HostConfig;
-use ustor_scsi::ScsiStack;
-
-const IQN: &str = "iqn.2024-01.io.ustor:scsi-test";
-
-/// A tgtd LUN on a backing file (in /dev/shm when it exists), through the
-/// rig's shared tgtd helper (stopped via tgtadm, then by PID, on drop).
-struct Lun {
-    _tgtd: Tgtd,
-    img: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-fn start_tgtd(size: u64) -> Option<(Lun, u16)> {
-    let have = Command::new("tgtd")
-        .arg("--help")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !have {
-        eprintln!(
-            "SKIPPED: tgtd (Debian `tgt`) is not installed [scsi_bdev_over_iscsi_against_tgtd]"
-        );
-        return None;
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("ustor-scsi")
-        .tempdir_in("/dev/shm")
-        .or_else(|_| tempfile::tempdir())
-        .expect("tempdir");
-    let img = dir.path().join("lun1.img");
-    std::fs::File::create(&img).unwrap().set_len(size).unwrap();
-    let tgtd = Tgtd::start(IQN, &img, &dir.path().join("tgtd.log")).expect("start tgtd");
-    let port = tgtd.port();
-    Some((
-        Lun {
-            _tgtd: tgtd,
-            img,
-            _dir: dir,
-        },
-        port,
-    ))
-}
-
-fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
 
 #[test]
 fn scsi_bdev_over_iscsi_against_tgtd() {
-    let Some((tgt, port)) = start_tgtd(64 << 20) else {
+    let Some(mut rig) = Rig::start("scsi_bdev_over_iscsi_against_tgtd", 64 << 20) else {
         return;
     };
-    let rt = Runtime::start(RuntimeConfig {
-        cores: vec![0],
-        pin: false,
-        ..Default::default()
-    })
-    .unwrap();
-    let reg = Registry::new(Some(rt.handle()));
-    let stack = ScsiStack::new(rt.handle(), reg.clone());
     // No target named: SendTargets discovery finds it.
-    let cfg = IscsiConfig {
-        portal: format!("127.0.0.1:{port}"),
-        target: None,
-        initiator: "iqn.2024-01.io.ustor:test-init".into(),
-        queue_depth: 32,
-    };
-    let host = stack
-        .add_host(
-            0,
-            HostConfig {
-                cmd_timeout_ms: 5000,
-                max_retries: 3,
-            },
-            move || Ok(Box::new(IscsiLld::new(cfg))),
-        )
-        .expect("iSCSI host");
-    let devs = scsi_get_devices(&stack, GetDevicesParams::default()).unwrap();
-    let disk = devs
-        .iter()
-        .find(|d| d.driver == Some("sd"))
-        .expect("a disk behind tgtd");
-    assert_eq!(disk.num_blocks * disk.block_size as u64, 64 << 20);
-    assert_eq!(disk.target_name, IQN);
-    let dev = disk.name.clone();
-    bdev_scsi_create(
-        &stack,
-        ScsiBdevOpts {
-            name: "i0".into(),
-            device: dev,
-            offset: Some(Size::Text("1M".into())),
-            size: Some(Size::Text("8M".into())),
-            uuid: None,
-        },
-    )
-    .unwrap();
-    let desc = reg.open("i0", true, |_| {}).unwrap();
-    let (sum_w, sum_r) = rt
-        .handle()
-        .block_on(0, move || async move {
-            let ch = desc.channel().unwrap();
-            let mut sw = 0u64;
-            let mut sr = 0u64;
-            // 1 MiB writes (split to the transfer limit), then read back.
-            for i in 0..4u64 {
-                let mut b = IoBuf::alloc(1 << 20).await;
-                for (k, c) in b.chunks_mut(8).enumerate() {
-                    c.copy_from_slice(&((i << 32) | k as u64).to_le_bytes());
-                }
-                sw ^= fnv(&b).wrapping_add(i);
-                let (r, _) = ch.write(i * 2048, 2048, b).await;
-                r.unwrap();
-            }
-            for i in 0..4u64 {
-                let b = IoBuf::alloc(1 << 20).await;
-                let (r, b) = ch.read(i * 2048, 2048, b).await;
-                r.unwrap();
-                sr ^= fnv(&b).wrapping_add(i);
-            }
-            ch.flush(0, 16384).await.unwrap();
-            (sw, sr)
-        })
-        .unwrap();
-    assert_eq!(sum_w, sum_r, "data read back through iSCSI differs");
+    let mut cfg = IscsiConfig::new(rig.portal(), None);
+    cfg.initiator = "iqn.2024-01.io.ustor:test-init".into();
+    cfg.queue_depth = 32;
+    let host = rig.attach(cfg).expect("iSCSI host");
+    let dev = rig.disk();
+    rig.bdev("i0", &dev, 1 << 20, 8 << 20);
+    // 1 MiB writes (split to the transfer limit), then read back.
+    let data = rig.write_read("i0", 0, 4 << 20, 1);
     // And the LUN's backing file holds it at the mapped offset.
-    let file = std::fs::read(&tgt.img).unwrap();
-    let mut sf = 0u64;
-    for i in 0..4usize {
-        let off = (1 << 20) + i * (1 << 20);
-        sf ^= fnv(&file[off..off + (1 << 20)]).wrapping_add(i as u64);
-    }
-    assert_eq!(sf, sum_w, "backing file differs");
+    let file = std::fs::read(&rig.img).unwrap();
+    assert!(file[1 << 20..5 << 20] == data[..], "backing file differs");
     // Host reset = session reinstatement; I/O works afterwards.
-    scsi_host_reset(&stack, HostParams { host }).unwrap();
-    let desc = reg.open("i0", false, |_| {}).unwrap();
-    rt.handle()
-        .block_on(0, move || async move {
-            let ch = desc.channel().unwrap();
-            let b = IoBuf::alloc(4096).await;
-            ch.read(0, 8, b).await.0.unwrap();
-        })
-        .unwrap();
-    drop(stack);
+    scsi_host_reset(&rig.stack, HostParams { host }).unwrap();
+    rig.write_read("i0", 0, 64 << 10, 2);
+    let info = rig.info(host);
+    assert_eq!(info["stats"]["reinstatements"], 2, "{info}");
+}
+
+#[test]
+fn immediate_data_and_digests_with_verified_data() {
+    let Some(mut rig) = Rig::start("immediate_data_and_digests_with_verified_data", 64 << 20)
+    else {
+        return;
+    };
+    // tgtd offers no digests and wants InitialR2T unless told otherwise.
+    for (k, v) in [
+        ("HeaderDigest", "CRC32C,None"),
+        ("DataDigest", "CRC32C,None"),
+        ("InitialR2T", "No"),
+    ] {
+        rig.tgtd
+            .admin(&[
+                "--lld", "iscsi", "--op", "update", "--mode", "target", "--tid", "1", "--name", k,
+                "--value", v,
+            ])
+            .expect("set tgtd target parameter");
+    }
+    let mut cfg = IscsiConfig::new(rig.portal(), Some(IQN.into()));
+    cfg.header_digest = true;
+    cfg.data_digest = true;
+    let host = rig.attach(cfg).expect("iSCSI host with digests");
+    let n = rig.info(host)["negotiated"].clone();
+    assert_eq!(n["header_digest"], true, "{n}");
+    assert_eq!(n["data_digest"], true, "{n}");
+    assert_eq!(n["immediate_data"], true, "{n}");
+    assert_eq!(n["initial_r2t"], false, "{n}");
+    let dev = rig.disk();
+    rig.bdev("d0", &dev, 0, 16 << 20);
+    // Sizes around the burst limits: immediate only (4K), immediate +
+    // unsolicited/R2T (64K+), several R2Ts (1M).
+    for (i, len) in [4096usize, 65536 + 4096, 256 << 10, 1 << 20]
+        .iter()
+        .enumerate()
+    {
+        let off = (i as u64) << 21;
+        let data = rig.write_read("d0", off, *len, 10 + i as u64);
+        let file = std::fs::read(&rig.img).unwrap();
+        assert!(
+            file[off as usize..off as usize + len] == data[..],
+            "backing file differs at {len}"
+        );
+    }
+    let st = rig.info(host)["stats"].clone();
+    assert!(st["immediate_bytes"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["header_digest_errors"], 0);
+    assert_eq!(st["data_digest_errors"], 0);
+}
+
+#[test]
+fn chap_one_way_and_wrong_secret() {
+    let Some(mut rig) = Rig::start("chap_one_way_and_wrong_secret", 16 << 20) else {
+        return;
+    };
+    rig.account("ustor-user", "ustor-secret-12", false);
+    // No credentials: the target requires CHAP.
+    let e = rig
+        .attach(IscsiConfig::new(rig.portal(), Some(IQN.into())))
+        .unwrap_err();
+    assert!(e.contains("CHAP") || e.contains("authentication"), "{e}");
+    // A wrong secret: authentication failure, said plainly.
+    let mut bad = IscsiConfig::new(rig.portal(), Some(IQN.into()));
+    bad.chap_user = Some("ustor-user".into());
+    bad.chap_secret = Some("not-the-secret".into());
+    let e = rig.attach(bad).unwrap_err();
+    assert!(e.contains("authentication failure (status 0x0201)"), "{e}");
+    // The right one.
+    let mut good = IscsiConfig::new(rig.portal(), Some(IQN.into()));
+    good.chap_user = Some("ustor-user".into());
+    good.chap_secret = Some("ustor-secret-12".into());
+    let host = rig.attach(good).expect("CHAP login");
+    assert_eq!(rig.info(host)["negotiated"]["chap"], true);
+    let dev = rig.disk();
+    rig.bdev("c0", &dev, 0, 4 << 20);
+    rig.write_read("c0", 0, 256 << 10, 3);
+}
+
+#[test]
+fn mutual_chap() {
+    let Some(mut rig) = Rig::start("mutual_chap", 16 << 20) else {
+        return;
+    };
+    rig.account("ustor-user", "ustor-secret-12", false);
+    rig.account("tgt-user", "target-secret-34", true);
+    let mut cfg = IscsiConfig::new(rig.portal(), Some(IQN.into()));
+    cfg.chap_user = Some("ustor-user".into());
+    cfg.chap_secret = Some("ustor-secret-12".into());
+    cfg.mutual_chap_user = Some("tgt-user".into());
+    cfg.mutual_chap_secret = Some("wrong-target-secret".into());
+    // The target answers with its real secret: we refuse it.
+    let e = rig.attach(cfg.clone()).unwrap_err();
+    assert!(e.contains("mutual CHAP"), "{e}");
+    cfg.mutual_chap_secret = Some("target-secret-34".into());
+    let host = rig.attach(cfg).expect("mutual CHAP login");
+    let n = rig.info(host)["negotiated"].clone();
+    assert_eq!(
+        (n["chap"].clone(), n["mutual_chap"].clone()),
+        (true.into(), true.into())
+    );
+    let dev = rig.disk();
+    rig.bdev("m0", &dev, 0, 4 << 20);
+    rig.write_read("m0", 0, 128 << 10, 4);
+}
+
+#[test]
+fn keepalive_pings_and_detects_a_stopped_target() {
+    let Some(mut rig) = Rig::start("keepalive_pings_and_detects_a_stopped_target", 16 << 20) else {
+        return;
+    };
+    let mut cfg = IscsiConfig::new(rig.portal(), Some(IQN.into()));
+    cfg.nop_interval_ms = 200;
+    cfg.nop_timeout_ms = 500;
+    cfg.login_timeout_ms = 1000;
+    let host = rig.attach_with(cfg, 2000, 2).expect("iSCSI host");
+    let dev = rig.disk();
+    rig.bdev("k0", &dev, 0, 4 << 20);
+    rig.write_read("k0", 0, 64 << 10, 5);
+    // Idle: pings go out and are answered.
+    std::thread::sleep(Duration::from_millis(800));
+    let st = rig.info(host)["stats"].clone();
+    assert!(st["pings_sent"].as_u64().unwrap() >= 2, "{st}");
+    assert!(st["pings_answered"].as_u64().unwrap() >= 1, "{st}");
+    // The target stops answering: the unanswered ping fails the connection.
+    let pid = rig.tgtd_pid();
+    signal(pid, libc::SIGSTOP);
+    let t0 = Instant::now();
+    // I/O while it is stopped ends (in an error, after the mid-layer's
+    // retries and EH), it does not hang.
+    let r = rig.try_read("k0", 0, 4096);
+    let stopped_io = t0.elapsed();
+    let st = rig.info(host)["stats"].clone();
+    signal(pid, libc::SIGCONT);
+    assert!(
+        stopped_io < Duration::from_secs(20),
+        "I/O took {stopped_io:?}"
+    );
+    assert!(st["keepalive_timeouts"].as_u64().unwrap() >= 1, "{st}");
+    eprintln!("I/O against the stopped target: {r:?} after {stopped_io:?}");
+    // After SIGCONT the session comes back (background reinstatement or
+    // EH's host reset) and I/O works again (a device taken offline by EH
+    // while the target was gone stays failed: then say so).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut ok = false;
+    while Instant::now() < deadline {
+        if rig.try_read("k0", 0, 4096).is_ok() {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let info = rig.info(host);
+    assert!(ok, "no recovery after SIGCONT: {info}");
+    assert!(
+        info["stats"]["reinstatements"].as_u64().unwrap() >= 2,
+        "{info}"
+    );
+    rig.write_read("k0", 0, 64 << 10, 6);
 }
