@@ -31,3 +31,11 @@ pub fn inquiry(data: &[u8]) {
     let _ = crate::capacity::Capacity::decode(data);
     let _ = crate::lun::decode_report_luns(data, 512);
 }
+
+/// sg v3 reply headers as the kernel returns them on `read()`.
+pub fn sg_reply(data: &[u8]) {
+    if let Some(r) = crate::sg::hdr::Reply::decode(data) {
+        let _ = r.status();
+        let _ = (r.sense_len(crate::sense::SENSE_BUF_LEN), r.resid(4096));
+    }
+}

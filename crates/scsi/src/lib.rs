@@ -11,6 +11,7 @@
 //!   bring-up, retry rules, error handling (abort → LUN reset → host reset
 //!   → offline).
 //! - [`emul`]: the emulated HBA (RAM-backed, scriptable faults).
+//! - [`sg`]: the SG_IO passthrough LLD (/dev/sgN, asynchronous sg v3).
 //! - [`bdev`]: SCSI bdevs (device ranges as named bdevs); `forward` carries
 //!   their I/O from channels on other reactors to the host's reactor.
 //! - [`api`]: the control functions the RPC layer exposes.
@@ -37,5 +38,6 @@ pub mod emul;
 mod forward;
 pub mod lld;
 pub mod mid;
+pub mod sg;
 
 pub use mid::{ScsiError, ScsiStack};

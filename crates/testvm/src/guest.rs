@@ -43,6 +43,7 @@ pub struct GuestBuilder {
     script: Option<Script>,
     env: Vec<(String, String)>,
     files: Vec<(String, Vec<u8>)>,
+    binaries: Vec<PathBuf>,
     vhost_user_blk: Vec<PathBuf>,
     vhost_user_scsi: Vec<PathBuf>,
     scsi_disks: Vec<PathBuf>,
@@ -67,6 +68,7 @@ impl GuestBuilder {
             script: None,
             env: Vec::new(),
             files: Vec::new(),
+            binaries: Vec::new(),
             vhost_user_blk: Vec::new(),
             vhost_user_scsi: Vec::new(),
             scsi_disks: Vec::new(),
@@ -108,6 +110,15 @@ impl GuestBuilder {
 
     /// A vhost-user-blk device served on this unix socket (`/dev/vdX` in the
     /// guest, in the order added). Guest RAM becomes a shared memfd.
+    /// Ships a host executable to `/ustor/bin/<file name>` (a stripped
+    /// copy when `strip` is available) with every shared library `ldd`
+    /// lists for it, at the host's paths (the base image has only the
+    /// tools' libraries).
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binaries.push(path.into());
+        self
+    }
+
     pub fn vhost_user_blk(mut self, socket: impl Into<PathBuf>) -> Self {
         self.vhost_user_blk.push(socket.into());
         self
@@ -267,6 +278,14 @@ impl GuestBuilder {
     }
 
     fn validate(&self) -> Result<()> {
+        for b in &self.binaries {
+            if b.file_name().is_none() || !b.is_file() {
+                return Err(GuestError::Invalid(format!(
+                    "binary {} is not a file",
+                    b.display()
+                )));
+            }
+        }
         for (k, _) in &self.env {
             let ok = !k.is_empty()
                 && !k.starts_with(|c: char| c.is_ascii_digit())
@@ -342,6 +361,9 @@ impl GuestBuilder {
             .map_err(io)?;
         for (name, data) in &self.files {
             w.file(&format!("ustor/{name}"), 0o644, data).map_err(io)?;
+        }
+        for bin in &self.binaries {
+            ship_binary(&mut w, bin, path)?;
         }
         let mut out = w.finish().map_err(io)?;
         out.flush().map_err(io)?;
@@ -570,6 +592,56 @@ fn shell_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', "'\\''"))
 }
 
+/// Writes `bin` (stripped when possible) and its shared libraries into the
+/// run archive; `initrd` names the archive, whose directory is scratch.
+fn ship_binary<W: Write>(w: &mut CpioWriter<W>, bin: &Path, initrd: &Path) -> Result<()> {
+    let name = bin
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let scratch = initrd.with_file_name(format!("{name}.stripped"));
+    // A debug build is mostly debug info; the guest needs none of it.
+    let stripped = Command::new("strip")
+        .arg("-o")
+        .arg(&scratch)
+        .arg(bin)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let src = if stripped { scratch.as_path() } else { bin };
+    let data = fs::read(src).map_err(|e| GuestError::io(format!("read {}", src.display()), e))?;
+    let io = |e| GuestError::io(format!("append {} to the run archive", bin.display()), e);
+    w.file(&format!("ustor/bin/{name}"), 0o755, &data)
+        .map_err(io)?;
+    let out = Command::new("ldd")
+        .arg(bin)
+        .output()
+        .map_err(|e| GuestError::io(format!("ldd {}", bin.display()), e))?;
+    for lib in ldd_paths(&String::from_utf8_lossy(&out.stdout)) {
+        // Follow symlinks: the archive gets the library under the name
+        // the loader asks for.
+        let data = fs::read(&lib).map_err(|e| GuestError::io(format!("read {lib}"), e))?;
+        w.file(lib.trim_start_matches('/'), 0o755, &data)
+            .map_err(io)?;
+    }
+    Ok(())
+}
+
+/// The absolute library paths in `ldd` output (`libx.so => /path (0x..)`
+/// and the loader's own `/lib64/ld-linux-x86-64.so.2 (0x..)`).
+fn ldd_paths(out: &str) -> Vec<String> {
+    out.lines()
+        .filter_map(|l| {
+            let p = match l.split_once("=>") {
+                Some((_, r)) => r.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            p.starts_with('/').then(|| p.to_string())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,5 +681,17 @@ mod tests {
         assert!(matches!(b.validate(), Err(GuestError::Invalid(_))));
         let b = GuestBuilder::new().script("true").env("PORT_1", "v");
         assert!(b.validate().is_ok());
+    }
+
+    #[test]
+    fn ldd_paths_finds_libraries_and_loader() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x1)\n\t/lib64/ld-linux-x86-64.so.2 (0x2)\n\tlibfoo.so => not found\n";
+        assert_eq!(
+            super::ldd_paths(out),
+            vec![
+                "/lib/x86_64-linux-gnu/libm.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+        );
     }
 }
