@@ -152,6 +152,10 @@ struct Shared {
     isid: [u8; 6],
     st: RefCell<Option<State>>,
     stream: RefCell<Option<TcpStream>>,
+    /// The connection's socket (valid while `connected`).
+    fd: Cell<RawFd>,
+    /// The connection's receive poller.
+    rx_poller: Cell<Option<ustor_runtime::PollerId>>,
     connected: Cell<bool>,
     /// Bumped by every connection and teardown: loops of an older one stop.
     generation: Cell<u64>,
@@ -206,6 +210,8 @@ impl IscsiLld {
                 isid,
                 st: RefCell::new(None),
                 stream: RefCell::new(None),
+                fd: Cell::new(-1),
+                rx_poller: Cell::new(None),
                 connected: Cell::new(false),
                 generation: Cell::new(0),
                 target: RefCell::new(String::new()),
@@ -323,6 +329,9 @@ impl Shared {
     fn teardown(&self) {
         self.generation.set(self.generation.get() + 1);
         self.connected.set(false);
+        if let Some(id) = self.rx_poller.take() {
+            ustor_runtime::unregister_poller(id);
+        }
         if let Some(st) = self.stream.borrow_mut().take() {
             let _ = st.shutdown(std::net::Shutdown::Both);
         }
@@ -433,13 +442,68 @@ impl Shared {
         self.negotiated.set(Some(n));
         let gen = self.generation.get() + 1;
         self.generation.set(gen);
+        self.fd.set(fd);
         self.connected.set(true);
+        let me = self.clone();
+        let mut iov = Box::new([EMPTY_IOV; RX_IOVS]);
+        // While commands are outstanding, every reactor pass tries the
+        // socket once more (no io_uring poll round trip on the latency
+        // path); idle connections wait in the receiver task's poll.
+        self.rx_poller.set(Some(ustor_runtime::register_poller(
+            "iscsi-rx",
+            move || {
+                let busy = me.live(gen)
+                    && me
+                        .st
+                        .borrow()
+                        .as_ref()
+                        .is_some_and(|st| st.outstanding() > 0);
+                if !busy {
+                    return ustor_runtime::PollStatus::Idle;
+                }
+                match rx_once(&me, fd, &mut iov) {
+                    Ok(Rx::Got { .. }) => ustor_runtime::PollStatus::Busy,
+                    Ok(Rx::WouldBlock) => ustor_runtime::PollStatus::Idle,
+                    Err(why) => {
+                        me.fail_conn(gen, &why);
+                        ustor_runtime::PollStatus::Busy
+                    }
+                }
+            },
+        )));
         ustor_runtime::spawn(receiver(self.clone(), fd, gen));
         ustor_runtime::spawn(sender(self.clone(), fd, gen));
         if cfg.nop_interval_ms > 0 {
             ustor_runtime::spawn(keepalive(self.clone(), gen));
         }
         Ok(())
+    }
+
+    /// Sends what is staged right away (a command from `queuecommand`):
+    /// the sender task only takes what the socket would not.
+    fn flush_tx(&self) {
+        if !self.connected.get() {
+            return;
+        }
+        let fd = self.fd.get();
+        let mut iov = [EMPTY_IOV; TX_IOVS];
+        let more = {
+            let mut g = self.st.borrow_mut();
+            let Some(st) = g.as_mut() else { return };
+            let n = st.tx_iovecs(&mut iov);
+            if n > 0 {
+                // SAFETY: as in `sender`: staged headers, the spill buffer or
+                // active commands' buffers, valid for this synchronous call.
+                if let Ok(Some(k)) = unsafe { writev_nb(fd, &iov[..n]) } {
+                    st.tx_advance(k);
+                }
+            }
+            st.tx_pending()
+        };
+        // Errors and leftovers: the sender task handles both.
+        if more {
+            self.wake_sender();
+        }
     }
 
     fn next_seq(&self) -> u16 {
@@ -544,55 +608,74 @@ async fn recover(s: Rc<Shared>) {
     s.recovering.set(false);
 }
 
-/// Receives PDUs straight into their destination (see `State::rx_iovecs`).
+const EMPTY_IOV: libc::iovec = libc::iovec {
+    iov_base: std::ptr::null_mut(),
+    iov_len: 0,
+};
+
+/// What one receive attempt found.
+enum Rx {
+    /// Bytes arrived; `drained` = fewer than asked (the socket is empty).
+    Got {
+        drained: bool,
+    },
+    WouldBlock,
+}
+
+/// One non-blocking `readv` and the state change it causes, with no await
+/// in between: the iovecs are valid for exactly this call.
+fn rx_once(s: &Shared, fd: RawFd, iov: &mut [libc::iovec; RX_IOVS]) -> Result<Rx, String> {
+    let r = {
+        let mut g = s.st.borrow_mut();
+        let Some(st) = g.as_mut() else {
+            return Ok(Rx::WouldBlock);
+        };
+        let n = st.rx_iovecs(iov);
+        let asked: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+        // SAFETY: the iovecs point into the state's own buffers or into an
+        // active command's buffer, which the mid-layer keeps alive while the
+        // command is ours; nothing can release it during this synchronous
+        // call.
+        match unsafe { readv_nb(fd, &iov[..n]) } {
+            Ok(Some(k)) => match st.rx_advance(k) {
+                Ok(()) => Ok(Rx::Got { drained: k < asked }),
+                Err(e) => {
+                    if !matches!(e, crate::session::RxError::Eof) {
+                        st.stats.protocol_errors += 1;
+                    }
+                    Err(e.to_string())
+                }
+            },
+            Ok(None) => Ok(Rx::WouldBlock),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    // Answers to the target (NOP echoes, R2T data) go out now.
+    if s.st.borrow().as_ref().is_some_and(|st| st.tx_pending()) {
+        s.flush_tx();
+    }
+    r
+}
+
+/// Receives PDUs straight into their destination (see `State::rx_iovecs`);
+/// waits in an io_uring poll when the socket is empty.
 async fn receiver(s: Rc<Shared>, fd: RawFd, gen: u64) {
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; RX_IOVS];
+    let mut iov = [EMPTY_IOV; RX_IOVS];
     let mut passes = 0u32;
     loop {
         if !s.live(gen) {
             return;
         }
-        // One non-blocking read and the state change it causes, with no
-        // await in between: the iovecs are valid for exactly this call.
-        let r = {
-            let mut g = s.st.borrow_mut();
-            let Some(st) = g.as_mut() else { return };
-            let n = st.rx_iovecs(&mut iov);
-            let asked: usize = iov[..n].iter().map(|v| v.iov_len).sum();
-            // SAFETY: the iovecs point into the state's own buffers or into
-            // an active command's buffer, which the mid-layer keeps alive
-            // while the command is ours; nothing can release it during this
-            // synchronous call.
-            match unsafe { readv_nb(fd, &iov[..n]) } {
-                Ok(Some(k)) => match st.rx_advance(k) {
-                    Ok(()) => Ok(k < asked),
-                    Err(e) => {
-                        if !matches!(e, crate::session::RxError::Eof) {
-                            st.stats.protocol_errors += 1;
-                        }
-                        Err(e.to_string())
-                    }
-                },
-                Ok(None) => Ok(true),
-                Err(e) => Err(e.to_string()),
-            }
-        };
-        let drained = match r {
-            Ok(d) => d,
+        let wait = match rx_once(&s, fd, &mut iov) {
+            Ok(Rx::Got { drained }) => drained,
+            Ok(Rx::WouldBlock) => true,
             Err(why) => {
                 s.fail_conn(gen, &why);
                 return;
             }
         };
-        if s.st.borrow().as_ref().is_some_and(|st| st.tx_pending()) {
-            s.wake_sender();
-        }
         passes += 1;
-        if drained {
-            // A short read emptied the socket: wait for more.
+        if wait {
             passes = 0;
             if let Err(e) = wait_ready(fd, libc::POLLIN as u32).await {
                 s.fail_conn(gen, &e.to_string());
@@ -607,10 +690,7 @@ async fn receiver(s: Rc<Shared>, fd: RawFd, gen: u64) {
 
 /// Sends staged PDUs with `writev` (headers and the commands' buffers).
 async fn sender(s: Rc<Shared>, fd: RawFd, gen: u64) {
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; TX_IOVS];
+    let mut iov = [EMPTY_IOV; TX_IOVS];
     let mut passes = 0u32;
     loop {
         if !s.live(gen) {
@@ -748,7 +828,7 @@ impl Lld for IscsiLld {
             }
             st.start(cmd).ok_or(QueueError::HostBusy)?;
         }
-        s.wake_sender();
+        s.flush_tx();
         Ok(())
     }
 
@@ -867,5 +947,52 @@ impl Lld for IscsiLld {
 
     fn info(&self) -> serde_json::Value {
         self.s.info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape of `scsi_iscsi_attach_host`'s params (crates/ustor): the
+    /// config flattened next to the host's own fields.
+    #[derive(serde::Deserialize, serde::Serialize)]
+    #[serde(deny_unknown_fields)]
+    struct Attach {
+        #[serde(flatten)]
+        iscsi: IscsiConfig,
+        #[serde(default)]
+        reactor: usize,
+    }
+
+    #[test]
+    fn rpc_params_carry_chap_digests_and_keepalive() {
+        let v = serde_json::json!({
+            "portal": "127.0.0.1:3260", "target": "iqn.x", "reactor": 0,
+            "chap_user": "u", "chap_secret": "s", "mutual_chap_user": "t",
+            "mutual_chap_secret": "ts", "header_digest": true, "data_digest": true,
+            "immediate_data": false, "initial_r2t": true, "first_burst_length": 8192,
+            "max_burst_length": 65536, "nop_interval_ms": 1000, "nop_timeout_ms": 2000,
+            "login_timeout_ms": 3000
+        });
+        let a: Attach = serde_json::from_value(v).unwrap();
+        let c = &a.iscsi;
+        assert_eq!(
+            (c.chap_user.as_deref(), c.mutual_chap_secret.as_deref()),
+            (Some("u"), Some("ts"))
+        );
+        assert!(c.header_digest && c.data_digest && !c.immediate_data && c.initial_r2t);
+        assert_eq!((c.nop_interval_ms, c.nop_timeout_ms), (1000, 2000));
+        // Defaults when left out.
+        let d: Attach = serde_json::from_value(serde_json::json!({"portal": "p"})).unwrap();
+        assert!(d.iscsi.immediate_data && !d.iscsi.initial_r2t && !d.iscsi.header_digest);
+        assert_eq!(d.iscsi.nop_interval_ms, 5000);
+        assert!(d.iscsi.chap_user.is_none());
+        // What save_config would write reads back the same.
+        let again: Attach = serde_json::from_value(serde_json::to_value(&a).unwrap()).unwrap();
+        assert_eq!(again.iscsi.chap_secret.as_deref(), Some("s"));
+        let p = login_params(&again.iscsi, [0x80, 0, 0, 0, 0, 1], Some("iqn.x"));
+        assert_eq!(p.chap.unwrap().user, "u");
+        assert_eq!(p.mutual.unwrap().secret, "ts");
     }
 }

@@ -163,6 +163,8 @@ pub struct State {
     pub tmf_resp: Option<(u32, u8)>,
     /// Received bytes since the keep-alive last looked.
     pub rx_seen: bool,
+    /// Tasks in the Active state.
+    nactive: usize,
     pub stats: Stats,
 }
 
@@ -213,6 +215,7 @@ impl State {
             ping_itt: None,
             tmf_resp: None,
             rx_seen: false,
+            nactive: 0,
             stats: Stats::default(),
         }
     }
@@ -245,6 +248,11 @@ impl State {
         if (maxcmdsn.wrapping_sub(self.maxcmdsn) as i32) > 0 {
             self.maxcmdsn = maxcmdsn;
         }
+    }
+
+    /// Commands sent (or queued) and not answered yet.
+    pub fn outstanding(&self) -> usize {
+        self.nactive
     }
 
     /// Whether the target's command window (MaxCmdSN) is open.
@@ -317,6 +325,7 @@ impl State {
             t.bhs.set_data_len(t.imm as usize);
         }
         t.cmd_pending = true;
+        self.nactive += 1;
         self.cmdsn = cmdsn.wrapping_add(1);
         self.enqueue(slot as u16);
         Some(())
@@ -334,6 +343,8 @@ impl State {
     fn finish(&mut self, slot: u16, status: Result<ScsiStatus, TransportError>, resid: u32) {
         self.release_tx(slot);
         let t = &mut self.tasks[slot as usize];
+        debug_assert_eq!(t.state, TaskState::Active);
+        self.nactive -= 1;
         t.state = TaskState::Done;
         t.status = status;
         t.resid = resid;
@@ -346,6 +357,9 @@ impl State {
     /// Drops a task without reporting it (successful abort / reset).
     pub fn drop_task(&mut self, slot: u16) {
         self.release_tx(slot);
+        if self.tasks[slot as usize].state == TaskState::Active {
+            self.nactive -= 1;
+        }
         self.tasks[slot as usize].clear();
     }
 
@@ -373,6 +387,7 @@ impl State {
         for t in &mut self.tasks {
             t.clear();
         }
+        self.nactive = 0;
         self.done.clear();
     }
 
