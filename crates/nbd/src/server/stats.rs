@@ -8,8 +8,13 @@ use serde::{Deserialize, Serialize};
 macro_rules! counters {
     ($($name:ident: $doc:literal),* $(,)?) => {
         /// One reactor's NBD counters.
-        #[derive(Default)]
         pub(crate) struct Counters { $(pub(crate) $name: Cell<u64>,)* }
+
+        impl Counters {
+            const fn new() -> Counters {
+                Counters { $($name: Cell::new(0),)* }
+            }
+        }
 
         /// Counters summed over reactors (result of `nbd_get_stats`).
         #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,7 +60,9 @@ counters! {
 }
 
 thread_local! {
-    static COUNTERS: Counters = Counters::default();
+    // `const`: no lazy-init check or registration call on each bump (several
+    // per request).
+    static COUNTERS: Counters = const { Counters::new() };
 }
 
 /// Adds to a counter of the current reactor.
