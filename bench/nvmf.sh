@@ -12,8 +12,15 @@
 # table, and SPDK nvmf_tgt's figures from /work/shared/REFERENCE.md — a
 # reference run on a similar machine, NOT this run — with the ratio.
 #
+# Reactor poll mode (both runtimes): POLL (default adaptive) for part 1;
+# part 2 runs once per mode in LOWRATE_POLL (default "adaptive interrupt"):
+# at a few hundred IOPS adaptive busy-polls 1 ms after every I/O and then
+# sleeps, so the scheduler treats the reactors as CPU hogs when the box is
+# shared; interrupt shows the same comparison without that (see
+# docs/nvmf.md, "Low-rate latency").
+#
 # Usage: [REPEAT=3] [QDS="1 8 32 128"] [RATES="50 200 500"] [POLL=adaptive]
-#        bench/nvmf.sh [SECS] [RATE_SECS]
+#        [LOWRATE_POLL="adaptive interrupt"] bench/nvmf.sh [SECS] [RATE_SECS]
 # Results: bench/results/nvmf-init-<date>.txt (raw lines + summary) and
 # -iops.png / -lowrate.png next to it. The 2-vCPU box is shared: each line
 # carries the 1-minute load average at its start.
@@ -24,19 +31,24 @@ rsecs=${2:-2}
 repeat=${REPEAT:-3}
 qds=${QDS:-1 8 32 128}
 rates=${RATES:-50 200 500}
+poll=${POLL:-adaptive}
+lowpoll=${LOWRATE_POLL:-adaptive interrupt}
 cd "$(dirname "$0")/.."
 [ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load
 bin=target/release/examples/nvmf_initiator_load
 stamp=$(date +%Y%m%d-%H%M%S)
 out=bench/results/nvmf-init-$stamp.txt
+# run POLLMODE MODE RW BS QD SECS [RATE]
 run() {
+    pm=$1
+    shift
     l=$(cut -d' ' -f1 /proc/loadavg)
-    r=$("$bin" "$@" 2>/dev/null) || r="mode=$1 rw=$2 bs=$3 qd=$4 rate=${6:-0} FAILED"
+    r=$(env POLL="$pm" "$bin" "$@" 2>/dev/null) || r="mode=$1 poll=$pm rw=$2 bs=$3 qd=$4 rate=${6:-0} FAILED"
     echo "rep=$rep load=$l $r"
 }
 {
-    echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); secs=$secs rate_secs=$rsecs repeat=$repeat poll=${POLL:-adaptive}"
-    echo "# cmd: REPEAT=$repeat QDS=\"$qds\" RATES=\"$rates\" bench/nvmf.sh $secs $rsecs"
+    echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); secs=$secs rate_secs=$rsecs repeat=$repeat"
+    echo "# cmd: REPEAT=$repeat QDS=\"$qds\" RATES=\"$rates\" POLL=$poll LOWRATE_POLL=\"$lowpoll\" bench/nvmf.sh $secs $rsecs"
     echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     rep=1
     while [ "$rep" -le "$repeat" ]; do
@@ -44,13 +56,15 @@ run() {
             set -- $w
             for qd in $qds; do
                 for mode in off fixed adaptive; do
-                    run "$mode" "$1" "$2" "$qd" "$secs"
+                    run "$poll" "$mode" "$1" "$2" "$qd" "$secs"
                 done
             done
         done
-        for rate in $rates; do
-            for mode in off fixed adaptive; do
-                run "$mode" randread 4096 1 "$rsecs" "$rate"
+        for pm in $lowpoll; do
+            for rate in $rates; do
+                for mode in off fixed adaptive; do
+                    run "$pm" "$mode" randread 4096 1 "$rsecs" "$rate"
+                done
             done
         done
         rep=$((rep + 1))
@@ -70,11 +84,13 @@ for line in open(path):
 def med(xs):
     return st.median(xs) if xs else float("nan")
 
-def group(pred):
+def group(pred, by_poll=False):
     g = {}
     for r in rows:
         if pred(r):
             key = (r["rw"], int(r["bs"]), int(r["qd"]), int(r["rate"]), r["mode"].lower())
+            if by_poll:
+                key = key + (r.get("poll", "adaptive"),)
             g.setdefault(key, []).append(r)
     return g
 
@@ -85,7 +101,8 @@ def summary(rs):
     return {f: med([float(r[f]) for r in rs if f in r]) for f in F} | {"n": len(rs)}
 
 sat = {k: summary(v) for k, v in group(lambda r: r["rate"] == "0").items()}
-low = {k: summary(v) for k, v in group(lambda r: r["rate"] != "0").items()}
+low = {k: summary(v) for k, v in group(lambda r: r["rate"] != "0", True).items()}
+polls = sorted({k[5] for k in low})
 print()
 print("## Summary (medians over repetitions)")
 print()
@@ -99,11 +116,11 @@ for k in sorted(sat, key=lambda k: (k[0], k[1], k[2], ["off", "fixed", "adaptive
 print()
 print("### Low rate, QD1 randread 4 KiB (paced)")
 print()
-print("| rate | mode | n | mean µs | p50 µs | p99 µs | pacer late (mean µs) | tgt sleeps/IO | load |")
-print("|---|---|---|---|---|---|---|---|---|")
-for k in sorted(low, key=lambda k: (k[3], ["off", "fixed", "adaptive"].index(k[4]))):
+print("| reactors | rate | mode | n | mean µs | p50 µs | p99 µs | pacer late (mean µs) | tgt sleeps/IO | load |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for k in sorted(low, key=lambda k: (k[5], k[3], ["off", "fixed", "adaptive"].index(k[4]))):
     s = low[k]
-    print(f"| {k[3]} | {k[4]} | {s['n']} | {s['avg_lat_us']:.1f} | {s['p50_lat_us']:.1f} | "
+    print(f"| {k[5]} | {k[3]} | {k[4]} | {s['n']} | {s['avg_lat_us']:.1f} | {s['p50_lat_us']:.1f} | "
           f"{s['p99_lat_us']:.1f} | {s['pace_late_avg_us']:.1f} | {s['tgt_sleeps_per_io']:.2f} | {s['load']:.2f} |")
 
 print()
@@ -111,13 +128,13 @@ print("## Goals")
 print()
 print("| goal | point | measured | met |")
 print("|---|---|---|---|")
-for rate in sorted({k[3] for k in low}):
-    o = low.get(("randread", 4096, 1, rate, "off"))
-    a = low.get(("randread", 4096, 1, rate, "adaptive"))
+for pm, rate in sorted({(k[5], k[3]) for k in low}):
+    o = low.get(("randread", 4096, 1, rate, "off", pm))
+    a = low.get(("randread", 4096, 1, rate, "adaptive", pm))
     if o and a:
-        for f, name in (("avg_lat_us", "mean"), ("p50_lat_us", "p50")):
+        for f, name in (("avg_lat_us", "mean"), ("p50_lat_us", "p50"), ("p99_lat_us", "p99")):
             ratio = a[f] / o[f]
-            print(f"| adaptive latency within 5% of off (low load) | {rate} IOPS QD1, {name} | "
+            print(f"| adaptive latency within 5% of off (low load) | {rate} IOPS QD1, {name}, {pm} reactors | "
                   f"{a[f]:.1f} vs {o[f]:.1f} µs = {ratio:.2f}x | {'yes' if ratio <= 1.05 else 'no'} |")
 for (rw, bs, qd) in sorted({(k[0], k[1], k[2]) for k in sat if k[2] >= 32}):
     o = sat.get((rw, bs, qd, 0, "off"))
@@ -177,16 +194,17 @@ fig.suptitle("ustor NVMe/TCP via ustor initiator, coalescing mode per side (2 vC
 fig.tight_layout()
 fig.savefig(base + "-iops.png", dpi=90)
 rts = sorted({k[3] for k in low})
-fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-for ax, (f, name) in zip(axes, (("avg_lat_us", "mean"), ("p50_lat_us", "p50"), ("p99_lat_us", "p99"))):
-    w = 0.25
-    for i, m in enumerate(("off", "fixed", "adaptive")):
-        ys = [low.get(("randread", 4096, 1, r, m), {}).get(f, 0) for r in rts]
-        ax.bar([j + (i - 1) * w for j in range(len(rts))], ys, w, label=m)
-    ax.set_xticks(range(len(rts)), [f"{r} IOPS" for r in rts])
-    ax.set_ylabel(f"{name} latency µs (median of runs)")
-    ax.set_title(f"QD1 randread 4 KiB, paced: {name}")
-    ax.legend()
+fig, axes = plt.subplots(len(polls), 3, figsize=(15, 4 * len(polls)), squeeze=False)
+for row, pm in zip(axes, polls):
+    for ax, (f, name) in zip(row, (("avg_lat_us", "mean"), ("p50_lat_us", "p50"), ("p99_lat_us", "p99"))):
+        w = 0.25
+        for i, m in enumerate(("off", "fixed", "adaptive")):
+            ys = [low.get(("randread", 4096, 1, r, m, pm), {}).get(f, 0) for r in rts]
+            ax.bar([j + (i - 1) * w for j in range(len(rts))], ys, w, label=m)
+        ax.set_xticks(range(len(rts)), [f"{r} IOPS" for r in rts])
+        ax.set_ylabel(f"{name} latency µs (median of runs)")
+        ax.set_title(f"QD1 randread 4 KiB paced, {pm} reactors: {name}")
+        ax.legend()
 fig.tight_layout()
 fig.savefig(base + "-lowrate.png", dpi=90)
 print(f"\nplots: {base}-iops.png {base}-lowrate.png")
