@@ -1,7 +1,7 @@
 //! Abort and controller reset / shutdown over raw TCP: an Abort reaches a
 //! write that waits for its R2T data on an I/O queue (another reactor than
-//! the admin queue's, round robin) and completes it with Command Abort
-//! Requested; CC.EN = 0 and CC.SHN disconnect the I/O queues, CSTS reports
+//! the admin queue's, round robin), or a capsule waiting for a command
+//! slot, and completes it with Command Abort Requested; CC.EN = 0 and CC.SHN disconnect the I/O queues, CSTS reports
 //! the end, no pool buffer is left behind, and the controller enables again
 //! and takes new I/O queues.
 
@@ -73,6 +73,61 @@ fn abort_completes_a_write_waiting_for_its_data() {
     assert_eq!(st.poll_groups.iter().map(|g| g.aborted).sum::<u64>(), 1);
     drop(q);
     drop(a);
+    eventually("connections closed", || e.target.connections() == 0);
+    eventually("pool buffers back", || pool_free(&e) == free0);
+}
+
+/// A host beyond the target's command slots (128 + AERs + 1 = 133 per
+/// queue): the next capsule waits for a slot; aborting it marks it, and
+/// when a slot frees up it completes with Command Abort Requested without
+/// reaching the bdev.
+#[test]
+fn abort_reaches_a_command_waiting_for_a_slot() {
+    const SLOTS: u16 = 133;
+    let e = env();
+    let free0 = pool_free(&e);
+    let (mut a, cntlid) = Client::admin(e.port, Digests::default());
+    let mut q = Client::io_queue(e.port, Digests::default(), cntlid, 1);
+    // Every slot held by a one-block write waiting for its R2T data.
+    for i in 0..SLOTS {
+        let mut w = Client::rw_sqe(io::WRITE, u64::from(i), 1, false);
+        w.set_cid(100 + i).set_sgl_psdt();
+        q.send_cmd(&w, &[]);
+    }
+    let mut ttag = vec![0u16; SLOTS as usize];
+    for _ in 0..SLOTS {
+        let p = q.recv().unwrap();
+        assert_eq!(p.ty, PduType::R2T as u8);
+        let h = DataHdr::decode(&p.hdr).unwrap();
+        ttag[usize::from(h.cccid - 100)] = h.ttag;
+    }
+    let mut r = Client::rw_sqe(io::READ, 0, 1, false);
+    r.set_cid(999).set_sgl_psdt();
+    q.send_cmd(&r, &[]);
+    // The receiver parks the read until a slot frees; abort it there.
+    std::thread::sleep(Duration::from_millis(50));
+    let (_, c) = a.cmd(&mut abort_sqe(1, 999), &[]);
+    assert_eq!(c.dw0 & 1, 0, "a command waiting for a slot must be aborted");
+    // Abort one write: its slot goes to the read, which ends aborted.
+    let (_, c) = a.cmd(&mut abort_sqe(1, 100), &[]);
+    assert_eq!(c.dw0 & 1, 0);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let c = q.recv().unwrap().cqe();
+        assert_eq!(c.status(), Status::ABORT_REQUESTED, "cid {}", c.cid);
+        got.push(c.cid);
+    }
+    got.sort_unstable();
+    assert_eq!(got, [100, 999]);
+    // The rest complete normally once their data arrives.
+    for i in 1..SLOTS {
+        q.send_h2c(100 + i, ttag[usize::from(i)], 0, &[i as u8; 512], true);
+    }
+    for _ in 1..SLOTS {
+        assert!(q.recv().unwrap().cqe().status().is_success());
+    }
+    assert_eq!(q.read(5, 1).0, vec![5u8; 512]);
+    drop((q, a));
     eventually("connections closed", || e.target.connections() == 0);
     eventually("pool buffers back", || pool_free(&e) == free0);
 }
