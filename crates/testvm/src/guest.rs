@@ -108,8 +108,6 @@ impl GuestBuilder {
         self
     }
 
-    /// A vhost-user-blk device served on this unix socket (`/dev/vdX` in the
-    /// guest, in the order added). Guest RAM becomes a shared memfd.
     /// Ships a host executable to `/ustor/bin/<file name>` (a stripped
     /// copy when `strip` is available) with every shared library `ldd`
     /// lists for it, at the host's paths (the base image has only the
@@ -119,6 +117,8 @@ impl GuestBuilder {
         self
     }
 
+    /// A vhost-user-blk device served on this unix socket (`/dev/vdX` in the
+    /// guest, in the order added). Guest RAM becomes a shared memfd.
     pub fn vhost_user_blk(mut self, socket: impl Into<PathBuf>) -> Self {
         self.vhost_user_blk.push(socket.into());
         self
