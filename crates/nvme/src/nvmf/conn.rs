@@ -150,6 +150,10 @@ pub(crate) struct Conn {
     closing: Cell<bool>,
     dead: Cell<bool>,
     coal: Rc<RefCell<Coalescer>>,
+    /// R2Ts whose data is still due. While none is, the next host PDU can
+    /// only be a capsule (or a termination request), so an exact header
+    /// read asks for a whole capsule header: one receive instead of two.
+    r2t_out: Cell<u32>,
     /// CID of the capsule the receiver holds while it waits for a slot, and
     /// whether an Abort named it meanwhile.
     slot_wait: Cell<Option<u16>>,
@@ -231,6 +235,7 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
         closing: Cell::new(false),
         dead: Cell::new(false),
         coal,
+        r2t_out: Cell::new(0),
         slot_wait: Cell::new(None),
         slot_wait_aborted: Cell::new(false),
     });
@@ -386,6 +391,7 @@ impl Conn {
             }
             SlotState::AwaitH2C => {
                 drop(s);
+                self.r2t_out.set(self.r2t_out.get() - 1);
                 self.complete_aborted(i as u16);
                 true
             }
@@ -605,7 +611,14 @@ async fn receiver(conn: &Rc<Conn>, st: &mut Staging) {
             budget = RECV_BUDGET;
             ustor_runtime::yield_now().await;
         }
-        if st.fill(fd, CH_LEN, MIN_PDU_LEN).await.is_err() {
+        // Exact mode: the smallest PDU (24 bytes) while H2CData may come,
+        // else a capsule header (+ digest); neither reads into a payload.
+        let exact = if conn.r2t_out.get() == 0 {
+            CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
+        } else {
+            MIN_PDU_LEN
+        };
+        if st.fill(fd, CH_LEN, exact).await.is_err() {
             return;
         }
         let ch = CommonHeader::decode(st.peek(CH_LEN)).expect("8 bytes staged");
@@ -811,6 +824,7 @@ async fn capsule(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) -
                 s[i as usize].state = SlotState::AwaitH2C;
             }
             stats::with(|c| inc(&c.r2ts, 1));
+            conn.r2t_out.set(conn.r2t_out.get() + 1);
             conn.push_out(Out::R2T {
                 cid: sqe.cid(),
                 ttag: i,
@@ -867,6 +881,9 @@ async fn h2c_data(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) 
         }
         (got == total, slot.aborted)
     };
+    if aborted || done {
+        conn.r2t_out.set(conn.r2t_out.get() - 1);
+    }
     if aborted {
         conn.complete_aborted(i as u16);
     } else if done {
