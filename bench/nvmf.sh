@@ -95,7 +95,7 @@ def group(pred, by_poll=False):
     return g
 
 F = ["iops", "avg_lat_us", "p50_lat_us", "p99_lat_us", "ini_sendmsg_per_io",
-     "tgt_sendmsg_per_io", "tgt_sleeps_per_io", "pace_late_avg_us", "load"]
+     "tgt_sendmsg_per_io", "tgt_recv_per_io", "tgt_sleeps_per_io", "pace_late_avg_us", "load"]
 
 def summary(rs):
     return {f: med([float(r[f]) for r in rs if f in r]) for f in F} | {"n": len(rs)}
@@ -106,13 +106,13 @@ polls = sorted({k[5] for k in low})
 print()
 print("## Summary (medians over repetitions)")
 print()
-print("| rw | bs | qd | mode | n | IOPS | mean µs | p50 µs | p99 µs | ini sendmsg/IO | tgt sendmsg/IO | load |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| rw | bs | qd | mode | n | IOPS | mean µs | p50 µs | p99 µs | ini sendmsg/IO | tgt sendmsg/IO | tgt recv/IO | load |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for k in sorted(sat, key=lambda k: (k[0], k[1], k[2], ["off", "fixed", "adaptive"].index(k[4]))):
     s = sat[k]
     print(f"| {k[0]} | {k[1]} | {k[2]} | {k[4]} | {s['n']} | {s['iops']:.0f} | {s['avg_lat_us']:.1f} | "
           f"{s['p50_lat_us']:.1f} | {s['p99_lat_us']:.1f} | {s['ini_sendmsg_per_io']:.3f} | "
-          f"{s['tgt_sendmsg_per_io']:.3f} | {s['load']:.2f} |")
+          f"{s['tgt_sendmsg_per_io']:.3f} | {s['tgt_recv_per_io']:.3f} | {s['load']:.2f} |")
 print()
 print("### Low rate, QD1 randread 4 KiB (paced)")
 print()
