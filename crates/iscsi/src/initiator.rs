@@ -145,6 +145,8 @@ const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Socket passes a loop makes before yielding the reactor.
 const LOOP_BUDGET: u32 = 32;
+/// Reads the receive poller makes per reactor pass.
+const RX_PASS_BUDGET: usize = 16;
 
 /// The state every task of the host shares (one reactor, so `Rc`).
 struct Shared {
@@ -447,29 +449,11 @@ impl Shared {
         let me = self.clone();
         let mut iov = Box::new([EMPTY_IOV; RX_IOVS]);
         // While commands are outstanding, every reactor pass tries the
-        // socket once more (no io_uring poll round trip on the latency
-        // path); idle connections wait in the receiver task's poll.
+        // socket (no io_uring poll round trip on the latency path); idle
+        // connections wait in the receiver task's poll.
         self.rx_poller.set(Some(ustor_runtime::register_poller(
             "iscsi-rx",
-            move || {
-                let busy = me.live(gen)
-                    && me
-                        .st
-                        .borrow()
-                        .as_ref()
-                        .is_some_and(|st| st.outstanding() > 0);
-                if !busy {
-                    return ustor_runtime::PollStatus::Idle;
-                }
-                match rx_once(&me, fd, &mut iov) {
-                    Ok(Rx::Got { .. }) => ustor_runtime::PollStatus::Busy,
-                    Ok(Rx::WouldBlock) => ustor_runtime::PollStatus::Idle,
-                    Err(why) => {
-                        me.fail_conn(gen, &why);
-                        ustor_runtime::PollStatus::Busy
-                    }
-                }
-            },
+            move || rx_poll(&me, gen, fd, &mut iov),
         )));
         ustor_runtime::spawn(receiver(self.clone(), fd, gen));
         ustor_runtime::spawn(sender(self.clone(), fd, gen));
@@ -655,6 +639,43 @@ fn rx_once(s: &Shared, fd: RawFd, iov: &mut [libc::iovec; RX_IOVS]) -> Result<Rx
         s.flush_tx();
     }
     r
+}
+
+/// The receive poller: up to a budget of reads per reactor pass while
+/// commands are outstanding (PDUs queued in the socket are taken without
+/// waiting for the next pass, but no connection holds the reactor).
+fn rx_poll(
+    s: &Rc<Shared>,
+    gen: u64,
+    fd: RawFd,
+    iov: &mut [libc::iovec; RX_IOVS],
+) -> ustor_runtime::PollStatus {
+    use ustor_runtime::PollStatus;
+    let busy = s.live(gen)
+        && s.st
+            .borrow()
+            .as_ref()
+            .is_some_and(|st| st.outstanding() > 0);
+    if !busy {
+        return PollStatus::Idle;
+    }
+    let mut status = PollStatus::Idle;
+    for _ in 0..RX_PASS_BUDGET {
+        match rx_once(s, fd, iov) {
+            Ok(Rx::Got { drained }) => {
+                status = PollStatus::Busy;
+                if drained {
+                    break;
+                }
+            }
+            Ok(Rx::WouldBlock) => break,
+            Err(why) => {
+                s.fail_conn(gen, &why);
+                return PollStatus::Busy;
+            }
+        }
+    }
+    status
 }
 
 /// Receives PDUs straight into their destination (see `State::rx_iovecs`);
