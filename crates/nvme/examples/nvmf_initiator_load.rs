@@ -143,15 +143,19 @@ fn main() {
     let names = attach_controller(&irt.handle(), &ireg, &p).expect("attach");
     let bdev = names[0].clone();
     let tids = [trt.thread_ids()[0], irt.thread_ids()[0]];
-    // (sendmsg, recv) calls of the target.
+    // Target (sendmsg calls, recv calls, payload copies).
     let tstats = |t: &Target| {
         t.nvmf_get_stats()
             .map(|s| {
-                s.poll_groups
-                    .iter()
-                    .fold((0, 0), |a, g| (a.0 + g.sendmsg_calls, a.1 + g.recv_calls))
+                s.poll_groups.iter().fold((0, 0, 0), |a, g| {
+                    (
+                        a.0 + g.sendmsg_calls,
+                        a.1 + g.recv_calls,
+                        a.2 + g.payload_copies,
+                    )
+                })
             })
-            .unwrap_or((0, 0))
+            .unwrap_or((0, 0, 0))
     };
     let reg2 = ireg.clone();
     // Warm-up + measurement on reactor 1.
@@ -261,7 +265,7 @@ fn main() {
     let cs = s1.first().map(|s| s.coalesce).unwrap_or_default();
     println!(
         "mode={mode:?} poll={poll_mode} rw={} bs={bs} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p50_lat_us={p50:.1} p99_lat_us={p99:.1} \
-         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
+         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_copies_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
         if write { "randwrite" } else { "randread" },
         n as f64 / secs as f64,
         (z1[0] - z0[0]) as f64 / n1,
@@ -269,6 +273,7 @@ fn main() {
         isend as f64 / n1,
         (t1s.0 - t0s.0) as f64 / n1,
         (t1s.1 - t0s.1) as f64 / n1,
+        (t1s.2 - t0s.2) as f64 / n1,
         cpu(0),
         cpu(1),
         cs.degree,
