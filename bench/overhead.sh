@@ -25,7 +25,7 @@
 #   CORE=1           core for ustor's reactor and for fio
 #   DIR=/var/tmp     where the 1 GiB backing files go (ext4 for the file test)
 #   SIZE_MB=1024     size of each backing file
-#   USTOR_MODES="poll adaptive"   ustor poll modes for the uring bdev
+#   USTOR_MODES="poll adaptive interrupt"   ustor poll modes for the uring bdev
 #   MALLOC=1G        malloc bdev size
 #   NOBUILD=1        do not run cargo build
 #   USTOR=path       ustor binary (default target/release/ustor)
@@ -37,7 +37,7 @@ REPEAT=${REPEAT:-1}
 CORE=${CORE:-1}
 DIR=${DIR:-/var/tmp}
 SIZE_MB=${SIZE_MB:-1024}
-USTOR_MODES=${USTOR_MODES:-"poll adaptive"}
+USTOR_MODES=${USTOR_MODES:-"poll adaptive interrupt"}
 MALLOC=${MALLOC:-1G}
 
 cd "$(dirname "$0")/.."
