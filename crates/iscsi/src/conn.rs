@@ -24,9 +24,15 @@ pub async fn recv_exact(fd: RawFd, n: usize) -> io::Result<Vec<u8>> {
     while got < n {
         let (r, b) = ops::recv(fd, buf, got, n - got).await;
         buf = b;
-        match r? {
-            0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-            k => got += k,
+        match r {
+            // Sockets are non-blocking: kernels that honour O_NONBLOCK in
+            // io_uring say EAGAIN instead of waiting.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                wait_ready(fd, libc::POLLIN as u32).await?
+            }
+            Err(e) => return Err(e),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            Ok(k) => got += k,
         }
     }
     Ok(buf[..n].to_vec())
@@ -40,9 +46,13 @@ pub async fn send_all(fd: RawFd, data: &[u8]) -> io::Result<()> {
     while sent < data.len() {
         let (r, b) = ops::send(fd, buf, sent, data.len()).await;
         buf = b;
-        match r? {
-            0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            k => sent += k,
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                wait_ready(fd, libc::POLLOUT as u32).await?
+            }
+            Err(e) => return Err(e),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(k) => sent += k,
         }
     }
     Ok(())
@@ -87,6 +97,73 @@ pub async fn with_timeout<F: Future>(d: Duration, fut: F) -> Option<F::Output> {
         Poll::Pending
     })
     .await
+}
+
+/// Connects without blocking the reactor: a non-blocking socket, then an
+/// io_uring poll for writability bounded by `timeout` (a portal that drops
+/// SYNs would otherwise hold the reactor for the kernel's SYN retries).
+/// The stream stays non-blocking.
+pub async fn connect(portal: &str, timeout: Duration) -> io::Result<std::net::TcpStream> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    use std::os::fd::FromRawFd;
+    let addr = portal
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| io::Error::other(format!("portal `{portal}` resolves to nothing")))?;
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2); the fd is owned by the TcpStream below.
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket that nothing else owns.
+    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    // SAFETY: zeroed sockaddr_storage is valid; we fill the family's fields.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    // SAFETY: ss holds a valid address of `len` bytes.
+    let r = unsafe { libc::connect(fd, &ss as *const _ as *const libc::sockaddr, len as u32) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        with_timeout(timeout, wait_ready(fd, libc::POLLOUT as u32))
+            .await
+            .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))??;
+        if let Some(e) = stream.take_error()? {
+            return Err(e);
+        }
+    }
+    Ok(stream)
 }
 
 /// Makes a socket non-blocking (the data path's readv/writev).

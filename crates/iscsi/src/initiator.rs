@@ -406,7 +406,7 @@ impl Shared {
                     .ok_or_else(|| LoginError::Protocol("SendTargets listed no target".into()))?
             }
         };
-        let stream = TcpStream::connect(&cfg.portal)?;
+        let stream = crate::conn::connect(&cfg.portal, timeout).await?;
         let fd = stream.as_raw_fd();
         let p = login_params(cfg, self.isid, Some(&target));
         let n = login::login(fd, &p, timeout).await?;

@@ -6,12 +6,11 @@
 
 use std::fmt;
 use std::io;
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use crate::chap::{self, ChapSecret, MutualChallenge};
-use crate::conn::{pdu_bytes, read_pdu, send_all, with_timeout};
+use crate::conn::{connect, pdu_bytes, read_pdu, send_all, with_timeout};
 use crate::wire::{build, encode_text, opcode, parse_text, LoginStatus, TargetPdu};
 
 /// What the initiator offers and how it authenticates.
@@ -392,7 +391,7 @@ pub async fn discover(
     p: &LoginParams<'_>,
     timeout: Duration,
 ) -> Result<Vec<String>, LoginError> {
-    let stream = TcpStream::connect(portal)?;
+    let stream = connect(portal, timeout).await?;
     let fd = stream.as_raw_fd();
     let mut dp = p.clone();
     dp.target = None;
