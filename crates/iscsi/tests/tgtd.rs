@@ -195,3 +195,60 @@ fn keepalive_pings_and_detects_a_stopped_target() {
     );
     rig.write_read("k0", 0, 64 << 10, 6);
 }
+
+#[test]
+fn digest_mismatch_fails_the_connection_and_the_session_recovers() {
+    let Some(mut rig) = Rig::start(
+        "digest_mismatch_fails_the_connection_and_the_session_recovers",
+        16 << 20,
+    ) else {
+        return;
+    };
+    for k in ["HeaderDigest", "DataDigest"] {
+        rig.tgtd
+            .admin(&[
+                "--lld",
+                "iscsi",
+                "--op",
+                "update",
+                "--mode",
+                "target",
+                "--tid",
+                "1",
+                "--name",
+                k,
+                "--value",
+                "CRC32C,None",
+            ])
+            .expect("enable digests in tgtd");
+    }
+    let proxy = Proxy::start(rig.tgtd.port());
+    let mut cfg = IscsiConfig::new(format!("127.0.0.1:{}", proxy.port), Some(IQN.into()));
+    cfg.header_digest = true;
+    cfg.data_digest = true;
+    let host = rig.attach_with(cfg, 3000, 5).expect("iSCSI host via proxy");
+    let dev = rig.disk();
+    rig.bdev("g0", &dev, 0, 8 << 20);
+    let data = rig.write_read("g0", 0, 256 << 10, 7);
+    // One bit flipped in what the target sends: the receiver's digest
+    // check fails the connection, the session is reinstated and the read
+    // is retried (or, if retries ran out first, a second read works).
+    proxy
+        .corrupt
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = None;
+    while Instant::now() < deadline && got.is_none() {
+        got = rig.read_back("g0", 0, 256 << 10).ok();
+    }
+    assert!(
+        got.expect("read after recovery") == data,
+        "data differs after recovery"
+    );
+    let st = rig.info(host)["stats"].clone();
+    let digest_errors =
+        st["header_digest_errors"].as_u64().unwrap() + st["data_digest_errors"].as_u64().unwrap();
+    assert!(digest_errors >= 1, "{st}");
+    assert!(st["connection_failures"].as_u64().unwrap() >= 1, "{st}");
+    assert!(st["reinstatements"].as_u64().unwrap() >= 2, "{st}");
+}

@@ -206,6 +206,24 @@ impl Rig {
         data
     }
 
+    /// Reads `len` bytes at `off`; the data or the error.
+    pub fn read_back(&self, bdev: &str, off: u64, len: usize) -> Result<Vec<u8>, String> {
+        let desc = self
+            .reg
+            .open(bdev, false, |_| {})
+            .map_err(|e| e.to_string())?;
+        self.rt
+            .handle()
+            .block_on(0, move || async move {
+                let ch = desc.channel().map_err(|e| e.to_string())?;
+                let b = IoBuf::alloc(len).await;
+                let (r, b) = ch.read(off / 512, len as u64 / 512, b).await;
+                r.map_err(|e| e.to_string())?;
+                Ok(b[..len].to_vec())
+            })
+            .map_err(|e| e.to_string())?
+    }
+
     /// One read; its result.
     pub fn try_read(&self, bdev: &str, off: u64, len: usize) -> Result<(), String> {
         let desc = self
@@ -246,5 +264,62 @@ impl Rig {
             }
         }
         panic!("tgtd with {portal} not found among our children");
+    }
+}
+
+/// A TCP proxy between the initiator and tgtd that can flip one bit in the
+/// target-to-initiator stream on demand (digest-mismatch tests). Threads
+/// end when either side closes.
+pub struct Proxy {
+    pub port: u16,
+    pub corrupt: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(target_port: u16) -> Proxy {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let l = TcpListener::bind("127.0.0.1:0").expect("proxy listen");
+        let port = l.local_addr().unwrap().port();
+        let corrupt = Arc::new(AtomicBool::new(false));
+        let flag = corrupt.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(down) = c else { return };
+                let Ok(up) = TcpStream::connect(("127.0.0.1", target_port)) else {
+                    continue;
+                };
+                let _ = up.set_nodelay(true);
+                let _ = down.set_nodelay(true);
+                let pipe =
+                    |mut from: TcpStream, mut to: TcpStream, flip: Option<Arc<AtomicBool>>| {
+                        std::thread::spawn(move || {
+                            let mut buf = vec![0u8; 65536];
+                            loop {
+                                let n = match from.read(&mut buf) {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => n,
+                                };
+                                if flip
+                                    .as_ref()
+                                    .is_some_and(|f| f.swap(false, Ordering::SeqCst))
+                                {
+                                    buf[n / 2] ^= 0x40;
+                                }
+                                if to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
+                            }
+                            let _ = to.shutdown(Shutdown::Both);
+                            let _ = from.shutdown(Shutdown::Both);
+                        });
+                    };
+                pipe(down.try_clone().unwrap(), up.try_clone().unwrap(), None);
+                pipe(up, down, Some(flag.clone()));
+            }
+        });
+        Proxy { port, corrupt }
     }
 }
