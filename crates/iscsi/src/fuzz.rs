@@ -98,7 +98,13 @@ pub fn rx_stream(data: &[u8]) -> Result<(), RxError> {
     r
 }
 
-fn feed(st: &mut State, mut data: &[u8], chunk: usize) -> Result<(), RxError> {
+fn feed(st: &mut State, data: &[u8], chunk: usize) -> Result<(), RxError> {
+    feed_with(st, data, chunk, true)
+}
+
+/// Feeds bytes as the socket would; `drain` also empties the send side
+/// after each read.
+fn feed_with(st: &mut State, mut data: &[u8], chunk: usize, drain: bool) -> Result<(), RxError> {
     let mut v = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
@@ -122,7 +128,9 @@ fn feed(st: &mut State, mut data: &[u8], chunk: usize) -> Result<(), RxError> {
         }
         data = &data[got..];
         st.rx_advance(got)?;
-        drain_tx(st);
+        if drain {
+            drain_tx(st);
+        }
     }
     Ok(())
 }
@@ -290,6 +298,121 @@ mod tests {
         assert_eq!((tag, status.is_ok(), resid), (0x0005_0001, true, 0));
         assert_eq!(&a[..], &payload[..100]);
         assert_eq!(&b[..], &payload[100..]);
+    }
+
+    /// Everything the send machine has staged, as bytes on the wire.
+    fn sent_bytes(st: &mut State) -> Vec<u8> {
+        let mut v = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; TX_IOVS];
+        let mut out = Vec::new();
+        loop {
+            let n = st.tx_iovecs(&mut v);
+            if n == 0 {
+                return out;
+            }
+            let mut k = 0;
+            for x in &v[..n] {
+                // SAFETY: the machine's iovecs point at live buffers.
+                out.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(x.iov_base as *const u8, x.iov_len)
+                });
+                k += x.iov_len;
+            }
+            st.tx_advance(k);
+        }
+    }
+
+    /// Splits wire bytes (no digests) into (BHS, data) pairs.
+    fn pdus(mut b: &[u8]) -> Vec<(Bhs, Vec<u8>)> {
+        let mut out = Vec::new();
+        while b.len() >= 48 {
+            let h = Bhs::from_slice(b).unwrap();
+            let d = h.data_len();
+            out.push((h, b[48..48 + d].to_vec()));
+            b = &b[48 + pad4(d)..];
+        }
+        assert!(b.is_empty());
+        out
+    }
+
+    #[test]
+    fn writes_respect_first_burst_and_immediate_limits() {
+        // ImmediateData + InitialR2T=No: 1 KiB immediate (the target's
+        // MRDSL), unsolicited Data-Out up to FirstBurstLength (2 KiB), then
+        // an R2T for the rest.
+        let p = Params {
+            header_digest: false,
+            data_digest: false,
+            immediate_data: true,
+            initial_r2t: false,
+            first_burst: 2048,
+            max_burst: 4096,
+            max_send_seg: 1024,
+            max_recv_seg: 16384,
+        };
+        let mut st = State::new(p, 2, 1, 1, 64);
+        let mut buf: Vec<u8> = (0..8192u32).map(|i| (i * 13) as u8).collect();
+        let v = [iov(&mut buf)];
+        let cmd = ScsiCmd {
+            tag: 0x0007_0001,
+            nexus: Nexus {
+                channel: 0,
+                target: 0,
+                lun: 0,
+            },
+            cdb: Cdb::test_unit_ready(),
+            dir: DataDir::ToDevice,
+            iov: v.as_ptr(),
+            iovcnt: 1,
+            data_len: 8192,
+        };
+        st.start(&cmd).unwrap();
+        let first = pdus(&sent_bytes(&mut st));
+        assert_eq!(first.len(), 2, "command + one unsolicited Data-Out");
+        let (c, imm) = &first[0];
+        assert_eq!(c.opcode(), opcode::SCSI_CMD);
+        assert!(!c.final_bit(), "F clear: unsolicited data follows");
+        assert_eq!(c.u32_at(20), 8192, "EDTL");
+        assert_eq!(&imm[..], &buf[..1024]);
+        let (d, data) = &first[1];
+        assert_eq!(
+            (d.opcode(), d.u32_at(20), d.u32_at(40)),
+            (opcode::DATA_OUT, 0xffff_ffff, 1024)
+        );
+        assert!(d.final_bit(), "last PDU of the unsolicited burst");
+        assert_eq!(&data[..], &buf[1024..2048]);
+        // The target asks for the rest: 4 KiB (MaxBurstLength), then 2 KiB.
+        let r2t = pdu(0, opcode::R2T, 0x80, 0x0007_0001, 2048, 4096, &[]);
+        feed_with(&mut st, &r2t, usize::MAX, false).unwrap();
+        let burst = pdus(&sent_bytes(&mut st));
+        assert_eq!(burst.len(), 4, "4 KiB in 1 KiB segments");
+        for (i, (h, data)) in burst.iter().enumerate() {
+            let off = 2048 + i * 1024;
+            assert_eq!(
+                (h.u32_at(20), h.u32_at(36), h.u32_at(40)),
+                (0x100, i as u32, off as u32)
+            );
+            assert_eq!(h.final_bit(), i == 3);
+            assert_eq!(&data[..], &buf[off..off + 1024]);
+        }
+        // Immediate data off and InitialR2T=Yes: the command goes alone.
+        let mut st = State::new(
+            Params {
+                immediate_data: false,
+                initial_r2t: true,
+                ..p
+            },
+            2,
+            1,
+            1,
+            64,
+        );
+        st.start(&cmd).unwrap();
+        let only = pdus(&sent_bytes(&mut st));
+        assert_eq!(only.len(), 1);
+        assert!(only[0].0.final_bit() && only[0].1.is_empty());
     }
 
     /// A stream of PDUs with fields drawn near the interesting values.
