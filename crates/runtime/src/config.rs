@@ -12,7 +12,8 @@ pub enum PollMode {
     Poll,
     /// Block in `io_uring_enter` as soon as a loop pass finds no work.
     Interrupt,
-    /// Busy-poll while pollers report work; block after `idle_period` without.
+    /// Busy-poll while pollers report work; block after an idle spin that
+    /// adapts between 50 µs and `idle_period` (see `spin.rs`).
     Adaptive,
 }
 
@@ -48,8 +49,8 @@ pub struct RuntimeConfig {
     /// Pin each reactor thread to its core.
     pub pin: bool,
     pub poll_mode: PollMode,
-    /// Adaptive mode: how long a reactor busy-polls without work before it
-    /// sleeps.
+    /// Adaptive mode: the longest a reactor busy-polls without work before
+    /// it sleeps (the spin shrinks when spinning does not pay).
     pub idle_period: Duration,
     /// Submission queue entries of each reactor's ring (completion queue is 2x).
     pub ring_entries: u32,

@@ -37,6 +37,7 @@ pub mod net;
 pub mod ops;
 pub mod poller;
 pub mod reactor;
+mod spin;
 pub mod stats;
 pub mod ticks;
 pub mod timer;

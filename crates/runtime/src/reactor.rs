@@ -11,6 +11,7 @@ use crate::config::{PollMode, RuntimeConfig};
 use crate::executor::Executor;
 use crate::msg::{ReactorShared, RuntimeShared};
 use crate::poller::Pollers;
+use crate::spin::{Contention, SpinBudget, MIN_SPIN_NS};
 use crate::stats::Counters;
 use crate::ticks;
 use crate::timer::Timers;
@@ -32,7 +33,10 @@ pub(crate) struct Reactor {
     pub(crate) bufs: BufPool,
     pub(crate) stats: Counters,
     mode: PollMode,
-    idle_ticks: u64,
+    /// Adaptive mode's spin before sleeping (adapts within `idle_period`).
+    spin: std::cell::RefCell<SpinBudget>,
+    /// Adaptive mode: whether other threads want the CPUs (then no spin).
+    contention: std::cell::RefCell<Contention>,
     stop_requested: Cell<bool>,
     exit_hooks: std::cell::RefCell<Vec<Box<dyn FnOnce()>>>,
 }
@@ -101,7 +105,13 @@ impl Reactor {
             bufs,
             stats: Counters::default(),
             mode: cfg.poll_mode,
-            idle_ticks: ticks::from_duration(cfg.idle_period),
+            spin: std::cell::RefCell::new(SpinBudget::new(
+                ticks::from_duration(cfg.idle_period),
+                ticks::from_duration(std::time::Duration::from_nanos(MIN_SPIN_NS)),
+            )),
+            contention: std::cell::RefCell::new(Contention::new(ticks::from_duration(
+                std::time::Duration::from_millis(5),
+            ))),
             stop_requested: Cell::new(false),
             exit_hooks: std::cell::RefCell::new(Vec::new()),
         })
@@ -144,13 +154,21 @@ impl Reactor {
                 self.stats
                     .idle_ticks
                     .set(self.stats.idle_ticks.get() + (end - prev));
+                let mut contended = false;
                 let sleep = match self.mode {
                     PollMode::Poll => false,
                     PollMode::Interrupt => true,
-                    PollMode::Adaptive => end - last_busy >= self.idle_ticks,
+                    PollMode::Adaptive => {
+                        contended = self.contention.borrow_mut().oversubscribed(end);
+                        contended || end - last_busy >= self.spin.borrow().ticks()
+                    }
                 };
                 if sleep && !self.exec.has_ready() {
-                    self.sleep();
+                    let spun = end - last_busy;
+                    let slept = self.sleep();
+                    if self.mode == PollMode::Adaptive && !contended {
+                        self.spin.borrow_mut().after_sleep(spun, slept);
+                    }
                     end = ticks::now();
                     last_busy = end;
                 }
@@ -178,14 +196,15 @@ impl Reactor {
 
     /// Blocks in io_uring_enter until a completion (an eventfd write from a
     /// sender, an I/O, or the next timer deadline).
-    fn sleep(&self) {
+    /// Returns the ticks spent asleep (0 if it did not sleep).
+    fn sleep(&self) -> u64 {
         // Dekker pairing with `RuntimeHandle::send`: publish `sleeping`, then
         // look at the inbox; the sender pushes, then looks at `sleeping`.
         self.shared.sleeping.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if !self.shared.inbox.is_empty() || self.shared.stop.load(Ordering::Acquire) {
             self.shared.sleeping.store(false, Ordering::SeqCst);
-            return;
+            return 0;
         }
         let now = ticks::now();
         let deadline = [self.timers.next_deadline(), self.pollers.next_deadline()]
@@ -202,6 +221,7 @@ impl Reactor {
             .idle_ticks
             .set(self.stats.idle_ticks.get() + (t1 - t0));
         self.stats.wakeups.set(self.stats.wakeups.get() + 1);
+        t1 - t0
     }
 
     fn shutdown_ring(&self) {
