@@ -62,7 +62,8 @@ pub struct RuntimeArgs {
     /// Buffer pool per reactor, in MiB.
     #[arg(long, default_value_t = 64)]
     pub mem_size: usize,
-    /// Adaptive mode: idle time before a reactor sleeps, in microseconds.
+    /// Adaptive mode: longest idle spin before a reactor sleeps, in microseconds
+    /// (the spin adapts below it, and is skipped while CPUs are oversubscribed).
     #[arg(long, default_value_t = 1000)]
     pub idle_us: u64,
     /// Do not pin reactors to their cores.
