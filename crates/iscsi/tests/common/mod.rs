@@ -160,14 +160,14 @@ impl Rig {
 
     /// The live facts of the newest iSCSI session (`scsi_get_hosts` has
     /// the host's info as it was when added).
+    /// The host's live LLD facts, through `scsi_get_hosts` (the control
+    /// path users see).
     pub fn info(&self, host: u32) -> serde_json::Value {
-        assert!(scsi_get_hosts(&self.stack).iter().any(|h| h.host == host));
-        self.rt
-            .handle()
-            .block_on(0, || async { ustor_iscsi::initiator::local_sessions() })
-            .unwrap()
-            .pop()
-            .expect("a live iSCSI session")
+        scsi_get_hosts(&self.stack)
+            .into_iter()
+            .find(|h| h.host == host)
+            .expect("the host is listed")
+            .info
     }
 
     /// Writes `len` bytes of pattern `seed` at `off` (chunks of 1 MiB),

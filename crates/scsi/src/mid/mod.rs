@@ -281,8 +281,17 @@ impl ScsiStack {
             .map_err(ScsiError::Transport)
     }
 
+    /// Every host, with the LLD's `info()` read now on the host's reactor
+    /// (it carries live facts such as session state and counters).
     pub fn hosts(&self) -> Vec<HostInfo> {
-        self.shared.lock().hosts.values().cloned().collect()
+        let mut hosts: Vec<HostInfo> = self.shared.lock().hosts.values().cloned().collect();
+        for h in &mut hosts {
+            // A host removed meanwhile keeps the facts it was published with.
+            if let Ok(info) = self.on_host(h.host, |host| async move { host.lld.info() }) {
+                h.info = info;
+            }
+        }
+        hosts
     }
 
     pub fn devices(&self) -> Vec<DeviceInfo> {
