@@ -149,18 +149,11 @@ fn main() {
     let Some(mut rig) = Rig::start("iscsi_alloc_free", 64 << 20) else {
         return;
     };
-    for (k, v) in [
+    rig.target_params(&[
         ("HeaderDigest", "CRC32C,None"),
         ("DataDigest", "CRC32C,None"),
         ("InitialR2T", "No"),
-    ] {
-        rig.tgtd
-            .admin(&[
-                "--lld", "iscsi", "--op", "update", "--mode", "target", "--tid", "1", "--name", k,
-                "--value", v,
-            ])
-            .expect("tgtd target parameter");
-    }
+    ]);
     let mut cfg = IscsiConfig::new(rig.portal(), Some(IQN.into()));
     cfg.header_digest = true;
     cfg.data_digest = true;

@@ -42,19 +42,11 @@ fn immediate_data_and_digests_with_verified_data() {
     else {
         return;
     };
-    // tgtd offers no digests and wants InitialR2T unless told otherwise.
-    for (k, v) in [
+    rig.target_params(&[
         ("HeaderDigest", "CRC32C,None"),
         ("DataDigest", "CRC32C,None"),
         ("InitialR2T", "No"),
-    ] {
-        rig.tgtd
-            .admin(&[
-                "--lld", "iscsi", "--op", "update", "--mode", "target", "--tid", "1", "--name", k,
-                "--value", v,
-            ])
-            .expect("set tgtd target parameter");
-    }
+    ]);
     let mut cfg = IscsiConfig::new(rig.portal(), Some(IQN.into()));
     cfg.header_digest = true;
     cfg.data_digest = true;
@@ -204,24 +196,10 @@ fn digest_mismatch_fails_the_connection_and_the_session_recovers() {
     ) else {
         return;
     };
-    for k in ["HeaderDigest", "DataDigest"] {
-        rig.tgtd
-            .admin(&[
-                "--lld",
-                "iscsi",
-                "--op",
-                "update",
-                "--mode",
-                "target",
-                "--tid",
-                "1",
-                "--name",
-                k,
-                "--value",
-                "CRC32C,None",
-            ])
-            .expect("enable digests in tgtd");
-    }
+    rig.target_params(&[
+        ("HeaderDigest", "CRC32C,None"),
+        ("DataDigest", "CRC32C,None"),
+    ]);
     let proxy = Proxy::start(rig.tgtd.port());
     let mut cfg = IscsiConfig::new(format!("127.0.0.1:{}", proxy.port), Some(IQN.into()));
     cfg.header_digest = true;

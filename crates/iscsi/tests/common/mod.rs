@@ -160,6 +160,19 @@ impl Rig {
 
     /// The live facts of the newest iSCSI session (`scsi_get_hosts` has
     /// the host's info as it was when added).
+    /// Sets tgtd's target 1 login parameters (tgtd offers no digests and
+    /// wants InitialR2T unless told otherwise).
+    pub fn target_params(&mut self, params: &[(&str, &str)]) {
+        for (k, v) in params {
+            self.tgtd
+                .admin(&[
+                    "--lld", "iscsi", "--op", "update", "--mode", "target", "--tid", "1", "--name",
+                    k, "--value", v,
+                ])
+                .unwrap_or_else(|e| panic!("tgtd target parameter {k}={v}: {e}"));
+        }
+    }
+
     /// The host's live LLD facts, through `scsi_get_hosts` (the control
     /// path users see).
     pub fn info(&self, host: u32) -> serde_json::Value {
