@@ -1,4 +1,5 @@
-//! The malloc bdev: a RAM disk in an anonymous mapping (no hugepages).
+//! The malloc bdev: a RAM disk in an anonymous mapping (transparent huge
+//! pages when the kernel offers them; no hugetlbfs, nothing reserved).
 //!
 //! Channels on several reactors copy to and from the same mapping without a
 //! lock, as SPDK's malloc bdev does: ordering of overlapping writes is the
@@ -115,6 +116,12 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
             err: std::io::Error::last_os_error(),
         });
     }
+    // Transparent huge pages where the kernel offers them (no hugetlbfs, no
+    // reservation): random 4 KiB I/O over a large disk otherwise pays a
+    // page fault per first touch and a TLB miss on nearly every copy. Still
+    // populated lazily, 2 MiB at a time. Advice only: failure is harmless.
+    // SAFETY: advice on the mapping just made; no memory is accessed.
+    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
     let uuid = *opts.uuid.get_or_insert_with(uuid::Uuid::new_v4);
     let info = BdevInfo {
         name: opts.name.clone(),
