@@ -26,10 +26,7 @@ use std::time::Duration;
 use ustor_bdev::{modules, Registry};
 use ustor_nvme::coalesce::{CoalesceConfig, Mode};
 use ustor_nvme::initiator::{attach_controller, io_queue_stats, AttachParams};
-use ustor_nvme::nvmf::{
-    AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
-    NamespaceParams, Target, TransportOpts,
-};
+use ustor_nvme::nvmf::{CreateTransportParams, Target, TransportOpts};
 use ustor_runtime::{ticks, IoBuf, PollMode, Runtime, RuntimeConfig};
 
 const NQN: &str = "nqn.2024-01.io.ustor:bench";
@@ -106,38 +103,10 @@ fn main() {
         },
     })
     .unwrap();
-    t.nvmf_create_subsystem(&CreateSubsystemParams {
-        nqn: NQN.into(),
-        serial_number: "BENCH".into(),
-        model_number: "ustor bench".into(),
-        allow_any_host: true,
-        max_namespaces: 4,
-        min_cntlid: 1,
-        max_cntlid: 0xffef,
-    })
-    .unwrap();
-    t.nvmf_subsystem_add_ns(&AddNsParams {
-        nqn: NQN.into(),
-        namespace: NamespaceParams {
-            bdev_name: "Malloc0".into(),
-            nsid: 0,
-            uuid: None,
-            nguid: None,
-        },
-    })
-    .unwrap();
-    let l = t
-        .nvmf_subsystem_add_listener(&ListenerParams {
-            nqn: NQN.into(),
-            listen_address: ListenAddress {
-                trtype: "TCP".into(),
-                adrfam: "IPv4".into(),
-                traddr: "127.0.0.1".into(),
-                trsvcid: "0".into(),
-            },
-        })
+    let port = t
+        .export_local(NQN, "BENCH", "ustor bench", "Malloc0", "0")
         .unwrap();
-    let mut p = AttachParams::tcp("Bench", "127.0.0.1", &l.trsvcid, NQN);
+    let mut p = AttachParams::tcp("Bench", "127.0.0.1", &port, NQN);
     p.coalesce = coal;
     p.io_queue_size = 128;
     let names = attach_controller(&irt.handle(), &ireg, &p).expect("attach");

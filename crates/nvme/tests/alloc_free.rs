@@ -23,10 +23,7 @@ use std::time::Instant;
 
 use ustor_bdev::{modules, Registry};
 use ustor_nvme::initiator::{attach_controller, AttachParams};
-use ustor_nvme::nvmf::{
-    AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
-    NamespaceParams, Target, TransportOpts,
-};
+use ustor_nvme::nvmf::{CreateTransportParams, Target, TransportOpts};
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 
 struct Counting;
@@ -125,38 +122,10 @@ fn target(rt: &Runtime) -> (Target, String) {
         opts: TransportOpts::default(),
     })
     .unwrap();
-    t.nvmf_create_subsystem(&CreateSubsystemParams {
-        nqn: NQN.into(),
-        serial_number: "ALLOC".into(),
-        model_number: "ustor alloc".into(),
-        allow_any_host: true,
-        max_namespaces: 1,
-        min_cntlid: 1,
-        max_cntlid: 0xffef,
-    })
-    .unwrap();
-    t.nvmf_subsystem_add_ns(&AddNsParams {
-        nqn: NQN.into(),
-        namespace: NamespaceParams {
-            bdev_name: "Malloc0".into(),
-            nsid: 0,
-            uuid: None,
-            nguid: None,
-        },
-    })
-    .unwrap();
-    let l = t
-        .nvmf_subsystem_add_listener(&ListenerParams {
-            nqn: NQN.into(),
-            listen_address: ListenAddress {
-                trtype: "TCP".into(),
-                adrfam: "IPv4".into(),
-                traddr: "127.0.0.1".into(),
-                trsvcid: "0".into(),
-            },
-        })
+    let port = t
+        .export_local(NQN, "ALLOC", "ustor alloc", "Malloc0", "0")
         .unwrap();
-    (t, l.trsvcid)
+    (t, port)
 }
 
 /// Runs on the initiator's reactor: DEPTH workers, each cycling through

@@ -261,6 +261,48 @@ impl Target {
             .collect()
     }
 
+    /// One subsystem open to any host with `bdev` as namespace 1, listening
+    /// on 127.0.0.1:`trsvcid` (`"0"`: a free port): the export that tests,
+    /// examples and benchmarks set up. The TCP transport must exist.
+    /// Returns the port listened on.
+    pub fn export_local(
+        &self,
+        nqn: &str,
+        serial: &str,
+        model: &str,
+        bdev: &str,
+        trsvcid: &str,
+    ) -> Result<String, NvmfError> {
+        self.nvmf_create_subsystem(&CreateSubsystemParams {
+            nqn: nqn.into(),
+            serial_number: serial.into(),
+            model_number: model.into(),
+            allow_any_host: true,
+            max_namespaces: 8,
+            min_cntlid: 1,
+            max_cntlid: 0xffef,
+        })?;
+        self.nvmf_subsystem_add_ns(&AddNsParams {
+            nqn: nqn.into(),
+            namespace: NamespaceParams {
+                bdev_name: bdev.into(),
+                nsid: 1,
+                uuid: None,
+                nguid: None,
+            },
+        })?;
+        let l = self.nvmf_subsystem_add_listener(&ListenerParams {
+            nqn: nqn.into(),
+            listen_address: ListenAddress {
+                trtype: "TCP".into(),
+                adrfam: "IPv4".into(),
+                traddr: "127.0.0.1".into(),
+                trsvcid: trsvcid.into(),
+            },
+        })?;
+        Ok(l.trsvcid)
+    }
+
     /// `nvmf_create_subsystem`.
     pub fn nvmf_create_subsystem(&self, p: &CreateSubsystemParams) -> Result<bool, NvmfError> {
         check_nqn(&p.nqn)?;

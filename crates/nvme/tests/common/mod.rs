@@ -8,10 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ustor_bdev::{modules, Registry};
-use ustor_nvme::nvmf::{
-    AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
-    NamespaceParams, Target, TransportOpts,
-};
+use ustor_nvme::nvmf::{CreateTransportParams, Target, TransportOpts};
 use ustor_nvme::wire::*;
 use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
 
@@ -65,43 +62,13 @@ pub fn env_opts(blocks: u64, opts: TransportOpts) -> Env {
             opts,
         })
         .unwrap();
-    target
-        .nvmf_create_subsystem(&CreateSubsystemParams {
-            nqn: NQN.into(),
-            serial_number: "USTOR0001".into(),
-            model_number: "ustor test".into(),
-            allow_any_host: true,
-            max_namespaces: 8,
-            min_cntlid: 1,
-            max_cntlid: 0xffef,
-        })
-        .unwrap();
-    target
-        .nvmf_subsystem_add_ns(&AddNsParams {
-            nqn: NQN.into(),
-            namespace: NamespaceParams {
-                bdev_name: "Malloc0".into(),
-                nsid: 0,
-                uuid: None,
-                nguid: None,
-            },
-        })
-        .unwrap();
-    let l = target
-        .nvmf_subsystem_add_listener(&ListenerParams {
-            nqn: NQN.into(),
-            listen_address: ListenAddress {
-                trtype: "TCP".into(),
-                adrfam: "IPv4".into(),
-                traddr: "127.0.0.1".into(),
-                trsvcid: "0".into(),
-            },
-        })
+    let port = target
+        .export_local(NQN, "USTOR0001", "ustor test", "Malloc0", "0")
         .unwrap();
     Env {
         target,
         registry,
-        port: l.trsvcid.parse().unwrap(),
+        port: port.parse().unwrap(),
         rt,
     }
 }
