@@ -104,66 +104,15 @@ pub async fn with_timeout<F: Future>(d: Duration, fut: F) -> Option<F::Output> {
 /// SYNs would otherwise hold the reactor for the kernel's SYN retries).
 /// The stream stays non-blocking.
 pub async fn connect(portal: &str, timeout: Duration) -> io::Result<std::net::TcpStream> {
-    use std::net::{SocketAddr, ToSocketAddrs};
-    use std::os::fd::FromRawFd;
+    use std::net::ToSocketAddrs;
     let addr = portal
         .to_socket_addrs()?
         .next()
         .ok_or_else(|| io::Error::other(format!("portal `{portal}` resolves to nothing")))?;
-    let domain = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2); the fd is owned by the TcpStream below.
-    let fd = unsafe {
-        libc::socket(
-            domain,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh socket that nothing else owns.
-    let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
-    // SAFETY: zeroed sockaddr_storage is valid; we fill the family's fields.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-            let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
-            sin.sin_family = libc::AF_INET as libc::sa_family_t;
-            sin.sin_port = a.port().to_be();
-            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: as above, for sockaddr_in6.
-            let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_port = a.port().to_be();
-            sin6.sin6_addr.s6_addr = a.ip().octets();
-            sin6.sin6_scope_id = a.scope_id();
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    // SAFETY: ss holds a valid address of `len` bytes.
-    let r = unsafe { libc::connect(fd, &ss as *const _ as *const libc::sockaddr, len as u32) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-        with_timeout(timeout, wait_ready(fd, libc::POLLOUT as u32))
-            .await
-            .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))??;
-        if let Some(e) = stream.take_error()? {
-            return Err(e);
-        }
-    }
-    Ok(stream)
+    let fd = with_timeout(timeout, ustor_runtime::net::connect(addr))
+        .await
+        .ok_or_else(|| io::Error::from(io::ErrorKind::TimedOut))??;
+    Ok(std::net::TcpStream::from(fd))
 }
 
 /// Makes a socket non-blocking (the data path's readv/writev).

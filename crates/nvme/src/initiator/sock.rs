@@ -1,5 +1,5 @@
-//! Socket helpers for the initiator's queues: a non-blocking TCP connect
-//! completed through the reactor's io_uring (POLLOUT), and a vectored
+//! Socket helpers for the initiator's queues: a connect in blocking mode
+//! for io_uring sends, and a vectored
 //! receive straight into caller memory (the bdev I/O's buffers).
 //!
 //! The receive is a `recvmsg(MSG_DONTWAIT)` on data already queued and an
@@ -10,47 +10,12 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use ustor_runtime::ops;
 
 /// Most iovecs one receive carries: data segments, a digest, the next header.
 pub(crate) const MAX_RECV_IOV: usize = ustor_bdev::io::MAX_SEGMENTS + 2;
-
-fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than sockaddr_in and aligned for it.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
 
 fn setopt(fd: RawFd, level: i32, name: i32, v: libc::c_int) {
     // SAFETY: setsockopt with an int option on a socket we own.
@@ -65,62 +30,18 @@ fn setopt(fd: RawFd, level: i32, name: i32, v: libc::c_int) {
     }
 }
 
-/// Connects a TCP socket to `addr`: non-blocking connect, readiness through
-/// the ring, then back to blocking mode (io_uring sends must not see
-/// EAGAIN). TCP_NODELAY: the coalescer does the batching.
+/// Connects a TCP socket to `addr` (`runtime::net::connect`), then back to
+/// blocking mode (io_uring sends must not see EAGAIN). TCP_NODELAY: the
+/// coalescer does the batching.
 pub(crate) async fn connect(addr: SocketAddr) -> io::Result<OwnedFd> {
-    let fam = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2); the fd is owned by the OwnedFd right below.
-    let raw = unsafe {
-        libc::socket(
-            fam,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let (ss, len) = sockaddr(&addr);
-    // SAFETY: ss/len describe a valid address of the socket's family.
-    let r = unsafe { libc::connect(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-        let (res, _) = ops::poll_ready(raw, libc::POLLOUT as u32).await;
-        if res < 0 {
-            return Err(io::Error::from_raw_os_error(-res));
-        }
-        let mut err: libc::c_int = 0;
-        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: SO_ERROR into an int we own.
-        unsafe {
-            libc::getsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut err as *mut libc::c_int).cast(),
-                &mut l,
-            )
-        };
-        if err != 0 {
-            return Err(io::Error::from_raw_os_error(err));
-        }
-    }
+    let fd = ustor_runtime::net::connect(addr).await?;
+    let raw = fd.as_raw_fd();
     // SAFETY: fcntl on our own fd.
     unsafe {
         let fl = libc::fcntl(raw, libc::F_GETFL);
         libc::fcntl(raw, libc::F_SETFL, fl & !libc::O_NONBLOCK);
     }
-    setopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+    setopt(raw, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
     Ok(fd)
 }
 
