@@ -97,6 +97,19 @@ pub struct CoalesceStats {
 }
 
 impl CoalesceStats {
+    /// All zero (the `Default`, usable in `const` contexts).
+    pub const ZERO: CoalesceStats = CoalesceStats {
+        groups: 0,
+        pdus: 0,
+        full_groups: 0,
+        small_groups: 0,
+        timer_expiries: 0,
+        raises: 0,
+        lowers: 0,
+        degree: 0,
+        timer_us: 0,
+    };
+
     pub fn add(&mut self, o: &CoalesceStats) {
         self.groups += o.groups;
         self.pdus += o.pdus;

@@ -46,7 +46,6 @@ pub struct PollGroupStats {
     pub coalesce: CoalesceStats,
 }
 
-#[derive(Default)]
 pub(crate) struct Counters {
     pub admin_qpairs: Cell<u64>,
     pub io_qpairs: Cell<u64>,
@@ -77,8 +76,42 @@ pub(crate) struct Counters {
     pub live: RefCell<Vec<Weak<RefCell<Coalescer>>>>,
 }
 
+impl Counters {
+    const fn new() -> Counters {
+        Counters {
+            admin_qpairs: Cell::new(0),
+            io_qpairs: Cell::new(0),
+            cur_admin: Cell::new(0),
+            cur_io: Cell::new(0),
+            commands: Cell::new(0),
+            reads: Cell::new(0),
+            writes: Cell::new(0),
+            bytes_read: Cell::new(0),
+            bytes_written: Cell::new(0),
+            r2ts: Cell::new(0),
+            h2c: Cell::new(0),
+            c2h: Cell::new(0),
+            errors: Cell::new(0),
+            aborted: Cell::new(0),
+            term_sent: Cell::new(0),
+            term_recv: Cell::new(0),
+            digest_errors: Cell::new(0),
+            digest_qpairs: Cell::new(0),
+            recv_calls: Cell::new(0),
+            sendmsg_calls: Cell::new(0),
+            payload_copies: Cell::new(0),
+            payload_copied_bytes: Cell::new(0),
+            recv_states: [const { Cell::new(0) }; 4],
+            pending_io: Cell::new(0),
+            coalesce_closed: Cell::new(CoalesceStats::ZERO),
+            live: RefCell::new(Vec::new()),
+        }
+    }
+}
+
 thread_local! {
-    static COUNTERS: Counters = Counters::default();
+    // `const`: several bumps per I/O, each otherwise a lazy-init check.
+    static COUNTERS: Counters = const { Counters::new() };
 }
 
 pub(crate) fn with<R>(f: impl FnOnce(&Counters) -> R) -> R {
