@@ -239,6 +239,27 @@ pub trait IoVecs: 'static {
     fn iovecs(&self, out: &mut [libc::iovec; MAX_IOV]) -> usize;
 }
 
+/// Sends all of `buf` (`send` until done); gives the buffer back. A peer
+/// that stops accepting data mid-way is `UnexpectedEof`.
+pub async fn send_all(fd: RawFd, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
+    let end = buf.len();
+    let mut at = 0;
+    while at < end {
+        let (res, b) = send(fd, buf, at, end).await;
+        buf = b;
+        match res {
+            Ok(0) => {
+                let e = io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection");
+                return (Err(e), buf);
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (Err(e), buf),
+        }
+    }
+    (Ok(()), buf)
+}
+
 /// Sends the segments `res` describes with one `sendmsg` (header + data).
 pub fn sendmsg<T: IoVecs>(fd: RawFd, res: T) -> Op<(RawFd, T), (io::Result<usize>, T)> {
     Op::with_finish(

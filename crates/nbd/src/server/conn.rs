@@ -32,7 +32,7 @@ use std::task::{Poll, Waker};
 use ustor_runtime::{ops, spawn, IoBuf};
 
 use super::backend::{Channel, ExportSource};
-use super::io::{recv_exact, send_all, OutReply, SendBatch};
+use super::io::{recv_exact, OutReply, SendBatch};
 use super::stats::{bump, inc};
 use super::Shared;
 use crate::export::ExportFeatures;
@@ -89,7 +89,7 @@ async fn handshake<S: ExportSource>(
             let mut sendbuf = IoBuf::heap(out.len());
             sendbuf.copy_from_slice(&out);
             out.clear();
-            send_all(fd, sendbuf).await.0?;
+            ustor_runtime::ops::send_all(fd, sendbuf).await.0?;
         }
         step = match step {
             Step::Read(n) => {

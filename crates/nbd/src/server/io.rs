@@ -48,23 +48,6 @@ pub async fn recv_exact(
     (Ok(()), buf)
 }
 
-/// Sends `buf[..len]` completely.
-pub async fn send_all(fd: RawFd, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
-    let end = buf.len();
-    let mut start = 0;
-    while start < end {
-        let (res, b) = ops::send(fd, buf, start, end).await;
-        buf = b;
-        match res {
-            Ok(0) => return (Err(eof()), buf),
-            Ok(n) => start += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return (Err(e), buf),
-        }
-    }
-    (Ok(()), buf)
-}
-
 /// Reads and drops `n` bytes using `scratch` as the landing area.
 pub async fn discard(fd: RawFd, mut scratch: IoBuf, mut n: u64) -> (io::Result<()>, IoBuf) {
     let cap = scratch.capacity() as u64;

@@ -325,8 +325,9 @@ pub(crate) async fn connect_queue(
     };
     let mut b = IoBuf::heap(IC_LEN);
     b.copy_from_slice(&req.encode());
-    sock::send_all(raw, b)
+    ops::send_all(raw, b)
         .await
+        .0
         .map_err(|_| InitiatorError::Protocol("ICReq send failed"))?;
     let b = recv_exact(raw, IoBuf::heap(IC_LEN), 0, IC_LEN).await?;
     let resp = IcResp::decode(&b).map_err(|_| InitiatorError::Protocol("bad ICResp"))?;
@@ -560,8 +561,9 @@ impl AdminQ {
             len += 4;
         }
         b.set_len(len);
-        sock::send_all(fd, b)
+        ops::send_all(fd, b)
             .await
+            .0
             .map_err(|_| InitiatorError::Protocol("admin send failed"))?;
         let lim = RecvLimits {
             max_incapsule: 0,

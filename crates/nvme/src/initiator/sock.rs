@@ -139,23 +139,6 @@ pub(crate) async fn readable(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Sends all of `buf` (control path: ICReq, admin capsules).
-pub(crate) async fn send_all(fd: RawFd, mut buf: ustor_runtime::IoBuf) -> io::Result<()> {
-    let end = buf.len();
-    let mut at = 0;
-    while at < end {
-        let (res, b) = ops::send(fd, buf, at, end).await;
-        buf = b;
-        match res {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// Shuts a socket down so that pending receives and sends on it end.
 pub(crate) fn shutdown(fd: RawFd) {
     // SAFETY: shutdown(2) on a socket the caller still owns.

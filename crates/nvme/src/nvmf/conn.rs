@@ -287,7 +287,7 @@ async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), Option<Fata
     };
     let mut b = IoBuf::heap(IC_LEN);
     b.copy_from_slice(&resp.encode());
-    send_all(fd, b).await.map_err(|_| None)
+    ops::send_all(fd, b).await.0.map_err(|_| None)
 }
 
 impl Conn {
@@ -1438,20 +1438,4 @@ async fn flush(conn: &Conn, fd: RawFd, mut group: PduGroup) -> PduGroup {
     }
     group.clear();
     group
-}
-
-async fn send_all(fd: RawFd, mut buf: IoBuf) -> io::Result<()> {
-    let end = buf.len();
-    let mut at = 0;
-    while at < end {
-        let (res, b) = ops::send(fd, buf, at, end).await;
-        buf = b;
-        match res {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => at += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
