@@ -9,12 +9,18 @@
 # the workloads are interleaved (round r runs every workload on every
 # server) and each cell reports the median of ROUNDS runs and the spread
 # (min-max IOPS), because the machines this runs on are shared and noisy.
-# Reports IOPS, mean and p99 completion latency and the CPU time each server
+# fio runs on the cores the servers do not use (CLIENT_CORES), as a remote
+# client would: left unpinned, the scheduler puts fio on the server's core
+# whenever that server sleeps, and a sleeping server then gets same-core
+# wakeups that a real network client never gives it.
+# Reports IOPS, mean and p99 total latency (fio's lat: submission + completion;
+# with the nbd engine a third of the round trip lands in slat, so clat alone
+# understates it unevenly between servers) and the CPU time each server
 # spent per I/O (from /proc/PID/stat, all its threads) and fio's own CPU per
 # I/O (the client's cost: when it is the larger one, the client sets the
 # ceiling), then per workload the best ustor mode against the best peer.
 #
-# Usage: bench/nbd.sh   (env: ROUNDS=3 RUNTIME=3 SIZE_MIB=1024 CORES=0 NICE=-20
+# Usage: bench/nbd.sh   (env: ROUNDS=3 RUNTIME=3 SIZE_MIB=1024 CORES=0 CLIENT_CORES=<the others> NICE=-20
 #                        SERVERS="ustor ustor-int qsd nbdkit" RWS QDS CONNS)
 # Before/after: BASE_BIN=<an older nbd_server build> and add "base base-int"
 # to SERVERS; those rows are printed but left out of the summary.
@@ -25,6 +31,15 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-3}
 SIZE_MIB=${SIZE_MIB:-1024}
 CORES=${CORES:-0}
+# Every CPU not in CORES (CORES is a taskset -c list).
+CLIENT_CORES=${CLIENT_CORES:-$(python3 -c '
+import os, sys
+used = set()
+for part in sys.argv[1].split(","):
+    a, _, b = part.partition("-")
+    used.update(range(int(a), int(b or a) + 1))
+rest = sorted(set(os.sched_getaffinity(0)) - used)
+print(",".join(map(str, rest)) if rest else sys.argv[1])' "$CORES")}
 SERVERS=${SERVERS:-"ustor ustor-int qsd nbdkit"}
 RWS=${RWS:-"randread randwrite"}
 QDS=${QDS:-"1 32"}
@@ -91,9 +106,9 @@ printf 'round\tserver\trw\tqd\tconns\tiops\tlat_mean_us\tlat_p99_us\tcpu_us_per_
 run_one() { # round server rw qd conns
   local json="$OUT/$2-$3-qd$4-c$5-r$1.json" before after pid=${PID[$2]}
   before=$(cpu_ticks "$pid")
-  "${RUN[@]}" fio --name=b --ioengine=nbd --uri="${URI[$2]}" --rw="$3" --bs=4k --iodepth="$4" --numjobs="$5" \
+  "${RUN[@]}" taskset -c "$CLIENT_CORES" fio --name=b --ioengine=nbd --uri="${URI[$2]}" --rw="$3" --bs=4k --iodepth="$4" --numjobs="$5" \
       --size=$((SIZE_MIB / 4))m --offset_increment=$((SIZE_MIB / 4))m --time_based --runtime="$RUNTIME" \
-      --ramp_time=1 --group_reporting --output-format=json >"$json"
+      --ramp_time=1 --lat_percentiles=1 --group_reporting --output-format=json >"$json"
   after=$(cpu_ticks "$pid")
   python3 - "$json" "$@" "$RUNTIME" "$((after - before))" "$(getconf CLK_TCK)" >>"$RESULTS" <<'PY'
 import json, sys
@@ -103,7 +118,7 @@ text = open(path).read()
 job = json.loads(text[text.index("{"):])["jobs"][0]
 side = job["read"] if rw.endswith("read") else job["write"]
 iops = side["iops"]
-lat = side["clat_ns"]
+lat = side["lat_ns"]
 p99 = lat.get("percentile", {}).get("99.000000", 0) / 1000
 # CPU ticks cover the ramp second too; scale the I/O count by that window.
 cpu_us = int(ticks) / int(hz) * 1e6
@@ -127,7 +142,7 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
-echo "$(date -u +%Y-%m-%dT%H:%MZ) $(nproc) CPUs, $(uname -r); ROUNDS=$ROUNDS RUNTIME=$RUNTIME CORES=$CORES NICE=$NICE; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "$(date -u +%Y-%m-%dT%H:%MZ) $(nproc) CPUs, $(uname -r); ROUNDS=$ROUNDS RUNTIME=$RUNTIME CORES=$CORES CLIENT_CORES=$CLIENT_CORES NICE=$NICE; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$RESULTS" <<'PY'
 import sys, csv, statistics as st
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
