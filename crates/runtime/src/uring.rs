@@ -218,14 +218,17 @@ impl Ring {
 
     fn reap(&self) -> usize {
         let mut total = 0;
-        let mut batch = [(0u64, 0i32, 0u32); REAP_BATCH];
+        // Uninitialised on purpose: zeroing 2 KiB here ran on every reactor
+        // pass (memset was 9% of a busy NVMe/TCP target's CPU). Only the
+        // first `n` entries, written below, are ever read.
+        let mut batch = [std::mem::MaybeUninit::<(u64, i32, u32)>::uninit(); REAP_BATCH];
         loop {
             let n = {
                 let mut ring = self.ring.borrow_mut();
                 let mut cq = ring.completion();
                 let mut n = 0;
                 for cqe in &mut cq {
-                    batch[n] = (cqe.user_data(), cqe.result(), cqe.flags());
+                    batch[n].write((cqe.user_data(), cqe.result(), cqe.flags()));
                     n += 1;
                     if n == REAP_BATCH {
                         break;
@@ -233,7 +236,9 @@ impl Ring {
                 }
                 n
             };
-            for &(ud, res, flags) in &batch[..n] {
+            for e in &batch[..n] {
+                // SAFETY: entries 0..n were written by the loop above.
+                let (ud, res, flags) = unsafe { e.assume_init() };
                 self.dispatch(ud, res, flags);
             }
             total += n;
