@@ -12,7 +12,9 @@
 //! latency-bound (lower both).
 
 use serde::{Deserialize, Serialize};
-use ustor_runtime::{ops, IoBuf};
+use std::time::Duration;
+
+use ustor_runtime::{ops, ticks, IoBuf};
 
 /// Coalescing mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -202,6 +204,44 @@ impl Coalescer {
         Decision::Wait {
             timer_us: self.timer_us,
         }
+    }
+
+    /// The sender's decision for a non-empty `group` after one fill pass,
+    /// shared by the target and the initiator: send now (and why), or keep
+    /// collecting, arming `deadline` for the group's timer if it is not yet
+    /// armed. `full` when the group could take no more (iovecs or arena),
+    /// `timer_fired` when the sender woke for the armed deadline.
+    pub fn flush_reason(
+        &self,
+        group: &PduGroup,
+        full: bool,
+        timer_fired: bool,
+        others_in_flight: bool,
+        urgent: bool,
+        deadline: &mut Option<u64>,
+    ) -> Option<Flush> {
+        let why = if self.cfg.mode == Mode::Off {
+            Flush::Small
+        } else if full {
+            Flush::Full
+        } else if timer_fired {
+            Flush::Timer
+        } else {
+            match self.decide(group.pdus(), group.bytes(), others_in_flight, urgent) {
+                Decision::Now(w) => w,
+                Decision::Wait { timer_us } => {
+                    if deadline.is_none() {
+                        *deadline = Some(
+                            ticks::now()
+                                + ticks::from_duration(Duration::from_micros(u64::from(timer_us))),
+                        );
+                    }
+                    return None;
+                }
+            }
+        };
+        *deadline = None;
+        Some(why)
     }
 
     /// Records a sent group; in adaptive mode, adjusts degree and timer at

@@ -29,12 +29,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use ustor_bdev::{BdevError, IoHandle, IoType};
-use ustor_runtime::{ops, ticks};
+use ustor_runtime::ops;
 
 use super::ctrlr::{connect_queue, Ctrlr, CtrlrState};
 use super::sock::{self, Seg, MAX_RECV_IOV};
 use super::InitiatorError;
-use crate::coalesce::{CoalesceStats, Coalescer, Decision, Flush, Mode, PduGroup};
+use crate::coalesce::{CoalesceStats, Coalescer, Mode, PduGroup};
 use crate::wire::*;
 
 /// PDUs handled per receiver pass before yielding to the reactor.
@@ -1045,31 +1045,16 @@ async fn sender(qp: Rc<Qp>, fd: RawFd) {
         // Others in flight: commands already sent may complete and make the
         // application submit more, which could join this group.
         let others = qp.active.get() > cmds_in_group;
-        let why = if mode_off {
-            Flush::Small
-        } else if full {
-            Flush::Full
-        } else if timer_fired {
-            Flush::Timer
-        } else {
-            match qp
-                .coal
-                .borrow()
-                .decide(group.pdus(), group.bytes(), others, group.urgent())
-            {
-                Decision::Now(w) => w,
-                Decision::Wait { timer_us } => {
-                    if deadline.is_none() {
-                        deadline = Some(
-                            ticks::now()
-                                + ticks::from_duration(Duration::from_micros(u64::from(timer_us))),
-                        );
-                    }
-                    continue;
-                }
-            }
+        let Some(why) = qp.coal.borrow().flush_reason(
+            &group,
+            full,
+            timer_fired,
+            others,
+            group.urgent(),
+            &mut deadline,
+        ) else {
+            continue;
         };
-        deadline = None;
         let pdus = group.pdus();
         qp.coal.borrow_mut().on_flush(why, pdus);
         record(&qp);

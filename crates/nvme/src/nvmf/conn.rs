@@ -35,7 +35,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use ustor_bdev::IoChannel;
-use ustor_runtime::{ops, spawn, ticks, IoBuf};
+use ustor_runtime::{ops, spawn, IoBuf};
 
 use super::admin::{self, AdminOut};
 use super::ctrlr::{Ctrl, MAX_AERS, MAX_AQ_DEPTH, MAX_IO_QUEUE_DEPTH};
@@ -43,7 +43,7 @@ use super::io as nvm;
 use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
 use super::{Shared, TransportOpts};
-use crate::coalesce::{Coalescer, Decision, Flush, PduGroup};
+use crate::coalesce::{Coalescer, PduGroup};
 use crate::wire::*;
 
 /// Command slots per connection; the R2T transfer tag is the slot index.
@@ -1374,33 +1374,18 @@ async fn sender(conn: Rc<Conn>) {
             continue;
         }
         let others = conn.executing.get() > 0 || !conn.out.borrow().is_empty();
-        let why = if mode_off {
-            Flush::Small
-        } else if pending.is_some() {
-            // Out of iovecs or arena: the group is as full as it gets.
-            Flush::Full
-        } else if timer_fired {
-            Flush::Timer
-        } else {
-            match conn.coal.borrow().decide(
-                group.pdus(),
-                group.bytes(),
-                others,
-                group.urgent() || term,
-            ) {
-                Decision::Now(w) => w,
-                Decision::Wait { timer_us } => {
-                    if deadline.is_none() {
-                        deadline = Some(
-                            ticks::now()
-                                + ticks::from_duration(Duration::from_micros(u64::from(timer_us))),
-                        );
-                    }
-                    continue;
-                }
-            }
+        // A pending item did not fit (out of iovecs or arena): the group is
+        // as full as it gets.
+        let Some(why) = conn.coal.borrow().flush_reason(
+            &group,
+            pending.is_some(),
+            timer_fired,
+            others,
+            group.urgent() || term,
+            &mut deadline,
+        ) else {
+            continue;
         };
-        deadline = None;
         let pdus = group.pdus();
         conn.coal.borrow_mut().on_flush(why, pdus);
         group = flush(&conn, fd, group).await;
