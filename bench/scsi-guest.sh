@@ -14,7 +14,10 @@
 # Both: 4 KiB randwrite then randread, QD1 and QD32, RUNTIME s each, one
 # reactor on guest CPU 0; round 1 starts each path with a --verify randrw
 # pass over the whole LUN. Same tool, same workload, same target: only the
-# initiator differs.
+# initiator differs. Besides IOPS and latency the summary counts what each
+# I/O cost the guest in IPIs, virtio-net interrupts and context switches:
+# under TCG on a busy host, a hand-off to another vCPU waits for the host
+# to run that vCPU's thread, so those counts explain much of the gap.
 #
 # Usage: bench/scsi-guest.sh  (env: ROUNDS=3 RUNTIME=5 VERIFY_S=3
 #   SIZE_MIB=128 GUEST_CPUS=2 GUEST_MEM_MIB=1536 POLL=adaptive
@@ -116,8 +119,11 @@ fi
 
 python3 - "$LOG" <<'PY' | tee -a "$RAW"
 import json, math, re, statistics as st, sys
-runs, kv = {}, {}
+runs, kv, irq = {}, {}, {}
 for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"USTOR-IRQ (\d+) (\w+) (\w+) (\d+) (\d+) (\d+) (\d+) (\d+)\s*$", line)
+    if m:
+        irq[(int(m.group(1)), m.group(2), m.group(3), int(m.group(4)))] = [int(x) for x in m.groups()[4:]]
     m = re.search(r"USTOR-BENCH (\d+) (\w+) (\w+) (\d+) (\{.*\})\s*$", line)
     if m:
         rnd, path, label, qd, js = m.groups()
@@ -129,6 +135,7 @@ for line in open(sys.argv[1], errors="replace"):
         if t["errors"] or t["verify_errors"]:
             print(f"warning: round {rnd} {path} {label} qd{qd}: {t['errors']} errors, "
                   f"{t['verify_errors']} verify errors")
+        t["round"] = int(rnd)
         runs.setdefault((label, int(qd), path), []).append(t)
     m = re.search(r"USTOR-KV (\w+)=(.*)$", line)
     if m:
@@ -171,9 +178,25 @@ for c in cells:
         continue
     d = lambda key: (med(u, key) / med(k, key) - 1) * 100
     # Per round: which path had the lower mean latency.
-    kr = {i: x for i, x in enumerate(k)}
-    wins = sum(1 for i, x in enumerate(u) if i in kr and x["lat_avg_us"] < kr[i]["lat_avg_us"])
+    kr = {x["round"]: x for x in k}
+    both = [x for x in u if x["round"] in kr]
+    wins = sum(1 for x in both if x["lat_avg_us"] < kr[x["round"]]["lat_avg_us"])
     print(f"{c[0]+' qd'+str(c[1]):<15}{med(u,'iops')/med(k,'iops'):>8.2f}{d('lat_avg_us'):>+9.1f}%"
-          f"{d('lat_p99_us'):>+9.1f}%{paper.get(c, 'n/a'):>16}{f'{wins}/{min(len(u), len(k))}':>21}")
+          f"{d('lat_p99_us'):>+9.1f}%{paper.get(c, 'n/a'):>16}{f'{wins}/{len(both)}':>21}")
+if irq:
+    print()
+    print("guest events per I/O during each run (medians): IPIs (rescheduling, function call),")
+    print("virtio-net interrupts, context switches; all guest CPUs, whole guest")
+    print(f"{'workload':<15}{'path':<8}{'RES':>7}{'CAL':>7}{'net irq':>9}{'ctxt':>7}")
+    for c in cells:
+        for p in ("kernel", "ustor"):
+            per = []
+            for t in runs.get((*c, p), []):
+                e = irq.get((t["round"], p, c[0], c[1]))
+                if e and t["ios"]:
+                    per.append([x / t["ios"] for x in e])
+            if per:
+                m = [st.median(col) for col in zip(*per)]
+                print(f"{c[0]+' qd'+str(c[1]):<15}{p:<8}{m[0]:>7.2f}{m[1]:>7.2f}{m[2]:>9.2f}{m[3]:>7.2f}")
 PY
 echo "raw output: $RAW"

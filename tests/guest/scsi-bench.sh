@@ -11,7 +11,11 @@
 # `--verify` randrw pass (it first writes the whole LUN with self-checking
 # blocks, so every later read hits written blocks); then each WORKLOADS item
 # (rw:qd, writes before reads) runs for RUNTIME seconds.
-# Every run prints `USTOR-BENCH ROUND PATH LABEL QD {json}` for the host.
+# Every run prints `USTOR-BENCH ROUND PATH LABEL QD {json}` for the host,
+# and `USTOR-IRQ ROUND PATH LABEL QD RES CAL NETIRQ CTXT`: how many
+# rescheduling and function-call IPIs, virtio-net interrupts and context
+# switches the guest took during the run (the cost of hand-offs between
+# vCPUs, which TCG on a busy host makes expensive).
 # env: BENCH_PORT, BENCH_IQN (required), BENCH_HOST (10.0.2.2), ROUNDS (3),
 #      RUNTIME (5), VERIFY_S (3), POLL (adaptive),
 #      WORKLOADS ("randwrite:1 randwrite:32 randread:1 randread:32"),
@@ -57,18 +61,35 @@ cat > /tmp/ustor.json <<EOF
  {"method":"bdev_scsi_create","params":{"name":"iscsi0","device":"sda"}}]}]}
 EOF
 
+# counters: RES and CAL IPIs, virtio-net interrupts (all CPUs), context
+# switches.
+counters() {
+    awk '$1 == "RES:" || $1 == "CAL:" || /virtio.*-(input|output)/ {
+            s = 0
+            for (i = 2; i <= NF && $i ~ /^[0-9]+$/; i++) s += $i
+            if ($1 == "RES:") res = s; else if ($1 == "CAL:") cal = s; else net += s
+        }
+        END { printf "%d %d %d", res, cal, net }' /proc/interrupts
+    awk '$1 == "ctxt" { printf " %d\n", $2 }' /proc/stat
+}
+
 # bench ROUND PATH LABEL RW QD ARGS...: one `ustor bench --json` run.
 bench() {
     _r=$1 _p=$2 _l=$3 _rw=$4 _qd=$5
     shift 5
     echo "+ round $_r $_p $_l qd$_qd: ustor bench -w $_rw -q $_qd $*" >&2
+    _c0=$(counters)
     timeout "$LIMIT" "$U" bench --json --cores 0 --poll-mode "$POLL" --bs 4K \
         -w "$_rw" -q "$_qd" "$@" > /tmp/out.json 2> /tmp/err.log
     _st=$?
+    _c1=$(counters)
     cat /tmp/err.log >&2
     [ "$_st" = 0 ] || { cat /tmp/out.json >&2; die "bench $_p $_l qd$_qd: status $_st"; }
     grep -q '"total"' /tmp/out.json || die "bench $_p $_l qd$_qd: no report"
     echo "USTOR-BENCH $_r $_p $_l $_qd $(tr -s ' \n' ' ' < /tmp/out.json)"
+    # shellcheck disable=SC2086
+    set -- $_c0 $_c1
+    echo "USTOR-IRQ $_r $_p $_l $_qd $(($5 - $1)) $(($6 - $2)) $(($7 - $3)) $(($8 - $4))"
     if [ "$_l" = verify ]; then
         grep -q '"verify_errors": [1-9]' /tmp/out.json && die "$_p: verify errors"
         grep -q '"errors": [1-9]' /tmp/out.json && die "$_p: I/O errors in the verify pass"
