@@ -20,7 +20,8 @@ use ustor_runtime::{ops, ticks, IoBuf};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
-    /// One PDU (a response with its data) per `sendmsg`.
+    /// No waiting: each pass of the sender sends everything queued so far
+    /// in one `sendmsg` (SPDK's behaviour: one flush per poll).
     Off,
     /// Fixed degree and timer.
     Fixed,

@@ -260,6 +260,32 @@ pub async fn send_all(fd: RawFd, mut buf: IoBuf) -> (io::Result<()>, IoBuf) {
     (Ok(()), buf)
 }
 
+/// One non-blocking `sendmsg` of the segments `res` describes, right now on
+/// the calling thread: what a sender tries first, so a socket with room
+/// takes the data without waiting a reactor pass for a ring completion
+/// (with one send in flight per connection that wait serialised a busy
+/// queue to one `sendmsg` per pass). `WouldBlock` or a short count: go on
+/// with [`sendmsg`] through the ring, which waits for room.
+pub fn try_sendmsg<T: IoVecs>(fd: RawFd, res: &T) -> io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_IOV];
+    let n = res.iovecs(&mut iov);
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = n as _;
+    // SAFETY: plain sendmsg(2); the iovecs point into buffers `res` owns,
+    // which the borrow keeps alive for the duration of the call.
+    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 /// Sends the segments `res` describes with one `sendmsg` (header + data).
 pub fn sendmsg<T: IoVecs>(fd: RawFd, res: T) -> Op<(RawFd, T), (io::Result<usize>, T)> {
     Op::with_finish(

@@ -34,7 +34,7 @@ use ustor_runtime::ops;
 use super::ctrlr::{connect_queue, Ctrlr, CtrlrState};
 use super::sock::{self, Seg, MAX_RECV_IOV};
 use super::InitiatorError;
-use crate::coalesce::{CoalesceStats, Coalescer, Mode, PduGroup};
+use crate::coalesce::{CoalesceStats, Coalescer, PduGroup};
 use crate::wire::*;
 
 /// PDUs handled per receiver pass before yielding to the reactor.
@@ -1025,13 +1025,12 @@ async fn sender(qp: Rc<Qp>, fd: RawFd) {
         if qp.state.get() != QpState::Live {
             break;
         }
-        let mode_off = qp.coal.borrow().mode() == Mode::Off;
         let mut cmds_in_group = 0;
         let mut full = false;
         // Budget: the queue holds at most 2 * depth items and each pass
         // either encodes one or stops.
         for _ in 0..(4 * qp.depth as usize + 8) {
-            if qp.out.borrow().is_empty() || (mode_off && !group.is_empty()) {
+            if qp.out.borrow().is_empty() {
                 break;
             }
             if !encode(&qp, &mut group, &mut cmds_in_group) {
@@ -1082,9 +1081,16 @@ fn record(qp: &Qp) {
 /// Sends the whole group; `None` when the connection failed.
 async fn flush(qp: &Qp, fd: RawFd, mut group: PduGroup) -> Option<PduGroup> {
     // Budget: each round sends at least one byte or ends the loop.
+    // A direct send first; the ring only when the socket is full.
+    let mut direct = true;
     loop {
-        let (res, g) = ops::sendmsg(fd, group).await;
-        group = g;
+        let res = if std::mem::take(&mut direct) {
+            ops::try_sendmsg(fd, &group)
+        } else {
+            let (res, g) = ops::sendmsg(fd, group).await;
+            group = g;
+            res
+        };
         bump(&qp.counters.sendmsg_calls, 1);
         match res {
             Ok(n) if n > 0 => {
@@ -1093,7 +1099,11 @@ async fn flush(qp: &Qp, fd: RawFd, mut group: PduGroup) -> Option<PduGroup> {
                     return Some(group);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
+                ) => {}
             _ => {
                 group.clear();
                 if qp.state.get() == QpState::Live {

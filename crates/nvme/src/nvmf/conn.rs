@@ -1355,7 +1355,6 @@ async fn sender(conn: Rc<Conn>) {
             })
             .await
         };
-        let mode_off = conn.coal.borrow().mode() == crate::coalesce::Mode::Off;
         // Fill the group from the queue.
         loop {
             if pending.is_none() {
@@ -1363,7 +1362,7 @@ async fn sender(conn: Rc<Conn>) {
             }
             let Some(o) = pending.as_ref() else { break };
             term |= matches!(o, Out::Term { .. });
-            if (mode_off && !group.is_empty()) || !encode(&mut group, &mut pending, conn.dg.get()) {
+            if !encode(&mut group, &mut pending, conn.dg.get()) {
                 break;
             }
         }
@@ -1401,9 +1400,16 @@ async fn sender(conn: Rc<Conn>) {
 
 async fn flush(conn: &Conn, fd: RawFd, mut group: PduGroup) -> PduGroup {
     if !conn.dead.get() {
+        // A direct send first; the ring only when the socket is full.
+        let mut direct = true;
         loop {
-            let (res, g) = ops::sendmsg(fd, group).await;
-            group = g;
+            let res = if std::mem::take(&mut direct) {
+                ops::try_sendmsg(fd, &group)
+            } else {
+                let (res, g) = ops::sendmsg(fd, group).await;
+                group = g;
+                res
+            };
             stats::with(|c| inc(&c.sendmsg_calls, 1));
             match res {
                 Ok(n) if n > 0 => {
@@ -1411,7 +1417,11 @@ async fn flush(conn: &Conn, fd: RawFd, mut group: PduGroup) -> PduGroup {
                         break;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) => {}
                 _ => {
                     conn.dead.set(true);
                     conn.closing.set(true);
