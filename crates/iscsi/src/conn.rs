@@ -155,21 +155,15 @@ pub unsafe fn readv_nb(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usiz
 /// # Safety
 /// Every iovec must describe readable memory that stays valid for the call.
 pub unsafe fn writev_nb(fd: RawFd, iov: &[libc::iovec]) -> io::Result<Option<usize>> {
-    // SAFETY: zeroed msghdr is valid; we only set the iovec fields.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len() as _;
     loop {
-        // SAFETY: msg points at the caller's iovecs, valid for this call.
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            return Ok(Some(r as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) => return Ok(None),
-            _ => return Err(e),
+        // SAFETY: the caller's iovecs are valid for this call (our contract).
+        match unsafe { ustor_runtime::ops::sendmsg_now(fd, iov) } {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) => match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(None),
+                _ => return Err(e),
+            },
         }
     }
 }

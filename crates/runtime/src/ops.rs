@@ -272,12 +272,24 @@ pub fn try_sendmsg<T: IoVecs>(fd: RawFd, res: &T) -> io::Result<usize> {
         iov_len: 0,
     }; MAX_IOV];
     let n = res.iovecs(&mut iov);
+    // SAFETY: the iovecs point into buffers `res` owns, which the borrow
+    // keeps alive for the duration of the call.
+    unsafe { sendmsg_now(fd, &iov[..n]) }
+}
+
+/// One non-blocking `sendmsg(MSG_DONTWAIT | MSG_NOSIGNAL)` of `iov` on the
+/// calling thread (see [`try_sendmsg`]); for senders that build their own
+/// iovecs.
+///
+/// # Safety
+/// Every iovec must describe readable memory that stays valid for the call.
+pub unsafe fn sendmsg_now(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
     // SAFETY: an all-zero msghdr is valid (no name, no control data).
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_mut_ptr();
-    msg.msg_iovlen = n as _;
-    // SAFETY: plain sendmsg(2); the iovecs point into buffers `res` owns,
-    // which the borrow keeps alive for the duration of the call.
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: plain sendmsg(2), which only reads the iovecs and the memory
+    // they point to, valid for the call per this function's contract.
     let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
     if r < 0 {
         Err(io::Error::last_os_error())

@@ -188,17 +188,8 @@ impl SendBatch {
         }; BATCH_IOVECS];
         let n = self.iovecs(&mut iov);
         debug_assert!(n > 0, "send of an empty batch");
-        // SAFETY: an all-zero msghdr is valid; the iovecs point into buffers
-        // this batch owns, alive for the duration of the call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = n as _;
-        // SAFETY: plain sendmsg(2) on a socket fd with a valid msghdr.
-        let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(r as usize)
-        }
+        // SAFETY: the iovecs point into buffers this batch owns, alive for
+        // the call.
+        unsafe { ops::sendmsg_now(fd, &iov[..n]) }
     }
 }
