@@ -12,6 +12,8 @@
 //! latency-bound (lower both).
 
 use serde::{Deserialize, Serialize};
+use std::io;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 use ustor_runtime::{ops, ticks, IoBuf};
@@ -437,6 +439,41 @@ impl PduGroup {
     pub fn advance(&mut self, n: usize) -> bool {
         self.skip += n;
         self.skip >= self.bytes
+    }
+
+    /// Sends the whole group and returns it cleared: a direct non-blocking
+    /// `sendmsg` first, the ring (which waits for room) only when the socket
+    /// is full. `calls` counts the `sendmsg`s made. An error (or a peer that
+    /// stops taking data) means the connection is gone.
+    pub async fn send_all(mut self, fd: RawFd, calls: &mut u64) -> (io::Result<()>, PduGroup) {
+        let mut direct = true;
+        // Budget: each round sends at least one byte or ends the loop.
+        let r = loop {
+            let res = if std::mem::take(&mut direct) {
+                ops::try_sendmsg(fd, &self)
+            } else {
+                let (res, g) = ops::sendmsg(fd, self).await;
+                self = g;
+                res
+            };
+            *calls += 1;
+            match res {
+                Ok(0) => break Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    if self.advance(n) {
+                        break Ok(());
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        self.clear();
+        (r, self)
     }
 
     /// Empties the group, returning payload buffers to their pools.

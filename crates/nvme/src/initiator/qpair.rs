@@ -1079,39 +1079,16 @@ fn record(qp: &Qp) {
 }
 
 /// Sends the whole group; `None` when the connection failed.
-async fn flush(qp: &Qp, fd: RawFd, mut group: PduGroup) -> Option<PduGroup> {
-    // Budget: each round sends at least one byte or ends the loop.
-    // A direct send first; the ring only when the socket is full.
-    let mut direct = true;
-    loop {
-        let res = if std::mem::take(&mut direct) {
-            ops::try_sendmsg(fd, &group)
-        } else {
-            let (res, g) = ops::sendmsg(fd, group).await;
-            group = g;
-            res
-        };
-        bump(&qp.counters.sendmsg_calls, 1);
-        match res {
-            Ok(n) if n > 0 => {
-                if group.advance(n) {
-                    group.clear();
-                    return Some(group);
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock
-                ) => {}
-            _ => {
-                group.clear();
-                if qp.state.get() == QpState::Live {
-                    qp.state.set(QpState::Down);
-                }
-                sock::shutdown(fd);
-                return None;
-            }
+async fn flush(qp: &Qp, fd: RawFd, group: PduGroup) -> Option<PduGroup> {
+    let mut calls = 0;
+    let (r, group) = group.send_all(fd, &mut calls).await;
+    bump(&qp.counters.sendmsg_calls, calls);
+    if r.is_err() {
+        if qp.state.get() == QpState::Live {
+            qp.state.set(QpState::Down);
         }
+        sock::shutdown(fd);
+        return None;
     }
+    Some(group)
 }

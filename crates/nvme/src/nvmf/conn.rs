@@ -1399,38 +1399,17 @@ async fn sender(conn: Rc<Conn>) {
 }
 
 async fn flush(conn: &Conn, fd: RawFd, mut group: PduGroup) -> PduGroup {
-    if !conn.dead.get() {
-        // A direct send first; the ring only when the socket is full.
-        let mut direct = true;
-        loop {
-            let res = if std::mem::take(&mut direct) {
-                ops::try_sendmsg(fd, &group)
-            } else {
-                let (res, g) = ops::sendmsg(fd, group).await;
-                group = g;
-                res
-            };
-            stats::with(|c| inc(&c.sendmsg_calls, 1));
-            match res {
-                Ok(n) if n > 0 => {
-                    if group.advance(n) {
-                        break;
-                    }
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                    ) => {}
-                _ => {
-                    conn.dead.set(true);
-                    conn.closing.set(true);
-                    wake(&conn.receiver);
-                    break;
-                }
-            }
-        }
+    if conn.dead.get() {
+        group.clear();
+        return group;
     }
-    group.clear();
+    let mut calls = 0;
+    let (r, group) = group.send_all(fd, &mut calls).await;
+    stats::with(|c| inc(&c.sendmsg_calls, calls));
+    if r.is_err() {
+        conn.dead.set(true);
+        conn.closing.set(true);
+        wake(&conn.receiver);
+    }
     group
 }
