@@ -52,35 +52,9 @@ BIN=$PWD/target/release/ustor
 # The guest launcher: an ignored test (the testvm crate's runner).
 cargo test --release -q -p ustor --test scsi_guest_bench --no-run
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
-
-PORT=$(free_port)
-CTL=$((20000 + PORT % 10000))
-IMG=/dev/shm/ustor-bench-scsi-guest.img
-TGT_PID=
-cleanup() {
-  if [ -n "$TGT_PID" ]; then
-    # tgtd ignores SIGTERM: stop it through its control port, then by PID.
-    tgtadm -C "$CTL" --lld iscsi --op delete --mode target --tid 1 --force >/dev/null 2>&1 || true
-    tgtadm -C "$CTL" --op delete --mode system >/dev/null 2>&1 || true
-    for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$TGT_PID" 2>/dev/null || true
-    wait "$TGT_PID" 2>/dev/null || true
-  fi
-  rm -f "$IMG"
-}
-trap cleanup EXIT
-
-truncate -s "${SIZE_MIB}M" "$IMG"
-dd if=/dev/urandom of="$IMG" bs=1M count="$SIZE_MIB" conv=notrunc status=none
-tgtd -f --iscsi portal=127.0.0.1:"$PORT" -C "$CTL" >"$OUT/tgtd.log" 2>&1 &
-TGT_PID=$!
-wait_port "$PORT"
-adm() { tgtadm -C "$CTL" --lld iscsi "$@"; }
-adm --op new --mode target --tid 1 -T "$IQN"
-adm --op new --mode logicalunit --tid 1 --lun 1 -b "$IMG"
-adm --op bind --mode target --tid 1 -I ALL
+. bench/lib/tgtd.sh
+trap tgtd_stop EXIT
+tgtd_start /dev/shm/ustor-bench-scsi-guest.img "$SIZE_MIB" "$IQN" "$OUT/tgtd.log"
 
 STAMP=$(date -u +%Y%m%d-%H%M)
 RAW="$RESULTS_DIR/scsi-guest-$STAMP.txt"
