@@ -174,14 +174,25 @@ pub fn run(a: ServeArgs) -> i32 {
     if a.wait_for_rpc {
         app.table.set_state(RPC_STARTUP);
     }
-    let server = match ustor_rpc::start(ServerConfig::with_path(&a.socket), app.table.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("ustor serve: RPC server on {}: {e}", a.socket.display());
-            return 1;
-        }
-    };
+    let start_server =
+        |app: &App| match ustor_rpc::start(ServerConfig::with_path(&a.socket), app.table.clone()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("ustor serve: RPC server on {}: {e}", a.socket.display());
+                None
+            }
+        };
+    // With --wait-for-rpc the socket is the way in, so it opens first.
+    // Otherwise it opens only once the config is applied: a client that
+    // connects must never see a half-built configuration (an export not
+    // yet created, a bdev still being populated).
+    let mut server = None;
     if a.wait_for_rpc {
+        let Some(s) = start_server(&app) else {
+            app.shutdown();
+            return 1;
+        };
+        server = Some(s);
         println!("waiting for framework_start_init on {}", a.socket.display());
         while app.table.state() != RPC_RUNTIME {
             std::thread::sleep(Duration::from_millis(10));
@@ -199,10 +210,22 @@ pub fn run(a: ServeArgs) -> i32 {
     };
     if let Err(e) = loaded {
         eprintln!("ustor serve: {e}");
-        server.shutdown();
+        if let Some(s) = server {
+            s.shutdown();
+        }
         app.shutdown();
         return 1;
     }
+    let server = match server {
+        Some(s) => s,
+        None => match start_server(&app) {
+            Some(s) => s,
+            None => {
+                app.shutdown();
+                return 1;
+            }
+        },
+    };
     print_banner(&app, &a);
     let sig = wait_signal(&sigs);
     tracing::info!("signal {sig}: shutting down (send another to force exit)");

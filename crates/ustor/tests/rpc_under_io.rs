@@ -67,9 +67,12 @@ fn rpc_answers_during_heavy_io() {
         !String::from_utf8_lossy(&out.stdout).contains("verify: bad"),
         "fio verify failed"
     );
+    eprintln!("{calls} RPC rounds during I/O, worst {worst:?}");
     assert!(calls >= 3, "too few RPC rounds during I/O ({calls})");
+    // Typically under 50 ms here; the bound leaves room for a noisy CI
+    // host while still catching a control plane queued behind the I/O.
     assert!(
-        worst < Duration::from_secs(1),
+        worst < Duration::from_secs(2),
         "an RPC took {worst:?} under load"
     );
     assert!(
