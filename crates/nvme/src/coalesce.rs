@@ -297,7 +297,7 @@ impl Coalescer {
 
 /// Header arena bytes per group: room for every header and digest of a
 /// full group (at most `MAX_IOV` PDUs, each under 100 bytes of headers).
-pub const ARENA_LEN: usize = 2048;
+pub const ARENA_LEN: usize = 8192;
 
 #[derive(Clone, Copy)]
 enum Seg {
@@ -347,7 +347,7 @@ impl PduGroup {
             used: 0,
             segs: [Seg::Arena { off: 0, len: 0 }; ops::MAX_IOV],
             nsegs: 0,
-            data: Default::default(),
+            data: std::array::from_fn(|_| None),
             ndata: 0,
             pdus: 0,
             bytes: 0,

@@ -19,7 +19,7 @@ use crate::reactor;
 use crate::uring::{OpSlot, OpState, OWNER_OPS};
 
 /// Most iovecs one vectored op carries (held inside the op slot).
-pub const MAX_IOV: usize = 16;
+pub const MAX_IOV: usize = 64;
 
 const NO_SLOT: u32 = u32::MAX;
 
@@ -209,6 +209,26 @@ pub fn recv(
         },
         finish_buf4,
     )
+}
+
+/// One non-blocking `recv(MSG_DONTWAIT)` into `buf[start..start + max]`
+/// (clamped to the capacity), right now on the calling thread. What a
+/// receiver that just drained a full socket tries next: while the peer keeps
+/// sending, each further batch arrives without waiting a reactor pass for a
+/// ring completion, so a busy queue handles (and answers) more per pass.
+/// `WouldBlock`: nothing there yet, go on with [`recv`] through the ring.
+pub fn try_recv(fd: RawFd, buf: &mut IoBuf, start: usize, max: usize) -> io::Result<usize> {
+    let cap = buf.capacity();
+    let s = start.min(cap);
+    let n = max.min(cap - s);
+    // SAFETY: s + n <= capacity: recv(2) writes only inside the buffer,
+    // which the exclusive borrow keeps alive for the call.
+    let r = unsafe { libc::recv(fd, buf.as_mut_ptr().add(s).cast(), n, libc::MSG_DONTWAIT) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
 }
 
 /// Sends `buf[start..end]`.
