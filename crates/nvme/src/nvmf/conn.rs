@@ -58,9 +58,6 @@ const STAGING_LEN: usize = 64 << 10;
 /// quarter of nvmf_tgt's IOPS. Larger payloads (R2T data, big in-capsule
 /// writes) are received straight into their buffer.
 const COPY_MAX: usize = 8 << 10;
-/// A receive at least this large (two command capsules) marks the host as
-/// streaming; see `Staging::hot`.
-const HOT_RECV_BYTES: usize = 2 * CAPSULE_CMD_HLEN;
 /// PDUs the receiver handles from staging before it yields to other tasks.
 const RECV_BUDGET: usize = 32;
 
@@ -492,9 +489,11 @@ struct Staging {
     /// next PDU's (likely large) data lands in its own buffer instead of
     /// being staged and copied.
     exact: bool,
-    /// The last receive brought more than one command's worth: the host is
-    /// streaming, so try the socket directly before queueing a ring receive.
-    hot: bool,
+    /// PDUs started from the bytes of the latest receive. More than one:
+    /// the host is streaming, so the next receive tries the socket directly
+    /// before queueing a ring receive; one (QD1) goes straight to the ring,
+    /// with no failed syscall before the response is sent.
+    pdus_per_recv: u32,
 }
 
 impl Staging {
@@ -504,7 +503,7 @@ impl Staging {
             start: 0,
             end: 0,
             exact: true,
-            hot: false,
+            pdus_per_recv: 0,
         }
     }
 
@@ -552,7 +551,8 @@ impl Staging {
             // `sendmsg`) as SPDK's drain-until-EAGAIN does; an idle one
             // (QD1) goes straight to the ring and pays no failed syscall.
             let mut res = Err(io::ErrorKind::WouldBlock.into());
-            if self.hot {
+            let hot = std::mem::take(&mut self.pdus_per_recv) > 1;
+            if hot {
                 let buf = self.buf.as_mut().ok_or(io::ErrorKind::BrokenPipe)?;
                 res = ops::try_recv(fd, buf, self.end, max);
                 stats::with(|c| inc(&c.recv_calls, 1));
@@ -566,10 +566,7 @@ impl Staging {
             }
             match res {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
-                    self.end += n;
-                    self.hot = n >= HOT_RECV_BYTES;
-                }
+                Ok(n) => self.end += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -666,6 +663,7 @@ async fn receiver(conn: &Rc<Conn>, st: &mut Staging) {
             return;
         }
         let ch = CommonHeader::decode(st.peek(CH_LEN)).expect("8 bytes staged");
+        st.pdus_per_recv += 1;
         let layout = match check_header(&ch, conn.dg.get(), false, &conn.limits()) {
             Ok(l) => l,
             Err(f) => {
