@@ -1043,7 +1043,7 @@ async fn sender(qp: Rc<Qp>, fd: RawFd) {
         }
         // Others in flight: commands already sent may complete and make the
         // application submit more, which could join this group.
-        let others = qp.active.get() > cmds_in_group;
+        let others = qp.active.get().saturating_sub(cmds_in_group);
         let Some(why) = qp.coal.borrow().flush_reason(
             &group,
             full,

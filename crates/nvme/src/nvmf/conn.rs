@@ -1393,7 +1393,7 @@ async fn sender(conn: Rc<Conn>) {
             }
             continue;
         }
-        let others = conn.executing.get() > 0 || !conn.out.borrow().is_empty();
+        let others = (conn.executing.get() + conn.out.borrow().len()) as u32;
         // A pending item did not fit (out of iovecs or arena): the group is
         // as full as it gets.
         let Some(why) = conn.coal.borrow().flush_reason(
