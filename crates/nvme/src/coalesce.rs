@@ -22,6 +22,11 @@ use ustor_runtime::{ops, ticks, IoBuf};
 /// [`Coalescer::decide`]).
 const PIPELINE_GROUPS: u32 = 8;
 
+/// `others_in_flight` for a side that cannot count the queue's outstanding
+/// commands (the target sees only what it is executing, not what the host
+/// has in flight): deep enough that the pipeline bound never applies.
+pub const BACKLOG_UNKNOWN: u32 = u32::MAX / 16;
+
 /// Coalescing mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]

@@ -1393,7 +1393,13 @@ async fn sender(conn: Rc<Conn>) {
             }
             continue;
         }
-        let others = (conn.executing.get() + conn.out.borrow().len()) as u32;
+        // Commands still executing may join the group; how many the host
+        // has in flight beyond them is not visible here.
+        let others = if conn.executing.get() > 0 || !conn.out.borrow().is_empty() {
+            crate::coalesce::BACKLOG_UNKNOWN
+        } else {
+            0
+        };
         // A pending item did not fit (out of iovecs or arena): the group is
         // as full as it gets.
         let Some(why) = conn.coal.borrow().flush_reason(
