@@ -129,6 +129,14 @@ struct Inner {
     methods: RwLock<BTreeMap<String, Slot>>,
     subsystems: RwLock<Vec<Subsystem>>,
     state: AtomicU32,
+    /// Initialization (the startup config included) is complete; until
+    /// then `framework_wait_init` callers wait in `init_waiters`.
+    init: Mutex<InitState>,
+}
+
+struct InitState {
+    done: bool,
+    waiters: Vec<Replier>,
 }
 
 /// The registry of RPC methods, shared (cheap `Clone`) between the server
@@ -163,6 +171,10 @@ impl MethodTable {
                 methods: RwLock::new(BTreeMap::new()),
                 subsystems: RwLock::new(Vec::new()),
                 state: AtomicU32::new(RPC_RUNTIME),
+                init: Mutex::new(InitState {
+                    done: true,
+                    waiters: Vec::new(),
+                }),
             }),
         };
         builtins::register(&t);
@@ -259,6 +271,38 @@ impl MethodTable {
     /// Set the current state ([`RPC_STARTUP`] or [`RPC_RUNTIME`]).
     pub fn set_state(&self, state: u32) {
         self.inner.state.store(state, Ordering::Release);
+    }
+
+    /// Marks initialization as under way: [`MethodTable::wait_init`]
+    /// callers wait until [`MethodTable::init_done`].
+    pub fn init_begun(&self) {
+        lock(&self.inner.init).done = false;
+    }
+
+    /// Initialization finished (startup config applied): answers every
+    /// waiting `framework_wait_init`.
+    pub fn init_done(&self) {
+        let waiters = {
+            let mut g = lock(&self.inner.init);
+            g.done = true;
+            std::mem::take(&mut g.waiters)
+        };
+        for w in waiters {
+            w.ok(Value::Bool(true));
+        }
+    }
+
+    /// Answers `true` through `reply` once initialization is done: at once
+    /// if it is, else when [`MethodTable::init_done`] is called (SPDK's
+    /// `framework_wait_init`, which returns only after init).
+    pub fn wait_init(&self, reply: Replier) {
+        let mut g = lock(&self.inner.init);
+        if g.done {
+            drop(g);
+            reply.ok(Value::Bool(true));
+        } else {
+            g.waiters.push(reply);
+        }
     }
 
     /// The current state.
@@ -426,6 +470,10 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -173,6 +173,7 @@ pub fn run(a: ServeArgs) -> i32 {
     };
     if a.wait_for_rpc {
         app.table.set_state(RPC_STARTUP);
+        app.table.init_begun();
     }
     let start_server =
         |app: &App| match ustor_rpc::start(ServerConfig::with_path(&a.socket), app.table.clone()) {
@@ -216,6 +217,7 @@ pub fn run(a: ServeArgs) -> i32 {
         app.shutdown();
         return 1;
     }
+    app.table.init_done();
     let server = match server {
         Some(s) => s,
         None => match start_server(&app) {

@@ -151,6 +151,38 @@ fn sigterm_stops_cleanly_and_removes_the_socket() {
 }
 
 #[test]
+fn wait_init_answers_only_after_the_startup_config_is_applied() {
+    let dir = tmpdir("wfi");
+    let cfg = dir.join("wfi.json");
+    std::fs::write(&cfg, serde_json::to_vec(&exported_config(8)).unwrap()).unwrap();
+    let s = Server::start_with(&dir, &["--wait-for-rpc", "-c", cfg.to_str().unwrap()], &[]);
+    let sock = s.sock.clone();
+    // Asked before framework_start_init: the answer waits for init.
+    let waiter = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        let r = ustor_rpc::RpcClient::connect(&sock)
+            .unwrap()
+            .call("framework_wait_init", Value::Null);
+        (r, t0.elapsed())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !waiter.is_finished(),
+        "framework_wait_init answered before init"
+    );
+    s.ok("framework_start_init", Value::Null);
+    let (r, _) = waiter.join().unwrap();
+    assert_eq!(r.unwrap(), json!(true));
+    // By then the config is in place: its bdev and NBD export exist.
+    let b = s.ok("bdev_get_bdevs", json!({"name": "Malloc0"}));
+    assert_eq!(b[0]["name"], "Malloc0", "{b}");
+    assert!(s.nbd_port() > 0);
+    // Once initialized it answers at once.
+    assert_eq!(s.ok("framework_wait_init", Value::Null), json!(true));
+    let _ = s.stop();
+}
+
+#[test]
 fn wait_for_rpc_holds_config_until_start_init() {
     let dir = tmpdir("wfr");
     let s = Server::start_with(&dir, &["--wait-for-rpc"], &[]);

@@ -20,18 +20,18 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         c.table.set_state(RPC_RUNTIME);
         Ok(json!(true))
     })?;
-    ctx.method("framework_wait_init", RPC_ANY_STATE, |c, p| {
-        no_params("framework_wait_init", &p)?;
-        // Init is synchronous here: once start_init returned, it is done.
-        if c.table.state() == RPC_RUNTIME {
-            Ok(json!(true))
-        } else {
-            Err(RpcError::errno_msg(
-                libc::EAGAIN,
-                "framework_start_init has not been called",
-            ))
-        }
-    })?;
+    // SPDK's semantics: the answer comes once initialization, the startup
+    // config included, is complete (at once when it is), so a client never
+    // sees a half-built configuration.
+    let table = ctx.table.clone();
+    ctx.table.register(
+        "framework_wait_init",
+        RPC_ANY_STATE,
+        move |p, reply| match no_params("framework_wait_init", &p) {
+            Ok(()) => table.wait_init(reply),
+            Err(e) => reply.err(e),
+        },
+    )?;
     ctx.method("framework_get_reactors", RPC_RUNTIME, |c, p| {
         no_params("framework_get_reactors", &p)?;
         let stats = c.rt.stats().map_err(RpcError::internal)?;
