@@ -231,6 +231,38 @@ pub fn try_recv(fd: RawFd, buf: &mut IoBuf, start: usize, max: usize) -> io::Res
     }
 }
 
+/// Receives into `buf[start..start + max]` for a staging receiver: when
+/// `streaming` (its last receive held more than one message), a direct
+/// [`try_recv`] first, so data that has already arrived is taken in this
+/// pass; otherwise, or when nothing is there yet, a ring [`recv`]. The
+/// buffer leaves `slot` only while the ring owns it. Returns the result and
+/// the number of receive calls made (one or two).
+pub async fn recv_staged(
+    fd: RawFd,
+    slot: &mut Option<IoBuf>,
+    start: usize,
+    max: usize,
+    streaming: bool,
+) -> (io::Result<usize>, u64) {
+    let mut calls = 0;
+    if streaming {
+        let Some(buf) = slot.as_mut() else {
+            return (Err(io::ErrorKind::BrokenPipe.into()), calls);
+        };
+        calls += 1;
+        match try_recv(fd, buf, start, max) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return (r, calls),
+        }
+    }
+    let Some(buf) = slot.take() else {
+        return (Err(io::ErrorKind::BrokenPipe.into()), calls);
+    };
+    let (r, buf) = recv(fd, buf, start, max).await;
+    *slot = Some(buf);
+    (r, calls + 1)
+}
+
 /// Sends `buf[start..end]`.
 pub fn send(
     fd: RawFd,

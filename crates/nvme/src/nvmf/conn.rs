@@ -550,20 +550,9 @@ impl Staging {
             // a busy queue answers many commands per pass (and per
             // `sendmsg`) as SPDK's drain-until-EAGAIN does; an idle one
             // (QD1) goes straight to the ring and pays no failed syscall.
-            let mut res = Err(io::ErrorKind::WouldBlock.into());
-            let hot = std::mem::take(&mut self.pdus_per_recv) > 1;
-            if hot {
-                let buf = self.buf.as_mut().ok_or(io::ErrorKind::BrokenPipe)?;
-                res = ops::try_recv(fd, buf, self.end, max);
-                stats::with(|c| inc(&c.recv_calls, 1));
-            }
-            if matches!(&res, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
-                let buf = self.buf.take().ok_or(io::ErrorKind::BrokenPipe)?;
-                let (r, buf) = ops::recv(fd, buf, self.end, max).await;
-                self.buf = Some(buf);
-                stats::with(|c| inc(&c.recv_calls, 1));
-                res = r;
-            }
+            let streaming = std::mem::take(&mut self.pdus_per_recv) > 1;
+            let (res, calls) = ops::recv_staged(fd, &mut self.buf, self.end, max, streaming).await;
+            stats::with(|c| inc(&c.recv_calls, calls));
             match res {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => self.end += n,
