@@ -151,6 +151,15 @@ pub fn result(res: i32) -> io::Result<usize> {
     }
 }
 
+/// Converts a direct syscall's return value (-1 and errno on failure).
+fn syscall_result(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 /// Reads `buf.len()` bytes at `offset` into `buf` (fixed-buffer read for pool
 /// buffers).
 pub fn read_at(fd: RawFd, buf: IoBuf, offset: u64) -> BufOp<(RawFd, IoBuf, u64)> {
@@ -217,18 +226,13 @@ pub fn recv(
 /// sending, each further batch arrives without waiting a reactor pass for a
 /// ring completion, so a busy queue handles (and answers) more per pass.
 /// `WouldBlock`: nothing there yet, go on with [`recv`] through the ring.
-pub fn try_recv(fd: RawFd, buf: &mut IoBuf, start: usize, max: usize) -> io::Result<usize> {
+fn try_recv(fd: RawFd, buf: &mut IoBuf, start: usize, max: usize) -> io::Result<usize> {
     let cap = buf.capacity();
     let s = start.min(cap);
     let n = max.min(cap - s);
     // SAFETY: s + n <= capacity: recv(2) writes only inside the buffer,
     // which the exclusive borrow keeps alive for the call.
-    let r = unsafe { libc::recv(fd, buf.as_mut_ptr().add(s).cast(), n, libc::MSG_DONTWAIT) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
+    syscall_result(unsafe { libc::recv(fd, buf.as_mut_ptr().add(s).cast(), n, libc::MSG_DONTWAIT) })
 }
 
 /// Receives into `buf[start..start + max]` for a staging receiver: when
@@ -342,12 +346,7 @@ pub unsafe fn sendmsg_now(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
     msg.msg_iovlen = iov.len() as _;
     // SAFETY: plain sendmsg(2), which only reads the iovecs and the memory
     // they point to, valid for the call per this function's contract.
-    let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
+    syscall_result(unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
 }
 
 /// Sends the segments `res` describes with one `sendmsg` (header + data).
