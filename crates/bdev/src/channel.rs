@@ -102,63 +102,78 @@ impl IoChannel {
 
     /// Reads `num_blocks` at `offset_blocks` into `buf` (`buf.len()` must be
     /// `num_blocks * block_size`).
-    pub async fn read(
+    pub fn read(
         &self,
         offset_blocks: u64,
         num_blocks: u64,
         buf: IoBuf,
-    ) -> (Result<(), BdevError>, IoBuf) {
-        let (r, b) = self
-            .io(IoType::Read, offset_blocks, num_blocks, Bufs::One(buf))
-            .await;
-        (r, one(b))
+    ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
+        self.io(IoType::Read, offset_blocks, num_blocks, buf, 0)
     }
 
-    pub async fn write(
+    pub fn write(
         &self,
         offset_blocks: u64,
         num_blocks: u64,
         buf: IoBuf,
-    ) -> (Result<(), BdevError>, IoBuf) {
-        let (r, b) = self
-            .io(IoType::Write, offset_blocks, num_blocks, Bufs::One(buf))
-            .await;
-        (r, one(b))
+    ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
+        self.io(IoType::Write, offset_blocks, num_blocks, buf, 0)
+    }
+
+    /// [`IoChannel::read`] stamped as submitted at tick `t0` (0: read the
+    /// clock). For a caller that read the TSC an instant ago, such as a
+    /// benchmark resubmitting from the completion it just timed (see
+    /// [`IoChannel::last_completion`]): one TSC read per I/O instead of two.
+    /// The latency then also covers the caller's work since `t0`.
+    pub fn read_stamped(
+        &self,
+        t0: u64,
+        offset_blocks: u64,
+        num_blocks: u64,
+        buf: IoBuf,
+    ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
+        self.io(IoType::Read, offset_blocks, num_blocks, buf, t0)
+    }
+
+    /// [`IoChannel::write`] stamped as submitted at tick `t0`; see
+    /// [`IoChannel::read_stamped`].
+    pub fn write_stamped(
+        &self,
+        t0: u64,
+        offset_blocks: u64,
+        num_blocks: u64,
+        buf: IoBuf,
+    ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
+        self.io(IoType::Write, offset_blocks, num_blocks, buf, t0)
     }
 
     /// Scatter-gather read into up to [`MAX_SEGMENTS`] buffers, in order.
-    pub async fn readv(
+    pub fn readv(
         &self,
         offset_blocks: u64,
         num_blocks: u64,
         bufs: Vec<IoBuf>,
-    ) -> (Result<(), BdevError>, Vec<IoBuf>) {
-        let (r, b) = self
-            .io(IoType::Read, offset_blocks, num_blocks, Bufs::Many(bufs))
-            .await;
-        (r, many(b))
+    ) -> impl Future<Output = (Result<(), BdevError>, Vec<IoBuf>)> + '_ {
+        self.io(IoType::Read, offset_blocks, num_blocks, bufs, 0)
     }
 
-    pub async fn writev(
+    pub fn writev(
         &self,
         offset_blocks: u64,
         num_blocks: u64,
         bufs: Vec<IoBuf>,
-    ) -> (Result<(), BdevError>, Vec<IoBuf>) {
-        let (r, b) = self
-            .io(IoType::Write, offset_blocks, num_blocks, Bufs::Many(bufs))
-            .await;
-        (r, many(b))
+    ) -> impl Future<Output = (Result<(), BdevError>, Vec<IoBuf>)> + '_ {
+        self.io(IoType::Write, offset_blocks, num_blocks, bufs, 0)
     }
 
     pub async fn flush(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
-        self.io(IoType::Flush, offset_blocks, num_blocks, Bufs::None)
+        self.io(IoType::Flush, offset_blocks, num_blocks, (), 0)
             .await
             .0
     }
 
     pub async fn unmap(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
-        self.io(IoType::Unmap, offset_blocks, num_blocks, Bufs::None)
+        self.io(IoType::Unmap, offset_blocks, num_blocks, (), 0)
             .await
             .0
     }
@@ -168,7 +183,7 @@ impl IoChannel {
     pub async fn write_zeroes(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
         if self.core.supported[IoType::WriteZeroes.index()] && !self.core.zeroes_unsupported.get() {
             match self
-                .io(IoType::WriteZeroes, offset_blocks, num_blocks, Bufs::None)
+                .io(IoType::WriteZeroes, offset_blocks, num_blocks, (), 0)
                 .await
                 .0
             {
@@ -195,7 +210,7 @@ impl IoChannel {
 
     /// Waits for this channel's outstanding I/O, then resets the device queue.
     pub async fn reset(&self) -> Result<(), BdevError> {
-        self.io(IoType::Reset, 0, 0, Bufs::None).await.0
+        self.io(IoType::Reset, 0, 0, (), 0).await.0
     }
 
     fn check(&self, kind: IoType, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
@@ -219,18 +234,23 @@ impl IoChannel {
         Ok(())
     }
 
-    async fn io(
+    /// One I/O of any kind; generic over what it carries so that the
+    /// public wrappers return this future itself (one async layer per I/O:
+    /// each layer moves the buffer and result once more).
+    async fn io<P: Payload>(
         &self,
         kind: IoType,
         offset_blocks: u64,
         num_blocks: u64,
-        bufs: Bufs,
-    ) -> (Result<(), BdevError>, Bufs) {
+        payload: P,
+        t0: u64,
+    ) -> (Result<(), BdevError>, P) {
+        let bufs = payload.into_bufs();
         if let Err(e) = self.check(kind, offset_blocks, num_blocks) {
-            return (Err(e), bufs);
+            return (Err(e), P::from_bufs(bufs));
         }
         if !self.core.supported[kind.index()] {
-            return (Err(BdevError::NotSupported), bufs);
+            return (Err(BdevError::NotSupported), P::from_bufs(bufs));
         }
         if kind.has_data() {
             let want = num_blocks * self.core.block_size as u64;
@@ -240,17 +260,19 @@ impl IoChannel {
                         got: bufs.total_len(),
                         want,
                     }),
-                    bufs,
+                    P::from_bufs(bufs),
                 );
             }
             if bufs.segments() > MAX_SEGMENTS {
-                return (Err(BdevError::TooManySegments(bufs.segments())), bufs);
+                let n = bufs.segments();
+                return (Err(BdevError::TooManySegments(n)), P::from_bufs(bufs));
             }
             if !self.aligned(&bufs) {
-                return self.bounced(kind, offset_blocks, num_blocks, bufs).await;
+                let (r, b) = self.bounced(kind, offset_blocks, num_blocks, bufs).await;
+                return (r, P::from_bufs(b));
             }
         }
-        let t0 = ticks::now();
+        let t0 = if t0 == 0 { ticks::now() } else { t0 };
         let (r, bufs) = Submit::new(&self.core, kind, offset_blocks, num_blocks, bufs).await;
         let bytes = if kind == IoType::Reset {
             0
@@ -258,7 +280,7 @@ impl IoChannel {
             num_blocks * self.core.block_size as u64
         };
         self.done(kind, bytes, t0, r.is_ok());
-        (r, bufs)
+        (r, P::from_bufs(bufs))
     }
 
     fn done(&self, kind: IoType, bytes: u64, t0: u64, ok: bool) {
@@ -354,10 +376,40 @@ fn one(b: Bufs) -> IoBuf {
     }
 }
 
-fn many(b: Bufs) -> Vec<IoBuf> {
-    match b {
-        Bufs::Many(v) => v,
-        _ => unreachable!("vectored I/O returns its buffers"),
+/// What an I/O carries (nothing, one buffer, several): held in the slot as
+/// [`Bufs`] while in flight and handed back in the caller's own type.
+trait Payload: Sized {
+    fn into_bufs(self) -> Bufs;
+    fn from_bufs(b: Bufs) -> Self;
+}
+
+impl Payload for () {
+    fn into_bufs(self) -> Bufs {
+        Bufs::None
+    }
+    fn from_bufs(_: Bufs) {}
+}
+
+impl Payload for IoBuf {
+    #[inline]
+    fn into_bufs(self) -> Bufs {
+        Bufs::One(self)
+    }
+    #[inline]
+    fn from_bufs(b: Bufs) -> IoBuf {
+        one(b)
+    }
+}
+
+impl Payload for Vec<IoBuf> {
+    fn into_bufs(self) -> Bufs {
+        Bufs::Many(self)
+    }
+    fn from_bufs(b: Bufs) -> Vec<IoBuf> {
+        match b {
+            Bufs::Many(v) => v,
+            _ => unreachable!("vectored I/O returns its buffers"),
+        }
     }
 }
 

@@ -218,11 +218,16 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
             let g = &mut gens[unit as usize];
             *g = g.wrapping_add(1).max(1);
             verify::fill(&mut buf, bs, lba, cfg.seed, *g);
+            // Filling a block takes a while: not part of the I/O's latency.
+            now = ticks::now();
         }
+        // `now` was read an instant ago (the previous completion, or after
+        // a yield or a fill): the I/O is stamped with it rather than the
+        // bdev layer reading the clock again.
         let (r, b) = if read {
-            ch.read(lba, sh.bpi, buf).await
+            ch.read_stamped(now, lba, sh.bpi, buf).await
         } else {
-            ch.write(lba, sh.bpi, buf).await
+            ch.write_stamped(now, lba, sh.bpi, buf).await
         };
         buf = b;
         // The bdev layer timed this I/O already: reuse its timestamps rather
@@ -250,8 +255,9 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
         n = n.wrapping_add(1);
         // Drivers that complete inline (null, malloc) never make the task
         // wait; yield so every slot of the queue depth gets its turn.
-        if n.is_multiple_of(8) {
+        if n.is_multiple_of(32) {
             ustor_runtime::yield_now().await;
+            now = ticks::now();
         }
     }
 }
