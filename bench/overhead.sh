@@ -30,6 +30,9 @@
 #   NOBUILD=1        do not run cargo build
 #   USTOR=path       ustor binary (default target/release/ustor)
 #   OUT=path         raw results (JSON lines); default bench/results/overhead-<date>.jsonl
+#   TARGETS="loop file" RWS="randread randwrite" QDS="1 32"
+#   ENGINES="io_uring libaio psync"   fio engines (psync runs at QD1 only)
+#   PART2=1          0: skip the null/malloc part
 set -euo pipefail
 
 RUNTIME=${RUNTIME:-5}
@@ -44,6 +47,11 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 stamp=$(date +%Y%m%d-%H%M%S)
 OUT=${OUT:-$root/bench/results/overhead-$stamp.jsonl}
+TARGETS=${TARGETS:-"loop file"}
+RWS=${RWS:-"randread randwrite"}
+QDS=${QDS:-"1 32"}
+ENGINES=${ENGINES:-"io_uring libaio psync"}
+PART2=${PART2:-1}
 mkdir -p "$(dirname "$OUT")"
 : >"$OUT"
 
@@ -138,13 +146,13 @@ echo "# fio $(fio --version | sed 's/fio-//'); raw results: $OUT"
 nmodes=$(wc -w <<<"$USTOR_MODES")
 echo "# running $(( (4 * (5 + 2 * nmodes) + 4) * REPEAT )) points of ${RUNTIME}s each..." >&2
 
-for target in loop file; do
+for target in $TARGETS; do
     if [ "$target" = loop ]; then path=$loopdev; else path=$work/file.img; fi
-    for rw in randread randwrite; do
-        for qd in 1 32; do
+    for rw in $RWS; do
+        for qd in $QDS; do
             for rep in $(seq 1 "$REPEAT"); do
                 # Peers back to back, in the same repeat.
-                for engine in io_uring libaio psync; do
+                for engine in $ENGINES; do
                     if [ "$engine" = psync ] && [ "$qd" != 1 ]; then continue; fi
                     run_fio "$target" "$path" "$engine" "$rw" "$qd" "$rep"
                 done
@@ -155,7 +163,7 @@ for target in loop file; do
         done
     done
 done
-for spec in null:1G "malloc:$MALLOC"; do
+[ "$PART2" = 0 ] || for spec in null:1G "malloc:$MALLOC"; do
     for qd in 1 128; do
         for rep in $(seq 1 "$REPEAT"); do
             run_ustor "${spec%%:*}" "$spec" poll randread "$qd" "$rep"

@@ -140,9 +140,22 @@ impl Reactor {
             let mut work = 0usize;
             work += self.drain_inbox(MSG_BUDGET);
             work += self.exec.run_ready(TASK_BUDGET);
-            work += self.pollers.run(prev);
-            work += self.timers.fire(prev);
-            work += self.ring.submit_and_reap(false);
+            let background = self.pollers.run(prev) + self.timers.fire(prev);
+            work += background;
+            // Interrupt mode: when only tasks ran and every task is waiting
+            // again, the SQEs they queued go in with the sleep's own
+            // io_uring_enter: one syscall per round trip, not a submit and
+            // then a wait in the next, idle pass. Completions already posted
+            // make that enter return at once.
+            let submit_with_sleep = self.mode == PollMode::Interrupt
+                && work > 0
+                && background == 0
+                && !self.exec.has_ready()
+                && self.shared.inbox.is_empty()
+                && !self.ring.has_completions();
+            if !submit_with_sleep {
+                work += self.ring.submit_and_reap(false);
+            }
             let mut end = ticks::now();
             self.stats.loops.set(self.stats.loops.get() + 1);
             if work > 0 {
@@ -150,7 +163,14 @@ impl Reactor {
                     .busy_ticks
                     .set(self.stats.busy_ticks.get() + (end - prev));
                 last_busy = end;
-            } else {
+            }
+            if submit_with_sleep {
+                if !self.exec.has_ready() {
+                    self.sleep();
+                    end = ticks::now();
+                    last_busy = end;
+                }
+            } else if work == 0 {
                 self.stats
                     .idle_ticks
                     .set(self.stats.idle_ticks.get() + (end - prev));

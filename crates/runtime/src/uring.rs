@@ -300,6 +300,11 @@ impl Ring {
         }
     }
 
+    /// Whether completions wait in the CQ (reaping them needs no syscall).
+    pub(crate) fn has_completions(&self) -> bool {
+        !self.ring.borrow_mut().completion().is_empty()
+    }
+
     /// Blocks until at least one completion or `timeout_ns`.
     pub(crate) fn wait(&self, timeout_ns: Option<u64>) {
         self.arm_wake();
