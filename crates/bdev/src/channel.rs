@@ -120,31 +120,22 @@ impl IoChannel {
         self.io(IoType::Write, offset_blocks, num_blocks, buf, 0)
     }
 
-    /// [`IoChannel::read`] stamped as submitted at tick `t0` (0: read the
-    /// clock). For a caller that read the TSC an instant ago, such as a
-    /// benchmark resubmitting from the completion it just timed (see
-    /// [`IoChannel::last_completion`]): one TSC read per I/O instead of two.
-    /// The latency then also covers the caller's work since `t0`.
-    pub fn read_stamped(
+    /// [`IoChannel::write`] (`write`) or [`IoChannel::read`], stamped as
+    /// submitted at tick `t0` (0: read the clock). For a caller that read
+    /// the TSC an instant ago, such as a benchmark resubmitting from the
+    /// completion it just timed (see [`IoChannel::last_completion`]): one
+    /// TSC read per I/O instead of two. The latency then also covers the
+    /// caller's work since `t0`.
+    pub fn rw_stamped(
         &self,
+        write: bool,
         t0: u64,
         offset_blocks: u64,
         num_blocks: u64,
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
-        self.io(IoType::Read, offset_blocks, num_blocks, buf, t0)
-    }
-
-    /// [`IoChannel::write`] stamped as submitted at tick `t0`; see
-    /// [`IoChannel::read_stamped`].
-    pub fn write_stamped(
-        &self,
-        t0: u64,
-        offset_blocks: u64,
-        num_blocks: u64,
-        buf: IoBuf,
-    ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
-        self.io(IoType::Write, offset_blocks, num_blocks, buf, t0)
+        let kind = if write { IoType::Write } else { IoType::Read };
+        self.io(kind, offset_blocks, num_blocks, buf, t0)
     }
 
     /// Scatter-gather read into up to [`MAX_SEGMENTS`] buffers, in order.

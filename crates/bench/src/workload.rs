@@ -224,11 +224,7 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
         // `now` was read an instant ago (the previous completion, or after
         // a yield or a fill): the I/O is stamped with it rather than the
         // bdev layer reading the clock again.
-        let (r, b) = if read {
-            ch.read_stamped(now, lba, sh.bpi, buf).await
-        } else {
-            ch.write_stamped(now, lba, sh.bpi, buf).await
-        };
+        let (r, b) = ch.rw_stamped(!read, now, lba, sh.bpi, buf).await;
         buf = b;
         // The bdev layer timed this I/O already: reuse its timestamps rather
         // than read the TSC again (two reads per I/O cost more than a null
