@@ -2,7 +2,8 @@
 # HwPerfIO experiment (issue 3): what does ustor's stack cost per I/O next to
 # fio on the same device, in the same run?
 #
-#  1. One loop device (losetup --direct-io=on over a file this script creates)
+#  1. One loop device (losetup --direct-io=on over a file this script creates,
+#     on tmpfs by default: LOOP_DIR)
 #     and one O_DIRECT file: fio (io_uring, libaio, psync) and `ustor bench`
 #     with the uring bdev, 4 KiB randread/randwrite at QD1 and QD32 (psync
 #     QD1 only): IOPS, mean and p99 latency, CPU per I/O, ratio ustor/fio
@@ -23,7 +24,15 @@
 #   RUNTIME=5        seconds per point
 #   REPEAT=1         runs per point; the table shows medians and the IOPS spread
 #   CORE=1           core for ustor's reactor and for fio
-#   DIR=/var/tmp     where the 1 GiB backing files go (ext4 for the file test)
+#   DIR=/var/tmp     where the 1 GiB file of the file test goes (ext4)
+#   LOOP_DIR=/dev/shm  where the loop device's backing file goes. tmpfs by
+#                    default: the loop device then costs a few µs and the
+#                    same every time, so what differs between fio and ustor
+#                    is their stacks. This VM's virtual disk is shared with
+#                    other guests and its latency swings by 10x from minute
+#                    to minute (QD1 loop randread 5.9 K to 40 K IOPS), which
+#                    drowned the stack cost in runs 1-3. LOOP_DIR=/var/tmp
+#                    gives the disk-backed loop device of those runs.
 #   SIZE_MB=1024     size of each backing file
 #   USTOR_MODES="poll adaptive interrupt"   ustor poll modes for the uring bdev
 #   MALLOC=1G        malloc bdev size
@@ -39,6 +48,7 @@ RUNTIME=${RUNTIME:-5}
 REPEAT=${REPEAT:-1}
 CORE=${CORE:-1}
 DIR=${DIR:-/var/tmp}
+LOOP_DIR=${LOOP_DIR:-/dev/shm}
 SIZE_MB=${SIZE_MB:-1024}
 USTOR_MODES=${USTOR_MODES:-"poll adaptive interrupt"}
 MALLOC=${MALLOC:-1G}
@@ -73,13 +83,14 @@ USTOR=${USTOR:-$root/target/release/ustor}
 [ -x "$USTOR" ] || die "$USTOR missing (cargo build --release -p ustor)"
 
 work=$(mktemp -d "$DIR/ustor-overhead.XXXXXX")
+loopwork=$(mktemp -d "$LOOP_DIR/ustor-overhead.XXXXXX")
 loopdev=""
 cleanup() {
     set +e
     if [ -n "$loopdev" ]; then
         losetup -d "$loopdev"
     fi
-    rm -rf "$work"
+    rm -rf "$work" "$loopwork"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -89,9 +100,9 @@ trap 'exit 130' INT TERM
 mkfile() {
     dd if=/dev/zero of="$1" bs=1M count="$SIZE_MB" oflag=direct conv=fsync status=none
 }
-mkfile "$work/loop.img"
+mkfile "$loopwork/loop.img"
 mkfile "$work/file.img"
-loopdev=$(losetup --direct-io=on --show -f "$work/loop.img")
+loopdev=$(losetup --direct-io=on --show -f "$loopwork/loop.img")
 [ "$(cat /sys/block/"$(basename "$loopdev")"/loop/dio)" = 1 ] || die "$loopdev: direct I/O not on"
 
 # Appends one JSON line {target, engine, rw, qd, rep, iops, lat_mean_us,
@@ -141,7 +152,7 @@ run_ustor() { # target bdevspec mode rw qd rep
 }
 
 echo "# overhead.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $ncpu CPUs, $(lscpu | sed -n 's/^Model name: *//p'), kernel $(uname -r)"
-echo "# RUNTIME=$RUNTIME REPEAT=$REPEAT CORE=$CORE loop=$loopdev (file $work/loop.img, dio) file=$work/file.img ($(findmnt -n -o FSTYPE --target "$work"))"
+echo "# RUNTIME=$RUNTIME REPEAT=$REPEAT CORE=$CORE loop=$loopdev (file $loopwork/loop.img on $(findmnt -n -o FSTYPE --target "$loopwork"), dio) file=$work/file.img ($(findmnt -n -o FSTYPE --target "$work"))"
 echo "# fio $(fio --version | sed 's/fio-//'); raw results: $OUT"
 nmodes=$(wc -w <<<"$USTOR_MODES")
 echo "# running $(( (4 * (5 + 2 * nmodes) + 4) * REPEAT )) points of ${RUNTIME}s each..." >&2

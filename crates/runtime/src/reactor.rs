@@ -165,11 +165,9 @@ impl Reactor {
                 last_busy = end;
             }
             if submit_with_sleep {
-                if !self.exec.has_ready() {
-                    self.sleep();
-                    end = ticks::now();
-                    last_busy = end;
-                }
+                self.sleep();
+                end = ticks::now();
+                last_busy = end;
             } else if work == 0 {
                 self.stats
                     .idle_ticks
