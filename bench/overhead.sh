@@ -152,7 +152,7 @@ run_ustor() { # target bdevspec mode rw qd rep
 }
 
 echo "# overhead.sh: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $ncpu CPUs, $(lscpu | sed -n 's/^Model name: *//p'), kernel $(uname -r)"
-echo "# RUNTIME=$RUNTIME REPEAT=$REPEAT CORE=$CORE loop=$loopdev (file $loopwork/loop.img on $(findmnt -n -o FSTYPE --target "$loopwork"), dio) file=$work/file.img ($(findmnt -n -o FSTYPE --target "$work"))"
+echo "# RUNTIME=$RUNTIME REPEAT=$REPEAT CORE=$CORE loop=$loopdev (file $loopwork/loop.img on $(findmnt -n -o FSTYPE --target "$loopwork" | head -1), dio) file=$work/file.img ($(findmnt -n -o FSTYPE --target "$work"))"
 echo "# fio $(fio --version | sed 's/fio-//'); raw results: $OUT"
 nmodes=$(wc -w <<<"$USTOR_MODES")
 echo "# running $(( (4 * (5 + 2 * nmodes) + 4) * REPEAT )) points of ${RUNTIME}s each..." >&2
