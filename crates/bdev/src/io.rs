@@ -214,7 +214,6 @@ impl Table {
 
     /// A slot finished (driver completion or last child): record status, and
     /// wake the owner, propagate to the parent, or free an orphan.
-    #[inline]
     pub(crate) fn finish(&self, i: u32, status: Result<(), BdevError>) {
         let s = &self.slots[i as usize];
         let removed = s.removed.get();
@@ -343,9 +342,7 @@ impl IoHandle {
         })
     }
 
-    /// Completes the I/O. Inlined so a driver's constant status (`Ok`)
-    /// travels in registers rather than through memory.
-    #[inline]
+    /// Completes the I/O.
     pub fn complete(self, status: Result<(), BdevError>) {
         let (idx, gen) = (self.idx, self.gen);
         std::mem::forget(self);
