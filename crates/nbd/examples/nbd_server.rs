@@ -75,11 +75,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", serde_json::to_string(&server.get_stats()?)?);
     for r in rt.handle().stats()? {
         eprintln!(
-            "reactor {}: loops {} sleeps {} wakeups {} tasks_polled {} submits {} completions {} busy_ms {} idle_ms {}",
+            "reactor {}: loops {} sleeps {} wakeups {} naps {} naps_early {} tasks_polled {} submits {} completions {} busy_ms {} idle_ms {}",
             r.reactor,
             r.loops,
             r.sleeps,
             r.wakeups,
+            r.naps,
+            r.naps_early,
             r.tasks_polled,
             r.submits,
             r.completions,

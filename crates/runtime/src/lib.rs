@@ -33,6 +33,7 @@ pub mod buf;
 pub mod config;
 pub mod executor;
 pub mod msg;
+mod nap;
 pub mod net;
 pub mod ops;
 pub mod poller;

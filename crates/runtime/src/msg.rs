@@ -220,6 +220,8 @@ impl RuntimeHandle {
                 messages: r.stats.messages.get(),
                 sleeps: r.stats.sleeps.get(),
                 wakeups: r.stats.wakeups.get(),
+                naps: r.nap.borrow().naps,
+                naps_early: r.nap.borrow().early,
                 tasks: r.exec.task_count(),
                 tasks_polled: 0,
                 submits: r.ring.submits.get(),

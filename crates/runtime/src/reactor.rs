@@ -10,6 +10,7 @@ use crate::buf::BufPool;
 use crate::config::{PollMode, RuntimeConfig};
 use crate::executor::Executor;
 use crate::msg::{ReactorShared, RuntimeShared};
+use crate::nap::{NapPlanner, MIN_NAP_NS};
 use crate::poller::Pollers;
 use crate::spin::{Contention, SpinBudget, MIN_SPIN_NS};
 use crate::stats::Counters;
@@ -35,6 +36,8 @@ pub(crate) struct Reactor {
     mode: PollMode,
     /// Adaptive mode's spin before sleeping (adapts within `idle_period`).
     spin: std::cell::RefCell<SpinBudget>,
+    /// Adaptive mode: the timed nap at the start of an idle stretch.
+    pub(crate) nap: std::cell::RefCell<NapPlanner>,
     /// Adaptive mode: whether other threads want the CPUs (then no spin).
     contention: std::cell::RefCell<Contention>,
     stop_requested: Cell<bool>,
@@ -109,6 +112,11 @@ impl Reactor {
                 ticks::from_duration(cfg.idle_period),
                 ticks::from_duration(std::time::Duration::from_nanos(MIN_SPIN_NS)),
             )),
+            nap: std::cell::RefCell::new(NapPlanner::new(
+                ticks::from_duration(std::time::Duration::from_micros(7)),
+                ticks::from_duration(std::time::Duration::from_nanos(MIN_NAP_NS)),
+                ticks::from_duration(std::time::Duration::from_micros(1)),
+            )),
             contention: std::cell::RefCell::new(Contention::new(ticks::from_duration(
                 std::time::Duration::from_millis(5),
             ))),
@@ -133,6 +141,12 @@ impl Reactor {
         // timers see the time the previous pass ended.
         let mut last_busy = ticks::now();
         let mut prev = last_busy;
+        // Adaptive mode's nap: where the current idle stretch began (sleeps
+        // do not move it, unlike `last_busy`) and whether this stretch has
+        // had its one chance to nap.
+        let mut idle_since = last_busy;
+        let mut idle = false;
+        let mut nap_planned = false;
         loop {
             if self.shared.stop.load(Ordering::Acquire) || self.stop_requested.get() {
                 break;
@@ -162,10 +176,18 @@ impl Reactor {
                 self.stats
                     .busy_ticks
                     .set(self.stats.busy_ticks.get() + (end - prev));
+                if idle && self.mode == PollMode::Adaptive {
+                    self.nap.borrow_mut().record_gap(prev - idle_since);
+                }
+                idle = false;
+                nap_planned = false;
                 last_busy = end;
+                idle_since = end;
+            } else {
+                idle = true;
             }
             if submit_with_sleep {
-                self.sleep();
+                self.sleep(None);
                 end = ticks::now();
                 last_busy = end;
             } else if work == 0 {
@@ -178,12 +200,22 @@ impl Reactor {
                     PollMode::Interrupt => true,
                     PollMode::Adaptive => {
                         contended = self.contention.borrow_mut().oversubscribed(end);
-                        contended || end - last_busy >= self.spin.borrow().ticks()
+                        let sleep = contended || end - last_busy >= self.spin.borrow().ticks();
+                        if !sleep && !nap_planned && !self.exec.has_ready() {
+                            nap_planned = true;
+                            let plan = self.nap.borrow_mut().plan(end - idle_since);
+                            if let Some(asked) = plan {
+                                let slept = self.sleep(Some(asked));
+                                self.nap.borrow_mut().after_nap(asked, slept);
+                                end = ticks::now();
+                            }
+                        }
+                        sleep
                     }
                 };
                 if sleep && !self.exec.has_ready() {
                     let spun = end - last_busy;
-                    let slept = self.sleep();
+                    let slept = self.sleep(None);
                     if self.mode == PollMode::Adaptive && !contended {
                         self.spin.borrow_mut().after_sleep(spun, slept);
                     }
@@ -213,9 +245,9 @@ impl Reactor {
     }
 
     /// Blocks in io_uring_enter until a completion (an eventfd write from a
-    /// sender, an I/O, or the next timer deadline).
-    /// Returns the ticks spent asleep (0 if it did not sleep).
-    fn sleep(&self) -> u64 {
+    /// sender, an I/O, or the next timer deadline), or for at most `nap`
+    /// ticks. Returns the ticks spent asleep (0 if it did not sleep).
+    fn sleep(&self, nap: Option<u64>) -> u64 {
         // Dekker pairing with `RuntimeHandle::send`: publish `sleeping`, then
         // look at the inbox; the sender pushes, then looks at `sleeping`.
         self.shared.sleeping.store(true, Ordering::SeqCst);
@@ -225,10 +257,14 @@ impl Reactor {
             return 0;
         }
         let now = ticks::now();
-        let deadline = [self.timers.next_deadline(), self.pollers.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min();
+        let deadline = [
+            self.timers.next_deadline(),
+            self.pollers.next_deadline(),
+            nap.map(|n| now + n),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let timeout_ns = deadline.map(|d| ticks::to_ns(d.saturating_sub(now)));
         self.stats.sleeps.set(self.stats.sleeps.get() + 1);
         let t0 = ticks::now();

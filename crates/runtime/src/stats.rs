@@ -24,6 +24,9 @@ pub struct ReactorStats {
     pub messages: u64,
     pub sleeps: u64,
     pub wakeups: u64,
+    /// Adaptive mode: timed naps taken, and those that work cut short.
+    pub naps: u64,
+    pub naps_early: u64,
     pub tasks: usize,
     pub tasks_polled: u64,
     pub submits: u64,

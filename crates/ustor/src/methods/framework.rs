@@ -50,6 +50,8 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
                     "messages": s.messages,
                     "sleeps": s.sleeps,
                     "wakeups": s.wakeups,
+                    "naps": s.naps,
+                    "naps_early": s.naps_early,
                     "tasks": s.tasks,
                     "io_uring_submits": s.submits,
                     "io_uring_completions": s.completions,
