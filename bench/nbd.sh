@@ -173,4 +173,27 @@ print(f"{'workload':<20}{'best ustor':<11}{'best peer':<10}{'IOPS x':>8}{'mean l
 for w, bu, bp, ix, lx, cx in summary:
     print(f"{w[0]+' qd'+str(w[1])+' x'+str(w[2]):<20}{bu:<11}{bp:<10}{ix:>8.2f}{lx:>11.2f}{cx:>10.2f}")
 print("x = best ustor / best peer (IOPS > 1, latency and CPU < 1 favour ustor).")
+# Issue 5's goals, per workload, checked for every ustor mode: at QD1 a
+# lower mean latency than the lowest-latency peer with less server CPU per
+# I/O than it; at QD32 at least 1.5x the best peer's IOPS with less CPU.
+print()
+print(f"{'workload':<20}goal")
+for w in sorted({k[:3] for k in cells}):
+    ws = {s: rs for (rw, qd, c, s), rs in cells.items() if (rw, qd, c) == w}
+    us = {s: rs for s, rs in ws.items() if s.startswith("ustor")}
+    peers = {s: rs for s, rs in ws.items() if not s.startswith(("ustor", "base"))}
+    if not us or not peers:
+        continue
+    name = f"{w[0]} qd{w[1]} x{w[2]}"
+    if w[1] == 1:
+        bp = min(peers, key=lambda s: med(peers[s], "lat_mean_us"))
+        ok = [s for s in us if med(us[s], "lat_mean_us") < med(peers[bp], "lat_mean_us")
+              and med(us[s], "cpu_us_per_io") < med(peers[bp], "cpu_us_per_io")]
+        what = f"lower latency and CPU/IO than {bp}"
+    else:
+        bp = max(peers, key=lambda s: med(peers[s], "iops"))
+        ok = [s for s in us if med(us[s], "iops") >= 1.5 * med(peers[bp], "iops")
+              and med(us[s], "cpu_us_per_io") < med(peers[bp], "cpu_us_per_io")]
+        what = f">= 1.5x the IOPS of {bp} with less CPU/IO"
+    print(f"{name:<20}{'met by ' + ', '.join(sorted(ok)) if ok else 'NOT met'}: {what}")
 PY

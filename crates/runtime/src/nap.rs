@@ -103,9 +103,16 @@ impl NapPlanner {
         Some(*q)
     }
 
-    /// How long to nap, `idle` ticks into an idle stretch, if at all.
-    pub(crate) fn plan(&mut self, idle: u64) -> Option<u64> {
+    /// How long to nap, `idle` ticks into an idle stretch that the reactor
+    /// would spin for `spin` ticks in all, if at all.
+    pub(crate) fn plan(&mut self, idle: u64, spin: u64) -> Option<u64> {
         let gap = self.expected_gap()?;
+        if gap >= spin {
+            // The reactor sleeps before such a gap ends anyway; a nap would
+            // only add a wake-up (and read as a short sleep to the spin
+            // budget, which would then grow).
+            return None;
+        }
         let keep = idle + self.margin;
         let room = gap.checked_sub(keep)?;
         if room < self.min_nap {
@@ -150,6 +157,8 @@ impl NapPlanner {
 mod tests {
     use super::{NapPlanner, PROBE_EVERY};
 
+    const SPIN: u64 = 1_000_000;
+
     fn planner() -> NapPlanner {
         NapPlanner::new(7_000, 1_000, 1_000)
     }
@@ -159,14 +168,24 @@ mod tests {
         let mut p = planner();
         for _ in 0..15 {
             p.record_gap(30_000);
-            assert_eq!(p.plan(0), None);
+            assert_eq!(p.plan(0, SPIN), None);
         }
         p.record_gap(30_000);
         // 30 - (7 overshoot + 1 margin) = 22 µs.
-        assert_eq!(p.plan(0), Some(22_000));
+        assert_eq!(p.plan(0, SPIN), Some(22_000));
         // Later in the stretch, less is left.
-        assert_eq!(p.plan(10_000), Some(12_000));
-        assert_eq!(p.plan(22_000), None);
+        assert_eq!(p.plan(10_000, SPIN), Some(12_000));
+        assert_eq!(p.plan(22_000, SPIN), None);
+    }
+
+    #[test]
+    fn gaps_beyond_the_spin_are_slept_not_napped() {
+        let mut p = planner();
+        for _ in 0..16 {
+            p.record_gap(2_000_000);
+        }
+        assert_eq!(p.plan(0, SPIN), None);
+        assert_eq!(p.plan(0, 4_000_000), Some(2_000_000 - 7_000 - 1_000));
     }
 
     #[test]
@@ -176,7 +195,7 @@ mod tests {
             p.record_gap(300);
         }
         for _ in 0..1000 {
-            assert_eq!(p.plan(0), None);
+            assert_eq!(p.plan(0, SPIN), None);
         }
     }
 
@@ -186,13 +205,13 @@ mod tests {
         for i in 0..16 {
             p.record_gap(if i % 4 == 0 { 5_000_000 } else { 30_000 });
         }
-        assert_eq!(p.plan(0), Some(22_000));
+        assert_eq!(p.plan(0, SPIN), Some(22_000));
         // Four short gaps in sixteen are enough to stop napping.
         let mut p = planner();
         for i in 0..16 {
             p.record_gap(if i % 4 == 0 { 1_000 } else { 30_000 });
         }
-        assert_eq!(p.plan(0), None);
+        assert_eq!(p.plan(0, SPIN), None);
     }
 
     #[test]
@@ -212,7 +231,7 @@ mod tests {
         for _ in 0..16 {
             p.record_gap(30_000);
         }
-        assert_eq!(p.plan(0), Some(30_000 - 15_000 - 1_000));
+        assert_eq!(p.plan(0, SPIN), Some(30_000 - 15_000 - 1_000));
     }
 
     #[test]
@@ -225,12 +244,14 @@ mod tests {
         for _ in 0..8 {
             p.after_nap(10_000, 5_010_000);
         }
-        let planned = (0..PROBE_EVERY * 4).filter(|_| p.plan(0).is_some()).count();
+        let planned = (0..PROBE_EVERY * 4)
+            .filter(|_| p.plan(0, SPIN).is_some())
+            .count();
         assert_eq!(planned, 4, "one probe per {PROBE_EVERY} refusals");
         // Probes that come back on time bring the naps back.
         for _ in 0..8 {
             p.after_nap(1_000, 8_000);
         }
-        assert_eq!(p.plan(0), Some(30_000 - 7_000 - 1_000));
+        assert_eq!(p.plan(0, SPIN), Some(30_000 - 7_000 - 1_000));
     }
 }

@@ -200,10 +200,11 @@ impl Reactor {
                     PollMode::Interrupt => true,
                     PollMode::Adaptive => {
                         contended = self.contention.borrow_mut().oversubscribed(end);
-                        let sleep = contended || end - last_busy >= self.spin.borrow().ticks();
+                        let spin = self.spin.borrow().ticks();
+                        let sleep = contended || end - last_busy >= spin;
                         if !sleep && !nap_planned && !self.exec.has_ready() {
                             nap_planned = true;
-                            let plan = self.nap.borrow_mut().plan(end - idle_since);
+                            let plan = self.nap.borrow_mut().plan(end - idle_since, spin);
                             if let Some(asked) = plan {
                                 let slept = self.sleep(Some(asked));
                                 self.nap.borrow_mut().after_nap(asked, slept);
