@@ -9,7 +9,13 @@
 //! RW = randread | randwrite; RATE (IOPS, QD 1) paces the load for the
 //! low-load latency test.
 //! Env: `POLL` = adaptive (default) | poll | interrupt, the reactors' poll
-//! mode on both sides, and `IDLE_US` their adaptive idle period (1000).
+//! mode on both sides, `IDLE_US` their adaptive idle period (1000), and
+//! `QUEUES` (1) the number of I/O queues: that many controllers attached to
+//! the one subsystem, each with its own connection and one I/O queue, all
+//! driven from the initiator's reactor and all served by the target's one
+//! reactor; QD is per queue. Several queues per target reactor is where
+//! per-pass groups get small (the PDUs of a pass are spread over sockets)
+//! and waiting for a fuller group has the most to win.
 //!
 //! Latencies are kept as raw samples (10 ns units) in a vector reserved up
 //! front, so percentiles are exact and nothing caps them (the first version
@@ -61,6 +67,11 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
+    let queues: usize = std::env::var("QUEUES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let coal = CoalesceConfig {
         mode,
         degree: 16,
@@ -106,11 +117,17 @@ fn main() {
     let port = t
         .export_local(NQN, "BENCH", "ustor bench", "Malloc0", "0")
         .unwrap();
-    let mut p = AttachParams::tcp("Bench", "127.0.0.1", &port, NQN);
-    p.coalesce = coal;
-    p.io_queue_size = 128;
-    let names = attach_controller(&irt.handle(), &ireg, &p).expect("attach");
-    let bdev = names[0].clone();
+    let ctrls: Vec<String> = (0..queues).map(|i| format!("Bench{i}")).collect();
+    let bdevs: Vec<String> = ctrls
+        .iter()
+        .map(|c| {
+            let mut p = AttachParams::tcp(c, "127.0.0.1", &port, NQN);
+            p.coalesce = coal;
+            p.io_queue_size = 128;
+            attach_controller(&irt.handle(), &ireg, &p).expect("attach")[0].clone()
+        })
+        .collect();
+    let qstats = |name: &str| io_queue_stats(name).unwrap_or_default();
     let tids = [trt.thread_ids()[0], irt.thread_ids()[0]];
     // Target (sendmsg calls, recv calls, payload copies).
     let tstats = |t: &Target| {
@@ -130,12 +147,15 @@ fn main() {
     // Warm-up + measurement on reactor 1.
     let run = move |secs: u64| {
         let reg = reg2.clone();
-        let bdev = bdev.clone();
+        let bdevs = bdevs.clone();
         move || async move {
-            let d = reg.open(&bdev, true, |_| {}).unwrap();
-            let ch = d.channel().unwrap();
+            let descs: Vec<_> = bdevs
+                .iter()
+                .map(|b| reg.open(b, true, |_| {}).unwrap())
+                .collect();
+            let chans: Vec<_> = descs.iter().map(|d| d.channel().unwrap()).collect();
             let nb = (bs / 512) as u64;
-            let slots = ch.num_blocks() / nb;
+            let slots = chans[0].num_blocks() / nb;
             let end = ticks::now() + ticks::from_duration(Duration::from_secs(secs));
             // Raw samples in 10 ns units; the capacity covers ~5 M IOPS for
             // `secs`, so a push never reallocates inside the timed loop.
@@ -145,8 +165,9 @@ fn main() {
                 (rate as usize * secs as usize + 16).min(1 << 20),
             )));
             let mut hs = Vec::new();
-            for w in 0..qd {
-                let (ch, lat, late) = (ch.clone(), lat.clone(), late.clone());
+            for w in 0..qd * chans.len() {
+                let ch = chans[w % chans.len()].clone();
+                let (lat, late) = (lat.clone(), late.clone());
                 hs.push(ustor_runtime::spawn(async move {
                     let mut b = IoBuf::alloc(bs).await;
                     b.fill(w as u8);
@@ -207,7 +228,14 @@ fn main() {
     };
     let h = irt.handle();
     h.block_on(0, run(1)).unwrap();
-    let s0 = io_queue_stats("Bench").unwrap();
+    let isends = || -> u64 {
+        ctrls
+            .iter()
+            .flat_map(|c| qstats(c))
+            .map(|s| s.sendmsg_calls)
+            .sum()
+    };
+    let s0 = isends();
     let t0s = tstats(&t);
     let c0: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
     let sleeps = || -> Vec<u64> {
@@ -220,10 +248,8 @@ fn main() {
     let (n, (avg, p50, p99), (late_avg, _, late_p99)) = h.block_on(0, run(secs)).unwrap();
     let z1 = sleeps();
     let c1: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
-    let s1 = io_queue_stats("Bench").unwrap();
+    let isend = isends() - s0;
     let t1s = tstats(&t);
-    let isend: u64 = s1.iter().map(|s| s.sendmsg_calls).sum::<u64>()
-        - s0.iter().map(|s| s.sendmsg_calls).sum::<u64>();
     let n1 = n.max(1) as f64;
     let cpu = |i: usize| {
         c1.get(i)
@@ -231,9 +257,12 @@ fn main() {
             .saturating_sub(*c0.get(i).unwrap_or(&0)) as f64
             / n1
     };
-    let cs = s1.first().map(|s| s.coalesce).unwrap_or_default();
+    let cs = qstats(&ctrls[0])
+        .first()
+        .map(|s| s.coalesce)
+        .unwrap_or_default();
     println!(
-        "mode={mode:?} poll={poll_mode} rw={} bs={bs} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p50_lat_us={p50:.1} p99_lat_us={p99:.1} \
+        "mode={mode:?} poll={poll_mode} rw={} bs={bs} queues={queues} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p50_lat_us={p50:.1} p99_lat_us={p99:.1} \
          pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_copies_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
         if write { "randwrite" } else { "randread" },
         n as f64 / secs as f64,

@@ -1,5 +1,7 @@
 //! LANoT on a live queue: QD1 never waits for the timer; a burst of
-//! pipelined reads leaves in fewer sendmsg calls than responses.
+//! pipelined reads leaves in fewer sendmsg calls than responses; each
+//! queue's own counters are in `nvmf_get_stats` while it lives and move
+//! into the poll group's sum when it closes.
 
 mod common;
 
@@ -89,4 +91,56 @@ fn qd1_pays_no_timer_and_bursts_coalesce() {
         rounds * 32
     );
     assert!(end.2 > after.2, "no full groups");
+
+    // Per queue: the I/O queue is listed with its owner and carries this
+    // test's PDUs (the write's response, and at least one PDU per read: a
+    // C2HData with SUCCESS set, or C2HData + CapsuleResp).
+    let st = e.target.nvmf_get_stats().unwrap();
+    let qps: Vec<_> = st
+        .poll_groups
+        .iter()
+        .flat_map(|g| g.qpairs.iter())
+        .collect();
+    let io = qps
+        .iter()
+        .find(|q| q.qid == 1)
+        .expect("I/O queue listed in nvmf_get_stats");
+    assert_eq!(io.cntlid, cntlid);
+    assert_eq!(io.subnqn, NQN);
+    assert_eq!(io.hostnqn, HOSTNQN);
+    assert_eq!(io.outstanding, 0);
+    assert!(io.coalesce.pdus > 1 + 50 + rounds * 32, "{:?}", io.coalesce);
+    assert_eq!(io.coalesce.degree, 8);
+    assert_eq!(io.coalesce.timer_us, 50);
+    assert!(io.coalesce.groups < io.coalesce.pdus);
+    assert_eq!(
+        io.coalesce.groups,
+        io.coalesce.full_groups + io.coalesce.small_groups + io.coalesce.timer_expiries
+    );
+    assert!(qps.iter().any(|q| q.qid == 0 && q.cntlid == cntlid));
+    let sum = |s: &NvmfStats| s.poll_groups.iter().map(|g| g.coalesce.pdus).sum::<u64>();
+    let total = sum(&st);
+    let io_pdus = io.coalesce.pdus;
+
+    // Closing the I/O queue takes it off the list; its PDUs stay counted.
+    drop(q);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let st = e.target.nvmf_get_stats().unwrap();
+        let listed = st
+            .poll_groups
+            .iter()
+            .flat_map(|g| g.qpairs.iter())
+            .any(|q| q.qid == 1);
+        if !listed {
+            assert!(sum(&st) >= total, "{} < {total}", sum(&st));
+            assert!(sum(&st) >= io_pdus);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "closed queue still listed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

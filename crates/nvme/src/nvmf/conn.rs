@@ -205,7 +205,6 @@ fn set_state(state: &mut RecvState, to: RecvState) {
 pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddress) {
     let opts = shared.opts();
     let coal = Rc::new(RefCell::new(Coalescer::new(opts.coalesce)));
-    stats::with(|c| c.live.borrow_mut().push(Rc::downgrade(&coal)));
     let conn = Rc::new(Conn {
         fd,
         shared,
@@ -247,6 +246,8 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
         slot_wait: Cell::new(None),
         slot_wait_aborted: Cell::new(false),
     });
+    let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
+    stats::with(|c| c.live.borrow_mut().push(live));
     let mut staging = Staging::new();
     if let Err(f) = initialize(&conn, &mut staging).await {
         if let Some(f) = f {
@@ -288,6 +289,23 @@ async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), Option<Fata
     let mut b = IoBuf::heap(IC_LEN);
     b.copy_from_slice(&resp.encode());
     ops::send_all(fd, b).await.0.map_err(|_| None)
+}
+
+impl stats::LiveQueue for Conn {
+    fn qpair_stats(&self) -> stats::QpairStats {
+        let ctrl = self.ctrl.borrow();
+        stats::QpairStats {
+            subnqn: ctrl
+                .as_ref()
+                .map(|c| c.subsys.nqn.clone())
+                .unwrap_or_default(),
+            hostnqn: ctrl.as_ref().map(|c| c.hostnqn.clone()).unwrap_or_default(),
+            cntlid: ctrl.as_ref().map_or(0, |c| c.cntlid),
+            qid: self.qid.get().unwrap_or(0),
+            outstanding: self.executing.get() as u64,
+            coalesce: self.coal.borrow().stats(),
+        }
+    }
 }
 
 impl Conn {
@@ -475,6 +493,13 @@ impl Conn {
             let mut co = c.coalesce_closed.get();
             co.add(&self.coal.borrow().stats());
             c.coalesce_closed.set(co);
+            // From now on its counters are in `coalesce_closed`: stop
+            // listing it as live, or a snapshot taken before the last
+            // reference goes would count it twice.
+            let me = self as *const Conn as *const ();
+            c.live
+                .borrow_mut()
+                .retain(|w| w.as_ptr() as *const () != me);
         });
         self.shared.connection_closed();
     }

@@ -1,12 +1,36 @@
 //! Per-reactor target counters (thread-local `Cell`s: no atomics per I/O),
-//! summed by `nvmf_get_stats` through `call_all`.
+//! summed by `nvmf_get_stats` through `call_all`, plus each live queue's
+//! own LANoT counters and setting (`qpairs`), read from the queue itself.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Weak;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coalesce::{CoalesceStats, Coalescer};
+use crate::coalesce::CoalesceStats;
+
+/// One live queue pair in `nvmf_get_stats` (`poll_groups[].qpairs[]`): who
+/// it belongs to and its coalescer's counters and current setting, so the
+/// adaptive policy's state can be watched queue by queue.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct QpairStats {
+    /// Empty until the queue's Connect succeeded.
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub cntlid: u16,
+    /// 0 for the admin queue.
+    pub qid: u16,
+    /// Commands queued or executing now.
+    pub outstanding: u64,
+    /// PDUs sent (`coalesce.pdus`) in `coalesce.groups` groups (one
+    /// `sendmsg` each), and why each group left.
+    pub coalesce: CoalesceStats,
+}
+
+/// A queue the poll group can ask for its `QpairStats` (the connection).
+pub(crate) trait LiveQueue {
+    fn qpair_stats(&self) -> QpairStats;
+}
 
 /// Receive states, for the per-state transition counters.
 pub const RECV_STATES: [&str; 4] = ["await_ch", "await_psh", "await_payload", "quiesced"];
@@ -43,7 +67,12 @@ pub struct PollGroupStats {
     pub payload_copies: u64,
     pub payload_copied_bytes: u64,
     pub recv_state_transitions: Vec<(String, u64)>,
+    /// Sum over this group's queues, closed ones included (degree and
+    /// timer: the largest of the live queues').
     pub coalesce: CoalesceStats,
+    /// The live queues, each with its own counters.
+    #[serde(default)]
+    pub qpairs: Vec<QpairStats>,
 }
 
 pub(crate) struct Counters {
@@ -73,7 +102,7 @@ pub(crate) struct Counters {
     pub pending_io: Cell<u64>,
     /// Closed queues' coalescer counters.
     pub coalesce_closed: Cell<CoalesceStats>,
-    pub live: RefCell<Vec<Weak<RefCell<Coalescer>>>>,
+    pub live: RefCell<Vec<Weak<dyn LiveQueue>>>,
 }
 
 impl Counters {
@@ -127,10 +156,15 @@ pub(crate) fn snapshot(reactor: usize) -> PollGroupStats {
     with(|c| {
         let mut co = c.coalesce_closed.get();
         c.live.borrow_mut().retain(|w| w.strong_count() > 0);
-        for w in c.live.borrow().iter() {
-            if let Some(q) = w.upgrade() {
-                co.add(&q.borrow().stats());
-            }
+        let qpairs: Vec<QpairStats> = c
+            .live
+            .borrow()
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .map(|q| q.qpair_stats())
+            .collect();
+        for q in &qpairs {
+            co.add(&q.coalesce);
         }
         PollGroupStats {
             name: format!("nvmf_tgt_poll_group_{reactor}"),
@@ -163,6 +197,7 @@ pub(crate) fn snapshot(reactor: usize) -> PollGroupStats {
                 .map(|(n, v)| (n.to_string(), v.get()))
                 .collect(),
             coalesce: co,
+            qpairs,
         }
     })
 }
