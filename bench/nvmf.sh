@@ -4,8 +4,12 @@
 # load generator: a second runtime on core 1 (examples/nvmf_initiator_load.rs),
 # one I/O queue, same coalescing mode on both sides:
 # off / fixed(degree 16, timer 50 us) / adaptive.
-# Part 1: randread/randwrite 4 KiB and randread 16 KiB, QD 1..128.
+# Part 1: randread/randwrite 4 KiB and 16 KiB, QD 1..128.
 # Part 2: QD1 paced at fixed low rates (50..500 IOPS): latency per mode.
+# Part 3 (PROCS_QDS, default "1 32 128"; empty skips it): the same modes as
+# users run them, two processes: `ustor serve` (target, core 0) and
+# `ustor bench` through `bdev_nvme_attach_controller` (core 1), one point
+# per workload and QD (bench/lib/nvmf_procs.py).
 # The three modes are interleaved (mode is the innermost loop, repetition
 # the outermost), every point is run REPEAT times, and the summary reports
 # medians (of IOPS, mean/p50/p99 latency, sendmsg per I/O), the goals
@@ -41,8 +45,9 @@ queues=${QUEUES:-1}
 rates=${RATES:-50 200 500}
 poll=${POLL:-adaptive}
 lowpoll=${LOWRATE_POLL:-adaptive interrupt}
+pqds=${PROCS_QDS-1 32 128}
 cd "$(dirname "$0")/.."
-[ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load
+[ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load -p ustor
 bin=target/release/examples/nvmf_initiator_load
 stamp=$(date +%Y%m%d-%H%M%S)
 out=bench/results/nvmf-init-$stamp.txt
@@ -56,11 +61,11 @@ run() {
 }
 {
     echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); secs=$secs rate_secs=$rsecs repeat=$repeat"
-    echo "# cmd: REPEAT=$repeat QDS=\"$qds\" QUEUES=\"$queues\" RATES=\"$rates\" POLL=$poll LOWRATE_POLL=\"$lowpoll\" bench/nvmf.sh $secs $rsecs"
+    echo "# cmd: REPEAT=$repeat QDS=\"$qds\" QUEUES=\"$queues\" RATES=\"$rates\" POLL=$poll LOWRATE_POLL=\"$lowpoll\" PROCS_QDS=\"$pqds\" bench/nvmf.sh $secs $rsecs"
     echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     rep=1
     while [ "$rep" -le "$repeat" ]; do
-        for w in "randread 4096" "randwrite 4096" "randread 16384"; do
+        for w in "randread 4096" "randwrite 4096" "randread 16384" "randwrite 16384"; do
             set -- $w
             for nq in $queues; do
                 for qd in $qds; do
@@ -75,6 +80,16 @@ run() {
             for rate in $rates; do
                 for mode in off fixed adaptive; do
                     run "$pm" "$mode" randread 4096 1 "$rsecs" "$rate"
+                done
+            done
+        done
+        for w in "randread 4096" "randwrite 4096" "randread 16384" "randwrite 16384"; do
+            set -- $w
+            for qd in $pqds; do
+                for mode in off fixed adaptive; do
+                    l=$(cut -d' ' -f1 /proc/loadavg)
+                    r=$(python3 bench/lib/nvmf_procs.py target/release/ustor "$mode" "$1" "$2" "$qd" "$secs" "$poll" 2>&1 | tail -1)
+                    echo "rep=$rep load=$l $r"
                 done
             done
         done
@@ -95,10 +110,10 @@ for line in open(path):
 def med(xs):
     return st.median(xs) if xs else float("nan")
 
-def group(pred, by_poll=False):
+def group(pred, by_poll=False, part="lib"):
     g = {}
     for r in rows:
-        if pred(r):
+        if r.get("part", "lib") == part and pred(r):
             key = (r["rw"], int(r["bs"]), int(r.get("queues", "1")), int(r["qd"]), int(r["rate"]), r["mode"].lower())
             if by_poll:
                 key = key + (r.get("poll", "adaptive"),)
@@ -106,24 +121,40 @@ def group(pred, by_poll=False):
     return g
 
 F = ["iops", "avg_lat_us", "p50_lat_us", "p99_lat_us", "ini_sendmsg_per_io",
-     "tgt_sendmsg_per_io", "tgt_recv_per_io", "tgt_sleeps_per_io", "pace_late_avg_us", "load"]
+     "tgt_sendmsg_per_io", "tgt_recv_per_io", "tgt_sleeps_per_io", "pace_late_avg_us", "load",
+     "tgt_cpu_ns_per_io", "ini_cpu_ns_per_io"]
 
 def summary(rs):
     return {f: med([float(r[f]) for r in rs if f in r]) for f in F} | {"n": len(rs)}
 
 sat = {k: summary(v) for k, v in group(lambda r: r["rate"] == "0").items()}
 low = {k: summary(v) for k, v in group(lambda r: r["rate"] != "0", True).items()}
+procs = {k: summary(v) for k, v in group(lambda r: True, part="procs").items()}
 polls = sorted({k[6] for k in low})
 print()
 print("## Summary (medians over repetitions)")
 print()
-print("| rw | bs | queues | qd/queue | mode | n | IOPS | mean µs | p50 µs | p99 µs | ini sendmsg/IO | tgt sendmsg/IO | tgt recv/IO | load |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| rw | bs | queues | qd/queue | mode | n | IOPS | mean µs | p50 µs | p99 µs | ini sendmsg/IO | tgt sendmsg/IO | tgt recv/IO | tgt CPU ns/IO | ini CPU ns/IO | load |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for k in sorted(sat, key=lambda k: (k[0], k[1], k[2], k[3], ["off", "fixed", "adaptive"].index(k[5]))):
     s = sat[k]
     print(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {k[5]} | {s['n']} | {s['iops']:.0f} | {s['avg_lat_us']:.1f} | "
           f"{s['p50_lat_us']:.1f} | {s['p99_lat_us']:.1f} | {s['ini_sendmsg_per_io']:.3f} | "
-          f"{s['tgt_sendmsg_per_io']:.3f} | {s['tgt_recv_per_io']:.3f} | {s['load']:.2f} |")
+          f"{s['tgt_sendmsg_per_io']:.3f} | {s['tgt_recv_per_io']:.3f} | {s['tgt_cpu_ns_per_io']:.0f} | "
+          f"{s['ini_cpu_ns_per_io']:.0f} | {s['load']:.2f} |")
+if procs:
+    print()
+    print("### Part 3: `ustor serve` (target, core 0) + `ustor bench` (initiator bdev, core 1), two processes")
+    print()
+    print("| rw | bs | qd | mode | n | IOPS | mean µs | p99 µs | tgt sendmsg/IO | tgt CPU ns/IO | ini CPU ns/IO | IOPS / off |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for k in sorted(procs, key=lambda k: (k[0], k[1], k[3], ["off", "fixed", "adaptive"].index(k[5]))):
+        s = procs[k]
+        o = procs.get(k[:5] + ("off",))
+        ratio = f"{s['iops'] / o['iops']:.2f}" if o and o["iops"] else "-"
+        print(f"| {k[0]} | {k[1]} | {k[3]} | {k[5]} | {s['n']} | {s['iops']:.0f} | {s['avg_lat_us']:.1f} | "
+              f"{s['p99_lat_us']:.1f} | {s['tgt_sendmsg_per_io']:.3f} | {s['tgt_cpu_ns_per_io']:.0f} | "
+              f"{s['ini_cpu_ns_per_io']:.0f} | {ratio} |")
 print()
 print("### Low rate, QD1 randread 4 KiB (paced)")
 print()

@@ -156,7 +156,12 @@ impl Coalescer {
             window: cfg.window.max(1),
             ..cfg
         };
-        let degree = cfg.degree.clamp(cfg.min_degree, cfg.max_degree);
+        // The bounds are the adaptive policy's: a fixed degree is used as
+        // configured (`fixed` with degree 64 must not quietly run at 32).
+        let degree = match cfg.mode {
+            Mode::Adaptive => cfg.degree.clamp(cfg.min_degree, cfg.max_degree),
+            _ => cfg.degree.max(1),
+        };
         let timer_us = match cfg.mode {
             Mode::Adaptive => cfg
                 .timer_us
@@ -548,6 +553,24 @@ mod tests {
             window: 8,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn fixed_degree_is_not_capped_by_the_adaptive_bounds() {
+        let c = Coalescer::new(CoalesceConfig {
+            degree: 64,
+            timer_us: 500,
+            ..cfg(Mode::Fixed)
+        });
+        assert_eq!((c.degree(), c.timer_us()), (64, 500));
+        assert_eq!(c.decide(63, 4096, 100, false), Decision::Wait { timer_us: 500 });
+        assert_eq!(c.decide(64, 4096, 100, false), Decision::Now(Flush::Full));
+        // Adaptive starts inside its bounds.
+        let a = Coalescer::new(CoalesceConfig {
+            degree: 64,
+            ..cfg(Mode::Adaptive)
+        });
+        assert_eq!(a.degree(), 32);
     }
 
     #[test]
