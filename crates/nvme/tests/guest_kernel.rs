@@ -1,7 +1,8 @@
 //! The Linux kernel's nvme-tcp initiator (QEMU/TCG guest) against the
-//! target running in this process: discovery, connect, id-ctrl/id-ns,
-//! O_DIRECT raw round trip, ext4 round trip with fsck, namespace hot-add seen
-//! through an AEN, disconnect. One guest at a time (the rig serializes).
+//! target running in this process: discovery, connect, `nvme list`,
+//! id-ctrl/id-ns, O_DIRECT raw round trip, fio with crc32c verify on the
+//! namespace, ext4 round trip with fsck, namespace hot-add seen through an
+//! AEN, disconnect. One guest at a time (the rig serializes).
 
 mod common;
 
@@ -52,9 +53,22 @@ n=100
 until dev=$(find_ns 1); do n=$((n - 1)); [ $n -gt 0 ] || die "no ns 1"; sleep 0.1; done
 wait_for "/dev/$dev"
 kv nvme_dev "$dev"
+run nvme list > /tmp/nvme-list
+cat /tmp/nvme-list
+kv list_has_dev "$(grep -c "^/dev/$dev .*USTOR0001 .*ustor test" /tmp/nvme-list)"
 run nvme id-ns "/dev/$dev" > /dev/null
 kv ns_size "$(size_bytes "/dev/$dev")"
 raw_roundtrip "/dev/$dev" 1 4 raw_md5
+# fio writes 16 MiB with crc32c verify headers at QD16 over both CPUs'
+# queues, then reads every block back and checks it (exit status 1 and
+# "verify:" errors on any mismatch).
+/ustor/bin/fio --name=verify --filename="/dev/$dev" --ioengine=libaio --direct=1 \
+    --rw=randwrite --bs=4k --iodepth=16 --numjobs=2 --offset_increment=8M --size=8M \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 --group_reporting > /tmp/fio.out 2>&1 \
+    || { cat /tmp/fio.out; die "fio verify failed"; }
+tail -n 20 /tmp/fio.out
+kv fio_verify_errors "$(grep -c 'verify: bad' /tmp/fio.out)"
+kv fio_phases "$(grep -c -E '^ +(READ|WRITE): bw=' /tmp/fio.out)"
 fs_roundtrip "/dev/$dev" /mnt/nvme
 # Tell the host to hot-add namespace 2, then wait for the kernel to see it.
 printf 'USTOR-HOTADD' > /tmp/marker
@@ -144,6 +158,8 @@ fn kernel_initiator_with_digests_and_hot_add() {
         });
         let out = GuestBuilder::new()
             .script(SCRIPT)
+            .cpus(2)
+            .binary("/usr/bin/fio")
             .env("NVME_PORT", env.port.to_string())
             .env("NVME_NQN", NQN)
             .timeout(Duration::from_secs(400))
@@ -171,6 +187,10 @@ fn kernel_initiator_with_digests_and_hot_add() {
         Some((BLOCKS * 512).to_string().as_str())
     );
     assert_eq!(out.value("files"), Some("21"));
+    assert_eq!(out.value("list_has_dev"), Some("1"), "nvme list");
+    assert_eq!(out.value("fio_verify_errors"), Some("0"));
+    // Both phases ran: the writes, and the verify pass's reads.
+    assert_eq!(out.value("fio_phases"), Some("2"));
     assert_eq!(
         out.value("ns2_size"),
         Some((16384u64 * 512).to_string().as_str())
@@ -181,14 +201,15 @@ fn kernel_initiator_with_digests_and_hot_add() {
     let errs: u64 = stats.poll_groups.iter().map(|g| g.digest_errors).sum();
     assert!(dq >= 2, "digests were not negotiated: {stats:?}");
     assert_eq!(errs, 0);
-    // Queues spread over both reactors.
+    // The guest's two CPUs got two I/O queues, spread over both reactors.
+    assert_eq!(stats.poll_groups.len(), 2);
     assert!(
-        stats
-            .poll_groups
-            .iter()
-            .all(|g| g.io_qpairs + g.admin_qpairs > 0),
-        "{stats:?}"
+        stats.poll_groups.iter().all(|g| g.io_qpairs > 0),
+        "I/O queues not spread over the reactors: {stats:?}"
     );
+    // fio's 16 MiB went through this target on top of the file system work.
+    let written: u64 = stats.poll_groups.iter().map(|g| g.bytes_written).sum();
+    assert!(written >= 16 << 20, "{written}");
 }
 
 /// The rig's stock nvme-tcp.sh (defaults: no digests, NQN from discovery).
