@@ -32,6 +32,26 @@ pub trait Bdev: Send + Sync + 'static {
 
     /// Called once when the bdev is unregistered and every channel is gone.
     fn destruct(&self) {}
+
+    /// Allocation status of the blocks from `offset_blocks` on, for drivers
+    /// that can tell (NBD's `base:allocation`, `qemu-img map`): extents in
+    /// order that cover at least the first block and at most `num_blocks`
+    /// (a driver may stop early), or `None` when it cannot say. Runs on the
+    /// caller's reactor, so it must be cheap and never wait for device I/O
+    /// (a file's `SEEK_DATA`/`SEEK_HOLE` is a metadata lookup).
+    fn block_status(&self, _offset_blocks: u64, _num_blocks: u64) -> Option<Vec<Extent>> {
+        None
+    }
+}
+
+/// A run of blocks with one allocation state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub num_blocks: u64,
+    /// Not allocated (a hole in the backing file).
+    pub hole: bool,
+    /// Reads as zeroes.
+    pub zero: bool,
 }
 
 /// A device's I/O queue on one reactor (`!Send`).

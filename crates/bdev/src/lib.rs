@@ -28,7 +28,7 @@ pub mod stats;
 pub mod types;
 
 pub use channel::IoChannel;
-pub use device::{Bdev, BdevChannel, BdevModule};
+pub use device::{Bdev, BdevChannel, BdevModule, Extent};
 pub use error::{BdevError, ControlError};
 pub use io::{IoDesc, IoHandle};
 pub use registry::{BdevEntry, Desc, Registry};

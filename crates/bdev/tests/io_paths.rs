@@ -422,3 +422,103 @@ fn sqpoll_ring_verified() {
     assert!(ok);
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
+
+/// `block_status` on a uring file bdev: holes and data as the file system
+/// reports them, after writes through the bdev and after an unmap.
+#[test]
+fn uring_file_block_status_follows_writes_and_unmap() {
+    let path = temp_file("bstatus", 8 << 20);
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    let e = uring::create(
+        &reg,
+        uring::UringOpts {
+            name: "ub".into(),
+            filename: path.to_string_lossy().into(),
+            block_size: 0,
+            uuid: None,
+            direct: true,
+            sqpoll: false,
+            iopoll: false,
+        },
+    )
+    .unwrap();
+    let bs = u64::from(e.info().block_size);
+    let total = (8u64 << 20) / bs;
+    // (start byte, length, hole) runs of the whole device.
+    let runs = |off: u64, n: u64| -> Vec<(u64, u64, bool)> {
+        let mut v = Vec::new();
+        let mut at = off;
+        while at < off + n {
+            let ext = e
+                .bdev()
+                .block_status(at, off + n - at)
+                .expect("file can say");
+            assert!(!ext.is_empty());
+            for x in ext {
+                assert!(x.num_blocks > 0);
+                assert_eq!(x.hole, x.zero, "a file hole reads zeroes");
+                v.push((at * bs, x.num_blocks * bs, x.hole));
+                at += x.num_blocks;
+            }
+        }
+        assert_eq!(at, off + n, "extents overran the range");
+        v
+    };
+    assert_eq!(
+        runs(0, total),
+        vec![(0, 8 << 20, true)],
+        "fresh sparse file"
+    );
+
+    let d2 = reg.open("ub", true, |_| {}).unwrap();
+    rt.handle()
+        .block_on(0, move || async move {
+            let ch = d2.channel().unwrap();
+            let mut w = IoBuf::alloc(65536).await;
+            pattern(&mut w, 1, 3);
+            let (r, w) = ch.write((1 << 20) / bs, 65536 / bs, w).await;
+            r.unwrap();
+            let mut w4 = w;
+            w4.set_len(4096);
+            let (r, _) = ch.write((5 << 20) / bs, 4096 / bs, w4).await;
+            r.unwrap();
+            ch.flush(0, 0).await.unwrap();
+        })
+        .unwrap();
+    assert_eq!(
+        runs(0, total),
+        vec![
+            (0, 1 << 20, true),
+            (1 << 20, 65536, false),
+            ((1 << 20) + 65536, (4 << 20) - 65536, true),
+            (5 << 20, 4096, false),
+            ((5 << 20) + 4096, (3 << 20) - 4096, true),
+        ]
+    );
+    // A window inside the data and the hole after it.
+    assert_eq!(
+        runs(((1 << 20) + 32768) / bs, 65536 / bs),
+        vec![
+            ((1 << 20) + 32768, 32768, false),
+            ((1 << 20) + 65536, 32768, true)
+        ]
+    );
+    // Unmap punches the data at 5 MiB back into a hole (when the file
+    // system can punch; the driver says EOPNOTSUPP otherwise).
+    let d3 = reg.open("ub", true, |_| {}).unwrap();
+    let unmapped = rt
+        .handle()
+        .block_on(0, move || async move {
+            let ch = d3.channel().unwrap();
+            ch.unmap((5 << 20) / bs, 4096 / bs).await.is_ok()
+        })
+        .unwrap();
+    if unmapped {
+        assert_eq!(
+            runs((4 << 20) / bs, (4 << 20) / bs),
+            vec![(4 << 20, 4 << 20, true)]
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 use ustor_runtime::{CqeHandler, HandlerId, PollStatus, PollerId};
 
 use super::check_block_size;
-use crate::device::{Bdev, BdevChannel};
+use crate::device::{Bdev, BdevChannel, Extent};
 use crate::error::{BdevError, ControlError};
 use crate::io::IoHandle;
 use crate::registry::{BdevEntry, Registry};
@@ -199,6 +199,17 @@ impl Bdev for UringBdev {
     fn config_json(&self) -> Value {
         json!({"method": "bdev_uring_create", "params": self.opts})
     }
+    fn block_status(&self, offset_blocks: u64, num_blocks: u64) -> Option<Vec<Extent>> {
+        if self.is_blockdev {
+            return None;
+        }
+        file_extents(
+            self.file.as_raw_fd(),
+            u64::from(self.info.block_size),
+            offset_blocks,
+            num_blocks,
+        )
+    }
     fn driver_info(&self) -> Value {
         json!({"uring": {
             "filename": self.opts.filename,
@@ -210,6 +221,72 @@ impl Bdev for UringBdev {
             "iopoll_note": self.iopoll_note,
         }})
     }
+}
+
+/// Most extents one `block_status` call returns (bounds the work per call;
+/// the caller asks again from where the answer ended).
+const MAX_EXTENTS: usize = 64;
+
+/// Holes and data of a regular file between two block offsets, by
+/// `SEEK_DATA`/`SEEK_HOLE`. A hole reads as zeroes. A boundary inside a
+/// block (file system blocks smaller than the bdev's) counts that block as
+/// data, so a hole is never claimed for bytes that hold data. `None` if the
+/// file system cannot answer.
+fn file_extents(fd: RawFd, bs: u64, offset_blocks: u64, num_blocks: u64) -> Option<Vec<Extent>> {
+    let end = offset_blocks.checked_add(num_blocks)?.checked_mul(bs)?;
+    let mut pos = offset_blocks.checked_mul(bs)?;
+    let mut v: Vec<Extent> = Vec::new();
+    let seek = |at: u64, whence: i32| -> Result<u64, i32> {
+        // SAFETY: lseek on a file descriptor this bdev owns; it only moves
+        // the file offset, which no I/O here uses (reads and writes carry
+        // their own offsets).
+        let r = unsafe { libc::lseek(fd, at as libc::off_t, whence) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        } else {
+            Ok(r as u64)
+        }
+    };
+    fn push(v: &mut Vec<Extent>, blocks: u64, hole: bool) {
+        if blocks == 0 {
+            return;
+        }
+        match v.last_mut() {
+            Some(l) if l.hole == hole => l.num_blocks += blocks,
+            _ => v.push(Extent {
+                num_blocks: blocks,
+                hole,
+                zero: hole,
+            }),
+        }
+    }
+    while pos < end && v.len() < MAX_EXTENTS {
+        let data = match seek(pos, libc::SEEK_DATA) {
+            Ok(d) => d.min(end),
+            // No data from `pos` to the end of the file.
+            Err(libc::ENXIO) => end,
+            Err(_) => return None,
+        };
+        if data > pos {
+            // A hole up to `data`; only whole blocks of it.
+            let hole_end = data / bs * bs;
+            if hole_end > pos {
+                push(&mut v, (hole_end - pos) / bs, true);
+                pos = hole_end;
+                continue;
+            }
+        }
+        let hole = match seek(pos, libc::SEEK_HOLE) {
+            Ok(h) => h.min(end),
+            Err(_) => return None,
+        };
+        // Data up to the hole, rounded up to a whole block (at least one).
+        let data_end = hole.div_ceil(bs).max(pos / bs + 1) * bs;
+        let data_end = data_end.min(end);
+        push(&mut v, (data_end - pos) / bs, false);
+        pos = data_end;
+    }
+    (!v.is_empty()).then_some(v)
 }
 
 /// Completes I/O from CQEs: token = IoHandle token.
