@@ -32,8 +32,10 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     let started: Arc<Mutex<Option<ServerStartParams>>> = Arc::default();
     let st = started.clone();
     ctx.method("nbd_server_start", RPC_RUNTIME, move |c, params| {
-        let p: ServerStartParams = parse_params(params)?;
+        let mut p: ServerStartParams = parse_params(params)?;
         let r = c.nbd.start(&p).map_err(err)?;
+        // The server allows at least one connection; save what it enforces.
+        p.max_connections = p.max_connections.max(1);
         *st.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
         Ok(serde_json::to_value(r).unwrap_or(Value::Null))
     })?;
