@@ -144,3 +144,67 @@ fn qd1_pays_no_timer_and_bursts_coalesce() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// Adaptive mode on a live queue: bursts that fill groups raise the degree
+/// and the timer window by window up to the configured bounds, and the
+/// queue's current setting is what `nvmf_get_stats` shows for it.
+#[test]
+fn adaptive_raises_degree_to_its_bound_under_bursts() {
+    let cfg = CoalesceConfig {
+        mode: Mode::Adaptive,
+        degree: 2,
+        timer_us: 100,
+        min_degree: 1,
+        max_degree: 8,
+        min_timer_us: 50,
+        max_timer_us: 400,
+        window: 4,
+        ..Default::default()
+    };
+    let e = env_with(32768, cfg);
+    let (_a, cntlid) = Client::admin(e.port, Digests::default());
+    let mut q = Client::io_queue(e.port, Digests::default(), cntlid, 1);
+    let data = pattern(4096, 9);
+    let mut w = Client::rw_sqe(io::WRITE, 0, 8, true);
+    assert!(q.cmd(&mut w, &data).1.status().is_success());
+    for _ in 0..30 {
+        let mut burst = Vec::new();
+        for _ in 0..32 {
+            let mut r = Client::rw_sqe(io::READ, 0, 8, false);
+            let cid = q.next_cid();
+            r.set_cid(cid).set_sgl_psdt();
+            let mut h = [0u8; 80];
+            let n = encode_capsule_cmd(&mut h, &r, Digests::default(), 0);
+            burst.extend_from_slice(&h[..n]);
+        }
+        use std::io::Write;
+        q.s.write_all(&burst).unwrap();
+        let mut done = 0;
+        while done < 32 {
+            let p = q.recv().unwrap();
+            if p.ty == PduType::C2HData as u8 {
+                assert_eq!(p.data, data);
+                if p.flags & 0x08 != 0 {
+                    done += 1; // SUCCESS: no CapsuleResp follows.
+                }
+            } else {
+                assert!(p.cqe().status().is_success());
+                done += 1;
+            }
+        }
+    }
+    let st = e.target.nvmf_get_stats().unwrap();
+    let io = st
+        .poll_groups
+        .iter()
+        .flat_map(|g| g.qpairs.iter())
+        .find(|x| x.qid == 1)
+        .expect("I/O queue listed")
+        .coalesce;
+    eprintln!("adaptive queue: {io:?}");
+    assert!(io.full_groups > io.timer_expiries, "{io:?}");
+    assert!(io.raises >= 2, "degree never raised: {io:?}");
+    assert_eq!(io.degree, 8, "degree must stop at max_degree: {io:?}");
+    assert_eq!(io.timer_us, 400, "timer must stop at max_timer_us: {io:?}");
+    assert_eq!(io.lowers, 0, "{io:?}");
+}
