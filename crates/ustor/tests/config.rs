@@ -204,3 +204,152 @@ fn wait_for_rpc_holds_config_until_start_init() {
     );
     let _ = s.stop();
 }
+
+fn save_config(s: &Server) -> Value {
+    let out = std::process::Command::new(BIN)
+        .args(["save-config", "-s", s.sock.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The NVMe/TCP state save_config must carry beyond bdevs: transport
+/// options (the LANoT coalescer included), host lists, serial/model,
+/// several namespaces with fixed NSIDs, listeners; and on the initiator
+/// side the `bdev_nvme_attach_controller` call with its options.
+#[test]
+fn save_config_recreates_nvmf_target_and_initiator_state() {
+    let dir = tmpdir("savenvmf");
+    let nqn = "nqn.2026-11.io.ustor:saved";
+    let host_a = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001";
+    let host_b = "nqn.2014-08.org.nvmexpress:uuid:bbbbbbbb-0000-0000-0000-000000000002";
+    let port = free_port().to_string();
+    let tgt_cfg = json!({"subsystems": [
+        {"subsystem": "bdev", "config": [
+            {"method": "bdev_malloc_create", "params": {"name": "M0", "num_blocks": 8192, "block_size": 512}},
+            {"method": "bdev_malloc_create", "params": {"name": "M1", "num_blocks": 4096, "block_size": 4096}}
+        ]},
+        {"subsystem": "nvmf", "config": [
+            {"method": "nvmf_create_transport", "params": {"trtype": "TCP", "in_capsule_data_size": 4096,
+                "coalesce": {"mode": "fixed", "degree": 8, "timer_us": 30}}},
+            {"method": "nvmf_create_subsystem", "params": {"nqn": nqn, "allow_any_host": false,
+                "serial_number": "SAVED0001", "model_number": "saved model"}},
+            {"method": "nvmf_subsystem_add_host", "params": {"nqn": nqn, "host": host_a}},
+            {"method": "nvmf_subsystem_add_host", "params": {"nqn": nqn, "host": host_b}},
+            {"method": "nvmf_subsystem_add_ns", "params": {"nqn": nqn, "namespace": {"bdev_name": "M0", "nsid": 3}}},
+            {"method": "nvmf_subsystem_add_ns", "params": {"nqn": nqn, "namespace": {"bdev_name": "M1", "nsid": 7}}},
+            {"method": "nvmf_subsystem_add_listener", "params": {"nqn": nqn,
+                "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port}}}
+        ]}
+    ]});
+    let target_state = |s: &Server| {
+        json!({
+            "transports": s.ok("nvmf_get_transports", Value::Null),
+            "subsystems": s.ok("nvmf_get_subsystems", Value::Null),
+        })
+    };
+    let t = Server::start(&dir, &tgt_cfg, &[]);
+    let before = target_state(&t);
+    let tr = &before["transports"][0];
+    assert_eq!(tr["coalesce"]["mode"], "fixed", "{tr}");
+    assert_eq!(tr["coalesce"]["degree"], 8, "{tr}");
+    assert_eq!(tr["in_capsule_data_size"], 4096, "{tr}");
+    let saved = save_config(&t);
+    let (code, log) = t.stop();
+    assert_eq!(code, 0, "{log}");
+    let t2 = Server::start(&dir, &saved, &[]);
+    let after = target_state(&t2);
+    assert_eq!(after, before, "target state differs after save/load");
+    let sub = after["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["nqn"] == nqn)
+        .unwrap()
+        .clone();
+    assert_eq!(sub["allow_any_host"], false);
+    assert_eq!(sub["hosts"].as_array().map(Vec::len), Some(2), "{sub}");
+    assert_eq!(sub["listen_addresses"][0]["trsvcid"], port.as_str());
+    let nsids: Vec<u64> = sub["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["nsid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(nsids, vec![3, 7]);
+
+    // The initiator: an attach with digests and its own coalescing, saved
+    // and recreated against the (restarted) target.
+    let ini_cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_nvme_attach_controller", "params": {"name": "Remote", "trtype": "TCP",
+            "traddr": "127.0.0.1", "trsvcid": port, "subnqn": nqn, "hostnqn": host_a,
+            "hdgst": true, "ddgst": true, "ctrlr_loss_timeout_sec": 5, "reconnect_delay_sec": 1,
+            "coalesce": {"mode": "adaptive", "degree": 2, "max_degree": 16, "window": 32}}}
+    ]}]});
+    let ini_state = |s: &Server| {
+        let mut bdevs = s.ok("bdev_get_bdevs", Value::Null);
+        for b in bdevs.as_array_mut().unwrap() {
+            b.as_object_mut().unwrap().remove("driver_specific");
+        }
+        let mut ctrls = s.ok("bdev_nvme_get_controllers", Value::Null);
+        for c in ctrls.as_array_mut().unwrap() {
+            for p in c["ctrlrs"].as_array_mut().unwrap() {
+                // The target hands out a new controller ID per connect.
+                p.as_object_mut().unwrap().remove("cntlid");
+            }
+        }
+        json!({"bdevs": bdevs, "controllers": ctrls})
+    };
+    let i = Server::start(&dir, &ini_cfg, &[]);
+    let before = ini_state(&i);
+    let names: Vec<&str> = before["bdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["Remoten3", "Remoten7"], "{before}");
+    let saved = save_config(&i);
+    let attach = saved["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["config"].as_array().cloned().unwrap_or_default())
+        .find(|c| c["method"] == "bdev_nvme_attach_controller")
+        .expect("attach call saved");
+    let p = &attach["params"];
+    assert_eq!(p["hostnqn"], host_a, "{p}");
+    assert_eq!(
+        (p["hdgst"].clone(), p["ddgst"].clone()),
+        (json!(true), json!(true)),
+        "{p}"
+    );
+    assert_eq!(p["ctrlr_loss_timeout_sec"], 5, "{p}");
+    assert_eq!(p["reconnect_delay_sec"], 1, "{p}");
+    assert_eq!(p["coalesce"]["mode"], "adaptive", "{p}");
+    assert_eq!(p["coalesce"]["max_degree"], 16, "{p}");
+    assert_eq!(p["coalesce"]["window"], 32, "{p}");
+    let (code, log) = i.stop();
+    assert_eq!(code, 0, "{log}");
+    let i2 = Server::start(&dir, &saved, &[]);
+    assert_eq!(
+        ini_state(&i2),
+        before,
+        "initiator state differs after save/load"
+    );
+    let _ = i2.stop();
+    let _ = t2.stop();
+}
