@@ -563,7 +563,10 @@ mod tests {
             ..cfg(Mode::Fixed)
         });
         assert_eq!((c.degree(), c.timer_us()), (64, 500));
-        assert_eq!(c.decide(63, 4096, 100, false), Decision::Wait { timer_us: 500 });
+        assert_eq!(
+            c.decide(63, 4096, 100, false),
+            Decision::Wait { timer_us: 500 }
+        );
         assert_eq!(c.decide(64, 4096, 100, false), Decision::Now(Flush::Full));
         // Adaptive starts inside its bounds.
         let a = Coalescer::new(CoalesceConfig {
