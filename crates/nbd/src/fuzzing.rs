@@ -142,7 +142,9 @@ fn check_command(c: &Command, p: &TransmissionParams) {
             .checked_add(u64::from(length))
             .expect("range overflow accepted");
         assert!(end <= p.size_bytes, "range past the export accepted");
-        assert_eq!(offset % u64::from(p.block_sizes.min), 0);
+        let min = u64::from(p.block_sizes.min);
+        assert_eq!(offset % min, 0, "unaligned offset accepted");
+        assert_eq!(u64::from(length) % min, 0, "unaligned length accepted");
     };
     let read_only = p.flags & wire::transmission_flags::READ_ONLY != 0;
     match *c {

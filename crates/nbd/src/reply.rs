@@ -6,13 +6,16 @@
 //! successes are a 16-byte simple reply (allowed under structured replies
 //! because they carry no payload); errors are an `ERROR` chunk under
 //! structured replies (so a refused read is structured, as required) and a
-//! simple reply otherwise. The data itself never passes through here.
+//! simple reply otherwise, except a read whose device I/O failed, which gets
+//! an `ERROR_OFFSET` chunk naming where the failed range starts. The data
+//! itself never passes through here.
 
 use crate::wire::{self, NbdErrno, SimpleReply};
 
-/// Largest header this module produces (an `OFFSET_HOLE` chunk).
-pub const MAX_REPLY_HEADER_LEN: usize = wire::OFFSET_HOLE_CHUNK_LEN;
+/// Largest header this module produces (an `ERROR_OFFSET` chunk).
+pub const MAX_REPLY_HEADER_LEN: usize = wire::ERROR_OFFSET_CHUNK_LEN;
 
+const _: () = assert!(wire::OFFSET_HOLE_CHUNK_LEN <= MAX_REPLY_HEADER_LEN);
 const _: () = assert!(wire::OFFSET_DATA_PREFIX_LEN <= MAX_REPLY_HEADER_LEN);
 const _: () = assert!(wire::ERROR_CHUNK_LEN <= MAX_REPLY_HEADER_LEN);
 const _: () = assert!(wire::SIMPLE_REPLY_LEN <= MAX_REPLY_HEADER_LEN);
@@ -83,6 +86,34 @@ pub fn read_empty(structured: bool, cookie: u64) -> ReplyHeader {
     }
 }
 
+/// Failure of a READ of `length` bytes at `offset` whose device I/O failed
+/// (not a refusal: those are [`error`]). Under structured replies this is a
+/// final `ERROR_OFFSET` chunk at `offset`: the device reports no finer
+/// position than the failed range, whose start lies within the request as
+/// the protocol requires, and since no data chunk was sent the client knows
+/// that nothing of the request was read. Without structured replies only
+/// the errno can be sent.
+pub fn read_error(
+    structured: bool,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    errno: NbdErrno,
+) -> ReplyHeader {
+    // A zero-length read never reaches the device, so it cannot fail there.
+    debug_assert!(length > 0);
+    if structured {
+        ReplyHeader::from_slice(&wire::error_offset_chunk(
+            cookie,
+            true,
+            errno.code(),
+            offset,
+        ))
+    } else {
+        error(false, cookie, errno)
+    }
+}
+
 /// Failure of any command.
 pub fn error(structured: bool, cookie: u64, errno: NbdErrno) -> ReplyHeader {
     if structured {
@@ -141,6 +172,29 @@ mod tests {
                 error: 75,
                 message: ""
             })
+        );
+        let e = read_error(true, 8, 4096, 512, NbdErrno::Io);
+        assert_eq!(e.as_bytes().len(), MAX_REPLY_HEADER_LEN);
+        let h = ChunkHeader::decode(e.as_bytes()).unwrap();
+        assert_eq!(
+            (h.kind, h.cookie, h.is_done()),
+            (reply::TYPE_ERROR_OFFSET, 8, true)
+        );
+        assert_eq!(
+            ChunkPayload::decode(h.kind, &e.as_bytes()[CHUNK_HEADER_LEN..]),
+            Ok(ChunkPayload::ErrorOffset {
+                error: 5,
+                message: "",
+                offset: 4096
+            })
+        );
+        assert_eq!(
+            read_error(false, 8, 4096, 512, NbdErrno::Io).as_bytes(),
+            &SimpleReply {
+                error: 5,
+                cookie: 8
+            }
+            .encode()
         );
         let n = read_empty(true, 7);
         assert_eq!(

@@ -33,7 +33,7 @@ use ustor_runtime::{ops, spawn, IoBuf};
 
 use super::backend::{Channel, ExportSource};
 use super::io::{recv_exact, OutReply, SendBatch};
-use super::stats::{bump, inc};
+use super::stats::{bump, inc, Counters};
 use super::Shared;
 use crate::export::ExportFeatures;
 use crate::negotiation::{Event, Negotiation, Step};
@@ -56,6 +56,7 @@ pub const COPY_MAX: usize = 32 << 10;
 
 /// Serves one accepted socket until it closes.
 pub(crate) async fn serve<S: ExportSource>(fd: OwnedFd, shared: Arc<Shared<S>>) {
+    bump(|c| inc(&c.connections_served, 1));
     match handshake(fd.as_raw_fd(), &shared).await {
         Ok(Some((source, params))) => match source.source.channel() {
             Ok(channel) => transmission(fd, channel, params, source.features()).await,
@@ -539,14 +540,28 @@ async fn worker<C: Channel>(conn: Rc<Conn<C>>, id: usize) {
     conn.workers.set(conn.workers.get() - 1);
 }
 
-fn outcome(structured: bool, cookie: u64, r: Result<(), NbdErrno>) -> OutReply {
+/// Reply to a payload-less command whose device work gave `r`; `done`
+/// bumps the command's counter, on success only.
+fn outcome(
+    structured: bool,
+    cookie: u64,
+    r: Result<(), NbdErrno>,
+    done: impl FnOnce(&Counters),
+) -> OutReply {
     let header = match r {
-        Ok(()) => reply::ok(cookie),
+        Ok(()) => {
+            bump(done);
+            reply::ok(cookie)
+        }
         Err(e) => {
             bump(|c| inc(&c.io_errors, 1));
             reply::error(structured, cookie, e)
         }
     };
+    header_only(header)
+}
+
+fn header_only(header: ReplyHeader) -> OutReply {
     OutReply {
         header,
         data: None,
@@ -581,7 +596,10 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
                         charge: 0,
                     }
                 }
-                Err(e) => outcome(structured, cookie, Err(e)),
+                Err(e) => {
+                    bump(|c| inc(&c.io_errors, 1));
+                    header_only(reply::read_error(structured, cookie, offset, length, e))
+                }
             }
         }
         Command::Write {
@@ -593,22 +611,17 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
                 Some(buf) => ch.write(offset, buf, fua).await.0,
                 None => Ok(()),
             };
-            bump(|c| {
+            outcome(structured, cookie, r, |c| {
                 inc(&c.writes, 1);
                 inc(&c.bytes_written, u64::from(length));
-            });
-            outcome(structured, cookie, r)
+            })
         }
-        Command::Flush => {
-            bump(|c| inc(&c.flushes, 1));
-            outcome(structured, cookie, ch.flush().await)
-        }
+        Command::Flush => outcome(structured, cookie, ch.flush().await, |c| inc(&c.flushes, 1)),
         Command::Trim {
             offset,
             length,
             fua,
         } => {
-            bump(|c| inc(&c.trims, 1));
             let mut r = if length > 0 {
                 ch.trim(offset, u64::from(length)).await
             } else {
@@ -617,7 +630,7 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
             if fua && r.is_ok() && conn.features.can_flush {
                 r = ch.flush().await;
             }
-            outcome(structured, cookie, r)
+            outcome(structured, cookie, r, |c| inc(&c.trims, 1))
         }
         Command::WriteZeroes {
             offset,
@@ -626,10 +639,12 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
             no_hole,
             fast,
         } => {
-            bump(|c| inc(&c.write_zeroes, 1));
-            // FAST_ZERO must fail fast when zeroing is no cheaper than writing.
+            // FAST_ZERO must fail fast, before touching the data, when
+            // zeroing is no cheaper than writing (the device has no native
+            // write-zeroes and the bdev layer would write zero buffers).
             if fast && !conn.features.fast_zero {
-                return outcome(structured, cookie, Err(NbdErrno::NotSup));
+                bump(|c| inc(&c.refused, 1));
+                return header_only(reply::error(structured, cookie, NbdErrno::NotSup));
             }
             let mut r = if length > 0 {
                 ch.write_zeroes(offset, u64::from(length), no_hole).await
@@ -639,13 +654,15 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
             if fua && r.is_ok() && conn.features.can_flush {
                 r = ch.flush().await;
             }
-            outcome(structured, cookie, r)
+            outcome(structured, cookie, r, |c| inc(&c.write_zeroes, 1))
         }
-        // A hint with no semantics; the device has no cache to warm.
-        Command::Cache { .. } => {
-            bump(|c| inc(&c.caches, 1));
-            outcome(structured, cookie, Ok(()))
-        }
+        // Validated like a READ (in range, aligned; any length, as the
+        // protocol gives clients no cache size limit to respect). Exports
+        // that advertise SEND_CACHE keep all their data in memory, so there
+        // is nothing to prefetch and success is the truth. Elsewhere the
+        // hint is accepted unadvertised (clients send it anyway) and
+        // ignored, which the protocol allows for a prefetch.
+        Command::Cache { .. } => outcome(structured, cookie, Ok(()), |c| inc(&c.caches, 1)),
         Command::BlockStatus {
             offset,
             length,
@@ -655,7 +672,7 @@ async fn execute<C: Channel>(conn: &Conn<C>, job: Job) -> OutReply {
             bump(|c| inc(&c.block_status, 1));
             block_status(conn, cookie, offset, length, req_one, context_id).await
         }
-        Command::Disconnect => outcome(structured, cookie, Ok(())),
+        Command::Disconnect => outcome(structured, cookie, Ok(()), |_| {}),
     }
 }
 

@@ -337,16 +337,20 @@ impl<S: ExportSource> NbdServer<S> {
 
     /// `nbd_get_stats`: counters summed over reactors.
     pub fn get_stats(&self) -> Result<NbdStats, NbdServerError> {
-        let per = self
-            .shared
-            .rt
-            .call_all(|_| stats::snapshot())
-            .map_err(|e| NbdServerError::Runtime(e.to_string()))?;
         let mut total = NbdStats::default();
-        for s in &per {
+        for s in &self.get_stats_per_reactor()? {
             total.add(s);
         }
         Ok(total)
+    }
+
+    /// Each reactor's own counters, indexed by reactor (where connections
+    /// landed, and what each reactor served).
+    pub fn get_stats_per_reactor(&self) -> Result<Vec<NbdStats>, NbdServerError> {
+        self.shared
+            .rt
+            .call_all(|_| stats::snapshot())
+            .map_err(|e| NbdServerError::Runtime(e.to_string()))
     }
 
     /// Connections currently open.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod client;
+pub mod fault;
 pub mod raw;
 
 use std::process::{Command, Output};
@@ -103,6 +105,20 @@ pub struct BdevFixture {
 }
 
 pub fn start_bdev(size_bytes: u64, block_size: u32, reactors: usize) -> BdevFixture {
+    start_bdev_with(size_bytes, block_size, reactors, "malloc", |_| {
+        "Malloc0".into()
+    })
+}
+
+/// A malloc bdev `Malloc0` plus whatever `stack` registers over it (it
+/// returns the name of the bdev to export), exported as `export`.
+pub fn start_bdev_with(
+    size_bytes: u64,
+    block_size: u32,
+    reactors: usize,
+    export: &str,
+    stack: impl FnOnce(&Arc<ustor_bdev::Registry>) -> String,
+) -> BdevFixture {
     let cfg = RuntimeConfig {
         cores: (0..reactors).collect(),
         pin: false,
@@ -119,6 +135,7 @@ pub fn start_bdev(size_bytes: u64, block_size: u32, reactors: usize) -> BdevFixt
         max_transfer_blocks: 0,
     };
     ustor_bdev::modules::malloc::create(&registry, opts).expect("malloc bdev");
+    let bdev_name = stack(&registry);
     let server = Arc::new(NbdServer::new(rt.handle()));
     let r = server
         .start(&ServerStartParams {
@@ -130,10 +147,10 @@ pub fn start_bdev(size_bytes: u64, block_size: u32, reactors: usize) -> BdevFixt
         })
         .expect("server starts");
     let params = ExportCreateParams {
-        name: "malloc".into(),
-        bdev_name: "Malloc0".into(),
+        name: export.into(),
+        bdev_name,
         read_only: false,
-        description: "malloc bdev".into(),
+        description: "bdev export".into(),
     };
     server
         .export_create_bdev(&registry, &params)
@@ -144,4 +161,20 @@ pub fn start_bdev(size_bytes: u64, block_size: u32, reactors: usize) -> BdevFixt
         port: r.trsvcid.parse().expect("port"),
         rt,
     }
+}
+
+/// A fault-injecting passthru (`common::fault`) over a malloc bdev,
+/// exported as `fault`; the probe counts what reached the device.
+pub fn start_fault(
+    size_bytes: u64,
+    block_size: u32,
+    reactors: usize,
+    opts: fault::FaultOpts,
+) -> (BdevFixture, Arc<fault::Probe>) {
+    let mut probe = None;
+    let f = start_bdev_with(size_bytes, block_size, reactors, "fault", |reg| {
+        probe = Some(fault::create(reg, "Malloc0", "Fault0", opts));
+        "Fault0".into()
+    });
+    (f, probe.expect("probe"))
 }
