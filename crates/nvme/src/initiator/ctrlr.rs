@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -298,14 +298,52 @@ async fn recv_exact(fd: i32, mut buf: IoBuf, at: usize, n: usize) -> Result<IoBu
     Ok(buf)
 }
 
-/// Connects a queue: TCP, ICReq/ICResp, Fabrics Connect. Returns the socket,
-/// the negotiated digests, MAXH2CDATA and the Connect response's DW0.
+/// Tells the controller why the host drops the connection: an H2CTermReq
+/// with `f` and the offending PDU header (truncated to [`MAX_TERM_DATA`]).
+/// Best effort on a connection about to close: one non-blocking send, no
+/// retry; the caller shuts the socket down afterwards either way.
+pub(crate) fn send_term_req(fd: RawFd, f: Fatal, hdr: &[u8]) {
+    let mut b = [0u8; TERM_HLEN + MAX_TERM_DATA];
+    let t = TermReq {
+        fes: f.fes,
+        fei: f.fei,
+    };
+    let n = encode_term_req(&mut b, PduType::H2CTermReq, t, hdr);
+    debug_assert!(n >= TERM_HLEN && n <= b.len());
+    // SAFETY: send(2) of our own stack bytes on a socket the caller owns.
+    let r = unsafe {
+        libc::send(
+            fd,
+            b.as_ptr().cast(),
+            n,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if r != n as isize {
+        tracing::debug!("nvme: H2CTermReq ({f}) not sent whole: {r}");
+    }
+}
+
+/// A connected queue: its socket and what ICResp and Connect settled.
+pub(crate) struct QueueConn {
+    pub fd: OwnedFd,
+    pub dg: Digests,
+    /// MAXH2CDATA: most data in one H2CData PDU.
+    pub maxh2c: u32,
+    /// The controller's PDU data alignment (ICResp CPDA) for the data the
+    /// host sends (in-capsule data, H2CData).
+    pub cpda: u8,
+    /// The Connect response's DW0.
+    pub dw0: u32,
+}
+
+/// Connects a queue: TCP, ICReq/ICResp, Fabrics Connect.
 pub(crate) async fn connect_queue(
     c: &Ctrlr,
     qid: u16,
     sqsize: u16,
     cntlid: u16,
-) -> Result<(OwnedFd, Digests, u32, u32), InitiatorError> {
+) -> Result<QueueConn, InitiatorError> {
     let fd = sock::connect(c.addr)
         .await
         .map_err(|err| InitiatorError::Connect {
@@ -330,9 +368,16 @@ pub(crate) async fn connect_queue(
         .0
         .map_err(|_| InitiatorError::Protocol("ICReq send failed"))?;
     let b = recv_exact(raw, IoBuf::heap(IC_LEN), 0, IC_LEN).await?;
-    let resp = IcResp::decode(&b).map_err(|_| InitiatorError::Protocol("bad ICResp"))?;
+    let resp = match IcResp::decode(&b) {
+        Ok(r) => r,
+        Err(f) => {
+            send_term_req(raw, f, &b);
+            return Err(InitiatorError::Protocol("bad ICResp"));
+        }
+    };
     // The controller may only grant what we asked for.
     if (resp.digests.header && !want.header) || (resp.digests.data && !want.data) {
+        send_term_req(raw, Fatal::header(11), &b);
         return Err(InitiatorError::Protocol(
             "ICResp enables digests not asked for",
         ));
@@ -340,6 +385,7 @@ pub(crate) async fn connect_queue(
     let mut q = AdminQ {
         fd,
         dg: resp.digests,
+        cpda: resp.cpda,
         cid: 0,
     };
     let mut sqe = Sqe::default();
@@ -376,13 +422,21 @@ pub(crate) async fn connect_queue(
             status: cqe.status,
         });
     }
-    Ok((q.fd, q.dg, resp.maxh2cdata, cqe.dw0))
+    Ok(QueueConn {
+        fd: q.fd,
+        dg: q.dg,
+        maxh2c: resp.maxh2cdata,
+        cpda: q.cpda,
+        dw0: cqe.dw0,
+    })
 }
 
 /// The admin queue: one command at a time (control path; copies are fine).
 pub(crate) struct AdminQ {
     fd: OwnedFd,
     dg: Digests,
+    /// The controller's data alignment (ICResp CPDA) for in-capsule data.
+    cpda: u8,
     cid: u16,
 }
 
@@ -390,9 +444,14 @@ impl AdminQ {
     /// Connects, enables the controller (CC.EN, wait CSTS.RDY) and asks for
     /// the I/O queues; returns the queue and the cntlid.
     async fn open(c: &Ctrlr) -> Result<(AdminQ, u16), InitiatorError> {
-        let (fd, dg, _, dw0) = connect_queue(c, 0, ADMIN_SQSIZE, 0xffff).await?;
-        let mut q = AdminQ { fd, dg, cid: 0 };
-        let cntlid = dw0 as u16;
+        let qc = connect_queue(c, 0, ADMIN_SQSIZE, 0xffff).await?;
+        let mut q = AdminQ {
+            fd: qc.fd,
+            dg: qc.dg,
+            cpda: qc.cpda,
+            cid: 0,
+        };
+        let cntlid = qc.dw0 as u16;
         let cap = q.prop_get(prop::CAP, true).await?;
         let to_ms = ((cap >> 24) & 0xff).max(2) * 500;
         // CC: EN, IOSQES 6 (64 B), IOCQES 4 (16 B).
@@ -552,8 +611,8 @@ impl AdminQ {
             sqe.set_sgl(SglDesc::transport(b.len() as u32));
         }
         let fd = self.fd.as_raw_fd();
-        let mut b = IoBuf::heap(CAPSULE_CMD_HLEN + 2 * DIGEST_LEN + out.len());
-        let n = encode_capsule_cmd(&mut b, sqe, self.dg, out.len());
+        let mut b = IoBuf::heap(MAX_PADDED_HDR + DIGEST_LEN + out.len());
+        let n = encode_capsule_cmd_pda(&mut b, sqe, self.dg, out.len(), self.cpda);
         b[n..n + out.len()].copy_from_slice(out);
         let mut len = n + out.len();
         if self.dg.data && !out.is_empty() {
@@ -570,18 +629,29 @@ impl AdminQ {
             max_data_pdu: 8192,
         };
         // Budget: a controller may send at most a few PDUs per command.
+        // A fatal transport error: tell the controller, then give up.
+        let fatal = |f: Fatal, hdr: &[u8], what: &'static str| {
+            send_term_req(fd, f, hdr);
+            InitiatorError::Protocol(what)
+        };
         for _ in 0..64 {
             let mut buf = recv_exact(fd, IoBuf::heap(ADMIN_BUF), 0, CH_LEN).await?;
             let ch = CommonHeader::decode(&buf).ok_or(InitiatorError::Protocol("short header"))?;
-            let l = check_header(&ch, self.dg, true, &lim)
-                .map_err(|_| InitiatorError::Protocol("bad PDU header"))?;
+            let l = match check_header(&ch, self.dg, true, &lim) {
+                Ok(l) => l,
+                Err(f) => return Err(fatal(f, &buf[..CH_LEN], "bad PDU header")),
+            };
             if l.plen > ADMIN_BUF {
                 return Err(InitiatorError::Protocol("admin PDU too long"));
             }
             buf = recv_exact(fd, buf, CH_LEN, l.plen - CH_LEN).await?;
             buf.set_len(l.plen);
             if self.dg.header && !header_digest_ok(&buf, l.hlen) {
-                return Err(InitiatorError::Protocol("header digest"));
+                let f = Fatal {
+                    fes: fes::HEADER_DIGEST_ERROR,
+                    fei: 0,
+                };
+                return Err(fatal(f, &buf[..l.hlen], "header digest"));
             }
             let data = &buf[l.pdo..l.pdo + l.data_len];
             if l.ddgst {
@@ -604,20 +674,39 @@ impl AdminQ {
                 }
                 PduType::C2HData => {
                     let h = DataHdr::decode(&buf).ok_or(InitiatorError::Protocol("short hdr"))?;
-                    let dst = inbuf
-                        .as_deref_mut()
-                        .ok_or(InitiatorError::Protocol("unexpected C2HData"))?;
+                    let hdr = &buf[..l.hlen];
+                    let Some(dst) = inbuf.as_deref_mut().filter(|_| h.cccid == cid) else {
+                        return Err(fatal(Fatal::header(8), hdr, "C2HData for no read"));
+                    };
+                    if h.length as usize != data.len() {
+                        return Err(fatal(Fatal::header(16), hdr, "C2HData DATAL"));
+                    }
                     let off = h.offset as usize;
                     let end = off + data.len();
-                    if h.cccid != cid || end > dst.len() {
-                        return Err(InitiatorError::Protocol("C2HData out of range"));
+                    if end > dst.len() {
+                        let f = Fatal {
+                            fes: fes::DATA_OUT_OF_RANGE,
+                            fei: 12,
+                        };
+                        return Err(fatal(f, hdr, "C2HData out of range"));
                     }
                     dst[off..end].copy_from_slice(data);
                     if l.flags & flags::SUCCESS != 0 {
                         return Ok(Cqe::new(cid, Status::SUCCESS));
                     }
                 }
-                _ => return Err(InitiatorError::Protocol("unexpected PDU on admin queue")),
+                PduType::C2HTermReq => {
+                    return Err(InitiatorError::Protocol(
+                        "controller terminated the connection",
+                    ))
+                }
+                _ => {
+                    let f = Fatal {
+                        fes: fes::PDU_SEQUENCE_ERROR,
+                        fei: ch_off::PDU_TYPE,
+                    };
+                    return Err(fatal(f, &buf[..l.hlen], "unexpected PDU on admin queue"));
+                }
             }
         }
         Err(InitiatorError::Protocol("no completion"))

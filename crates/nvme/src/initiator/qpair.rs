@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use ustor_bdev::{BdevError, IoHandle, IoType};
 use ustor_runtime::ops;
 
-use super::ctrlr::{connect_queue, Ctrlr, CtrlrState};
+use super::ctrlr::{connect_queue, send_term_req, Ctrlr, CtrlrState, QueueConn};
 use super::sock::{self, Seg, MAX_RECV_IOV};
 use super::InitiatorError;
 use crate::coalesce::{CoalesceStats, Coalescer, PduGroup};
@@ -45,6 +45,13 @@ const STAGE_LEN: usize = 8192;
 const MAX_PDU_SEGS: usize = ops::MAX_IOV - 3;
 /// How often a queue that waits for its controller looks again.
 const WAIT_TICK: Duration = Duration::from_millis(5);
+/// After a fatal error in the controller's PDUs, how long the sender may
+/// take to finish the group it is writing, so the H2CTermReq starts on a
+/// PDU boundary; a controller that stopped reading gets none.
+const TERM_WAIT: Duration = Duration::from_millis(50);
+/// Offset of the CID in a CapsuleResp PDU (FEI of a response for no
+/// command).
+const RESP_CID_OFF: u32 = CH_LEN as u32 + 12;
 
 /// Per-queue counters, readable from any thread (single writer: the queue's
 /// reactor stores with Relaxed, no read-modify-write).
@@ -62,6 +69,8 @@ pub struct QpCounters {
     timer_expiries: AtomicU64,
     degree: AtomicU64,
     timer_us: AtomicU64,
+    raises: AtomicU64,
+    lowers: AtomicU64,
 }
 
 fn bump(a: &AtomicU64, n: u64) {
@@ -96,8 +105,8 @@ impl QpCounters {
                 full_groups: l(&self.full_groups),
                 small_groups: l(&self.small_groups),
                 timer_expiries: l(&self.timer_expiries),
-                raises: 0,
-                lowers: 0,
+                raises: l(&self.raises),
+                lowers: l(&self.lowers),
                 degree: l(&self.degree) as u32,
                 timer_us: l(&self.timer_us) as u32,
             },
@@ -213,6 +222,8 @@ pub(crate) struct Qp {
     /// Controller generation this queue connected under.
     gen: Cell<u64>,
     dg: Cell<Digests>,
+    /// The controller's data alignment (ICResp CPDA) for data we send.
+    cpda: Cell<u8>,
     maxh2c: Cell<u32>,
     icd_max: Cell<u32>,
     cmds: RefCell<Box<[Cmd]>>,
@@ -252,6 +263,7 @@ impl Qp {
             state: Cell::new(QpState::Down),
             gen: Cell::new(0),
             dg: Cell::new(Digests::default()),
+            cpda: Cell::new(0),
             maxh2c: Cell::new(4096),
             icd_max: Cell::new(0),
             cmds: RefCell::new((0..depth).map(|_| Cmd::empty()).collect()),
@@ -420,9 +432,16 @@ pub(crate) async fn drive(qp: Rc<Qp>) {
         )
         .await;
         let fd: OwnedFd = match conn {
-            Some(Ok((fd, dg, maxh2c, _))) => {
+            Some(Ok(QueueConn {
+                fd,
+                dg,
+                maxh2c,
+                cpda,
+                ..
+            })) => {
                 qp.dg.set(dg);
                 qp.maxh2c.set(maxh2c);
+                qp.cpda.set(cpda);
                 fd
             }
             Some(Err(e @ InitiatorError::Status { .. })) => {
@@ -501,24 +520,33 @@ async fn serve(qp: &Rc<Qp>, fd: OwnedFd, gen: u64) {
     qp.sender_running.set(true);
     ustor_runtime::spawn(sender(qp.clone(), raw));
     qp.start_pending();
-    let r = receiver(qp, raw).await;
-    if let Err(e) = r {
+    let mut st = Stage {
+        buf: Box::new([0u8; STAGE_LEN]),
+        pos: 0,
+        have: 0,
+    };
+    let r = receiver(qp, raw, &mut st).await;
+    if let Err(e) = &r {
         tracing::debug!("nvme: I/O queue {} lost: {e}", qp.qid);
     }
     if qp.state.get() == QpState::Live {
         qp.state.set(QpState::Down);
     }
+    if let Err(RecvErr::Fatal { f, hdr, .. }) = r {
+        // Tell the controller why. The sender (woken, it sees the queue
+        // down) first finishes the group it is writing, so the request
+        // starts on a PDU boundary; the offending header is still staged.
+        wake(&qp.sender_w);
+        let _ = super::ctrlr::timeout(TERM_WAIT, sender_stopped(qp)).await;
+        if !qp.sender_running.get() {
+            let n = hdr.min(st.avail());
+            send_term_req(raw, f, &st.buf[st.pos..st.pos + n]);
+        }
+    }
     sock::shutdown(raw);
     wake(&qp.sender_w);
     // The sender may be in a sendmsg that still reads write buffers.
-    poll_fn(|cx| {
-        if !qp.sender_running.get() {
-            return Poll::Ready(());
-        }
-        *qp.driver_w.borrow_mut() = Some(cx.waker().clone());
-        Poll::Pending
-    })
-    .await;
+    sender_stopped(qp).await;
     qp.fd.set(-1);
     drop(fd);
     let mut cmds = qp.cmds.borrow_mut();
@@ -527,12 +555,33 @@ async fn serve(qp: &Rc<Qp>, fd: OwnedFd, gen: u64) {
     }
 }
 
+/// Waits until the sender task has stopped touching the socket and the
+/// write buffers.
+async fn sender_stopped(qp: &Qp) {
+    poll_fn(|cx| {
+        if !qp.sender_running.get() {
+            return Poll::Ready(());
+        }
+        *qp.driver_w.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
+
 #[derive(Debug, thiserror::Error)]
 enum RecvErr {
     #[error("socket: {0}")]
     Io(#[from] std::io::Error),
     #[error("protocol: {0}")]
     Proto(&'static str),
+    /// A fatal error in a controller PDU whose first `hdr` header bytes
+    /// are still staged (at `Stage::pos`): reported in an H2CTermReq.
+    #[error("protocol: {what} ({f})")]
+    Fatal {
+        what: &'static str,
+        f: Fatal,
+        hdr: usize,
+    },
     #[error("controller terminated the connection (fes {0:#x})")]
     Term(u16),
 }
@@ -589,17 +638,15 @@ impl Stage {
     }
 }
 
-async fn receiver(qp: &Rc<Qp>, fd: RawFd) -> Result<(), RecvErr> {
+/// Receives the controller's PDUs until the connection drops or fails. A
+/// header stays staged until it has been checked, so a fatal error can
+/// quote it in the H2CTermReq.
+async fn receiver(qp: &Rc<Qp>, fd: RawFd, st: &mut Stage) -> Result<(), RecvErr> {
     let dg = qp.dg.get();
     let hdr_exact = DATA_HLEN + dg.hdgst_len();
     let lim = RecvLimits {
         max_incapsule: 0,
         max_data_pdu: qp.ctrlr.mdts_bytes().max(1 << 20),
-    };
-    let mut st = Stage {
-        buf: Box::new([0u8; STAGE_LEN]),
-        pos: 0,
-        have: 0,
     };
     let mut exact = false;
     loop {
@@ -617,7 +664,16 @@ async fn receiver(qp: &Rc<Qp>, fd: RawFd) -> Result<(), RecvErr> {
             st.fill(fd, CH_LEN, max).await?;
             let ch = CommonHeader::decode(&st.buf[st.pos..st.have])
                 .ok_or(RecvErr::Proto("short header"))?;
-            let l = check_header(&ch, dg, true, &lim).map_err(|_| RecvErr::Proto("bad header"))?;
+            let l = check_header(&ch, dg, true, &lim).map_err(|f| RecvErr::Fatal {
+                what: "bad header",
+                f,
+                hdr: CH_LEN,
+            })?;
+            let fatal = |(f, what)| RecvErr::Fatal {
+                what,
+                f,
+                hdr: l.hlen,
+            };
             let hdr_need = if l.ty == PduType::C2HTermReq {
                 l.plen
             } else {
@@ -629,31 +685,44 @@ async fn receiver(qp: &Rc<Qp>, fd: RawFd) -> Result<(), RecvErr> {
             st.fill(fd, hdr_need, || max().max(hdr_need)).await?;
             let hdr = &st.buf[st.pos..st.pos + l.header_total];
             if dg.header && !header_digest_ok(hdr, l.hlen) {
-                return Err(RecvErr::Proto("header digest"));
+                let f = Fatal {
+                    fes: fes::HEADER_DIGEST_ERROR,
+                    fei: 0,
+                };
+                return Err(fatal((f, "header digest")));
             }
             exact = false;
+            // Each handler checks the header before it is consumed.
             match l.ty {
                 PduType::CapsuleResp => {
                     let cqe = Cqe::decode(&hdr[CH_LEN..]).ok_or(RecvErr::Proto("short CQE"))?;
+                    on_response(qp, cqe).map_err(fatal)?;
                     st.consume(l.header_total);
-                    on_response(qp, cqe)?;
                 }
                 PduType::R2T => {
                     let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short R2T"))?;
+                    on_r2t(qp, h).map_err(fatal)?;
                     st.consume(l.header_total);
-                    on_r2t(qp, h)?;
                 }
                 PduType::C2HData => {
                     let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short C2HData"))?;
+                    c2h_check(qp, &l, &h).map_err(fatal)?;
                     st.consume(l.header_total);
-                    c2h_data(qp, fd, &mut st, &l, h, hdr_exact).await?;
+                    c2h_data(qp, fd, st, &l, h, hdr_exact).await?;
                     exact = true;
                 }
                 PduType::C2HTermReq => {
                     let t = TermReq::decode(hdr).map(|t| t.fes).unwrap_or(0);
                     return Err(RecvErr::Term(t));
                 }
-                _ => return Err(RecvErr::Proto("unexpected PDU")),
+                // check_header admits nothing else from a controller.
+                _ => {
+                    let f = Fatal {
+                        fes: fes::PDU_SEQUENCE_ERROR,
+                        fei: ch_off::PDU_TYPE,
+                    };
+                    return Err(fatal((f, "unexpected PDU")));
+                }
             }
         }
         ustor_runtime::yield_now().await;
@@ -675,17 +744,17 @@ fn status_err(s: Status) -> BdevError {
     }
 }
 
-fn on_response(qp: &Qp, cqe: Cqe) -> Result<(), RecvErr> {
+/// A fatal error in a controller PDU header: what to report, and why.
+type PduErr = (Fatal, &'static str);
+
+fn on_response(qp: &Qp, cqe: Cqe) -> Result<(), PduErr> {
     let cid = cqe.cid;
     let err = {
         let cmds = qp.cmds.borrow();
-        let c = cmds
-            .get(cid as usize)
-            .ok_or(RecvErr::Proto("CID out of range"))?;
-        if c.io.is_none() {
-            return Err(RecvErr::Proto("response for an idle CID"));
+        match cmds.get(cid as usize) {
+            Some(c) if c.io.is_some() => c.err,
+            _ => return Err((Fatal::header(RESP_CID_OFF), "response for no command")),
         }
-        c.err
     };
     let s = cqe.status();
     let res = if !s.is_success() {
@@ -697,20 +766,26 @@ fn on_response(qp: &Qp, cqe: Cqe) -> Result<(), RecvErr> {
     Ok(())
 }
 
-fn on_r2t(qp: &Qp, h: DataHdr) -> Result<(), RecvErr> {
+fn on_r2t(qp: &Qp, h: DataHdr) -> Result<(), PduErr> {
     {
         let cmds = qp.cmds.borrow();
-        let c = cmds
+        // CCCID must name a write whose data is not in its capsule.
+        let Some(c) = cmds
             .get(h.cccid as usize)
-            .ok_or(RecvErr::Proto("R2T CID"))?;
+            .filter(|c| c.io.is_some() && c.kind == IoType::Write && !c.in_capsule)
+        else {
+            return Err((Fatal::header(8), "R2T for no R2T write"));
+        };
+        if h.length == 0 {
+            return Err((Fatal::header(16), "R2T of no data"));
+        }
         let end = u64::from(h.offset) + u64::from(h.length);
-        if c.io.is_none()
-            || c.kind != IoType::Write
-            || c.in_capsule
-            || end > u64::from(c.len)
-            || h.length == 0
-        {
-            return Err(RecvErr::Proto("R2T out of range"));
+        if end > u64::from(c.len) {
+            let f = Fatal {
+                fes: fes::DATA_OUT_OF_RANGE,
+                fei: 12,
+            };
+            return Err((f, "R2T out of range"));
         }
     }
     qp.out.borrow_mut().push_back(Out::H2C {
@@ -723,8 +798,35 @@ fn on_r2t(qp: &Qp, h: DataHdr) -> Result<(), RecvErr> {
     Ok(())
 }
 
-/// Receives one C2HData payload straight into the command's buffers, with
-/// its digest and (opportunistically) the next header.
+/// Checks a C2HData header (before any of its data is read): flags, DATAL
+/// against the PDU's length, a read command, and the range.
+fn c2h_check(qp: &Qp, l: &PduLayout, h: &DataHdr) -> Result<(), PduErr> {
+    if l.flags & flags::SUCCESS != 0 && l.flags & flags::LAST_PDU == 0 {
+        return Err((Fatal::header(ch_off::FLAGS), "SUCCESS without LAST_PDU"));
+    }
+    if h.length as usize != l.data_len {
+        return Err((Fatal::header(16), "C2HData DATAL differs from its PDU"));
+    }
+    let cmds = qp.cmds.borrow();
+    let Some(c) = cmds
+        .get(h.cccid as usize)
+        .filter(|c| c.io.is_some() && c.kind == IoType::Read)
+    else {
+        return Err((Fatal::header(8), "C2HData for no read"));
+    };
+    if h.offset as usize + l.data_len > c.len as usize {
+        let f = Fatal {
+            fes: fes::DATA_OUT_OF_RANGE,
+            fei: 12,
+        };
+        return Err((f, "C2HData out of range"));
+    }
+    Ok(())
+}
+
+/// Receives one C2HData payload (checked by [`c2h_check`], header
+/// consumed) straight into the command's buffers, with its digest and
+/// (opportunistically) the next header.
 async fn c2h_data(
     qp: &Qp,
     fd: RawFd,
@@ -733,8 +835,12 @@ async fn c2h_data(
     h: DataHdr,
     hdr_exact: usize,
 ) -> Result<(), RecvErr> {
-    if l.pad() != 0 {
-        return Err(RecvErr::Proto("C2HData padding (HPDA 0 asked for none)"));
+    let pad = l.pad();
+    if pad > 0 {
+        // We ask for HPDA 0, but a PDO past the header is still valid:
+        // drop the padding, staged or not (never reading into the data).
+        st.fill(fd, pad, || pad).await?;
+        st.consume(pad);
     }
     let cid = h.cccid;
     let off = h.offset as usize;
@@ -745,14 +851,11 @@ async fn c2h_data(
     }; MAX_RECV_IOV];
     let nseg = {
         let cmds = qp.cmds.borrow();
-        let c = cmds
-            .get(cid as usize)
-            .ok_or(RecvErr::Proto("C2HData CID"))?;
-        if c.io.is_none() || c.kind != IoType::Read || off + len > c.len as usize {
-            return Err(RecvErr::Proto("C2HData out of range"));
-        }
-        // SAFETY: the command holds its I/O: the iovecs are valid, and the
-        // I/O completes only after this receive returned.
+        let c = &cmds[cid as usize];
+        debug_assert!(c.io.is_some() && c.kind == IoType::Read && off + len <= c.len as usize);
+        // SAFETY: the command holds its I/O (checked by c2h_check): the
+        // iovecs are valid, and the I/O completes only after this receive
+        // returned.
         unsafe { c.segs(off, len, &mut segs) }
     };
     // Payload bytes that arrived with the header are copied (counted).
@@ -845,9 +948,7 @@ async fn c2h_data(
         }
     }
     if l.flags & flags::SUCCESS != 0 {
-        if l.flags & flags::LAST_PDU == 0 {
-            return Err(RecvErr::Proto("SUCCESS without LAST_PDU"));
-        }
+        // LAST_PDU too: c2h_check.
         qp.complete(cid, res);
     }
     Ok(())
@@ -860,8 +961,9 @@ fn encode(qp: &Qp, g: &mut PduGroup, cmds_in_group: &mut u32) -> bool {
     let Some(item) = qp.out.borrow().front().copied() else {
         return true;
     };
+    let cpda = qp.cpda.get();
     let cmds = qp.cmds.borrow();
-    let mut h = [0u8; CAPSULE_CMD_HLEN + DIGEST_LEN];
+    let mut h = [0u8; MAX_PADDED_HDR];
     match item {
         Out::Cmd(cid) => {
             let c = &cmds[cid as usize];
@@ -911,10 +1013,16 @@ fn encode(qp: &Qp, g: &mut PduGroup, cmds_in_group: &mut u32) -> bool {
             } else {
                 0
             };
-            if !g.fits(h.len() + icd.min(16) + DIGEST_LEN, 3, nseg) {
+            // Header with digest, padding up to the data (CPDA 0: none).
+            let hl = if icd > 0 {
+                data_pdo(CAPSULE_CMD_HLEN + DIGEST_LEN, cpda)
+            } else {
+                CAPSULE_CMD_HLEN + DIGEST_LEN
+            };
+            if !g.fits(hl + icd.min(16) + DIGEST_LEN, 3, nseg) {
                 return false;
             }
-            let n = encode_capsule_cmd(&mut h, &sqe, dg, icd);
+            let n = encode_capsule_cmd_pda(&mut h, &sqe, dg, icd, cpda);
             g.push_bytes(&h[..n]);
             if c.kind == IoType::Unmap {
                 g.push_bytes(&c.dsm);
@@ -963,7 +1071,7 @@ fn encode(qp: &Qp, g: &mut PduGroup, cmds_in_group: &mut u32) -> bool {
             // SAFETY: the command holds its I/O.
             let k = unsafe { c.segs(off as usize, chunk as usize, &mut segs) }.min(MAX_PDU_SEGS);
             let chunk: usize = segs[..k].iter().map(|s| s.len).sum();
-            if !g.fits(DATA_HLEN + 2 * DIGEST_LEN, 2, k) {
+            if !g.fits(data_pdo(DATA_HLEN + DIGEST_LEN, cpda) + DIGEST_LEN, 2, k) {
                 return false;
             }
             let last = off as usize + chunk == end as usize;
@@ -974,7 +1082,7 @@ fn encode(qp: &Qp, g: &mut PduGroup, cmds_in_group: &mut u32) -> bool {
                 length: chunk as u32,
             };
             let fl = if last { flags::LAST_PDU } else { 0 };
-            let n = encode_data_hdr(&mut h, PduType::H2CData, &dh, fl, dg);
+            let n = encode_data_hdr_pda(&mut h, PduType::H2CData, &dh, fl, dg, cpda);
             g.push_bytes(&h[..n]);
             let mut d = 0u32;
             for (i, s) in segs[..k].iter().enumerate() {
@@ -1076,6 +1184,8 @@ fn record(qp: &Qp) {
     c.timer_expiries.store(s.timer_expiries, Ordering::Relaxed);
     c.degree.store(u64::from(s.degree), Ordering::Relaxed);
     c.timer_us.store(u64::from(s.timer_us), Ordering::Relaxed);
+    c.raises.store(s.raises, Ordering::Relaxed);
+    c.lowers.store(s.lowers, Ordering::Relaxed);
 }
 
 /// Sends the whole group; `None` when the connection failed.

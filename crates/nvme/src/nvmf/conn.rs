@@ -38,7 +38,7 @@ use ustor_bdev::IoChannel;
 use ustor_runtime::{ops, spawn, IoBuf};
 
 use super::admin::{self, AdminOut};
-use super::ctrlr::{Ctrl, MAX_AERS, MAX_AQ_DEPTH, MAX_IO_QUEUE_DEPTH};
+use super::ctrlr::{Ctrl, MAX_AERS, MAX_IO_QUEUE_DEPTH};
 use super::io as nvm;
 use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
@@ -139,6 +139,9 @@ pub(crate) struct Conn {
     listen: ListenAddress,
     opts: TransportOpts,
     dg: Cell<Digests>,
+    /// The host's PDU data alignment (ICReq HPDA): C2HData data starts at
+    /// a multiple of `(hpda + 1) * 4` bytes.
+    hpda: Cell<u8>,
     qid: Cell<Option<u16>>,
     sqsize: Cell<u16>,
     sqhd: Cell<u16>,
@@ -211,6 +214,7 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
         listen,
         opts,
         dg: Cell::new(Digests::default()),
+        hpda: Cell::new(0),
         qid: Cell::new(None),
         sqsize: Cell::new(0),
         sqhd: Cell::new(0),
@@ -249,9 +253,8 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
     let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
     stats::with(|c| c.live.borrow_mut().push(live));
     let mut staging = Staging::new();
-    if let Err(f) = initialize(&conn, &mut staging).await {
-        if let Some(f) = f {
-            conn.queue_term(f, &[]);
+    if let Err(answered) = initialize(&conn, &mut staging).await {
+        if answered {
             conn.closing.set(true);
             sender(conn.clone()).await;
         }
@@ -269,14 +272,23 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
     conn.finish();
 }
 
-/// ICReq/ICResp. `Err(Some(f))`: answer with a termination request.
-async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), Option<Fatal>> {
+/// ICReq/ICResp (the host's digests and data alignment). `Err(true)`: a
+/// bad ICReq, answered by a queued termination request that quotes it.
+async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), bool> {
     let fd = conn.raw();
-    st.fill(fd, IC_LEN, IC_LEN).await.map_err(|_| None)?;
-    let req = IcReq::decode(st.peek(IC_LEN)).map_err(Some)?;
+    st.fill(fd, IC_LEN, IC_LEN).await.map_err(|_| false)?;
+    let req = match IcReq::decode(st.peek(IC_LEN)) {
+        Ok(r) => r,
+        Err(f) => {
+            conn.queue_term(f, st.peek(IC_LEN));
+            return Err(true);
+        }
+    };
+    debug_assert!(req.hpda <= MAX_PDA);
     st.consume(IC_LEN);
     let dg = req.digests;
     conn.dg.set(dg);
+    conn.hpda.set(req.hpda);
     if dg.header && dg.data {
         stats::with(|c| inc(&c.digest_qpairs, 1));
     }
@@ -288,7 +300,7 @@ async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), Option<Fata
     };
     let mut b = IoBuf::heap(IC_LEN);
     b.copy_from_slice(&resp.encode());
-    ops::send_all(fd, b).await.0.map_err(|_| None)
+    ops::send_all(fd, b).await.0.map_err(|_| false)
 }
 
 impl stats::LiveQueue for Conn {
@@ -1072,7 +1084,11 @@ async fn execute(conn: &Rc<Conn>, i: u16, sqe: &Sqe, sgl: DataSgl, buf: Option<I
                 inc(&c.reads, 1);
                 inc(&c.bytes_read, u64::from(len));
             });
-            let resp = (!conn.sqflow_off.get()).then(|| conn.cqe(cid, Status::SUCCESS));
+            // SUCCESS in the C2HData instead of a CapsuleResp: only when the
+            // host gave up SQ flow control (it then needs no SQHD) and the
+            // transport allows it (SPDK's c2h_success).
+            let success = conn.opts.c2h_success && conn.sqflow_off.get();
+            let resp = (!success).then(|| conn.cqe(cid, Status::SUCCESS));
             Out::Data {
                 cid,
                 buf,
@@ -1192,7 +1208,7 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
         return connect_err(conn, cid, Status::CONNECT_INVALID_HOST, true, 512);
     }
     if cmd.qid == 0 {
-        if cmd.sqsize == 0 || cmd.sqsize >= MAX_AQ_DEPTH {
+        if cmd.sqsize == 0 || cmd.sqsize >= conn.opts.admin_queue_depth() {
             return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 44);
         }
         let mut s = subsys.lock();
@@ -1243,7 +1259,7 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
     if cmd.qid > granted {
         return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 42);
     }
-    if cmd.sqsize == 0 || cmd.sqsize >= MAX_IO_QUEUE_DEPTH {
+    if cmd.sqsize == 0 || cmd.sqsize >= conn.opts.io_queue_depth() {
         return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 44);
     }
     if !ctrl.add_queue(cmd.qid, conn.raw(), ustor_runtime::reactor_id()) {
@@ -1288,13 +1304,18 @@ async fn kato_watch(conn: Rc<Conn>, ctrl: Arc<Ctrl>) {
     }
 }
 
-/// Moves one response into the group; false if it does not fit.
-fn encode(g: &mut PduGroup, o: &mut Option<Out>, dg: Digests) -> bool {
-    let mut h = [0u8; 64];
+/// Moves one response into the group; false if it does not fit. C2HData
+/// data starts at the PDO the host's `hpda` asks for; the zero padding
+/// joins the header in the arena (HPDA 0: none).
+fn encode(g: &mut PduGroup, o: &mut Option<Out>, dg: Digests, hpda: u8) -> bool {
+    let mut h = [0u8; MAX_PADDED_HDR];
     let hd = dg.hdgst_len();
     let fits = match o.as_ref() {
         Some(Out::Resp(_)) | Some(Out::R2T { .. }) => g.fits(DATA_HLEN + hd, 1, 0),
-        Some(Out::Data { .. }) => g.fits(2 * (DATA_HLEN + hd) + DIGEST_LEN, 3, 1),
+        Some(Out::Data { .. }) => {
+            let pad = data_pdo(DATA_HLEN + hd, hpda) - (DATA_HLEN + hd);
+            g.fits(2 * (DATA_HLEN + hd) + pad + DIGEST_LEN, 3, 1)
+        }
         Some(Out::Term { len, .. }) => g.fits(TERM_HLEN + len, 1, 0),
         None => return true,
     };
@@ -1331,7 +1352,7 @@ fn encode(g: &mut PduGroup, o: &mut Option<Out>, dg: Digests) -> bool {
                 length: len,
             };
             let fl = flags::LAST_PDU | if resp.is_none() { flags::SUCCESS } else { 0 };
-            let n = encode_data_hdr(&mut h, PduType::C2HData, &d, fl, dg);
+            let n = encode_data_hdr_pda(&mut h, PduType::C2HData, &d, fl, dg, hpda);
             g.push_bytes(&h[..n]);
             let digest = dg.data.then(|| crc(&buf[..len as usize]));
             g.push_data(buf, 0, len as usize);
@@ -1397,7 +1418,7 @@ async fn sender(conn: Rc<Conn>) {
             }
             let Some(o) = pending.as_ref() else { break };
             term |= matches!(o, Out::Term { .. });
-            if !encode(&mut group, &mut pending, conn.dg.get()) {
+            if !encode(&mut group, &mut pending, conn.dg.get(), conn.hpda.get()) {
                 break;
             }
         }

@@ -91,6 +91,8 @@ impl NvmfError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TransportOpts {
+    /// Most entries of an I/O queue (Connect SQSIZE + 1), up to
+    /// [`ctrlr::MAX_IO_QUEUE_DEPTH`].
     pub max_queue_depth: u16,
     pub max_io_qpairs_per_ctrlr: u16,
     pub in_capsule_data_size: u32,
@@ -98,9 +100,11 @@ pub struct TransportOpts {
     /// MAXH2CDATA advertised in ICResp (SPDK's io_unit_size plays this role).
     #[serde(rename = "io_unit_size")]
     pub max_h2c_data: u32,
+    /// Most entries of the admin queue (Connect SQSIZE + 1), up to
+    /// [`ctrlr::MAX_AQ_DEPTH`].
     pub max_aq_depth: u16,
     /// Send C2HData with SUCCESS (no CapsuleResp) when the host disabled SQ
-    /// flow control.
+    /// flow control; when false a CapsuleResp always follows the data.
     pub c2h_success: bool,
     /// ustor extension: LANoT coalescing of outgoing PDUs.
     pub coalesce: CoalesceConfig,
@@ -118,6 +122,19 @@ impl Default for TransportOpts {
             c2h_success: true,
             coalesce: CoalesceConfig::default(),
         }
+    }
+}
+
+impl TransportOpts {
+    /// The I/O queue depth a Connect may ask for: the option within the
+    /// connection's preallocated command slots, and at least 2 (SQSIZE 1).
+    pub fn io_queue_depth(&self) -> u16 {
+        self.max_queue_depth.clamp(2, ctrlr::MAX_IO_QUEUE_DEPTH)
+    }
+
+    /// The admin queue depth a Connect may ask for, likewise bounded.
+    pub fn admin_queue_depth(&self) -> u16 {
+        self.max_aq_depth.clamp(2, ctrlr::MAX_AQ_DEPTH)
     }
 }
 

@@ -27,10 +27,35 @@ pub const MAX_TERM_DATA: usize = 128;
 /// The smallest PDU of any type: reading this many bytes never reaches past
 /// the header of the next PDU into its data.
 pub const MIN_PDU_LEN: usize = 24;
+/// Largest PDU data alignment (HPDA in ICReq, CPDA in ICResp): 0's based,
+/// in dwords, so 31 asks for 128-byte alignment; 32..=255 are reserved.
+pub const MAX_PDA: u8 = 31;
+/// Room for any header with its digest and the padding up to its data
+/// under any alignment: a buffer of this size takes every `encode_*`
+/// output up to the data.
+pub const MAX_PADDED_HDR: usize = CAPSULE_CMD_HLEN + DIGEST_LEN + 4 * (MAX_PDA as usize + 1);
 
 const _: () = assert!(CAPSULE_CMD_HLEN == 72);
 const _: () = assert!(CAPSULE_RESP_HLEN == 24);
 const _: () = assert!(MIN_PDU_LEN <= DATA_HLEN && MIN_PDU_LEN <= CAPSULE_RESP_HLEN);
+// A padded data offset must fit the 8-bit PDO field.
+const _: () = assert!(MAX_PADDED_HDR <= u8::MAX as usize);
+
+/// Bytes of alignment a PDA value (HPDA or CPDA) asks for: `(pda + 1) * 4`.
+pub fn pda_bytes(pda: u8) -> usize {
+    debug_assert!(pda <= MAX_PDA, "PDA {pda} is reserved");
+    (usize::from(pda.min(MAX_PDA)) + 1) * 4
+}
+
+/// Data offset (PDO) of a data-carrying PDU whose header with digest is
+/// `header_total` bytes, under alignment `pda`: the header rounded up.
+/// With `pda == 0` this is `header_total` itself (every header length is
+/// a multiple of 4), so the common case has no padding.
+pub fn data_pdo(header_total: usize, pda: u8) -> usize {
+    let pdo = header_total.next_multiple_of(pda_bytes(pda));
+    debug_assert!(pdo >= header_total && pdo <= MAX_PADDED_HDR);
+    pdo
+}
 
 /// PDU types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -394,11 +419,10 @@ impl IcReq {
                 fei: 8,
             });
         }
-        if r.hpda > 31 {
-            return Err(Fatal {
-                fes: fes::UNSUPPORTED_PARAMETER,
-                fei: 10,
-            });
+        // HPDA 32..=255 are reserved values, not an unsupported choice:
+        // an invalid header field, at HPDA's offset (as SPDK reports it).
+        if r.hpda > MAX_PDA {
+            return Err(Fatal::header(10));
         }
         Ok(r)
     }
@@ -454,6 +478,9 @@ impl IcResp {
             digests: Digests::from_byte(b[11]),
             maxh2cdata: le32(b, 12),
         };
+        if r.cpda > MAX_PDA {
+            return Err(Fatal::header(10));
+        }
         if r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
             return Err(Fatal {
                 fes: fes::UNSUPPORTED_PARAMETER,
@@ -515,13 +542,34 @@ impl TermReq {
     }
 }
 
-/// Writes a common header and, if `hdgst`, the header digest; returns the
-/// header length with digest.
-fn finish(out: &mut [u8], ty: PduType, fl: u8, hdgst: bool, data_len: usize, ddgst: bool) -> usize {
+/// The shape of a PDU being encoded.
+struct Shape {
+    ty: PduType,
+    flags: u8,
+    hdgst: bool,
+    data_len: usize,
+    ddgst: bool,
+    /// Data alignment the receiver asked for (its HPDA or CPDA).
+    pda: u8,
+}
+
+/// Writes a common header, the header digest if `hdgst`, and zero padding
+/// up to the data offset; returns where the data starts (PDO), or the
+/// header length with digest when there is no data.
+fn finish(out: &mut [u8], s: Shape) -> usize {
+    let Shape {
+        ty,
+        flags: fl,
+        hdgst,
+        data_len,
+        ddgst,
+        pda,
+    } = s;
     let hlen = ty.hlen();
     let total = hlen + if hdgst { DIGEST_LEN } else { 0 };
     let has_data = data_len > 0;
     let ddgst = ddgst && has_data;
+    let pdo = if has_data { data_pdo(total, pda) } else { 0 };
     let mut f = fl;
     if hdgst {
         f |= flags::HDGSTF;
@@ -529,12 +577,12 @@ fn finish(out: &mut [u8], ty: PduType, fl: u8, hdgst: bool, data_len: usize, ddg
     if ddgst {
         f |= flags::DDGSTF;
     }
-    let plen = total + data_len + if ddgst { DIGEST_LEN } else { 0 };
+    let plen = total.max(pdo) + data_len + if ddgst { DIGEST_LEN } else { 0 };
     CommonHeader {
         pdu_type: ty as u8,
         flags: f,
         hlen: hlen as u8,
-        pdo: if has_data { total as u8 } else { 0 },
+        pdo: pdo as u8,
         plen: plen as u32,
     }
     .encode(out);
@@ -542,25 +590,71 @@ fn finish(out: &mut [u8], ty: PduType, fl: u8, hdgst: bool, data_len: usize, ddg
         let c = crc(&out[..hlen]);
         put32(out, hlen, c);
     }
-    total
+    if pdo > total {
+        // Padding is zero (and covered by no digest).
+        out[total..pdo].fill(0);
+    }
+    total.max(pdo)
 }
 
 /// Encodes a CapsuleResp; returns its length.
 pub fn encode_capsule_resp(out: &mut [u8], cqe: &Cqe, dg: Digests) -> usize {
     cqe.encode(&mut out[CH_LEN..CH_LEN + CQE_LEN]);
-    finish(out, PduType::CapsuleResp, 0, dg.header, 0, false)
+    let s = Shape {
+        ty: PduType::CapsuleResp,
+        flags: 0,
+        hdgst: dg.header,
+        data_len: 0,
+        ddgst: false,
+        pda: 0,
+    };
+    finish(out, s)
 }
 
 /// Encodes a CapsuleCmd header with `data_len` bytes of in-capsule data to
-/// follow (the caller sends the data and its digest).
+/// follow (the caller sends the data and its digest), unpadded.
 pub fn encode_capsule_cmd(out: &mut [u8], sqe: &Sqe, dg: Digests, data_len: usize) -> usize {
+    encode_capsule_cmd_pda(out, sqe, dg, data_len, 0)
+}
+
+/// [`encode_capsule_cmd`] for a controller that asked for data alignment
+/// `cpda`: returns the PDO, with the padding before it zeroed in `out`.
+pub fn encode_capsule_cmd_pda(
+    out: &mut [u8],
+    sqe: &Sqe,
+    dg: Digests,
+    data_len: usize,
+    cpda: u8,
+) -> usize {
     out[CH_LEN..CH_LEN + SQE_LEN].copy_from_slice(&sqe.0);
-    finish(out, PduType::CapsuleCmd, 0, dg.header, data_len, dg.data)
+    let s = Shape {
+        ty: PduType::CapsuleCmd,
+        flags: 0,
+        hdgst: dg.header,
+        data_len,
+        ddgst: dg.data,
+        pda: cpda,
+    };
+    finish(out, s)
 }
 
 /// Encodes an H2CData, C2HData or R2T header; for the data PDUs
-/// `h.length` bytes of data follow.
+/// `h.length` bytes of data follow, unpadded.
 pub fn encode_data_hdr(out: &mut [u8], ty: PduType, h: &DataHdr, fl: u8, dg: Digests) -> usize {
+    encode_data_hdr_pda(out, ty, h, fl, dg, 0)
+}
+
+/// [`encode_data_hdr`] for a receiver that asked for data alignment `pda`
+/// (the host's HPDA for C2HData, the controller's CPDA for H2CData):
+/// returns the PDO, with the padding before it zeroed in `out`.
+pub fn encode_data_hdr_pda(
+    out: &mut [u8],
+    ty: PduType,
+    h: &DataHdr,
+    fl: u8,
+    dg: Digests,
+    pda: u8,
+) -> usize {
     out[8..DATA_HLEN].fill(0);
     put16(out, 8, h.cccid);
     if ty != PduType::C2HData {
@@ -568,12 +662,20 @@ pub fn encode_data_hdr(out: &mut [u8], ty: PduType, h: &DataHdr, fl: u8, dg: Dig
     }
     put32(out, 12, h.offset);
     put32(out, 16, h.length);
-    let data = if ty == PduType::R2T {
+    let data_len = if ty == PduType::R2T {
         0
     } else {
         h.length as usize
     };
-    finish(out, ty, fl, dg.header, data, dg.data)
+    let s = Shape {
+        ty,
+        flags: fl,
+        hdgst: dg.header,
+        data_len,
+        ddgst: dg.data,
+        pda,
+    };
+    finish(out, s)
 }
 
 /// Encodes a termination request carrying `data` (the offending header,
@@ -583,7 +685,16 @@ pub fn encode_term_req(out: &mut [u8], ty: PduType, t: TermReq, data: &[u8]) -> 
     out[8..TERM_HLEN].fill(0);
     put16(out, 8, t.fes);
     put32(out, 10, t.fei);
-    let h = finish(out, ty, 0, false, data.len(), false);
+    // Termination data (the offending header) directly follows the header.
+    let s = Shape {
+        ty,
+        flags: 0,
+        hdgst: false,
+        data_len: data.len(),
+        ddgst: false,
+        pda: 0,
+    };
+    let h = finish(out, s);
     out[h..h + data.len()].copy_from_slice(data);
     h + data.len()
 }
@@ -696,6 +807,73 @@ mod tests {
             check_header(&ch, dg, false, &LIM),
             Err(Fatal::header(ch_off::PDU_TYPE))
         );
+    }
+
+    #[test]
+    fn padded_data_offsets() {
+        assert_eq!(
+            (pda_bytes(0), pda_bytes(3), pda_bytes(MAX_PDA)),
+            (4, 16, 128)
+        );
+        // HPDA 0: no padding for any header.
+        for ht in [24, 28, 72, 76] {
+            assert_eq!(data_pdo(ht, 0), ht);
+        }
+        assert_eq!(data_pdo(28, 3), 32);
+        assert_eq!(data_pdo(76, 17), 144);
+        for hd in [false, true] {
+            let dg = Digests {
+                header: hd,
+                data: true,
+            };
+            for pda in [0u8, 1, 2, 3, 7, 17, MAX_PDA] {
+                let mut b = [0xaau8; MAX_PADDED_HDR];
+                let h = DataHdr {
+                    cccid: 3,
+                    ttag: 0,
+                    offset: 0,
+                    length: 4096,
+                };
+                let n = encode_data_hdr_pda(&mut b, PduType::C2HData, &h, 0, dg, pda);
+                let total = DATA_HLEN + if hd { DIGEST_LEN } else { 0 };
+                assert_eq!(n % pda_bytes(pda), 0);
+                assert!(n >= total && n < total + pda_bytes(pda));
+                assert!(b[total..n].iter().all(|&x| x == 0), "padding not zero");
+                let ch = CommonHeader::decode(&b).unwrap();
+                let l = check_header(&ch, dg, true, &LIM).unwrap();
+                assert_eq!((l.pdo, l.pad(), l.data_len), (n, n - total, 4096));
+                assert_eq!(l.plen, n + 4096 + DIGEST_LEN);
+                if hd {
+                    assert!(header_digest_ok(&b, DATA_HLEN));
+                }
+                let n = encode_capsule_cmd_pda(&mut b, &Sqe::default(), dg, 512, pda);
+                assert_eq!(n, data_pdo(CAPSULE_CMD_HLEN + total - DATA_HLEN, pda));
+                let ch = CommonHeader::decode(&b).unwrap();
+                let l = check_header(&ch, dg, false, &LIM).unwrap();
+                assert_eq!((l.pdo, l.data_len), (n, 512));
+            }
+        }
+        // No data: no padding, PDO 0, whatever the alignment.
+        let mut b = [0u8; MAX_PADDED_HDR];
+        let n = encode_capsule_cmd_pda(&mut b, &Sqe::default(), Digests::default(), 0, 5);
+        assert_eq!((n, b[3]), (CAPSULE_CMD_HLEN, 0));
+        // Reserved alignments are refused in both directions.
+        let mut r = IcReq {
+            pfv: 0,
+            hpda: 32,
+            digests: Digests::default(),
+            maxr2t: 0,
+        };
+        assert_eq!(IcReq::decode(&r.encode()), Err(Fatal::header(10)));
+        r.hpda = MAX_PDA;
+        assert_eq!(IcReq::decode(&r.encode()), Ok(r));
+        let p = IcResp {
+            pfv: 0,
+            cpda: 32,
+            digests: Digests::default(),
+            maxh2cdata: 8192,
+        };
+        assert_eq!(IcResp::decode(&p.encode()), Err(Fatal::header(10)));
     }
 
     #[test]
