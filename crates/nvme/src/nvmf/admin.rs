@@ -119,6 +119,9 @@ fn identify(ctrl: &Ctrl, sqe: &Sqe, facts: TransportFacts) -> AdminOut {
             None => AdminOut::err(Status::INVALID_NAMESPACE),
         },
         0x01 => AdminOut::data(identify_ctrl(ctrl, facts)),
+        // FFFFFFFEh and FFFFFFFFh name no position in the list (NVMe 1.4
+        // 5.15.2.2): Invalid Namespace or Format.
+        0x02 if nsid >= 0xffff_fffe => AdminOut::err(Status::INVALID_NAMESPACE),
         0x02 => {
             let mut d = vec![0u8; 4096];
             let list: Vec<u32> = ctrl
@@ -244,23 +247,9 @@ fn get_log_page(ctrl: &Ctrl, sqe: &Sqe, disc: &dyn DiscoverySource) -> AdminOut 
             d
         }
         0x01 => vec![0; 64 * 128],
-        0x02 => smart_log(),
+        0x02 => smart_log(ctrl),
         0x03 => vec![0; 512],
-        0x04 => {
-            let mut a = ctrl.aer.lock().unwrap_or_else(|p| p.into_inner());
-            let mut d = vec![0u8; 4096];
-            if a.changed_ns.len() >= 1024 {
-                put32(&mut d, 0, 0xffff_ffff);
-            } else {
-                for (i, id) in a.changed_ns.iter().enumerate() {
-                    put32(&mut d, i * 4, *id);
-                }
-            }
-            if !rae {
-                a.changed_ns.clear();
-            }
-            d
-        }
+        0x04 => changed_ns_log(ctrl, offset, len, rae),
         _ => return AdminOut::err(Status::INVALID_LOG_PAGE),
     };
     if offset > page.len() as u64 || offset % 4 != 0 {
@@ -273,11 +262,48 @@ fn get_log_page(ctrl: &Ctrl, sqe: &Sqe, disc: &dyn DiscoverySource) -> AdminOut 
     AdminOut::data(out)
 }
 
-fn smart_log() -> Vec<u8> {
+/// Changed Namespace List (04h): up to 1024 NSIDs, or FFFFFFFFh first when
+/// more changed. The list is cleared once a read has returned all of it
+/// (from offset 0, long enough), whatever RAE says: NVMe lists the
+/// namespaces changed "since the last time the log page was read", as SPDK
+/// and Linux nvmet clear it; a host reading in pieces loses nothing. RAE =
+/// 0 also clears the reported event, unmasking the next notice (NVMe 5.2).
+fn changed_ns_log(ctrl: &Ctrl, offset: u64, len: usize, rae: bool) -> Vec<u8> {
+    let mut a = ctrl.aer.lock().unwrap_or_else(|p| p.into_inner());
+    let mut d = vec![0u8; 4096];
+    let entries = if a.changed_ns.len() >= 1024 {
+        put32(&mut d, 0, 0xffff_ffff);
+        1
+    } else {
+        for (i, id) in a.changed_ns.iter().enumerate() {
+            put32(&mut d, i * 4, *id);
+        }
+        a.changed_ns.len()
+    };
+    if offset == 0 && len >= entries * 4 {
+        a.changed_ns.clear();
+    }
+    if !rae {
+        a.ns_masked = false;
+    }
+    d
+}
+
+/// SMART / Health Information (02h), controller-wide: temperature and spare
+/// as a healthy device reports them, and the host I/O counters (NVMe 1.4
+/// Figure 194): data units in thousands of 512-byte units, rounded up, and
+/// Read (with Compare) and Write commands completed.
+fn smart_log(ctrl: &Ctrl) -> Vec<u8> {
     let mut d = vec![0u8; 512];
     put16(&mut d, 1, 273 + 25); // composite temperature, Kelvin
     d[3] = 100; // available spare
     d[4] = 10; // spare threshold
+    let io = ctrl.host_io();
+    // 128-bit little-endian fields; the upper halves stay zero.
+    put64(&mut d, 32, io.read_bytes.div_ceil(512_000));
+    put64(&mut d, 48, io.write_bytes.div_ceil(512_000));
+    put64(&mut d, 64, io.read_cmds);
+    put64(&mut d, 80, io.write_cmds);
     d
 }
 
@@ -308,7 +334,11 @@ fn discovery_log(disc: &dyn DiscoverySource, hostnqn: &str) -> Vec<u8> {
     d
 }
 
+const FID_ERROR_RECOVERY: u8 = 0x05;
 const FID_VWC: u8 = 0x06;
+const FID_WRITE_ATOMICITY: u8 = 0x0a;
+/// Error Recovery DULBE: deallocated blocks as errors, which no bdev does.
+const DULBE: u32 = 1 << 16;
 const FID_NUM_QUEUES: u8 = 0x07;
 const FID_ASYNC_EVENT: u8 = 0x0b;
 const FID_KATO: u8 = 0x0f;
@@ -325,6 +355,8 @@ fn set_features(ctrl: &Ctrl, sqe: &Sqe) -> AdminOut {
     let v = sqe.cdw(11);
     let mut f = ctrl.features.lock().unwrap_or_else(|p| p.into_inner());
     match fid {
+        // Only before any I/O queue exists (NVMe 1.4 5.21.1.7).
+        FID_NUM_QUEUES if ctrl.io_queues_left() => AdminOut::err(Status::COMMAND_SEQUENCE),
         FID_NUM_QUEUES => {
             let nsq = (v & 0xffff) as u16;
             let ncq = (v >> 16) as u16;
@@ -353,6 +385,15 @@ fn set_features(ctrl: &Ctrl, sqe: &Sqe) -> AdminOut {
             f.vwc = v & 1 != 0;
             AdminOut::ok()
         }
+        FID_ERROR_RECOVERY if v & DULBE != 0 => AdminOut::err(Status::INVALID_FIELD),
+        FID_ERROR_RECOVERY => {
+            f.tler = v as u16;
+            AdminOut::ok()
+        }
+        FID_WRITE_ATOMICITY => {
+            f.write_atomicity_dn = v & 1 != 0;
+            AdminOut::ok()
+        }
         FID_ARBITRATION | FID_POWER | FID_TEMP => AdminOut::ok(),
         _ => AdminOut::err(Status::INVALID_FIELD),
     }
@@ -369,6 +410,8 @@ fn get_features(ctrl: &Ctrl, sqe: &Sqe) -> AdminOut {
         FID_ASYNC_EVENT => f.aec,
         FID_KATO => ctrl.kato_ms.load(std::sync::atomic::Ordering::Relaxed),
         FID_VWC => f.vwc as u32,
+        FID_ERROR_RECOVERY => u32::from(f.tler),
+        FID_WRITE_ATOMICITY => f.write_atomicity_dn as u32,
         FID_ARBITRATION | FID_POWER => 0,
         FID_TEMP => 0x157,
         _ => return AdminOut::err(Status::INVALID_FIELD),

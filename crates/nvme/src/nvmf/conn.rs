@@ -38,7 +38,7 @@ use ustor_bdev::IoChannel;
 use ustor_runtime::{ops, spawn, IoBuf};
 
 use super::admin::{self, AdminOut};
-use super::ctrlr::{Ctrl, MAX_AERS, MAX_IO_QUEUE_DEPTH};
+use super::ctrlr::{Ctrl, HostIo, AEN_NS_CHANGED, MAX_AERS, MAX_IO_QUEUE_DEPTH};
 use super::io as nvm;
 use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
@@ -147,6 +147,9 @@ pub(crate) struct Conn {
     sqhd: Cell<u16>,
     sqflow_off: Cell<bool>,
     ctrl: RefCell<Option<Arc<Ctrl>>>,
+    /// What this queue's host commands moved (the controller's SMART log
+    /// reads it from the admin queue's reactor).
+    host_io: Arc<HostIo>,
     ns: RefCell<NsCache>,
     slots: RefCell<Vec<Slot>>,
     free: RefCell<Vec<u16>>,
@@ -220,6 +223,7 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
         sqhd: Cell::new(0),
         sqflow_off: Cell::new(false),
         ctrl: RefCell::new(None),
+        host_io: Arc::new(HostIo::default()),
         ns: RefCell::new(NsCache::default()),
         slots: RefCell::new(
             (0..SLOTS)
@@ -1084,6 +1088,7 @@ async fn execute(conn: &Rc<Conn>, i: u16, sqe: &Sqe, sgl: DataSgl, buf: Option<I
                 inc(&c.reads, 1);
                 inc(&c.bytes_read, u64::from(len));
             });
+            conn.host_io.read(u64::from(len));
             // SUCCESS in the C2HData instead of a CapsuleResp: only when the
             // host gave up SQ flow control (it then needs no SQHD) and the
             // transport allows it (SPDK's c2h_success).
@@ -1097,11 +1102,19 @@ async fn execute(conn: &Rc<Conn>, i: u16, sqe: &Sqe, sgl: DataSgl, buf: Option<I
             }
         }
         _ => {
-            if sqe.opcode() == crate::wire::io::WRITE && done.status.is_success() {
-                stats::with(|c| {
-                    inc(&c.writes, 1);
-                    inc(&c.bytes_written, u64::from(sgl.len()));
-                });
+            if done.status.is_success() {
+                match sqe.opcode() {
+                    crate::wire::io::WRITE => {
+                        stats::with(|c| {
+                            inc(&c.writes, 1);
+                            inc(&c.bytes_written, u64::from(sgl.len()));
+                        });
+                        conn.host_io.write(u64::from(sgl.len()));
+                    }
+                    // SMART counts the blocks a Compare read as reads.
+                    crate::wire::io::COMPARE => conn.host_io.read(u64::from(sgl.len())),
+                    _ => {}
+                }
             }
             Out::Resp(conn.cqe(cid, done.status))
         }
@@ -1165,6 +1178,8 @@ async fn aer(conn: &Rc<Conn>, ctrl: &Arc<Ctrl>, cid: u16) -> Out {
             return Poll::Ready(None);
         }
         if let Some(e) = a.events.pop_front() {
+            // Reported: masked until the host reads the log (RAE = 0).
+            a.ns_masked |= e == AEN_NS_CHANGED;
             return Poll::Ready(Some(e));
         }
         a.waiters.push(cx.waker().clone());
@@ -1229,7 +1244,12 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
         ));
         s.ctrls.insert(cntlid, Arc::downgrade(&ctrl));
         drop(s);
-        ctrl.add_queue(0, conn.raw(), ustor_runtime::reactor_id());
+        ctrl.add_queue(
+            0,
+            conn.raw(),
+            ustor_runtime::reactor_id(),
+            conn.host_io.clone(),
+        );
         *conn.ctrl.borrow_mut() = Some(ctrl.clone());
         conn.qid.set(Some(0));
         stats::with(|c| {
@@ -1262,7 +1282,8 @@ fn connect(conn: &Rc<Conn>, sqe: &Sqe, buf: Option<IoBuf>) -> Out {
     if cmd.sqsize == 0 || cmd.sqsize >= conn.opts.io_queue_depth() {
         return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 44);
     }
-    if !ctrl.add_queue(cmd.qid, conn.raw(), ustor_runtime::reactor_id()) {
+    let reactor = ustor_runtime::reactor_id();
+    if !ctrl.add_queue(cmd.qid, conn.raw(), reactor, conn.host_io.clone()) {
         return connect_err(conn, cid, Status::CONNECT_INVALID_PARAM, false, 42);
     }
     IO_QUEUES.with(|q| {
@@ -1424,6 +1445,13 @@ async fn sender(conn: Rc<Conn>) {
         }
         if group.is_empty() {
             if conn.closing.get() && conn.executing.get() == 0 && pending.is_none() {
+                // Everything is answered (a Disconnect's response
+                // included): end the connection here rather than when the
+                // host closes it, so the receiver's pending receive ends
+                // and the queue id is free at once. After EOF or a fatal
+                // error this is a no-op.
+                // SAFETY: shutdown(2) on our own socket, still open.
+                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
                 return;
             }
             continue;

@@ -56,13 +56,72 @@ pub(crate) struct Regs {
     pub teardown: bool,
 }
 
-/// One queue of the controller: its socket (shut down to end it) and the
-/// reactor that owns it (where an Abort for it runs).
-#[derive(Clone, Copy)]
+/// One queue of the controller: its socket (shut down to end it), the
+/// reactor that owns it (where an Abort for it runs) and what its host
+/// commands moved.
 struct QueueRef {
     qid: u16,
     fd: RawFd,
     reactor: usize,
+    io: Arc<HostIo>,
+}
+
+/// What one queue's host commands moved, for the SMART / Health log.
+/// Written only by the queue's own reactor with a load and a store (no
+/// read-modify-write, no lock on the I/O path); read from the admin
+/// queue's reactor.
+#[derive(Default)]
+pub(crate) struct HostIo {
+    read_cmds: AtomicU64,
+    write_cmds: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+}
+
+fn add_relaxed(a: &AtomicU64, n: u64) {
+    a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}
+
+impl HostIo {
+    /// A completed Read or Compare of `bytes` (SMART counts both as reads).
+    pub(crate) fn read(&self, bytes: u64) {
+        add_relaxed(&self.read_cmds, 1);
+        add_relaxed(&self.read_bytes, bytes);
+    }
+
+    /// A completed Write of `bytes` (Write Zeroes does not count).
+    pub(crate) fn write(&self, bytes: u64) {
+        add_relaxed(&self.write_cmds, 1);
+        add_relaxed(&self.write_bytes, bytes);
+    }
+
+    fn totals(&self) -> HostIoTotals {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        HostIoTotals {
+            read_cmds: l(&self.read_cmds),
+            write_cmds: l(&self.write_cmds),
+            read_bytes: l(&self.read_bytes),
+            write_bytes: l(&self.write_bytes),
+        }
+    }
+}
+
+/// Sums of [`HostIo`] over a controller's queues.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HostIoTotals {
+    pub read_cmds: u64,
+    pub write_cmds: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+impl HostIoTotals {
+    fn add(&mut self, o: HostIoTotals) {
+        self.read_cmds += o.read_cmds;
+        self.write_cmds += o.write_cmds;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+    }
 }
 
 pub(crate) struct Features {
@@ -70,6 +129,11 @@ pub(crate) struct Features {
     pub num_io_queues: u16,
     pub aec: u32,
     pub vwc: bool,
+    /// Error Recovery (05h) TLER, in 100 ms units (stored and reported;
+    /// the bdevs have no error recovery to bound).
+    pub tler: u16,
+    /// Write Atomicity Normal (0Ah) DN bit.
+    pub write_atomicity_dn: bool,
 }
 
 #[derive(Default)]
@@ -79,6 +143,9 @@ pub(crate) struct Aer {
     pub waiters: Vec<Waker>,
     /// Changed namespace list (log page 04h) since it was last read.
     pub changed_ns: Vec<u32>,
+    /// A namespace notice was reported and the host has not yet cleared
+    /// it (Get Log Page 04h with RAE = 0): further notices are masked.
+    pub ns_masked: bool,
 }
 
 pub struct Ctrl {
@@ -92,6 +159,8 @@ pub struct Ctrl {
     pub(crate) features: Mutex<Features>,
     pub(crate) aer: Mutex<Aer>,
     queues: Mutex<Vec<QueueRef>>,
+    /// What the queues that are gone moved (taken after `queues`).
+    io_closed: Mutex<HostIoTotals>,
     pub(crate) failed: AtomicBool,
     /// Most I/O queues the transport allows per controller.
     pub max_io_queues: u16,
@@ -128,9 +197,12 @@ impl Ctrl {
                 num_io_queues: max_io_queues,
                 aec: 0,
                 vwc,
+                tler: 0,
+                write_atomicity_dn: false,
             }),
             aer: Mutex::new(Aer::default()),
             queues: Mutex::new(Vec::new()),
+            io_closed: Mutex::new(HostIoTotals::default()),
             failed: AtomicBool::new(false),
             max_io_queues,
             listener,
@@ -162,17 +234,39 @@ impl Ctrl {
         r.csts & CSTS_RDY != 0 && !r.teardown && (r.cc >> 14) & 3 == 0
     }
 
-    pub(crate) fn add_queue(&self, qid: u16, fd: RawFd, reactor: usize) -> bool {
+    pub(crate) fn add_queue(&self, qid: u16, fd: RawFd, reactor: usize, io: Arc<HostIo>) -> bool {
         let mut q = lock(&self.queues);
         if q.iter().any(|e| e.qid == qid) || self.failed.load(Ordering::Acquire) {
             return false;
         }
-        q.push(QueueRef { qid, fd, reactor });
+        q.push(QueueRef {
+            qid,
+            fd,
+            reactor,
+            io,
+        });
         true
     }
 
+    /// Unregisters queue `qid` (its I/O is over): what it moved stays in
+    /// the controller's totals.
     pub(crate) fn remove_queue(&self, qid: u16) {
-        lock(&self.queues).retain(|e| e.qid != qid);
+        let mut q = lock(&self.queues);
+        let Some(i) = q.iter().position(|e| e.qid == qid) else {
+            return;
+        };
+        let gone = q.swap_remove(i);
+        lock(&self.io_closed).add(gone.io.totals());
+    }
+
+    /// What the host's commands moved on every queue, live or gone.
+    pub(crate) fn host_io(&self) -> HostIoTotals {
+        let q = lock(&self.queues);
+        let mut t = *lock(&self.io_closed);
+        for e in q.iter() {
+            t.add(e.io.totals());
+        }
+        t
     }
 
     /// The reactor that owns queue `qid`, if it is connected.
@@ -193,7 +287,8 @@ impl Ctrl {
         }
     }
 
-    fn io_queues_left(&self) -> bool {
+    /// Whether any I/O queue is connected.
+    pub(crate) fn io_queues_left(&self) -> bool {
         lock(&self.queues).iter().any(|e| e.qid != 0)
     }
 
@@ -278,8 +373,9 @@ impl Ctrl {
         if !a.changed_ns.contains(&nsid) && a.changed_ns.len() < 1024 {
             a.changed_ns.push(nsid);
         }
-        // One outstanding notice of a type until the host reads the log.
-        if enabled && !a.events.contains(&AEN_NS_CHANGED) {
+        // One outstanding notice of a type, and none once reported until
+        // the host clears it by reading the log with RAE = 0 (NVMe 5.2).
+        if enabled && !a.ns_masked && !a.events.contains(&AEN_NS_CHANGED) {
             a.events.push_back(AEN_NS_CHANGED);
         }
         let waiters: Vec<Waker> = a.waiters.drain(..).collect();
