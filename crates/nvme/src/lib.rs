@@ -18,3 +18,11 @@ pub mod wire;
 
 #[doc(hidden)]
 pub mod fuzzing;
+
+/// Adds `n` to a counter that only one reactor writes and others read: a
+/// relaxed load and store, no read-modify-write (no locked instruction on
+/// the I/O path).
+pub(crate) fn bump_relaxed(a: &std::sync::atomic::AtomicU64, n: u64) {
+    use std::sync::atomic::Ordering;
+    a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+}

@@ -207,24 +207,7 @@ impl Raw {
     }
 
     fn connect(&mut self, qid: u16, cntlid: u16, sqsize: u16, cattr: u8) -> Cqe {
-        let mut sqe = Sqe::default();
-        ConnectCmd {
-            recfmt: 0,
-            qid,
-            sqsize,
-            cattr,
-            kato_ms: if qid == 0 { 10_000 } else { 0 },
-        }
-        .encode(&mut sqe);
-        sqe.set_sgl(SglDesc::in_capsule(CONNECT_DATA_LEN as u32));
-        let mut d = [0u8; CONNECT_DATA_LEN];
-        ConnectData {
-            hostid: [7; 16],
-            cntlid,
-            subnqn: NQN.into(),
-            hostnqn: HOSTNQN.into(),
-        }
-        .encode(&mut d);
+        let (mut sqe, d) = connect_capsule(qid, cntlid, sqsize, cattr, NQN, HOSTNQN);
         self.cmd(&mut sqe, &d).1
     }
 

@@ -73,9 +73,7 @@ pub struct QpCounters {
     lowers: AtomicU64,
 }
 
-fn bump(a: &AtomicU64, n: u64) {
-    a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-}
+use crate::bump_relaxed as bump;
 
 /// A snapshot of one I/O queue's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -78,21 +78,17 @@ pub(crate) struct HostIo {
     write_bytes: AtomicU64,
 }
 
-fn add_relaxed(a: &AtomicU64, n: u64) {
-    a.store(a.load(Ordering::Relaxed) + n, Ordering::Relaxed);
-}
-
 impl HostIo {
     /// A completed Read or Compare of `bytes` (SMART counts both as reads).
     pub(crate) fn read(&self, bytes: u64) {
-        add_relaxed(&self.read_cmds, 1);
-        add_relaxed(&self.read_bytes, bytes);
+        crate::bump_relaxed(&self.read_cmds, 1);
+        crate::bump_relaxed(&self.read_bytes, bytes);
     }
 
     /// A completed Write of `bytes` (Write Zeroes does not count).
     pub(crate) fn write(&self, bytes: u64) {
-        add_relaxed(&self.write_cmds, 1);
-        add_relaxed(&self.write_bytes, bytes);
+        crate::bump_relaxed(&self.write_cmds, 1);
+        crate::bump_relaxed(&self.write_bytes, bytes);
     }
 
     fn totals(&self) -> HostIoTotals {

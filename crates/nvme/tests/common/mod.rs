@@ -238,24 +238,7 @@ impl Client {
     }
 
     pub fn fabrics_connect(&mut self, qid: u16, cntlid: u16, subnqn: &str, hostnqn: &str) -> Cqe {
-        let mut sqe = Sqe::default();
-        ConnectCmd {
-            recfmt: 0,
-            qid,
-            sqsize: 31,
-            cattr: 0,
-            kato_ms: if qid == 0 { 10_000 } else { 0 },
-        }
-        .encode(&mut sqe);
-        sqe.set_sgl(SglDesc::in_capsule(1024));
-        let mut d = [0u8; 1024];
-        ConnectData {
-            hostid: [7; 16],
-            cntlid,
-            subnqn: subnqn.into(),
-            hostnqn: hostnqn.into(),
-        }
-        .encode(&mut d);
+        let (mut sqe, d) = connect_capsule(qid, cntlid, 31, 0, subnqn, hostnqn);
         self.cmd(&mut sqe, &d).1
     }
 
@@ -365,4 +348,35 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// A Fabrics Connect command and its data (KATO 10 s on the admin queue,
+/// host ID 7s), for any raw client.
+pub fn connect_capsule(
+    qid: u16,
+    cntlid: u16,
+    sqsize: u16,
+    cattr: u8,
+    subnqn: &str,
+    hostnqn: &str,
+) -> (Sqe, [u8; CONNECT_DATA_LEN]) {
+    let mut sqe = Sqe::default();
+    ConnectCmd {
+        recfmt: 0,
+        qid,
+        sqsize,
+        cattr,
+        kato_ms: if qid == 0 { 10_000 } else { 0 },
+    }
+    .encode(&mut sqe);
+    sqe.set_sgl(SglDesc::in_capsule(CONNECT_DATA_LEN as u32));
+    let mut d = [0u8; CONNECT_DATA_LEN];
+    ConnectData {
+        hostid: [7; 16],
+        cntlid,
+        subnqn: subnqn.into(),
+        hostnqn: hostnqn.into(),
+    }
+    .encode(&mut d);
+    (sqe, d)
 }
