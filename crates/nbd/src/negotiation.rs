@@ -15,8 +15,10 @@
 //!
 //! so every decision is made here and tested without sockets or bdevs
 //! ("select apart from apply"). Limits bound the work a client can cause:
-//! option payload size (larger ones are discarded and answered
-//! `NBD_REP_ERR_TOO_BIG`, past a hard cap the connection is closed) and the
+//! option payload size (larger ones are discarded, then answered as their
+//! kind is: `NBD_REP_ERR_UNSUP` when unknown, `NBD_REP_ERR_INVALID` when the
+//! option takes no data, `NBD_REP_ACK` and close for `ABORT`, else
+//! `NBD_REP_ERR_TOO_BIG`; past a hard cap the connection is closed) and the
 //! number of options per connection.
 
 use crate::export::{ExportCatalog, ExportInfo};
@@ -177,11 +179,7 @@ impl Negotiation {
             (State::OptionPayload { option }, Event::Bytes(b)) => {
                 self.on_option(catalog, option, b, out)
             }
-            (State::Discarding { option }, Event::Discarded) => {
-                // An oversized EXPORT_NAME never gets here: it closes at once.
-                self.reply_error(option, rep::ERR_TOO_BIG, "option payload too large", out);
-                self.next_option()
-            }
+            (State::Discarding { option }, Event::Discarded) => self.on_discarded(option, out),
             _ => Step::Close(HandshakeEnd::UnexpectedEvent),
         };
         if matches!(step, Step::Transmission(_) | Step::Close(_)) && self.state != State::Finished {
@@ -289,6 +287,37 @@ impl Negotiation {
             opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
                 self.on_meta_context(catalog, option, payload, out)
             }
+            _ => self.reply_error(option, rep::ERR_UNSUP, "option not supported", out),
+        }
+        self.next_option()
+    }
+
+    /// Answers an option whose payload was too large to parse and has been
+    /// skipped: what the option would get with any payload where its kind
+    /// decides that, `NBD_REP_ERR_TOO_BIG` where only the size does.
+    fn on_discarded<H>(&mut self, option: u32, out: &mut Vec<u8>) -> Step<H> {
+        // An oversized EXPORT_NAME never gets here: it closes at once.
+        match option {
+            // The server "SHOULD ignore any data sent by the client" with
+            // ABORT and "MUST reply with NBD_REP_ACK".
+            opt::ABORT => {
+                wire::put_option_reply(out, option, rep::ACK, &[]);
+                return Step::Close(HandshakeEnd::Abort);
+            }
+            // These take no data: invalid with any.
+            opt::LIST | opt::STARTTLS | opt::STRUCTURED_REPLY => {
+                self.reply_error(option, rep::ERR_INVALID, "option takes no data", out)
+            }
+            opt::INFO | opt::GO | opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                if option == opt::SET_META_CONTEXT {
+                    // SET replaces the selection "including when this
+                    // command fails".
+                    self.meta = None;
+                }
+                self.reply_error(option, rep::ERR_TOO_BIG, "option payload too large", out)
+            }
+            // Unknown options are unsupported whatever their length (as in
+            // qemu-nbd and nbdkit, which skip the data and say so).
             _ => self.reply_error(option, rep::ERR_UNSUP, "option not supported", out),
         }
         self.next_option()

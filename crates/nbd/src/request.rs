@@ -173,6 +173,12 @@ fn allowed_flags(kind: u16, params: &TransmissionParams) -> u16 {
 }
 
 fn command(h: &RequestHeader, params: &TransmissionParams) -> Result<Command, NbdErrno> {
+    // "There is no reply to an NBD_CMD_DISC": it ends the connection whatever
+    // its flags, offset and length (as in qemu-nbd and nbdkit); refusing it
+    // would answer it and leave the client waiting for a close.
+    if h.kind == cmd::DISC {
+        return Ok(Command::Disconnect);
+    }
     if h.kind > cmd::BLOCK_STATUS {
         return Err(NbdErrno::Inval);
     }
@@ -183,7 +189,6 @@ fn command(h: &RequestHeader, params: &TransmissionParams) -> Result<Command, Nb
     let (offset, length) = (h.offset, h.length);
     let read_only = params.has(tf::READ_ONLY);
     match h.kind {
-        cmd::DISC => Ok(Command::Disconnect),
         // Offset and length of FLUSH are reserved; being lenient costs nothing.
         cmd::FLUSH if params.has(tf::SEND_FLUSH) => Ok(Command::Flush),
         cmd::FLUSH => Err(NbdErrno::Inval),

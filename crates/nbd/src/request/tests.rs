@@ -110,6 +110,12 @@ fn valid_commands() {
         }
     );
     assert_eq!(ok(req(cmd::DISC, 0, 0, 0)), Command::Disconnect);
+    // DISC is never answered, so never refused: flags it does not take and
+    // nonzero offset and length still disconnect.
+    assert_eq!(
+        ok(req(cmd::DISC, cmd_flags::REQ_ONE | 0x8000, 1, 3)),
+        Command::Disconnect
+    );
     // FUA is accepted on any command once advertised.
     assert!(matches!(
         ok(req(cmd::READ, cmd_flags::FUA, 0, 512)),

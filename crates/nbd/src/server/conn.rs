@@ -689,23 +689,11 @@ async fn block_status<C: Channel>(
         flags: 0,
     }; MAX_EXTENTS];
     let max = if req_one { 1 } else { MAX_EXTENTS };
-    let n = conn
+    let reported = conn
         .channel
         .block_status(offset, length, &mut extents[..max])
         .clamp(1, max);
-    let extents = &mut extents[..n];
-    if req_one {
-        extents[0].length = extents[0].length.min(length);
-    }
-    if extents.iter().any(|e| e.length == 0) {
-        // A device bug; answer the always-correct "allocated, unknown".
-        extents[0] = BlockDescriptor { length, flags: 0 };
-    }
-    let n = if extents.iter().any(|e| e.length == 0) {
-        1
-    } else {
-        extents.len()
-    };
+    let n = allowed_extents(&mut extents[..reported], length, req_one);
     let len = wire::CHUNK_HEADER_LEN + 4 + n * wire::BLOCK_DESCRIPTOR_LEN;
     let mut buf = IoBuf::alloc(len).await;
     buf.set_len(len);
@@ -721,6 +709,34 @@ async fn block_status<C: Channel>(
         data: Some(buf),
         charge: 0,
     }
+}
+
+/// Trims the extents a device reported for a BLOCK_STATUS of `length`
+/// bytes to what the protocol allows in the reply, and returns how many to
+/// send (at least one): every length nonzero (a zero-length extent ends the
+/// list; if it is the first, the always-correct "allocated, contents
+/// unknown" for the whole request is sent instead), the first N-1 summing to
+/// less than `length` (the device may know more than was asked), and with
+/// REQ_ONE a single extent no longer than `length`.
+fn allowed_extents(extents: &mut [BlockDescriptor], length: u32, req_one: bool) -> usize {
+    let mut n = 0;
+    let mut covered = 0u64;
+    for e in extents.iter() {
+        if e.length == 0 || covered >= u64::from(length) {
+            break;
+        }
+        covered += u64::from(e.length);
+        n += 1;
+    }
+    if n == 0 {
+        extents[0] = BlockDescriptor { length, flags: 0 };
+        n = 1;
+    }
+    if req_one {
+        extents[0].length = extents[0].length.min(length);
+        n = 1;
+    }
+    n
 }
 
 /// Sends queued replies, many per `sendmsg` when they pile up.
@@ -788,6 +804,27 @@ async fn send_batch(fd: RawFd, batch: &mut SendBatch) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extents_are_trimmed_to_the_request() {
+        let e = |length, flags| BlockDescriptor { length, flags };
+        let mut v = [e(512, 1), e(512, 0), e(512, 1)];
+        assert_eq!(allowed_extents(&mut v, 1024, false), 2);
+        let mut v = [e(512, 1), e(512, 0), e(512, 1)];
+        assert_eq!(allowed_extents(&mut v, 1025, false), 3);
+        let mut v = [e(4096, 3)];
+        assert_eq!(allowed_extents(&mut v, 512, false), 1);
+        assert_eq!(v[0], e(4096, 3), "the last extent may run past");
+        let mut v = [e(0, 3), e(512, 3)];
+        assert_eq!(allowed_extents(&mut v, 2048, false), 1);
+        assert_eq!(v[0], e(2048, 0));
+        let mut v = [e(512, 3), e(0, 0)];
+        assert_eq!(allowed_extents(&mut v, 2048, false), 1);
+        assert_eq!(v[0], e(512, 3));
+        let mut v = [e(4096, 3)];
+        assert_eq!(allowed_extents(&mut v, 1024, true), 1);
+        assert_eq!(v[0], e(1024, 3));
+    }
 
     #[test]
     fn payload_accounting() {

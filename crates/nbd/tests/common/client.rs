@@ -50,6 +50,19 @@ pub struct Reply {
 
 impl Client {
     pub fn connect(port: u16, export: &str, structured: bool) -> Client {
+        Self::connect_with(port, export, structured, None).0
+    }
+
+    /// Like [`Client::connect`], and when `meta` is given, sends
+    /// `NBD_OPT_SET_META_CONTEXT` with those queries (after structured
+    /// replies) before `NBD_OPT_GO`; returns the contexts the server
+    /// selected as (id, name).
+    pub fn connect_with(
+        port: u16,
+        export: &str,
+        structured: bool,
+        meta: Option<&[&str]>,
+    ) -> (Client, Vec<(u32, String)>) {
         let mut sock = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         sock.set_nodelay(true).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(10)))
@@ -69,6 +82,23 @@ impl Client {
         if structured {
             c.option(opt::STRUCTURED_REPLY, &[]);
             assert_eq!(c.option_reply().0, rep::ACK);
+        }
+        let mut contexts = Vec::new();
+        if let Some(queries) = meta {
+            let mut p = Vec::new();
+            MetaContextRequest::encode(export, queries, &mut p);
+            c.option(opt::SET_META_CONTEXT, &p);
+            loop {
+                let (t, payload) = c.option_reply();
+                match t {
+                    rep::ACK => break,
+                    rep::META_CONTEXT => {
+                        let m = MetaContextReply::decode(&payload).expect("meta context reply");
+                        contexts.push((m.id, m.name.to_string()));
+                    }
+                    other => panic!("NBD_OPT_SET_META_CONTEXT answered {other:#x}"),
+                }
+            }
         }
         let mut p = Vec::new();
         InfoRequest::encode(export, &[], &mut p);
@@ -91,7 +121,7 @@ impl Client {
             0,
             "no NBD_INFO_EXPORT"
         );
-        c
+        (c, contexts)
     }
 
     pub fn has(&self, flag: u16) -> bool {
@@ -238,6 +268,28 @@ impl Client {
         assert_eq!(r.error, 0, "read {offset}+{length} failed");
         assert_eq!(r.data.len(), length as usize);
         r.data
+    }
+
+    /// True when the server closes the connection (EOF or reset) within a
+    /// second without sending anything more; false if it sends a byte or
+    /// keeps the connection open.
+    pub fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        self.sock
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        let r = self.sock.read(&mut b);
+        self.sock
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        match r {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
     }
 
     /// Sends NBD_CMD_DISC and waits for the server to close.
