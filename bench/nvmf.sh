@@ -102,7 +102,8 @@ import re, statistics as st, sys
 path = sys.argv[1]
 rows = []
 for line in open(path):
-    if not line.startswith("rep=") or "FAILED" in line:
+    # A run that failed (its error text instead of results) is left out.
+    if not line.startswith("rep=") or "FAILED" in line or "iops=" not in line:
         continue
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
     rows.append(kv)
