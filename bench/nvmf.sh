@@ -47,7 +47,7 @@ poll=${POLL:-adaptive}
 lowpoll=${LOWRATE_POLL:-adaptive interrupt}
 pqds=${PROCS_QDS-1 32 128}
 cd "$(dirname "$0")/.."
-[ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load -p ustor
+[ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-nvme --example nvmf_initiator_load -p ustor --bin ustor
 bin=target/release/examples/nvmf_initiator_load
 stamp=$(date +%Y%m%d-%H%M%S)
 out=bench/results/nvmf-init-$stamp.txt
