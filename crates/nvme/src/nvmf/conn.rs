@@ -1046,6 +1046,13 @@ async fn execute(conn: &Rc<Conn>, i: u16, sqe: &Sqe, sgl: DataSgl, buf: Option<I
             _ => {}
         }
     }
+    // Identify Controller reports FUSES = 0: no fused operation is
+    // supported, so a command marked as part of one (FUSE != 00b) is not
+    // run on its own (NVMe 1.4 4.2: a fused operation is atomic); it gets
+    // Invalid Field in Command, as Linux nvmet answers.
+    if sqe.fuse() != 0 {
+        return Out::Resp(conn.cqe(cid, Status::INVALID_FIELD));
+    }
     let Some(qid) = conn.qid.get() else {
         return Out::Resp(conn.cqe(cid, Status::COMMAND_SEQUENCE));
     };

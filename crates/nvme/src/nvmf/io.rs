@@ -2,7 +2,7 @@
 //! Dataset Management (deallocate), Compare, mapped onto the namespace's
 //! bdev channel on this reactor. Bdev errors become NVMe statuses.
 
-use ustor_bdev::{BdevError, IoChannel};
+use ustor_bdev::{BdevError, IoChannel, IoType};
 use ustor_runtime::IoBuf;
 
 use crate::wire::{io, DataSgl, Sqe, Status};
@@ -65,8 +65,11 @@ pub(crate) async fn execute(
                 Err(s) => return IoDone::status(s),
             };
             let len = nlb * bs;
+            // SGLS bit 18 is clear: the SGL describes exactly NLB blocks,
+            // no more (a longer one is Data SGL Length Invalid, as for
+            // Write and as Linux nvmet answers).
             if len > u64::from(mdts_bytes)
-                || !matches!(sgl, DataSgl::Transport { len: l } if u64::from(l) >= len)
+                || !matches!(sgl, DataSgl::Transport { len: l } if u64::from(l) == len)
             {
                 return IoDone::status(Status::DATA_SGL_LENGTH_INVALID);
             }
@@ -92,6 +95,10 @@ pub(crate) async fn execute(
             };
             if sqe.opcode() == io::WRITE {
                 let (r, _buf) = ch.write(slba, nlb, buf).await;
+                let r = match r {
+                    Ok(()) => fua(sqe, ch, slba, nlb).await,
+                    Err(e) => Err(e),
+                };
                 return IoDone::status(r.map_or_else(|e| status_of(e, true), |_| Status::SUCCESS));
             }
             let mut disk = IoBuf::alloc(len).await;
@@ -112,13 +119,30 @@ pub(crate) async fn execute(
                 Ok(r) => r,
                 Err(s) => return IoDone::status(s),
             };
-            let r = ch.write_zeroes(slba, nlb).await;
+            let r = match ch.write_zeroes(slba, nlb).await {
+                Ok(()) => fua(sqe, ch, slba, nlb).await,
+                Err(e) => Err(e),
+            };
             IoDone::status(r.map_or_else(|e| status_of(e, true), |_| Status::SUCCESS))
         }
         io::DSM => dsm(sqe, ch, data).await,
         _ => IoDone::status(Status::INVALID_OPCODE),
     }
 }
+
+/// Force Unit Access (CDW12 bit 30 of Write and Write Zeroes): the data
+/// must be on non-volatile media before the command completes (NVM Command
+/// Set 3.2.6, 3.2.8). The bdev layer has no FUA flag, so a written range is
+/// flushed when the host asked for it; without FUA nothing more happens.
+async fn fua(sqe: &Sqe, ch: &IoChannel, slba: u64, nlb: u64) -> Result<(), BdevError> {
+    if sqe.cdw(12) & FUA == 0 || !ch.supports(IoType::Flush) {
+        return Ok(());
+    }
+    ch.flush(slba, nlb).await
+}
+
+/// CDW12 bit 30 of Read, Write, Compare and Write Zeroes.
+const FUA: u32 = 1 << 30;
 
 /// Dataset Management: only the deallocate attribute does anything; ranges
 /// are checked before any is unmapped, so a bad range changes nothing.
@@ -140,7 +164,7 @@ async fn dsm(sqe: &Sqe, ch: &IoChannel, data: Option<IoBuf>) -> IoDone {
             return IoDone::status(Status::LBA_OUT_OF_RANGE);
         }
     }
-    if !deallocate || !ch.supports(ustor_bdev::IoType::Unmap) {
+    if !deallocate || !ch.supports(IoType::Unmap) {
         return IoDone::status(Status::SUCCESS);
     }
     for i in 0..nr {
