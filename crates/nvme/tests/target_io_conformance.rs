@@ -241,15 +241,19 @@ struct Trace {
 
 /// A bdev over a malloc bdev that claims a volatile write cache and records
 /// every operation: FUA is only observable as a flush after the write.
+/// With `drop_unmap` it also stands for a device whose deallocation does
+/// not zero (an unmap completes and the old data stays).
 struct CacheBdev {
     info: BdevInfo,
     inner: Arc<dyn Bdev>,
     trace: Arc<Trace>,
+    drop_unmap: bool,
 }
 
 struct CacheChannel {
     inner: Box<dyn BdevChannel>,
     trace: Arc<Trace>,
+    drop_unmap: bool,
 }
 
 impl BdevChannel for CacheChannel {
@@ -263,6 +267,9 @@ impl BdevChannel for CacheChannel {
             .lock()
             .unwrap()
             .push((d.kind, d.offset_blocks, d.num_blocks));
+        if d.kind == IoType::Unmap && self.drop_unmap {
+            return io.complete(Ok(()));
+        }
         self.inner.submit(io);
     }
 }
@@ -278,6 +285,7 @@ impl Bdev for CacheBdev {
         Ok(Box::new(CacheChannel {
             inner: self.inner.create_channel()?,
             trace: self.trace.clone(),
+            drop_unmap: self.drop_unmap,
         }))
     }
     fn config_json(&self) -> Value {
@@ -286,7 +294,7 @@ impl Bdev for CacheBdev {
 }
 
 /// Namespace 2: a write-cached bdev over a fresh malloc bdev.
-fn cached_ns(e: &Env) -> Arc<Trace> {
+fn cached_ns(e: &Env, drop_unmap: bool) -> Arc<Trace> {
     ustor_bdev::modules::malloc::create(
         &e.registry,
         ustor_bdev::modules::RamOpts {
@@ -311,6 +319,7 @@ fn cached_ns(e: &Env) -> Arc<Trace> {
             info,
             inner,
             trace: trace.clone(),
+            drop_unmap,
         }))
         .unwrap();
     e.target
@@ -339,7 +348,7 @@ fn cached_ns(e: &Env) -> Arc<Trace> {
 #[test]
 fn fua_writes_are_flushed_before_completion() {
     let e = env();
-    let trace = cached_ns(&e);
+    let trace = cached_ns(&e, false);
     let (mut a, mut q) = io_pair(&e);
     assert_eq!(id_vwc(&mut a) & 1, 1, "VWC present");
     let flushes = || trace.flushes.load(Ordering::SeqCst);
@@ -402,4 +411,43 @@ fn fua_writes_are_flushed_before_completion() {
     assert!(c.status().is_success());
     assert_eq!(d, big);
     assert_eq!(flushes(), 3);
+}
+
+// ---------------------------------------------------------------------
+// DLFEAT
+// ---------------------------------------------------------------------
+
+/// NVM Command Set 1.0 4.1.5.1 (Identify Namespace), DLFEAT bits 2:0:
+/// "001b: A deallocated logical block returns all bytes cleared to 0h";
+/// 000b: "The read behavior is not reported". The malloc bdev zeroes what
+/// is deallocated, so its namespace may claim 001b (and does); a bdev that
+/// promises nothing (here one whose unmap keeps the data, as a remote
+/// device may) must report 000b, or a host that trusts DLFEAT (Linux: DEAC
+/// in Write Zeroes, discard used as zeroing) reads stale data where it
+/// expects zeroes. Bit 3 (Write Zeroes supports DEAC) stays: Write Zeroes
+/// always writes zeroes. Before the fix every namespace said 1001b.
+#[test]
+fn dlfeat_claims_zeroed_deallocation_only_where_it_holds() {
+    let e = env();
+    cached_ns(&e, true);
+    let (mut a, mut q) = io_pair(&e);
+    assert_eq!(identify(&mut a, 0, 1)[33], 0b1001, "malloc");
+    assert_eq!(identify(&mut a, 0, 2)[33], 0b1000, "unknown deallocation");
+
+    let data = pattern(4096, 7);
+    let mut w = Client::rw_sqe(io::WRITE, 40, 8, true);
+    w.set_nsid(2);
+    assert!(q.cmd(&mut w, &data).1.status().is_success());
+    let mut range = [0u8; 16];
+    range[4..8].copy_from_slice(&8u32.to_le_bytes());
+    range[8..16].copy_from_slice(&40u64.to_le_bytes());
+    let mut dsm = Sqe::default();
+    dsm.set_opcode(io::DSM)
+        .set_nsid(2)
+        .set_cdw(11, 1 << 2)
+        .set_sgl(SglDesc::in_capsule(16));
+    assert!(q.cmd(&mut dsm, &range).1.status().is_success());
+    let mut r = Client::rw_sqe(io::READ, 40, 8, false);
+    r.set_nsid(2);
+    assert_eq!(q.cmd(&mut r, &[]).0, data, "this bdev kept the data");
 }
