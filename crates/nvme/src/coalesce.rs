@@ -200,8 +200,11 @@ impl Coalescer {
 
     /// What to do with a group of `pdus` PDUs (`bytes` long) while
     /// `others_in_flight` other commands of the queue are outstanding (and
-    /// may add to it); `urgent` when the group holds a PDU the peer waits
-    /// on to make progress (R2T, TermReq).
+    /// may add to it); `urgent` when the group holds a PDU that must not
+    /// wait whatever else is in flight (a termination request; the
+    /// initiator's H2CData). The target's R2Ts are not urgent: its sender
+    /// counts the writes awaiting data as in flight, so an R2T waits only
+    /// while other commands can join its group.
     pub fn decide(&self, pdus: u32, bytes: usize, others_in_flight: u32, urgent: bool) -> Decision {
         debug_assert!(pdus > 0);
         if self.cfg.mode == Mode::Off {

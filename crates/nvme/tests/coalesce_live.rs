@@ -208,3 +208,98 @@ fn adaptive_raises_degree_to_its_bound_under_bursts() {
     assert_eq!(io.timer_us, 400, "timer must stop at max_timer_us: {io:?}");
     assert_eq!(io.lowers, 0, "{io:?}");
 }
+
+/// R2Ts coalesce like responses. A write whose data is not in its capsule
+/// waits for an R2T; while other writes of the queue still await their
+/// data, a new R2T is held for the group (degree or timer) instead of
+/// leaving in a `sendmsg` of its own, so a busy queue's R2Ts (and then the
+/// host's H2CData) travel together. A lone R2T write (QD1) never waits for
+/// the timer. Every write's data reads back.
+#[test]
+fn r2ts_coalesce_while_writes_await_data() {
+    const N: usize = 8;
+    let cfg = CoalesceConfig {
+        mode: Mode::Fixed,
+        degree: N as u32,
+        // Long enough that any wait for it shows in the elapsed time.
+        timer_us: 300_000,
+        ..Default::default()
+    };
+    let e = env_with(32768, cfg);
+    let (_a, cntlid) = Client::admin(e.port, Digests::default());
+    let mut q = Client::io_queue(e.port, Digests::default(), cntlid, 1);
+
+    // QD1: each R2T leaves at once.
+    let before = totals(&e.target.nvmf_get_stats().unwrap());
+    let t0 = std::time::Instant::now();
+    for i in 0..10u64 {
+        let c = q.write_r2t(i * 8, &pattern(4096, 100 + i));
+        assert!(c.status().is_success(), "{}", c.status());
+    }
+    let after = totals(&e.target.nvmf_get_stats().unwrap());
+    assert_eq!(after.1, before.1, "a lone R2T waited for the timer");
+    assert!(t0.elapsed() < std::time::Duration::from_millis(1500));
+
+    // (cid, ttag, slba) of every write still awaiting its data.
+    let mut writes: Vec<(u16, u16, u64)> = Vec::new();
+    let send_capsule = |q: &mut Client, slba: u64| {
+        let mut w = Client::rw_sqe(io::WRITE, slba, 8, false);
+        let cid = q.next_cid();
+        w.set_cid(cid).set_sgl_psdt();
+        q.send_cmd(&w, &[]);
+        cid
+    };
+    let recv_r2t = |q: &mut Client| {
+        let p = q.recv().unwrap();
+        assert_eq!(p.ty, PduType::R2T as u8, "{p:?}");
+        let r = DataHdr::decode(&p.hdr).unwrap();
+        assert_eq!((r.offset, r.length), (0, 4096));
+        (r.cccid, r.ttag)
+    };
+    // N writes get their R2Ts; their data is held back, so they stay in
+    // flight.
+    for i in 0..N as u64 {
+        let slba = 1000 + 8 * i;
+        let cid = send_capsule(&mut q, slba);
+        let (c, ttag) = recv_r2t(&mut q);
+        assert_eq!(c, cid);
+        writes.push((cid, ttag, slba));
+    }
+    // N more, one at a time: each finds the first N awaiting data, so the
+    // target holds their R2Ts until the group has N of them.
+    let mid = totals(&e.target.nvmf_get_stats().unwrap());
+    let mut second = Vec::new();
+    for i in 0..N as u64 {
+        let slba = 2000 + 8 * i;
+        second.push((send_capsule(&mut q, slba), slba));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    for (cid, slba) in second {
+        let (c, ttag) = recv_r2t(&mut q);
+        assert_eq!(c, cid, "R2Ts in command order");
+        writes.push((cid, ttag, slba));
+    }
+    let end = totals(&e.target.nvmf_get_stats().unwrap());
+    assert_eq!(end.0 - mid.0, 1, "{N} R2Ts in {} sendmsg", end.0 - mid.0);
+    assert_eq!(end.2 - mid.2, 1, "one full group");
+    assert_eq!(end.1, mid.1, "the degree, not the timer, sent them");
+
+    // The data of all 2N writes, then every one completes and reads back.
+    for &(cid, ttag, slba) in &writes {
+        q.send_h2c(cid, ttag, 0, &pattern(4096, slba), true);
+    }
+    let mut done: Vec<u16> = (0..2 * N)
+        .map(|_| {
+            let c = q.recv().unwrap().cqe();
+            assert!(c.status().is_success(), "{}", c.status());
+            c.cid
+        })
+        .collect();
+    done.sort_unstable();
+    let mut want: Vec<u16> = writes.iter().map(|w| w.0).collect();
+    want.sort_unstable();
+    assert_eq!(done, want);
+    for &(_, _, slba) in &writes {
+        assert_eq!(q.read(slba, 8).0, pattern(4096, slba));
+    }
+}

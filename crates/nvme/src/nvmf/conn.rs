@@ -1365,7 +1365,11 @@ fn encode(g: &mut PduGroup, o: &mut Option<Out>, dg: Digests, hpda: u8) -> bool 
             };
             let n = encode_data_hdr(&mut h, PduType::R2T, &d, 0, dg);
             g.push_bytes(&h[..n]);
-            g.end_pdu(true);
+            // Not urgent: like a response, an R2T waits only while other
+            // commands are in flight (the sender counts the ones awaiting
+            // their data), so R2Ts of a busy queue leave together and the
+            // host's H2CData follow together.
+            g.end_pdu(false);
         }
         Some(Out::Data {
             cid,
@@ -1417,6 +1421,9 @@ async fn sender(conn: Rc<Conn>) {
     let mut pending: Option<Out> = None;
     let mut deadline: Option<u64> = None;
     let mut term = false;
+    // R2Ts in `group`: their commands await data, but not because of
+    // anything else in flight.
+    let mut r2ts_in_group = 0u32;
     loop {
         // Wait for something to send, the timer, or the end.
         let timer_fired = {
@@ -1446,9 +1453,11 @@ async fn sender(conn: Rc<Conn>) {
             }
             let Some(o) = pending.as_ref() else { break };
             term |= matches!(o, Out::Term { .. });
+            let r2t = matches!(o, Out::R2T { .. });
             if !encode(&mut group, &mut pending, conn.dg.get(), conn.hpda.get()) {
                 break;
             }
+            r2ts_in_group += u32::from(r2t);
         }
         if group.is_empty() {
             if conn.closing.get() && conn.executing.get() == 0 && pending.is_none() {
@@ -1463,9 +1472,13 @@ async fn sender(conn: Rc<Conn>) {
             }
             continue;
         }
-        // Commands still executing may join the group; how many the host
-        // has in flight beyond them is not visible here.
-        let others = if conn.executing.get() > 0 || !conn.out.borrow().is_empty() {
+        // Commands still executing, or awaiting the data of an R2T already
+        // sent, may join the group; how many the host has in flight beyond
+        // them is not visible here.
+        let others = if conn.executing.get() > 0
+            || !conn.out.borrow().is_empty()
+            || conn.r2t_out.get() > r2ts_in_group
+        {
             crate::coalesce::BACKLOG_UNKNOWN
         } else {
             0
@@ -1484,6 +1497,7 @@ async fn sender(conn: Rc<Conn>) {
         };
         let pdus = group.pdus();
         conn.coal.borrow_mut().on_flush(why, pdus);
+        r2ts_in_group = 0;
         group = flush(&conn, fd, group).await;
         if term {
             conn.dead.set(true);
