@@ -814,7 +814,7 @@ mod host {
         attach_controller, detach_controller, io_queue_stats, AttachParams, DetachParams,
         InitiatorError,
     };
-    use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig, RuntimeHandle};
+    use ustor_runtime::{IoBuf, Runtime, RuntimeHandle};
 
     pub struct Host {
         pub handle: RuntimeHandle,
@@ -824,13 +824,7 @@ mod host {
 
     /// A runtime of its own (for a fake controller).
     pub fn host() -> Host {
-        let cfg = RuntimeConfig {
-            cores: vec![0, 1],
-            pin: false,
-            poll_mode: PollMode::Adaptive,
-            ..RuntimeConfig::default()
-        };
-        let rt = Runtime::start(cfg).expect("runtime");
+        let rt = super::common::two_reactors();
         let registry = Registry::new(Some(rt.handle()));
         Host {
             handle: rt.handle(),

@@ -35,13 +35,7 @@ pub fn env_with(blocks: u64, coalesce: ustor_nvme::coalesce::CoalesceConfig) -> 
 /// Two reactors, a malloc namespace of `blocks` 512-byte blocks, and the
 /// target's TCP transport created with `opts`.
 pub fn env_opts(blocks: u64, opts: TransportOpts) -> Env {
-    let cfg = RuntimeConfig {
-        cores: vec![0, 1],
-        pin: false,
-        poll_mode: PollMode::Adaptive,
-        ..RuntimeConfig::default()
-    };
-    let rt = Runtime::start(cfg).expect("runtime");
+    let rt = two_reactors();
     let registry = Registry::new(Some(rt.handle()));
     modules::malloc::create(
         &registry,
@@ -379,4 +373,15 @@ pub fn connect_capsule(
     }
     .encode(&mut d);
     (sqe, d)
+}
+
+/// A runtime of two unpinned adaptive reactors (cores 0 and 1).
+pub fn two_reactors() -> Runtime {
+    let cfg = RuntimeConfig {
+        cores: vec![0, 1],
+        pin: false,
+        poll_mode: PollMode::Adaptive,
+        ..RuntimeConfig::default()
+    };
+    Runtime::start(cfg).expect("runtime")
 }
