@@ -9,8 +9,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::client::Client;
-use common::fault::FaultOpts;
-use common::{start_bdev, start_fault};
+use common::{start_bdev, start_slow_reads};
 use ustor_nbd::wire::cmd;
 
 const BURST: u64 = 200;
@@ -90,16 +89,7 @@ fn pipelined_burst_structured_replies() {
 #[test]
 fn replies_overtake_a_slow_read() {
     const DELAY: Duration = Duration::from_millis(300);
-    let (f, _probe) = start_fault(
-        1 << 20,
-        512,
-        1,
-        FaultOpts {
-            slow_reads: Some((0..8, DELAY)),
-            native_write_zeroes: true,
-            ..FaultOpts::default()
-        },
-    );
+    let (f, _probe) = start_slow_reads(DELAY);
     let mut c = Client::connect(f.port, "fault", true);
     let data = pattern(3, 4096);
     assert_eq!(c.write_wait(0, 0, &data, 1), 0);

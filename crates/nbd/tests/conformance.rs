@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::client::Client;
-use common::fault::FaultOpts;
 use ustor_nbd::server::{
     Channel, ExportCreateParams, ExportSource, ListenAddress, MemSource, NbdServer,
     ServerStartParams,
@@ -125,16 +124,7 @@ fn disc_with_bad_flags_closes_without_reply() {
 #[test]
 fn disc_answers_requests_in_flight() {
     const DELAY: Duration = Duration::from_millis(200);
-    let (f, _probe) = common::start_fault(
-        1 << 20,
-        512,
-        1,
-        FaultOpts {
-            slow_reads: Some((0..8, DELAY)),
-            native_write_zeroes: true,
-            ..FaultOpts::default()
-        },
-    );
+    let (f, _probe) = common::start_slow_reads(DELAY);
     let mut c = Client::connect(f.port, "fault", true);
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
     assert_eq!(c.write_wait(0, 0, &data, 1), 0);

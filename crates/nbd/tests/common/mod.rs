@@ -165,6 +165,18 @@ pub fn start_bdev_with(
 
 /// A fault-injecting passthru (`common::fault`) over a malloc bdev,
 /// exported as `fault`; the probe counts what reached the device.
+/// A 1 MiB fault bdev (512-byte blocks, one reactor, native write-zeroes)
+/// whose reads of blocks 0..8 take `delay`: a slow request for others to
+/// overtake.
+pub fn start_slow_reads(delay: std::time::Duration) -> (BdevFixture, Arc<fault::Probe>) {
+    let opts = fault::FaultOpts {
+        slow_reads: Some((0..8, delay)),
+        native_write_zeroes: true,
+        ..fault::FaultOpts::default()
+    };
+    start_fault(1 << 20, 512, 1, opts)
+}
+
 pub fn start_fault(
     size_bytes: u64,
     block_size: u32,
