@@ -61,6 +61,12 @@ pub struct BdevInfo {
     /// I/O must not cross multiples of this many blocks (0 = none).
     pub optimal_boundary_blocks: u32,
     pub write_cache: bool,
+    /// Unmapped (deallocated) blocks read back as zeroes: what a target may
+    /// promise its hosts (NVMe DLFEAT, SCSI LBPRZ).
+    pub unmap_reads_zero: bool,
+    /// All data is in memory: a read-ahead hint (NBD_CMD_CACHE) has
+    /// nothing to do.
+    pub memory_resident: bool,
 }
 
 impl BdevInfo {

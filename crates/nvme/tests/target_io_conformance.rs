@@ -311,6 +311,8 @@ fn cached_ns(e: &Env, drop_unmap: bool) -> Arc<Trace> {
     let mut info = inner.info().clone();
     info.name = "Cache0".into();
     info.module = "cache_test";
+    // Its unmap keeps the data (as a remote device's may).
+    info.unmap_reads_zero = false;
     info.write_cache = true;
     info.uuid = serde_json::from_value(json!("5d0c3b8e-7a41-4f1e-9c2d-3b4a5c6d7e8f")).unwrap();
     let trace = Arc::new(Trace::default());

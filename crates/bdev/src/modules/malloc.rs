@@ -171,6 +171,9 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
         max_transfer_blocks: opts.max_transfer_blocks,
         optimal_boundary_blocks: opts.optimal_io_boundary,
         write_cache: false,
+        // Unmap zeroes the range in memory.
+        unmap_reads_zero: true,
+        memory_resident: true,
     };
     reg.register(Arc::new(MallocBdev {
         info,

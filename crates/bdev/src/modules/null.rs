@@ -59,6 +59,10 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
         max_transfer_blocks: opts.max_transfer_blocks,
         optimal_boundary_blocks: opts.optimal_io_boundary,
         write_cache: false,
+        // Keeps no data: reads leave buffers as they were, and there is
+        // nothing to read ahead.
+        unmap_reads_zero: false,
+        memory_resident: true,
     };
     reg.register(Arc::new(NullBdev { info, opts }))
 }

@@ -689,6 +689,10 @@ pub fn create(reg: &Registry, mut opts: UringOpts) -> Result<Arc<BdevEntry>, Con
         max_transfer_blocks: 0,
         optimal_boundary_blocks: 0,
         write_cache: true,
+        // Unmap punches a hole: files read zeroes there, and a block device
+        // turns the punch into a zero-out.
+        unmap_reads_zero: true,
+        memory_resident: false,
     };
     let b = UringBdev {
         info,

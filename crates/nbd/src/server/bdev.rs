@@ -17,13 +17,6 @@ use crate::wire::NbdErrno;
 /// 1 MiB or below) take a heap buffer and the bdev layer splits the I/O.
 pub const BDEV_MAX_PAYLOAD: u32 = 32 << 20;
 
-/// Bdev modules whose data is always in memory (malloc; null, which keeps
-/// none). For them NBD_CMD_CACHE, a prefetch, has nothing to do: success
-/// after validating the range is the truth, so `SEND_CACHE` is advertised.
-/// Other devices (files, disks) could honour it only by reading ahead, which
-/// the bdev layer has no operation for, so they do not advertise it.
-const MEMORY_RESIDENT_MODULES: &[&str] = &["malloc", "null"];
-
 /// Maps a bdev error to the NBD errno the protocol allows.
 pub fn nbd_errno(e: BdevError) -> NbdErrno {
     match e {
@@ -135,7 +128,11 @@ impl ExportSource for BdevSource {
             // The bdev layer emulates write-zeroes when the driver cannot.
             can_write_zeroes: true,
             fast_zero: self.desc.io_type_supported(IoType::WriteZeroes),
-            can_cache: MEMORY_RESIDENT_MODULES.contains(&info.module),
+            // NBD_CMD_CACHE is a prefetch: on a bdev whose data is all in
+            // memory, success after validating the range is the truth. Other
+            // devices could honour it only by reading ahead, which the bdev
+            // layer has no operation for, so they do not advertise it.
+            can_cache: info.memory_resident,
             // One device cache shared by every channel: a flush on any
             // connection covers writes acknowledged on all of them.
             multi_conn: true,

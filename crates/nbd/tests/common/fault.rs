@@ -129,6 +129,8 @@ pub fn create(registry: &Registry, base: &str, name: &str, opts: FaultOpts) -> A
     let mut info = inner.info().clone();
     info.name = name.into();
     info.module = "fault_test";
+    // It stands for a device (latency, failures), not for memory.
+    info.memory_resident = false;
     info.product_name = "Fault injection passthru".into();
     info.write_cache = opts.write_cache;
     // A UUID of its own (the registry refuses duplicates).

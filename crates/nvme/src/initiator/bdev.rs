@@ -51,6 +51,9 @@ impl NvmeBdev {
             max_transfer_blocks: max_blocks,
             optimal_boundary_blocks: 0,
             write_cache: false,
+            // The remote namespace decides; promise nothing.
+            unmap_reads_zero: false,
+            memory_resident: false,
         };
         NvmeBdev { ctrlr, ns, info }
     }

@@ -209,15 +209,6 @@ fn identify_ctrl(ctrl: &Ctrl, facts: TransportFacts) -> Vec<u8> {
     d
 }
 
-/// Bdev modules whose deallocated (unmapped) blocks read back as zeroes:
-/// malloc zeroes them; uring punches a hole in a file, and on a block device
-/// the kernel turns that fallocate into a zero-out. Others promise nothing
-/// (null leaves read buffers as they were; an NVMe or SCSI device behind an
-/// initiator bdev deallocates as that device does), so Identify Namespace
-/// DLFEAT must not claim zeroes for them: a host (Linux) then relies on
-/// deallocation to zero (Write Zeroes with DEAC, discard as zeroing).
-const DEALLOC_READS_ZERO: [&str; 2] = ["malloc", "uring"];
-
 fn identify_ns(ns: &super::subsystem::Namespace) -> Vec<u8> {
     let mut d = vec![0u8; 4096];
     put64(&mut d, 0, ns.num_blocks); // nsze
@@ -229,8 +220,9 @@ fn identify_ns(ns: &super::subsystem::Namespace) -> Vec<u8> {
     d[30] = 1; // nmic: may be shared
                // dlfeat: Write Zeroes takes DEAC (bit 3; it always writes zeroes);
                // bits 2:0 = 001b (deallocated blocks read as 00h) only where the bdev
-               // makes that true, else 000b (not reported).
-    let zeroes = DEALLOC_READS_ZERO.contains(&ns.desc.info().module);
+               // makes that true, else 000b (not reported): a host (Linux) relies
+               // on it to zero by deallocating.
+    let zeroes = ns.desc.info().unmap_reads_zero;
     d[33] = 1 << 3 | u8::from(zeroes);
     d[104..120].copy_from_slice(&ns.nguid);
     let lbads = ns.block_size.trailing_zeros() as u8;
