@@ -88,7 +88,7 @@ impl Timers {
 /// Completes after `d` on the current reactor.
 pub fn sleep(d: Duration) -> Sleep {
     Sleep {
-        deadline: ticks::now() + ticks::from_duration(d),
+        deadline: ticks::now() + ticks::at_least(d),
         armed: false,
     }
 }
