@@ -72,11 +72,24 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
         .max(1);
-    let coal = CoalesceConfig {
+    let base = CoalesceConfig {
         mode,
         degree: 16,
         timer_us: 50,
         ..Default::default()
+    };
+    // COALESCE='{"degree": 8, "max_timer_us": 400}': fields merged over the
+    // bench's settings (the same names as nvmf_create_transport's
+    // `coalesce`), to compare fixed settings or adaptive bounds in one run.
+    let coal = match std::env::var("COALESCE") {
+        Ok(j) => {
+            let mut v = serde_json::to_value(base).expect("config");
+            let o: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&j).expect("COALESCE: a JSON object");
+            v.as_object_mut().expect("object").extend(o);
+            serde_json::from_value(v).expect("COALESCE: coalesce fields")
+        }
+        Err(_) => base,
     };
     // Two runtimes: the target's on core 0, the initiator's on core 1.
     let start = |core: usize| {
@@ -261,9 +274,21 @@ fn main() {
         .first()
         .map(|s| s.coalesce)
         .unwrap_or_default();
+    // The target's setting on its first I/O queue (adaptive moves it).
+    let ts = t
+        .nvmf_get_stats()
+        .ok()
+        .and_then(|s| {
+            s.poll_groups
+                .iter()
+                .flat_map(|g| g.qpairs.iter())
+                .find(|q| q.qid > 0)
+                .map(|q| q.coalesce)
+        })
+        .unwrap_or_default();
     println!(
         "mode={mode:?} poll={poll_mode} rw={} bs={bs} queues={queues} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p50_lat_us={p50:.1} p99_lat_us={p99:.1} \
-         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_copies_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={}",
+         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_copies_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={} tgt_degree={} tgt_timer_us={}",
         if write { "randwrite" } else { "randread" },
         n as f64 / secs as f64,
         (z1[0] - z0[0]) as f64 / n1,
@@ -276,6 +301,8 @@ fn main() {
         cpu(1),
         cs.degree,
         cs.timer_us,
+        ts.degree,
+        ts.timer_us,
     );
     std::process::exit(0);
 }

@@ -8,8 +8,9 @@
 //! (so QD1 never waits), else when its *timer* fires. In adaptive mode the
 //! counters of the last window of groups steer degree and timer: mostly full
 //! groups mean the queue is throughput-bound (raise both); mostly timer
-//! expiries ("doorbell rings" that found too little to send) mean it is
-//! latency-bound (lower both).
+//! expiries on thin groups ("doorbell rings" that found too little to send)
+//! mean it is latency-bound (lower both); mostly expiries on thick groups
+//! mean the wait pays but the PDUs come slowly (raise the timer).
 
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -17,6 +18,10 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use ustor_runtime::{ops, ticks, IoBuf};
+
+/// PDUs per timer-expired group, on average over a window, from which the
+/// wait counts as worth it (see [`Coalescer::on_flush`]).
+const THICK_EXPIRY: u32 = 2;
 
 /// Groups an adaptive queue keeps in flight at least (see
 /// [`Coalescer::decide`]).
@@ -145,6 +150,7 @@ pub struct Coalescer {
     timer_us: u32,
     win: [u32; 3],
     win_n: u32,
+    win_timer_pdus: u32,
     stats: CoalesceStats,
 }
 
@@ -174,6 +180,7 @@ impl Coalescer {
             timer_us,
             win: [0; 3],
             win_n: 0,
+            win_timer_pdus: 0,
             stats: CoalesceStats {
                 degree,
                 timer_us,
@@ -285,6 +292,7 @@ impl Coalescer {
             }
             Flush::Timer => {
                 s.timer_expiries += 1;
+                self.win_timer_pdus += pdus;
                 2
             }
         };
@@ -304,15 +312,29 @@ impl Coalescer {
             self.timer_us = (self.timer_us * 2).clamp(c.min_timer_us, c.max_timer_us);
             self.stats.raises += 1;
         } else if timer > full && timer * 4 >= self.win_n {
-            // Latency-bound: the timer keeps firing on thin groups.
-            self.degree = (self.degree / 2).max(c.min_degree);
-            self.timer_us = (self.timer_us / 2).clamp(c.min_timer_us, c.max_timer_us);
-            self.stats.lowers += 1;
+            if self.win_timer_pdus < THICK_EXPIRY * timer {
+                // Latency-bound: the timer keeps firing on thin groups, the
+                // wait gathers next to nothing.
+                self.degree = (self.degree / 2).max(c.min_degree);
+                self.timer_us = (self.timer_us / 2).clamp(c.min_timer_us, c.max_timer_us);
+                self.stats.lowers += 1;
+            } else {
+                // The timer fires on thick groups: the wait does gather,
+                // the PDUs just come slower than the degree needs (many
+                // queues per core, R2T round trips). Lowering here (the
+                // plain rule) shortened the wait, so the next groups were
+                // thinner and it lowered again, down to degree 1 where
+                // fixed (16, 50 us) sent half the `sendmsg`s (run J in
+                // docs/nvmf.md). Wait longer instead, within the bound.
+                self.timer_us = (self.timer_us * 2).clamp(c.min_timer_us, c.max_timer_us);
+                self.stats.raises += 1;
+            }
         }
         self.stats.degree = self.degree;
         self.stats.timer_us = self.timer_us;
         self.win = [0; 3];
         self.win_n = 0;
+        self.win_timer_pdus = 0;
     }
 }
 
@@ -641,5 +663,40 @@ mod tests {
             f.on_flush(Flush::Full, 4);
         }
         assert_eq!(f.degree(), 4);
+    }
+
+    #[test]
+    fn thick_expiries_wait_longer_thin_ones_lower() {
+        let mut c = Coalescer::new(cfg(Mode::Adaptive));
+        let (d0, t0) = (c.degree(), c.timer_us());
+        // Expired groups of 3 PDUs: the wait gathers, the degree is just
+        // out of reach. The timer doubles up to its bound, the degree stays.
+        for _ in 0..8 {
+            c.on_flush(Flush::Timer, 3);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (d0, t0 * 2));
+        for _ in 0..80 {
+            c.on_flush(Flush::Timer, 3);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (d0, 200));
+        // Exactly two PDUs per expiry still count as thick ...
+        for _ in 0..8 {
+            c.on_flush(Flush::Timer, 2);
+        }
+        assert_eq!(c.timer_us(), 200);
+        assert_eq!(c.stats().lowers, 0);
+        // ... one of two and two of two, not (thin: 1.5 on average).
+        for i in 0..8 {
+            c.on_flush(Flush::Timer, 1 + (i % 2));
+        }
+        assert_eq!((c.degree(), c.timer_us()), (d0 / 2, 100));
+        assert_eq!(c.stats().lowers, 1);
+        // Thick expiries mixed with enough full groups: neither dominates
+        // (full 3, timer 3 of 8), nothing moves.
+        for i in 0..8 {
+            let why = [Flush::Full, Flush::Timer, Flush::Small][i % 3];
+            c.on_flush(why, 3);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (d0 / 2, 100));
     }
 }
