@@ -10,7 +10,7 @@
 //! groups mean the queue is throughput-bound (raise both); mostly timer
 //! expiries on thin groups ("doorbell rings" that found too little to send)
 //! mean it is latency-bound (lower both); mostly expiries on thick groups
-//! mean the wait pays but the PDUs come slowly (raise the timer).
+//! mean the wait pays but the PDUs come slowly (lower the degree only).
 
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -319,15 +319,16 @@ impl Coalescer {
                 self.timer_us = (self.timer_us / 2).clamp(c.min_timer_us, c.max_timer_us);
                 self.stats.lowers += 1;
             } else {
-                // The timer fires on thick groups: the wait does gather,
-                // the PDUs just come slower than the degree needs (many
-                // queues per core, R2T round trips). Lowering here (the
-                // plain rule) shortened the wait, so the next groups were
-                // thinner and it lowered again, down to degree 1 where
-                // fixed (16, 50 us) sent half the `sendmsg`s (run J in
-                // docs/nvmf.md). Wait longer instead, within the bound.
-                self.timer_us = (self.timer_us * 2).clamp(c.min_timer_us, c.max_timer_us);
-                self.stats.raises += 1;
+                // The timer fires on thick groups: the wait does gather, the
+                // PDUs just come slower than the degree needs (many queues
+                // per core, R2T round trips). Lower only the degree, toward
+                // what a group gathers anyway; once groups reach it, full
+                // groups raise degree and timer again. Halving the timer
+                // here too (the plain rule) made the next groups thinner,
+                // and it fell to degree 1 where fixed (16, 50 us) sent half
+                // the `sendmsg`s (docs/nvmf.md, run J).
+                self.degree = (self.degree / 2).max(c.min_degree);
+                self.stats.lowers += 1;
             }
         }
         self.stats.degree = self.degree;
@@ -666,37 +667,40 @@ mod tests {
     }
 
     #[test]
-    fn thick_expiries_wait_longer_thin_ones_lower() {
+    fn thick_expiries_lower_the_degree_thin_ones_both() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
-        let (d0, t0) = (c.degree(), c.timer_us());
-        // Expired groups of 3 PDUs: the wait gathers, the degree is just
-        // out of reach. The timer doubles up to its bound, the degree stays.
+        for _ in 0..16 {
+            c.on_flush(Flush::Full, 4);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (16, 80));
+        // Expired groups of 3 PDUs: the wait gathers, the degree is out of
+        // reach. The degree halves, the timer stays.
         for _ in 0..8 {
             c.on_flush(Flush::Timer, 3);
         }
-        assert_eq!((c.degree(), c.timer_us()), (d0, t0 * 2));
-        for _ in 0..80 {
-            c.on_flush(Flush::Timer, 3);
-        }
-        assert_eq!((c.degree(), c.timer_us()), (d0, 200));
-        // Exactly two PDUs per expiry still count as thick ...
+        assert_eq!((c.degree(), c.timer_us()), (8, 80));
+        // Exactly two PDUs per expiry still count as thick.
         for _ in 0..8 {
             c.on_flush(Flush::Timer, 2);
         }
-        assert_eq!(c.timer_us(), 200);
-        assert_eq!(c.stats().lowers, 0);
-        // ... one of two and two of two, not (thin: 1.5 on average).
+        assert_eq!((c.degree(), c.timer_us()), (4, 80));
+        // Groups now reach the degree: full groups raise both again.
+        for _ in 0..8 {
+            c.on_flush(Flush::Full, 4);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (8, 160));
+        // One of two and two of two (1.5 on average) is thin: both halve.
         for i in 0..8 {
             c.on_flush(Flush::Timer, 1 + (i % 2));
         }
-        assert_eq!((c.degree(), c.timer_us()), (d0 / 2, 100));
-        assert_eq!(c.stats().lowers, 1);
-        // Thick expiries mixed with enough full groups: neither dominates
-        // (full 3, timer 3 of 8), nothing moves.
+        assert_eq!((c.degree(), c.timer_us()), (4, 80));
+        assert_eq!((c.stats().raises, c.stats().lowers), (3, 3));
+        // Thick expiries mixed with as many full groups: neither
+        // dominates (full 3, timer 3 of 8), nothing moves.
         for i in 0..8 {
             let why = [Flush::Full, Flush::Timer, Flush::Small][i % 3];
             c.on_flush(why, 3);
         }
-        assert_eq!((c.degree(), c.timer_us()), (d0 / 2, 100));
+        assert_eq!((c.degree(), c.timer_us()), (4, 80));
     }
 }
