@@ -9,8 +9,10 @@
 //! counters of the last window of groups steer degree and timer: mostly full
 //! groups mean the queue is throughput-bound (raise both); mostly timer
 //! expiries on thin groups ("doorbell rings" that found too little to send)
-//! mean it is latency-bound (lower both); mostly expiries on thick groups
-//! mean the wait pays but the PDUs come slowly (lower the degree only).
+//! of a shallow queue mean it is latency-bound (lower both); mostly
+//! expiries on thick groups, or on a queue whose outstanding commands take
+//! many timers to turn over, mean the wait pays or costs nothing and the
+//! PDUs just come slowly (lower the degree only).
 
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -151,6 +153,9 @@ pub struct Coalescer {
     win: [u32; 3],
     win_n: u32,
     win_timer_pdus: u32,
+    win_timer_depth: u64,
+    win_pdus: u64,
+    win_start: u64,
     stats: CoalesceStats,
 }
 
@@ -181,6 +186,9 @@ impl Coalescer {
             win: [0; 3],
             win_n: 0,
             win_timer_pdus: 0,
+            win_timer_depth: 0,
+            win_pdus: 0,
+            win_start: 0,
             stats: CoalesceStats {
                 degree,
                 timer_us,
@@ -275,9 +283,10 @@ impl Coalescer {
         Some(why)
     }
 
-    /// Records a sent group; in adaptive mode, adjusts degree and timer at
-    /// the end of each window.
-    pub fn on_flush(&mut self, why: Flush, pdus: u32) {
+    /// Records a sent group of `pdus` PDUs, sent while `depth` other
+    /// commands of the queue were outstanding (those the sender can see);
+    /// in adaptive mode, adjusts degree and timer at the end of each window.
+    pub fn on_flush(&mut self, why: Flush, pdus: u32, depth: u32) {
         let s = &mut self.stats;
         s.groups += 1;
         s.pdus += u64::from(pdus);
@@ -293,6 +302,7 @@ impl Coalescer {
             Flush::Timer => {
                 s.timer_expiries += 1;
                 self.win_timer_pdus += pdus;
+                self.win_timer_depth += u64::from(depth);
                 2
             }
         };
@@ -301,6 +311,10 @@ impl Coalescer {
         }
         self.win[i] += 1;
         self.win_n += 1;
+        self.win_pdus += u64::from(pdus);
+        if self.win_n == 1 {
+            self.win_start = ticks::now();
+        }
         if self.win_n < self.cfg.window {
             return;
         }
@@ -312,21 +326,36 @@ impl Coalescer {
             self.timer_us = (self.timer_us * 2).clamp(c.min_timer_us, c.max_timer_us);
             self.stats.raises += 1;
         } else if timer > full && timer * 4 >= self.win_n {
-            if self.win_timer_pdus < THICK_EXPIRY * timer {
+            let thick = self.win_timer_pdus >= THICK_EXPIRY * timer;
+            // Deep: the commands outstanding at the expiries take, at this
+            // window's PDU rate, PIPELINE_GROUPS timers or more to turn
+            // over, so a wait stalls nothing (Little's law, with PDUs
+            // standing in for commands).
+            let window_ns = ticks::to_ns(ticks::now().saturating_sub(self.win_start));
+            let deep = deep_queue(
+                self.win_timer_depth / u64::from(timer),
+                window_ns,
+                self.win_pdus,
+                self.timer_us,
+            );
+            if !thick && !deep {
                 // Latency-bound: the timer keeps firing on thin groups, the
                 // wait gathers next to nothing.
                 self.degree = (self.degree / 2).max(c.min_degree);
                 self.timer_us = (self.timer_us / 2).clamp(c.min_timer_us, c.max_timer_us);
                 self.stats.lowers += 1;
             } else {
-                // The timer fires on thick groups: the wait does gather, the
-                // PDUs just come slower than the degree needs (many queues
-                // per core, R2T round trips). Lower only the degree, toward
-                // what a group gathers anyway; once groups reach it, full
-                // groups raise degree and timer again. Halving the timer
-                // here too (the plain rule) made the next groups thinner,
-                // and it fell to degree 1 where fixed (16, 50 us) sent half
-                // the `sendmsg`s (docs/nvmf.md, run J).
+                // The timer fires on thick groups (the wait does gather, the
+                // PDUs just come slower than the degree needs: many queues
+                // per core, R2T round trips), or on a deep queue (its
+                // outstanding commands take 8 timers or more to turn over,
+                // so the wait stalls nothing).
+                // Lower only the degree, toward what a group gathers
+                // anyway; once groups reach it, full groups raise degree
+                // and timer again. Halving the timer here too (the plain
+                // rule) made the next groups thinner, and it fell to degree
+                // 1 where fixed (16, 50 us) sent half the `sendmsg`s
+                // (docs/nvmf.md, runs J and K).
                 self.degree = (self.degree / 2).max(c.min_degree);
                 self.stats.lowers += 1;
             }
@@ -336,7 +365,16 @@ impl Coalescer {
         self.win = [0; 3];
         self.win_n = 0;
         self.win_timer_pdus = 0;
+        self.win_timer_depth = 0;
+        self.win_pdus = 0;
     }
+}
+
+/// Whether `depth` outstanding commands, at the rate of `pdus` PDUs in
+/// `window_ns`, take `PIPELINE_GROUPS` timers or more to turn over.
+fn deep_queue(depth: u64, window_ns: u64, pdus: u64, timer_us: u32) -> bool {
+    let turnaround_ns = u128::from(depth) * u128::from(window_ns) / u128::from(pdus.max(1));
+    turnaround_ns >= u128::from(PIPELINE_GROUPS) * u128::from(timer_us) * 1000
 }
 
 /// Header arena bytes per group: room for every header and digest of a
@@ -619,7 +657,7 @@ mod tests {
     fn adaptive_keeps_the_pipeline_full() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
         for _ in 0..24 {
-            c.on_flush(Flush::Full, 32);
+            c.on_flush(Flush::Full, 32, 0);
         }
         assert_eq!(c.degree(), 32);
         // 2 of 32 outstanding: under 1/8 of the queue, keep collecting.
@@ -638,30 +676,30 @@ mod tests {
     fn adaptive_raises_and_lowers() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
         for _ in 0..8 {
-            c.on_flush(Flush::Full, 4);
+            c.on_flush(Flush::Full, 4, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (8, 40));
         for _ in 0..24 {
-            c.on_flush(Flush::Full, 8);
+            c.on_flush(Flush::Full, 8, 0);
         }
         assert_eq!(c.degree(), 32);
         assert_eq!(c.stats().raises, 4);
         for _ in 0..8 {
-            c.on_flush(Flush::Timer, 1);
+            c.on_flush(Flush::Timer, 1, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (16, 100));
         for _ in 0..80 {
-            c.on_flush(Flush::Timer, 1);
+            c.on_flush(Flush::Timer, 1, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (1, 5));
         // Small groups (idle flushes) leave it alone.
         for _ in 0..16 {
-            c.on_flush(Flush::Small, 1);
+            c.on_flush(Flush::Small, 1, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (1, 5));
         let mut f = Coalescer::new(cfg(Mode::Fixed));
         for _ in 0..16 {
-            f.on_flush(Flush::Full, 4);
+            f.on_flush(Flush::Full, 4, 0);
         }
         assert_eq!(f.degree(), 4);
     }
@@ -670,28 +708,28 @@ mod tests {
     fn thick_expiries_lower_the_degree_thin_ones_both() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
         for _ in 0..16 {
-            c.on_flush(Flush::Full, 4);
+            c.on_flush(Flush::Full, 4, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (16, 80));
         // Expired groups of 3 PDUs: the wait gathers, the degree is out of
         // reach. The degree halves, the timer stays.
         for _ in 0..8 {
-            c.on_flush(Flush::Timer, 3);
+            c.on_flush(Flush::Timer, 3, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (8, 80));
         // Exactly two PDUs per expiry still count as thick.
         for _ in 0..8 {
-            c.on_flush(Flush::Timer, 2);
+            c.on_flush(Flush::Timer, 2, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (4, 80));
         // Groups now reach the degree: full groups raise both again.
         for _ in 0..8 {
-            c.on_flush(Flush::Full, 4);
+            c.on_flush(Flush::Full, 4, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (8, 160));
         // One of two and two of two (1.5 on average) is thin: both halve.
         for i in 0..8 {
-            c.on_flush(Flush::Timer, 1 + (i % 2));
+            c.on_flush(Flush::Timer, 1 + (i % 2), 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (4, 80));
         assert_eq!((c.stats().raises, c.stats().lowers), (3, 3));
@@ -699,8 +737,44 @@ mod tests {
         // dominates (full 3, timer 3 of 8), nothing moves.
         for i in 0..8 {
             let why = [Flush::Full, Flush::Timer, Flush::Small][i % 3];
-            c.on_flush(why, 3);
+            c.on_flush(why, 3, 0);
         }
         assert_eq!((c.degree(), c.timer_us()), (4, 80));
+    }
+
+    #[test]
+    fn thin_expiries_on_a_deep_queue_lower_only_the_degree() {
+        let mut c = Coalescer::new(cfg(Mode::Adaptive));
+        for _ in 0..16 {
+            c.on_flush(Flush::Full, 4, 0);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (16, 80));
+        // One PDU per expiry, a group every ~200 us, 100 commands
+        // outstanding: they take ~20 ms to turn over, far more than 8
+        // timers (640 us). The wait stalls nothing and is kept; the degree
+        // comes down.
+        for _ in 0..8 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            c.on_flush(Flush::Timer, 1, 100);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (8, 80));
+        // Nothing else outstanding: shallow however slow, both halve.
+        for _ in 0..8 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            c.on_flush(Flush::Timer, 1, 0);
+        }
+        assert_eq!((c.degree(), c.timer_us()), (4, 40));
+    }
+
+    #[test]
+    fn deep_means_many_timers_to_turn_over() {
+        // 100 commands, 8 PDUs in 1.6 ms: 20 ms to turn over, over 8 x 80 us.
+        assert!(deep_queue(100, 1_600_000, 8, 80));
+        // The same PDUs back to back in 16 us: 200 us, under 640 us.
+        assert!(!deep_queue(100, 16_000, 8, 80));
+        // Exactly 8 timers counts; nothing outstanding never does.
+        assert!(deep_queue(1, 80_000, 1, 10));
+        assert!(!deep_queue(1, 79_999, 1, 10));
+        assert!(!deep_queue(0, u64::MAX / 2, 1, 5));
     }
 }

@@ -1161,7 +1161,7 @@ async fn sender(qp: Rc<Qp>, fd: RawFd) {
             continue;
         };
         let pdus = group.pdus();
-        qp.coal.borrow_mut().on_flush(why, pdus);
+        qp.coal.borrow_mut().on_flush(why, pdus, others);
         record(&qp);
         group = match flush(&qp, fd, group).await {
             Some(g) => g,

@@ -1496,7 +1496,14 @@ async fn sender(conn: Rc<Conn>) {
             continue;
         };
         let pdus = group.pdus();
-        conn.coal.borrow_mut().on_flush(why, pdus);
+        // What the adaptive policy may know of the queue's depth: commands
+        // executing, awaiting data, or answered but not yet in a group.
+        let depth = conn.executing.get()
+            + conn.r2t_out.get().saturating_sub(r2ts_in_group) as usize
+            + conn.out.borrow().len();
+        conn.coal
+            .borrow_mut()
+            .on_flush(why, pdus, u32::try_from(depth).unwrap_or(u32::MAX));
         r2ts_in_group = 0;
         group = flush(&conn, fd, group).await;
         if term {
