@@ -611,6 +611,13 @@ impl ops::IoVecs for PduGroup {
 mod tests {
     use super::*;
 
+    /// Records `n` groups of `pdus` PDUs sent for `why` at `depth`.
+    fn flushes(c: &mut Coalescer, n: usize, why: Flush, pdus: u32, depth: u32) {
+        for _ in 0..n {
+            c.on_flush(why, pdus, depth);
+        }
+    }
+
     fn cfg(mode: Mode) -> CoalesceConfig {
         CoalesceConfig {
             mode,
@@ -656,9 +663,7 @@ mod tests {
     #[test]
     fn adaptive_keeps_the_pipeline_full() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
-        for _ in 0..24 {
-            c.on_flush(Flush::Full, 32, 0);
-        }
+        flushes(&mut c, 24, Flush::Full, 32, 0);
         assert_eq!(c.degree(), 32);
         // 2 of 32 outstanding: under 1/8 of the queue, keep collecting.
         assert!(matches!(c.decide(2, 100, 30, false), Decision::Wait { .. }));
@@ -675,57 +680,37 @@ mod tests {
     #[test]
     fn adaptive_raises_and_lowers() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
-        for _ in 0..8 {
-            c.on_flush(Flush::Full, 4, 0);
-        }
+        flushes(&mut c, 8, Flush::Full, 4, 0);
         assert_eq!((c.degree(), c.timer_us()), (8, 40));
-        for _ in 0..24 {
-            c.on_flush(Flush::Full, 8, 0);
-        }
+        flushes(&mut c, 24, Flush::Full, 8, 0);
         assert_eq!(c.degree(), 32);
         assert_eq!(c.stats().raises, 4);
-        for _ in 0..8 {
-            c.on_flush(Flush::Timer, 1, 0);
-        }
+        flushes(&mut c, 8, Flush::Timer, 1, 0);
         assert_eq!((c.degree(), c.timer_us()), (16, 100));
-        for _ in 0..80 {
-            c.on_flush(Flush::Timer, 1, 0);
-        }
+        flushes(&mut c, 80, Flush::Timer, 1, 0);
         assert_eq!((c.degree(), c.timer_us()), (1, 5));
         // Small groups (idle flushes) leave it alone.
-        for _ in 0..16 {
-            c.on_flush(Flush::Small, 1, 0);
-        }
+        flushes(&mut c, 16, Flush::Small, 1, 0);
         assert_eq!((c.degree(), c.timer_us()), (1, 5));
         let mut f = Coalescer::new(cfg(Mode::Fixed));
-        for _ in 0..16 {
-            f.on_flush(Flush::Full, 4, 0);
-        }
+        flushes(&mut f, 16, Flush::Full, 4, 0);
         assert_eq!(f.degree(), 4);
     }
 
     #[test]
     fn thick_expiries_lower_the_degree_thin_ones_both() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
-        for _ in 0..16 {
-            c.on_flush(Flush::Full, 4, 0);
-        }
+        flushes(&mut c, 16, Flush::Full, 4, 0);
         assert_eq!((c.degree(), c.timer_us()), (16, 80));
         // Expired groups of 3 PDUs: the wait gathers, the degree is out of
         // reach. The degree halves, the timer stays.
-        for _ in 0..8 {
-            c.on_flush(Flush::Timer, 3, 0);
-        }
+        flushes(&mut c, 8, Flush::Timer, 3, 0);
         assert_eq!((c.degree(), c.timer_us()), (8, 80));
         // Exactly two PDUs per expiry still count as thick.
-        for _ in 0..8 {
-            c.on_flush(Flush::Timer, 2, 0);
-        }
+        flushes(&mut c, 8, Flush::Timer, 2, 0);
         assert_eq!((c.degree(), c.timer_us()), (4, 80));
         // Groups now reach the degree: full groups raise both again.
-        for _ in 0..8 {
-            c.on_flush(Flush::Full, 4, 0);
-        }
+        flushes(&mut c, 8, Flush::Full, 4, 0);
         assert_eq!((c.degree(), c.timer_us()), (8, 160));
         // One of two and two of two (1.5 on average) is thin: both halve.
         for i in 0..8 {
@@ -745,9 +730,7 @@ mod tests {
     #[test]
     fn thin_expiries_on_a_deep_queue_lower_only_the_degree() {
         let mut c = Coalescer::new(cfg(Mode::Adaptive));
-        for _ in 0..16 {
-            c.on_flush(Flush::Full, 4, 0);
-        }
+        flushes(&mut c, 16, Flush::Full, 4, 0);
         assert_eq!((c.degree(), c.timer_us()), (16, 80));
         // One PDU per expiry, a group every ~200 us, 100 commands
         // outstanding: they take ~20 ms to turn over, far more than 8
