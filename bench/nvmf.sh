@@ -219,7 +219,7 @@ try:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 except ImportError:
-    print("\n(no matplotlib: plots skipped)")
+    print("\n(no matplotlib: plots skipped; `pip install matplotlib` brings them)")
     sys.exit(0)
 base = path[:-4]
 wls = sorted({(k[0], k[1], k[2]) for k in sat})
