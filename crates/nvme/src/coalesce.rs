@@ -355,7 +355,7 @@ impl Coalescer {
                 // and timer again. Halving the timer here too (the plain
                 // rule) made the next groups thinner, and it fell to degree
                 // 1 where fixed (16, 50 us) sent half the `sendmsg`s
-                // (docs/nvmf.md, runs J and K).
+                // (docs/nvmf.md, runs J and L).
                 self.degree = (self.degree / 2).max(c.min_degree);
                 self.stats.lowers += 1;
             }

@@ -31,7 +31,8 @@ pub fn hz() -> u64 {
     HZ.get_or_init(calibrate).mid
 }
 
-/// The calibrated rate as a bracket: the true rate lies in `lo..=hi`.
+/// The calibrated rate: `mid` of the bracket the true rate lies in, and
+/// its upper end `hi` (what `at_least` needs; the lower end is not used).
 struct Rate {
     mid: u64,
     hi: u64,
