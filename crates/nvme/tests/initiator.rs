@@ -86,10 +86,39 @@ fn attach_and_verify(hdgst: bool, ddgst: bool, name: &str) {
     assert_eq!(names, vec![format!("{name}n1")]);
     let info = e.registry.get(&names[0]).unwrap().info().clone();
     assert_eq!((info.block_size, info.num_blocks), (512, 65536));
-    for (qd, len) in [(1, 4096), (8, 4096), (32, 4096), (1, 131072), (8, 131072)] {
+    // 4 KiB: in-capsule. 16-32 KiB: R2T data the target copies out of its
+    // greedy receives (up to its 32 KiB limit), whole or partly staged.
+    // 36 and 128 KiB: R2T data received straight into the buffer.
+    let sizes = [
+        (1, 4096),
+        (8, 4096),
+        (32, 4096),
+        (32, 16384),
+        (16, 24576),
+        (16, 32768),
+        (8, 36864),
+    ];
+    for (qd, len) in sizes {
         verified_round(&e, &names[0], qd, len, qd as u64 * 1000 + len as u64)
             .expect("verified I/O");
     }
+    let copied = |e: &Env| -> u64 {
+        let st = e.target.nvmf_get_stats().expect("stats");
+        st.poll_groups.iter().map(|g| g.payload_copied_bytes).sum()
+    };
+    let before = copied(&e);
+    for (qd, len) in [(1, 131072), (8, 131072)] {
+        verified_round(&e, &names[0], qd, len, qd as u64 * 1000 + len as u64)
+            .expect("verified I/O");
+    }
+    // While an R2T for more than 32 KiB is due, the target reads at most
+    // a capsule header's length (72 bytes) at a time into staging: of an
+    // H2CData (24-byte header) only the first 48 bytes of data are copied.
+    let big = copied(&e) - before;
+    assert!(
+        big <= 9 * 48,
+        "target copied {big} bytes of 9 128 KiB writes"
+    );
     let c = get_controllers(&GetControllersParams {
         name: Some(name.into()),
     })

@@ -20,7 +20,7 @@
 mod bdev;
 mod ctrlr;
 mod qpair;
-mod sock;
+pub(crate) mod sock;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

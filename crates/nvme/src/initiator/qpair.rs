@@ -917,7 +917,7 @@ async fn c2h_data(
     if must > 0 {
         // SAFETY: the data segments are the I/O's buffers (valid until it
         // completes, which is after this call); the rest are ours.
-        let got = unsafe { sock::recv_at_least(fd, &all[..n], must) }.await?;
+        let (got, _) = unsafe { sock::recv_at_least(fd, &all[..n], must) }.await?;
         if next > 0 {
             st.have = got - must;
         }

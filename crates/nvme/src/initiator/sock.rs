@@ -1,12 +1,15 @@
 //! Socket helpers for the initiator's queues: a connect in blocking mode
-//! for io_uring sends, and a vectored
-//! receive straight into caller memory (the bdev I/O's buffers).
+//! for io_uring sends, and a vectored receive straight into caller memory
+//! (the bdev I/O's buffers; the target uses it too, for a payload and the
+//! header behind it).
 //!
 //! The receive is a `recvmsg(MSG_DONTWAIT)` on data already queued and an
 //! io_uring poll for readiness when there is none: the runtime's `ops::recv`
 //! takes pool buffers by value, while read data must land in the buffers the
 //! bdev layer handed us, whose owner outlives the call (the I/O completes
-//! only after the receive returned).
+//! only after the receive returned). Data already queued, the common case
+//! on a busy queue, is thus taken at once, without waiting a reactor pass
+//! for a ring completion.
 
 use std::io;
 use std::net::SocketAddr;
@@ -53,16 +56,22 @@ pub(crate) struct Seg {
 }
 
 /// Receives into `segs` in order until at least `min` bytes arrived (at
-/// most their total); returns the bytes received. EOF is `UnexpectedEof`.
+/// most their total); returns the bytes received and the `recvmsg` calls
+/// that took. EOF is `UnexpectedEof`.
 ///
 /// # Safety
 /// Every segment must be valid for writes for the whole call.
-pub(crate) async unsafe fn recv_at_least(fd: RawFd, segs: &[Seg], min: usize) -> io::Result<usize> {
+pub(crate) async unsafe fn recv_at_least(
+    fd: RawFd,
+    segs: &[Seg],
+    min: usize,
+) -> io::Result<(usize, u64)> {
     debug_assert!(segs.len() <= MAX_RECV_IOV);
     let total: usize = segs.iter().map(|s| s.len).sum();
     debug_assert!(min <= total);
     let want = min.clamp(1, total.max(1)).min(total);
     let mut got = 0usize;
+    let mut calls = 0u64;
     // Budget: each round gains at least one byte or returns, so the loop
     // ends after `want` rounds at most.
     while got < want {
@@ -89,6 +98,7 @@ pub(crate) async unsafe fn recv_at_least(fd: RawFd, segs: &[Seg], min: usize) ->
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = n as _;
         let r = libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT);
+        calls += 1;
         if r > 0 {
             got += r as usize;
             continue;
@@ -108,7 +118,7 @@ pub(crate) async unsafe fn recv_at_least(fd: RawFd, segs: &[Seg], min: usize) ->
             _ => return Err(e),
         }
     }
-    Ok(got)
+    Ok((got, calls))
 }
 
 /// One non-blocking receive into `seg`: `Ok(None)` when nothing is queued.

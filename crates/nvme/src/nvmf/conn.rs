@@ -44,20 +44,25 @@ use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
 use super::{Shared, TransportOpts};
 use crate::coalesce::{Coalescer, PduGroup};
+use crate::initiator::sock::{self, Seg};
 use crate::wire::*;
 
 /// Command slots per connection; the R2T transfer tag is the slot index.
 const SLOTS: usize = MAX_IO_QUEUE_DEPTH as usize + MAX_AERS + 1;
 /// Staging buffer for headers (and whatever payload a greedy read brings).
-const STAGING_LEN: usize = 64 << 10;
+const STAGING_LEN: usize = 128 << 10;
 /// Payloads up to this size may be copied out of a greedy read: one
-/// `recv` then carries several queued 4 KiB writes, and a 4 KiB copy costs
-/// far less than the receive syscalls (each taking the socket lock that the
-/// sender's softirq also takes) that zero-copy needs per write: measured at
-/// randwrite QD32 against spdk_nvme_perf, 2.00 receives per write and a
-/// quarter of nvmf_tgt's IOPS. Larger payloads (R2T data, big in-capsule
-/// writes) are received straight into their buffer.
-const COPY_MAX: usize = 8 << 10;
+/// `recv` then carries several queued writes (capsules, R2T data), and a
+/// copy of up to 32 KiB costs less than the receive syscalls (each taking
+/// the socket lock that the sender's softirq also takes) that zero-copy
+/// needs per write. Measured twice: 4 KiB in-capsule writes at QD32 under
+/// spdk_nvme_perf ran at a quarter of nvmf_tgt's IOPS with 2.00 receives
+/// per write; 16 KiB R2T writes at QD128 (`nvmf_initiator_load`) went from
+/// 43-98 K to 119-195 K IOPS and from 2 to 0.13-0.22 receives per write
+/// when this limit rose from 8 to 32 KiB (docs/nvmf.md, run N). At 64 KiB
+/// the copy costs what the receives save. Larger payloads are received
+/// straight into their buffer. The same limits as the NBD server's.
+const COPY_MAX: usize = 32 << 10;
 /// PDUs the receiver handles from staging before it yields to other tasks.
 const RECV_BUDGET: usize = 32;
 
@@ -164,10 +169,12 @@ pub(crate) struct Conn {
     closing: Cell<bool>,
     dead: Cell<bool>,
     coal: Rc<RefCell<Coalescer>>,
-    /// R2Ts whose data is still due. While none is, the next host PDU can
-    /// only be a capsule (or a termination request), so an exact header
-    /// read asks for a whole capsule header: one receive instead of two.
+    /// R2Ts whose data is still due.
     r2t_out: Cell<u32>,
+    /// Of those, the R2Ts for more than [`COPY_MAX`] bytes: while any is
+    /// due, headers are read exactly, so its data lands in its own buffer
+    /// rather than in a greedy receive that would then be copied.
+    r2t_big_out: Cell<u32>,
     /// CID of the capsule the receiver holds while it waits for a slot, and
     /// whether an Abort named it meanwhile.
     slot_wait: Cell<Option<u16>>,
@@ -251,6 +258,7 @@ pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddres
         dead: Cell::new(false),
         coal,
         r2t_out: Cell::new(0),
+        r2t_big_out: Cell::new(0),
         slot_wait: Cell::new(None),
         slot_wait_aborted: Cell::new(false),
     });
@@ -423,6 +431,14 @@ impl Conn {
         self.push_out(Out::Resp(c));
     }
 
+    /// An R2T of `len` bytes needs no more data (all in, or aborted).
+    fn r2t_settled(&self, len: u32) {
+        self.r2t_out.set(self.r2t_out.get() - 1);
+        if len as usize > COPY_MAX {
+            self.r2t_big_out.set(self.r2t_big_out.get() - 1);
+        }
+    }
+
     /// Abort of command `cid`: true if it had not reached the bdev (it is
     /// completed with Command Abort Requested now, or by the receiver as
     /// soon as it has consumed the command's data).
@@ -444,8 +460,9 @@ impl Conn {
                 true
             }
             SlotState::AwaitH2C => {
+                let len = s[i].len;
                 drop(s);
-                self.r2t_out.set(self.r2t_out.get() - 1);
+                self.r2t_settled(len);
                 self.complete_aborted(i as u16);
                 true
             }
@@ -526,9 +543,9 @@ struct Staging {
     buf: Option<IoBuf>,
     start: usize,
     end: usize,
-    /// The last PDU carried a large payload: read headers exactly, so the
-    /// next PDU's (likely large) data lands in its own buffer instead of
-    /// being staged and copied.
+    /// The last PDU carried a large payload, or an R2T for one is due:
+    /// read headers exactly, so the next large payload lands in its own
+    /// buffer instead of being staged and copied.
     exact: bool,
     /// PDUs started from the bytes of the latest receive. More than one:
     /// the host is streaming, so the next receive tries the socket directly
@@ -605,13 +622,17 @@ impl Staging {
     }
 
     /// Receives `len` bytes into `buf[off..off + len]`: staged bytes first
-    /// (copied once, counted), the rest straight from the socket.
+    /// (copied once, counted), the rest straight from the socket, in one
+    /// `recvmsg` (while data is queued) that also brings up to `tail` bytes
+    /// of what follows (digest, next headers) into the emptied staging
+    /// buffer, saving the next receive.
     async fn payload(
         &mut self,
         fd: RawFd,
         mut buf: IoBuf,
         off: usize,
         len: usize,
+        tail: usize,
     ) -> (io::Result<()>, IoBuf) {
         let n = len.min(self.avail());
         if n > 0 {
@@ -627,20 +648,41 @@ impl Staging {
                 inc(&c.payload_copied_bytes, n as u64);
             });
         }
-        let mut at = off + n;
-        let end = off + len;
-        while at < end {
-            let (res, b) = ops::recv(fd, buf, at, end - at).await;
-            buf = b;
-            stats::with(|c| inc(&c.recv_calls, 1));
-            match res {
-                Ok(0) => return (Err(io::ErrorKind::UnexpectedEof.into()), buf),
-                Ok(k) => at += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return (Err(e), buf),
-            }
+        let rest = len - n;
+        if rest == 0 {
+            return (Ok(()), buf);
         }
-        (Ok(()), buf)
+        // The staged bytes are all consumed: `consume` rewound the buffer.
+        debug_assert_eq!((self.start, self.end), (0, 0));
+        let tail = tail.min(STAGING_LEN);
+        let Some(st) = self.buf.as_mut() else {
+            return (Err(io::ErrorKind::BrokenPipe.into()), buf);
+        };
+        let segs = [
+            // SAFETY: off + len <= capacity (the caller's range), so the
+            // segment lies inside `buf`.
+            Seg {
+                ptr: unsafe { buf.as_mut_ptr().add(off + n) },
+                len: rest,
+            },
+            Seg {
+                ptr: st.as_mut_ptr(),
+                len: tail,
+            },
+        ];
+        let nseg = if tail > 0 { 2 } else { 1 };
+        // SAFETY: both segments are memory this task owns (`buf` by value,
+        // the staging buffer through `self`) for the whole call; the
+        // receive is a synchronous recvmsg, so nothing writes to them after
+        // it returns or its future is dropped.
+        match unsafe { sock::recv_at_least(fd, &segs[..nseg], rest) }.await {
+            Ok((got, calls)) => {
+                stats::with(|c| inc(&c.recv_calls, calls));
+                self.end = got - rest;
+                (Ok(()), buf)
+            }
+            Err(e) => (Err(e), buf),
+        }
     }
 
     /// Drops `n` bytes (padding, refused data).
@@ -682,13 +724,11 @@ async fn receiver(conn: &Rc<Conn>, st: &mut Staging) {
             budget = RECV_BUDGET;
             ustor_runtime::yield_now().await;
         }
-        // Exact mode: the smallest PDU (24 bytes) while H2CData may come,
-        // else a capsule header (+ digest); neither reads into a payload.
-        let exact = if conn.r2t_out.get() == 0 {
-            CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
-        } else {
-            MIN_PDU_LEN
-        };
+        // Exact mode reads at most a capsule header (+ digest): all of a
+        // capsule's, or an H2CData header and the first few bytes of its
+        // data (copied), never a large payload.
+        st.exact |= conn.r2t_big_out.get() > 0;
+        let exact = CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len();
         if st.fill(fd, CH_LEN, exact).await.is_err() {
             return;
         }
@@ -762,7 +802,15 @@ async fn pdu_data(
     if st.skip(fd, l.pad()).await.is_err() {
         return (Err(None), buf);
     }
-    let (r, buf) = st.payload(fd, buf, off, l.data_len).await;
+    // What may follow the data in the same receive: everything (a greedy
+    // staging read) unless a large payload may come next, then just the
+    // digest and one capsule header.
+    let tail = if st.exact || conn.r2t_big_out.get() > 0 {
+        l.ddgst as usize * DIGEST_LEN + CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
+    } else {
+        STAGING_LEN
+    };
+    let (r, buf) = st.payload(fd, buf, off, l.data_len, tail).await;
     if r.is_err() {
         return (Err(None), buf);
     }
@@ -897,6 +945,9 @@ async fn capsule(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) -
             }
             stats::with(|c| inc(&c.r2ts, 1));
             conn.r2t_out.set(conn.r2t_out.get() + 1);
+            if len as usize > COPY_MAX {
+                conn.r2t_big_out.set(conn.r2t_big_out.get() + 1);
+            }
             conn.push_out(Out::R2T {
                 cid: sqe.cid(),
                 ttag: i,
@@ -954,7 +1005,7 @@ async fn h2c_data(conn: &Rc<Conn>, st: &mut Staging, l: &PduLayout, hdr: &[u8]) 
         (got == total, slot.aborted)
     };
     if aborted || done {
-        conn.r2t_out.set(conn.r2t_out.get() - 1);
+        conn.r2t_settled(total);
     }
     if aborted {
         conn.complete_aborted(i as u16);
