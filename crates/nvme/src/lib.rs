@@ -6,6 +6,8 @@
 //! - [`initiator`]: the NVMe/TCP initiator bdev (`bdev_nvme_attach_controller`).
 //! - [`nvmf`]: the target: subsystems, controllers, queue pairs on the
 //!   reactors, discovery, and the SPDK-named control functions.
+//! - `sock`: socket helpers both sides use (vectored receive into caller
+//!   memory, readiness through the ring).
 //!
 //! Nothing here takes a lock, allocates or copies payload per I/O: payload is
 //! received straight into the pool buffer the bdev uses, read data leaves
@@ -14,6 +16,7 @@
 pub mod coalesce;
 pub mod initiator;
 pub mod nvmf;
+pub(crate) mod sock;
 pub mod wire;
 
 #[doc(hidden)]

@@ -18,11 +18,11 @@ use ustor_bdev::Registry;
 use ustor_runtime::{ops, IoBuf};
 
 use super::qpair::{QpCounters, QpStats};
-use super::sock;
 use super::{
     AttachParams, ControllerInfo, CtrlrPathInfo, HostId, InitiatorError, TransportId,
     DEFAULT_HOSTNQN,
 };
+use crate::sock;
 use crate::wire::*;
 
 /// Supervisor tick: how fast a reset request is noticed.

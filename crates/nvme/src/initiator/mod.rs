@@ -20,7 +20,6 @@
 mod bdev;
 mod ctrlr;
 mod qpair;
-pub(crate) mod sock;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

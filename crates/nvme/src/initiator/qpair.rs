@@ -32,9 +32,9 @@ use ustor_bdev::{BdevError, IoHandle, IoType};
 use ustor_runtime::ops;
 
 use super::ctrlr::{connect_queue, send_term_req, Ctrlr, CtrlrState, QueueConn};
-use super::sock::{self, Seg, MAX_RECV_IOV};
 use super::InitiatorError;
 use crate::coalesce::{CoalesceStats, Coalescer, PduGroup};
+use crate::sock::{self, Seg, MAX_RECV_IOV};
 use crate::wire::*;
 
 /// PDUs handled per receiver pass before yielding to the reactor.

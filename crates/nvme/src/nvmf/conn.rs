@@ -44,7 +44,7 @@ use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
 use super::{Shared, TransportOpts};
 use crate::coalesce::{Coalescer, PduGroup};
-use crate::initiator::sock::{self, Seg};
+use crate::sock::{self, Seg};
 use crate::wire::*;
 
 /// Command slots per connection; the R2T transfer tag is the slot index.
@@ -652,8 +652,11 @@ impl Staging {
         if rest == 0 {
             return (Ok(()), buf);
         }
-        // The staged bytes are all consumed: `consume` rewound the buffer.
-        debug_assert_eq!((self.start, self.end), (0, 0));
+        // The staged bytes are all consumed: what follows the payload goes
+        // to the start of the staging buffer.
+        debug_assert_eq!(self.avail(), 0);
+        self.start = 0;
+        self.end = 0;
         let tail = tail.min(STAGING_LEN);
         let Some(st) = self.buf.as_mut() else {
             return (Err(io::ErrorKind::BrokenPipe.into()), buf);

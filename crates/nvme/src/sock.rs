@@ -1,7 +1,7 @@
-//! Socket helpers for the initiator's queues: a connect in blocking mode
-//! for io_uring sends, and a vectored receive straight into caller memory
-//! (the bdev I/O's buffers; the target uses it too, for a payload and the
-//! header behind it).
+//! Socket helpers for NVMe/TCP queues: the initiator's connect in blocking
+//! mode for io_uring sends, and a vectored receive straight into caller
+//! memory (the initiator's bdev I/O buffers; the target's pool buffer for a
+//! large payload, with the header behind it into its staging buffer).
 //!
 //! The receive is a `recvmsg(MSG_DONTWAIT)` on data already queued and an
 //! io_uring poll for readiness when there is none: the runtime's `ops::recv`
