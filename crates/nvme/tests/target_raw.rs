@@ -458,30 +458,36 @@ fn more_bad_pdus_and_h2c_data_errors() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
-    // A data digest error in H2CData fails just that command.
+    // A data digest error in H2CData fails just that command: 16 KiB data
+    // (copied out of the target's staging buffer) and 64 KiB data
+    // (received into the command's buffer, the digest and the next header
+    // behind it in the same receive).
     let mut q = Client::io_queue(e.port, DG, cntlid, 6);
-    let data = pattern(16384, 4);
-    let mut w = Client::rw_sqe(io::WRITE, 256, 32, false);
-    w.set_cid(21).set_sgl_psdt();
-    q.send_cmd(&w, &[]);
-    let r = q.recv().unwrap();
-    let ttag = DataHdr::decode(&r.hdr).unwrap().ttag;
-    let mut h = [0u8; 32];
-    let d = DataHdr {
-        cccid: 21,
-        ttag,
-        offset: 0,
-        length: data.len() as u32,
-    };
-    let n = encode_data_hdr(&mut h, PduType::H2CData, &d, flags::LAST_PDU, DG);
-    let mut v = h[..n].to_vec();
-    v.extend_from_slice(&data);
-    v.extend_from_slice(&(crc(&data) ^ 1).to_le_bytes());
-    q.s.write_all(&v).unwrap();
-    assert_eq!(q.wait(21).1.status(), Status::TRANSIENT_TRANSPORT);
-    assert_eq!(q.read(256, 32).0, vec![0; 16384], "bad-digest data landed");
-    assert!(q.write_r2t(256, &data).status().is_success());
-    assert_eq!(q.read(256, 32).0, data);
+    for (cid, lba, len) in [(21u16, 256u64, 16384usize), (22, 1024, 65536)] {
+        let data = pattern(len, 4 + u64::from(cid));
+        let nlb = (len / 512) as u32;
+        let mut w = Client::rw_sqe(io::WRITE, lba, nlb, false);
+        w.set_cid(cid).set_sgl_psdt();
+        q.send_cmd(&w, &[]);
+        let r = q.recv().unwrap();
+        let ttag = DataHdr::decode(&r.hdr).unwrap().ttag;
+        let mut h = [0u8; 32];
+        let d = DataHdr {
+            cccid: cid,
+            ttag,
+            offset: 0,
+            length: data.len() as u32,
+        };
+        let n = encode_data_hdr(&mut h, PduType::H2CData, &d, flags::LAST_PDU, DG);
+        let mut v = h[..n].to_vec();
+        v.extend_from_slice(&data);
+        v.extend_from_slice(&(crc(&data) ^ 1).to_le_bytes());
+        q.s.write_all(&v).unwrap();
+        assert_eq!(q.wait(cid).1.status(), Status::TRANSIENT_TRANSPORT);
+        assert_eq!(q.read(lba, nlb).0, vec![0; len], "bad-digest data landed");
+        assert!(q.write_r2t(lba, &data).status().is_success());
+        assert_eq!(q.read(lba, nlb).0, data);
+    }
     // Queue 1 never noticed.
     let d1 = pattern(4096, 10);
     let mut w = Client::rw_sqe(io::WRITE, 8, 8, true);
