@@ -760,7 +760,9 @@ async fn receiver(conn: &Rc<Conn>, st: &mut Staging) {
             };
             return fatal(conn, &mut state, f, &hdr[..layout.hlen]);
         }
-        st.exact = layout.data_len > COPY_MAX;
+        // This PDU's data, or the next one's, may be large: keep what
+        // follows out of the staging buffer.
+        st.exact = layout.data_len > COPY_MAX || conn.r2t_big_out.get() > 0;
         if layout.data_len > 0 {
             set_state(&mut state, RecvState::AwaitPayload);
         }
@@ -808,7 +810,7 @@ async fn pdu_data(
     // What may follow the data in the same receive: everything (a greedy
     // staging read) unless a large payload may come next, then just the
     // digest and one capsule header.
-    let tail = if st.exact || conn.r2t_big_out.get() > 0 {
+    let tail = if st.exact {
         l.ddgst as usize * DIGEST_LEN + CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
     } else {
         STAGING_LEN
