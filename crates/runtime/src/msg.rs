@@ -18,13 +18,20 @@ use crate::ticks;
 
 pub(crate) type Msg = Box<dyn FnOnce() + Send>;
 
-/// Why a message was not delivered.
-#[derive(Debug, thiserror::Error)]
+/// Why a message was not delivered (or its reply never came back).
+///
+/// Other layers wrap it as `Runtime(#[from] ustor_runtime::SendError)` and
+/// choose their own errno for it; `Copy` and `Eq` so errors that carry it can
+/// be compared in tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
+    /// The reactor index is not one this runtime started.
     #[error("no reactor {0}")]
     NoSuchReactor(usize),
+    /// The reactor's bounded inbox had no room; the message was dropped.
     #[error("reactor {0} inbox is full")]
     Full(usize),
+    /// The runtime stopped before the message ran or before its reply came.
     #[error("runtime is stopped")]
     Stopped,
 }
