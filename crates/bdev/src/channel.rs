@@ -20,7 +20,7 @@ use crate::error::BdevError;
 use crate::io::{with_table, Bufs, IoHandle, State, MAX_SEGMENTS};
 use crate::registry::BdevEntry;
 use crate::stats::{ChannelStats, IoStat};
-use crate::types::IoType;
+use crate::types::{IoFlags, IoType};
 
 const NONE: u32 = u32::MAX;
 
@@ -36,6 +36,11 @@ pub(crate) struct ChannelCore {
     max_xfer: u64,
     boundary: u64,
     supported: [bool; IoType::ALL.len()],
+    /// The driver honours [`IoFlags::FUA`] itself for this kind.
+    fua_native: [bool; IoType::ALL.len()],
+    /// The device has a volatile write cache that a flush empties: FUA
+    /// without native support means a flush after the I/O.
+    volatile: bool,
     /// The driver said EOPNOTSUPP to a native write-zeroes (e.g. a file
     /// system without ZERO_RANGE): emulate from now on.
     zeroes_unsupported: Cell<bool>,
@@ -49,8 +54,10 @@ impl ChannelCore {
         let b = entry.bdev.clone();
         let info = b.info();
         let mut supported = [false; IoType::ALL.len()];
+        let mut fua_native = [false; IoType::ALL.len()];
         for t in IoType::ALL {
             supported[t.index()] = b.io_type_supported(t);
+            fua_native[t.index()] = b.fua_supported(t);
         }
         ChannelCore {
             block_size: info.block_size,
@@ -58,7 +65,9 @@ impl ChannelCore {
             align: info.required_alignment.max(1),
             max_xfer: info.max_transfer_blocks as u64,
             boundary: info.optimal_boundary_blocks as u64,
+            volatile: info.write_cache && supported[IoType::Flush.index()],
             supported,
+            fua_native,
             entry,
             driver,
             stats: ChannelStats::new(),
@@ -108,7 +117,14 @@ impl IoChannel {
         num_blocks: u64,
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
-        self.io(IoType::Read, offset_blocks, num_blocks, buf, 0)
+        self.io(
+            IoType::Read,
+            offset_blocks,
+            num_blocks,
+            buf,
+            0,
+            IoFlags::NONE,
+        )
     }
 
     pub fn write(
@@ -117,7 +133,14 @@ impl IoChannel {
         num_blocks: u64,
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
-        self.io(IoType::Write, offset_blocks, num_blocks, buf, 0)
+        self.io(
+            IoType::Write,
+            offset_blocks,
+            num_blocks,
+            buf,
+            0,
+            IoFlags::NONE,
+        )
     }
 
     /// [`IoChannel::write`] (`write`) or [`IoChannel::read`], stamped as
@@ -135,7 +158,7 @@ impl IoChannel {
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
         let kind = if write { IoType::Write } else { IoType::Read };
-        self.io(kind, offset_blocks, num_blocks, buf, t0)
+        self.io(kind, offset_blocks, num_blocks, buf, t0, IoFlags::NONE)
     }
 
     /// Scatter-gather read into up to [`MAX_SEGMENTS`] buffers, in order.
@@ -145,7 +168,14 @@ impl IoChannel {
         num_blocks: u64,
         bufs: Vec<IoBuf>,
     ) -> impl Future<Output = (Result<(), BdevError>, Vec<IoBuf>)> + '_ {
-        self.io(IoType::Read, offset_blocks, num_blocks, bufs, 0)
+        self.io(
+            IoType::Read,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            0,
+            IoFlags::NONE,
+        )
     }
 
     pub fn writev(
@@ -154,34 +184,143 @@ impl IoChannel {
         num_blocks: u64,
         bufs: Vec<IoBuf>,
     ) -> impl Future<Output = (Result<(), BdevError>, Vec<IoBuf>)> + '_ {
-        self.io(IoType::Write, offset_blocks, num_blocks, bufs, 0)
+        self.io(
+            IoType::Write,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            0,
+            IoFlags::NONE,
+        )
     }
 
     pub async fn flush(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
-        self.io(IoType::Flush, offset_blocks, num_blocks, (), 0)
-            .await
-            .0
+        self.io(
+            IoType::Flush,
+            offset_blocks,
+            num_blocks,
+            (),
+            0,
+            IoFlags::NONE,
+        )
+        .await
+        .0
     }
 
     pub async fn unmap(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
-        self.io(IoType::Unmap, offset_blocks, num_blocks, (), 0)
+        self.unmap_flagged(offset_blocks, num_blocks, IoFlags::NONE)
             .await
-            .0
     }
 
     /// Zeroes a range; emulated with writes of a zero buffer when the driver
     /// has no native support.
     pub async fn write_zeroes(&self, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
+        self.write_zeroes_flagged(offset_blocks, num_blocks, IoFlags::NONE)
+            .await
+    }
+
+    /// [`IoChannel::write`] with `flags`; with [`IoFlags::FUA`] the data is
+    /// durable when this completes (see [`crate::Bdev::fua_supported`]).
+    pub async fn write_flagged(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        buf: IoBuf,
+        flags: IoFlags,
+    ) -> (Result<(), BdevError>, IoBuf) {
+        let (r, buf) = self
+            .io(IoType::Write, offset_blocks, num_blocks, buf, 0, flags)
+            .await;
+        let r = self
+            .fua_flush(IoType::Write, flags, r, offset_blocks, num_blocks)
+            .await;
+        (r, buf)
+    }
+
+    /// [`IoChannel::writev`] with `flags` (see [`IoChannel::write_flagged`]).
+    pub async fn writev_flagged(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: Vec<IoBuf>,
+        flags: IoFlags,
+    ) -> (Result<(), BdevError>, Vec<IoBuf>) {
+        let (r, bufs) = self
+            .io(IoType::Write, offset_blocks, num_blocks, bufs, 0, flags)
+            .await;
+        let r = self
+            .fua_flush(IoType::Write, flags, r, offset_blocks, num_blocks)
+            .await;
+        (r, bufs)
+    }
+
+    /// [`IoChannel::unmap`] with `flags` (FUA: the deallocation is durable).
+    pub async fn unmap_flagged(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        flags: IoFlags,
+    ) -> Result<(), BdevError> {
+        let (r, ()) = self
+            .io(IoType::Unmap, offset_blocks, num_blocks, (), 0, flags)
+            .await;
+        self.fua_flush(IoType::Unmap, flags, r, offset_blocks, num_blocks)
+            .await
+    }
+
+    /// The one place FUA is emulated: after a successful I/O that asked for
+    /// it, on a device with a volatile cache whose driver does not honour
+    /// FUA for `kind`, flush the range. Costs a flag test when not asked.
+    #[inline]
+    async fn fua_flush(
+        &self,
+        kind: IoType,
+        flags: IoFlags,
+        r: Result<(), BdevError>,
+        offset_blocks: u64,
+        num_blocks: u64,
+    ) -> Result<(), BdevError> {
+        if !flags.fua() || r.is_err() || !self.core.volatile || self.core.fua_native[kind.index()] {
+            return r;
+        }
+        self.flush(offset_blocks, num_blocks).await
+    }
+
+    /// [`IoChannel::write_zeroes`] with `flags` (see
+    /// [`IoChannel::write_flagged`]).
+    pub async fn write_zeroes_flagged(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        flags: IoFlags,
+    ) -> Result<(), BdevError> {
         if self.core.supported[IoType::WriteZeroes.index()] && !self.core.zeroes_unsupported.get() {
             match self
-                .io(IoType::WriteZeroes, offset_blocks, num_blocks, (), 0)
+                .io(IoType::WriteZeroes, offset_blocks, num_blocks, (), 0, flags)
                 .await
                 .0
             {
                 Err(BdevError::NotSupported) => self.core.zeroes_unsupported.set(true),
-                r => return r,
+                r => {
+                    return self
+                        .fua_flush(IoType::WriteZeroes, flags, r, offset_blocks, num_blocks)
+                        .await
+                }
             }
         }
+        let r = self.write_zeroes_emulated(offset_blocks, num_blocks).await;
+        // Written without FUA (one flush for the range, not one per chunk).
+        if flags.fua() && r.is_ok() && self.core.volatile {
+            return self.flush(offset_blocks, num_blocks).await;
+        }
+        r
+    }
+
+    async fn write_zeroes_emulated(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+    ) -> Result<(), BdevError> {
         self.check(IoType::Write, offset_blocks, num_blocks)?;
         let bs = self.core.block_size as u64;
         let chunk_blocks = ((1u64 << 20) / bs).max(1);
@@ -201,7 +340,7 @@ impl IoChannel {
 
     /// Waits for this channel's outstanding I/O, then resets the device queue.
     pub async fn reset(&self) -> Result<(), BdevError> {
-        self.io(IoType::Reset, 0, 0, (), 0).await.0
+        self.io(IoType::Reset, 0, 0, (), 0, IoFlags::NONE).await.0
     }
 
     fn check(&self, kind: IoType, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
@@ -235,6 +374,7 @@ impl IoChannel {
         num_blocks: u64,
         payload: P,
         t0: u64,
+        flags: IoFlags,
     ) -> (Result<(), BdevError>, P) {
         let bufs = payload.into_bufs();
         if let Err(e) = self.check(kind, offset_blocks, num_blocks) {
@@ -259,12 +399,14 @@ impl IoChannel {
                 return (Err(BdevError::TooManySegments(n)), P::from_bufs(bufs));
             }
             if !self.aligned(&bufs) {
-                let (r, b) = self.bounced(kind, offset_blocks, num_blocks, bufs).await;
+                let (r, b) = self
+                    .bounced(kind, offset_blocks, num_blocks, bufs, flags)
+                    .await;
                 return (r, P::from_bufs(b));
             }
         }
         let t0 = if t0 == 0 { ticks::now() } else { t0 };
-        let (r, bufs) = Submit::new(&self.core, kind, offset_blocks, num_blocks, bufs).await;
+        let (r, bufs) = Submit::new(&self.core, kind, offset_blocks, num_blocks, bufs, flags).await;
         let bytes = if kind == IoType::Reset {
             0
         } else {
@@ -317,6 +459,7 @@ impl IoChannel {
         off: u64,
         n: u64,
         mut bufs: Bufs,
+        flags: IoFlags,
     ) -> (Result<(), BdevError>, Bufs) {
         let len = bufs.total_len() as usize;
         let mut bounce = IoBuf::alloc(len).await;
@@ -332,7 +475,7 @@ impl IoChannel {
             .bounce_bytes
             .set(self.core.stats.bounce_bytes.get() + len as u64);
         let t0 = ticks::now();
-        let (r, b) = Submit::new(&self.core, kind, off, n, Bufs::One(bounce)).await;
+        let (r, b) = Submit::new(&self.core, kind, off, n, Bufs::One(bounce), flags).await;
         self.done(kind, len as u64, t0, r.is_ok());
         if r.is_ok() && kind == IoType::Read {
             let mut bounce = one(b);
@@ -410,6 +553,7 @@ struct Submit<'a> {
     /// Borrowed from the channel the I/O runs on: no reference count per I/O.
     core: &'a ChannelCore,
     kind: IoType,
+    flags: IoFlags,
     offset: u64,
     num: u64,
     bufs: Option<Bufs>,
@@ -419,10 +563,18 @@ struct Submit<'a> {
 }
 
 impl<'a> Submit<'a> {
-    fn new(core: &'a ChannelCore, kind: IoType, offset: u64, num: u64, bufs: Bufs) -> Submit<'a> {
+    fn new(
+        core: &'a ChannelCore,
+        kind: IoType,
+        offset: u64,
+        num: u64,
+        bufs: Bufs,
+        flags: IoFlags,
+    ) -> Submit<'a> {
         Submit {
             core,
             kind,
+            flags,
             offset,
             num,
             bufs: Some(bufs),
@@ -453,7 +605,7 @@ impl<'a> Submit<'a> {
     /// Takes a slot and fills it (one thread-local lookup); returns the
     /// slot's generation for the driver's handle.
     fn start(&mut self, cx: &mut Context<'_>) -> Poll<u32> {
-        let (kind, offset, num) = (self.kind, self.offset, self.num);
+        let (kind, flags, offset, num) = (self.kind, self.flags, self.offset, self.num);
         let removed = self.core.entry.removed_flag();
         let bufs = &mut self.bufs;
         let Some((idx, gen)) = with_table(|t| {
@@ -461,6 +613,7 @@ impl<'a> Submit<'a> {
             let s = &t.slots[idx as usize];
             let mut bufs = bufs.take().unwrap_or(Bufs::None);
             s.kind.set(kind);
+            s.flags.set(flags);
             s.offset_blocks.set(offset);
             s.num_blocks.set(num);
             // SAFETY: the slot is ours (just allocated); nobody else reads iov.
@@ -499,6 +652,7 @@ impl<'a> Submit<'a> {
                 let p = &t.slots[self.slot as usize];
                 let c = &t.slots[child as usize];
                 c.kind.set(self.kind);
+                c.flags.set(self.flags);
                 c.offset_blocks.set(self.offset + self.next);
                 c.num_blocks.set(n);
                 c.parent.set(self.slot);

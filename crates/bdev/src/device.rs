@@ -17,6 +17,15 @@ pub trait Bdev: Send + Sync + 'static {
     /// `WriteZeroes` with writes when this says no.
     fn io_type_supported(&self, t: IoType) -> bool;
 
+    /// Whether the driver makes an I/O of kind `t` carrying
+    /// [`crate::types::IoFlags::FUA`] durable itself (io_uring's
+    /// `RWF_DSYNC`, a device's FUA bit), or has no volatile cache to begin
+    /// with. When it says no and the bdev has a write cache, the generic
+    /// layer follows a FUA I/O with a flush of its range.
+    fn fua_supported(&self, _t: IoType) -> bool {
+        false
+    }
+
     /// Makes this device's channel for the calling reactor (called on it,
     /// once, lazily).
     fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError>;

@@ -13,7 +13,7 @@ use std::task::Waker;
 use ustor_runtime::IoBuf;
 
 use crate::error::BdevError;
-use crate::types::IoType;
+use crate::types::{IoFlags, IoType};
 
 /// Most buffer segments in one I/O.
 pub const MAX_SEGMENTS: usize = 16;
@@ -88,6 +88,7 @@ pub(crate) struct Slot {
     pub(crate) gen: Cell<u32>,
     pub(crate) state: Cell<State>,
     pub(crate) kind: Cell<IoType>,
+    pub(crate) flags: Cell<IoFlags>,
     pub(crate) offset_blocks: Cell<u64>,
     pub(crate) num_blocks: Cell<u64>,
     pub(crate) iovcnt: Cell<u32>,
@@ -147,6 +148,7 @@ impl Table {
                 gen: Cell::new(0),
                 state: Cell::new(State::Free),
                 kind: Cell::new(IoType::Read),
+                flags: Cell::new(IoFlags::NONE),
                 offset_blocks: Cell::new(0),
                 num_blocks: Cell::new(0),
                 iovcnt: Cell::new(0),
@@ -319,6 +321,14 @@ impl IoHandle {
                 fixed: s.fixed.get(),
             }
         })
+    }
+
+    /// The submitter's flags. A driver that says it supports FUA natively
+    /// for this kind ([`crate::Bdev::fua_supported`]) honours
+    /// [`IoFlags::fua`]; for the others the generic layer flushes.
+    #[inline]
+    pub fn flags(&self) -> IoFlags {
+        with_table(|t| t.slots[self.idx as usize].flags.get())
     }
 
     /// A 48-bit token for io_uring user_data; see [`IoHandle::from_token`].

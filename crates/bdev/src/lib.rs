@@ -33,7 +33,7 @@ pub use error::{BdevError, ControlError};
 pub use io::{IoDesc, IoHandle};
 pub use registry::{BdevEntry, Desc, Registry};
 pub use stats::IoStat;
-pub use types::{BdevEvent, BdevInfo, IoType};
+pub use types::{BdevEvent, BdevInfo, IoFlags, IoType};
 
 /// Parses sizes like `4096`, `512K`, `256M`, `1G`, `2T` (binary units).
 pub fn parse_size(s: &str) -> Option<u64> {

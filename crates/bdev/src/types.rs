@@ -81,3 +81,26 @@ pub enum BdevEvent {
     /// The bdev is going away; outstanding I/O fails with `Removed`.
     Remove,
 }
+
+/// Per-I/O flags a submitter sets (SPDK's `spdk_bdev_io` write flags).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct IoFlags(u8);
+
+impl IoFlags {
+    pub const NONE: IoFlags = IoFlags(0);
+    /// Force Unit Access: the written data is durable (not only in a
+    /// volatile cache) when the I/O completes.
+    pub const FUA: IoFlags = IoFlags(1);
+
+    /// [`IoFlags::FUA`] when `fua`, else none: what a target decodes from a
+    /// command bit (NBD `NBD_CMD_FLAG_FUA`, NVMe CDW12 bit 30, SCSI FUA).
+    #[inline]
+    pub const fn fua_if(fua: bool) -> IoFlags {
+        IoFlags(fua as u8)
+    }
+
+    #[inline]
+    pub const fn fua(self) -> bool {
+        self.0 & IoFlags::FUA.0 != 0
+    }
+}

@@ -40,3 +40,104 @@ pub fn temp_file(name: &str, len: u64) -> std::path::PathBuf {
     f.set_len(len).unwrap();
     p
 }
+
+/// What a [`TraceBdev`] saw: (kind, offset_blocks, num_blocks, FUA).
+pub type Ops = Arc<std::sync::Mutex<Vec<(ustor_bdev::IoType, u64, u64, bool)>>>;
+
+/// A RAM bdev for tests that records every I/O its driver receives and
+/// has no native FUA, with or without a volatile write cache.
+pub struct TraceBdev {
+    info: ustor_bdev::BdevInfo,
+    mem: Arc<std::sync::Mutex<Vec<u8>>>,
+    pub ops: Ops,
+}
+
+impl TraceBdev {
+    pub fn create(
+        reg: &Registry,
+        name: &str,
+        num_blocks: u64,
+        write_cache: bool,
+        max_transfer_blocks: u32,
+    ) -> Ops {
+        let info = ustor_bdev::BdevInfo {
+            name: name.into(),
+            uuid: uuid::Uuid::new_v4(),
+            product_name: "Trace disk".into(),
+            module: "trace",
+            block_size: 512,
+            num_blocks,
+            required_alignment: 1,
+            max_transfer_blocks,
+            optimal_boundary_blocks: 0,
+            write_cache,
+            unmap_reads_zero: true,
+            memory_resident: true,
+        };
+        let ops = Ops::default();
+        let b = TraceBdev {
+            info,
+            mem: Arc::new(std::sync::Mutex::new(vec![0; num_blocks as usize * 512])),
+            ops: ops.clone(),
+        };
+        reg.register(Arc::new(b)).unwrap();
+        ops
+    }
+}
+
+struct TraceChannel {
+    mem: Arc<std::sync::Mutex<Vec<u8>>>,
+    ops: Ops,
+}
+
+impl ustor_bdev::BdevChannel for TraceChannel {
+    fn submit(&self, io: ustor_bdev::IoHandle) {
+        use ustor_bdev::IoType;
+        let d = io.desc();
+        self.ops
+            .lock()
+            .unwrap()
+            .push((d.kind, d.offset_blocks, d.num_blocks, io.flags().fua()));
+        let mut mem = self.mem.lock().unwrap();
+        let mut pos = d.offset_blocks as usize * 512;
+        let len = d.num_blocks as usize * 512;
+        match d.kind {
+            IoType::Read | IoType::Write => {
+                // SAFETY: the iovecs are valid until the completion below.
+                for v in unsafe { d.iovecs() } {
+                    // SAFETY: as above; each iovec is iov_len bytes.
+                    let s =
+                        unsafe { std::slice::from_raw_parts_mut(v.iov_base as *mut u8, v.iov_len) };
+                    if d.kind == IoType::Read {
+                        s.copy_from_slice(&mem[pos..pos + v.iov_len]);
+                    } else {
+                        mem[pos..pos + v.iov_len].copy_from_slice(s);
+                    }
+                    pos += v.iov_len;
+                }
+            }
+            IoType::Unmap | IoType::WriteZeroes => mem[pos..pos + len].fill(0),
+            IoType::Flush | IoType::Reset => {}
+        }
+        drop(mem);
+        io.complete(Ok(()));
+    }
+}
+
+impl ustor_bdev::Bdev for TraceBdev {
+    fn info(&self) -> &ustor_bdev::BdevInfo {
+        &self.info
+    }
+    fn io_type_supported(&self, _t: ustor_bdev::IoType) -> bool {
+        true
+    }
+    fn create_channel(&self) -> Result<Box<dyn ustor_bdev::BdevChannel>, ustor_bdev::BdevError> {
+        Ok(Box::new(TraceChannel {
+            mem: self.mem.clone(),
+            ops: self.ops.clone(),
+        }))
+    }
+    fn config_json(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+}

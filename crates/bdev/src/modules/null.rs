@@ -33,6 +33,10 @@ impl Bdev for NullBdev {
     fn io_type_supported(&self, _t: IoType) -> bool {
         true
     }
+    /// No volatile cache: every completed write is as durable as it gets.
+    fn fua_supported(&self, _t: IoType) -> bool {
+        true
+    }
     fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
         Ok(Box::new(NullChannel))
     }

@@ -193,6 +193,12 @@ impl Bdev for UringBdev {
             IoType::Unmap | IoType::WriteZeroes => true,
         }
     }
+    /// Writes carry `RWF_DSYNC` (the block layer turns it into REQ_FUA or
+    /// a cache flush); fallocate has no such flag, so the generic layer
+    /// flushes after a FUA unmap or write-zeroes.
+    fn fua_supported(&self, t: IoType) -> bool {
+        t == IoType::Write
+    }
     fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
         UringChannel::new(self).map(|c| Box::new(c) as Box<dyn BdevChannel>)
     }
@@ -426,6 +432,12 @@ fn build_sqe(fd_raw: RawFd, bs: u64, io: &IoHandle, fixed: Option<u32>) -> squeu
         let target = fd(fd_raw, fixed);
         // SAFETY: reading the iovecs of an I/O we have not completed.
         let iov = unsafe { d.iovecs() };
+        // FUA: durable on completion (only writes look the flag up).
+        let rw = if d.kind == IoType::Write && io.flags().fua() {
+            libc::RWF_DSYNC
+        } else {
+            0
+        };
         match d.kind {
             IoType::Read | IoType::Write if d.fixed && d.iovcnt == 1 => {
                 let (p, l) = (iov[0].iov_base as *mut u8, iov[0].iov_len as u32);
@@ -436,12 +448,14 @@ fn build_sqe(fd_raw: RawFd, bs: u64, io: &IoHandle, fixed: Option<u32>) -> squeu
                     (IoType::Read, FdOrFixed::Fixed(f)) => {
                         opcode::ReadFixed::new(f, p, l, 0).offset(off).build()
                     }
-                    (_, FdOrFixed::Fd(f)) => {
-                        opcode::WriteFixed::new(f, p, l, 0).offset(off).build()
-                    }
-                    (_, FdOrFixed::Fixed(f)) => {
-                        opcode::WriteFixed::new(f, p, l, 0).offset(off).build()
-                    }
+                    (_, FdOrFixed::Fd(f)) => opcode::WriteFixed::new(f, p, l, 0)
+                        .offset(off)
+                        .rw_flags(rw)
+                        .build(),
+                    (_, FdOrFixed::Fixed(f)) => opcode::WriteFixed::new(f, p, l, 0)
+                        .offset(off)
+                        .rw_flags(rw)
+                        .build(),
                 }
             }
             IoType::Read => match target {
@@ -455,9 +469,11 @@ fn build_sqe(fd_raw: RawFd, bs: u64, io: &IoHandle, fixed: Option<u32>) -> squeu
             IoType::Write => match target {
                 FdOrFixed::Fd(f) => opcode::Writev::new(f, d.iov, d.iovcnt as u32)
                     .offset(off)
+                    .rw_flags(rw)
                     .build(),
                 FdOrFixed::Fixed(f) => opcode::Writev::new(f, d.iov, d.iovcnt as u32)
                     .offset(off)
+                    .rw_flags(rw)
                     .build(),
             },
             IoType::Flush => match target {
