@@ -1,10 +1,8 @@
 //! ustor's userspace SCSI stack (initiator side), after Linux's three levels.
 //!
-//! - Wire-level SCSI, plain data with encode/decode that never panic:
-//!   [`cdb`] (command builders and parser), [`sense`] (fixed and descriptor
-//!   sense), [`status`], [`inquiry`] (standard INQUIRY and VPD pages),
-//!   [`capacity`] (READ CAPACITY(16)), [`lun`] (LUN encoding, REPORT LUNS,
-//!   H:C:T:L).
+//! - Wire-level SCSI lives in `ustor-scsi-proto` and is re-exported here
+//!   under the same paths: [`cdb`], [`sense`], [`status`], [`inquiry`],
+//!   [`capacity`], [`lun`].
 //!
 //! - [`lld`]: the low-level driver contract (docs/writing-an-lld.md).
 //! - [`mid`]: the mid-layer: host/device/driver registries, scan and
@@ -19,19 +17,11 @@
 //! SCSI failures are CHECK CONDITION with sense, carried as data; Rust
 //! errors are for transport failures and bad input only.
 
-pub mod capacity;
-pub mod cdb;
+pub use ustor_scsi_proto::{capacity, cdb, inquiry, lun, sense, status};
 #[doc(hidden)]
 pub mod fuzz;
-pub mod inquiry;
-pub mod lun;
-pub mod sense;
-pub mod status;
 
-pub use cdb::{Cdb, Command};
-pub use lun::Hctl;
-pub use sense::{Sense, SenseKey};
-pub use status::ScsiStatus;
+pub use ustor_scsi_proto::{Cdb, Command, Hctl, ScsiStatus, Sense, SenseKey};
 pub mod api;
 pub mod bdev;
 pub mod emul;

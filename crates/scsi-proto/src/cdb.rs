@@ -1,6 +1,6 @@
 //! Command descriptor blocks (SPC-4, SBC-3): builders for the commands the
 //! initiator sends and a parser that turns CDB bytes back into a
-//! [`Command`] (used by the emulated HBA, later by the target side).
+//! [`Command`] (used by the target core, `ustor-scsi-target`).
 //!
 //! A [`Cdb`] is a fixed 16-byte array plus a length: building one never
 //! allocates, and it is `Copy` so it can sit in a preallocated command slot.
