@@ -91,6 +91,8 @@ fn pollers_and_timed_pollers_run() {
             (p1, p2)
         })
         .unwrap();
+    // The sleeps below are the workload, not waits: a window in which the
+    // 10 ms poller should run about 20 times, then one in which it must not.
     std::thread::sleep(Duration::from_millis(205));
     let n_timed = timed.load(Ordering::Relaxed);
     assert!(
@@ -160,9 +162,15 @@ fn idle_adaptive_reactor_uses_under_one_percent() {
     let r = rt(2, PollMode::Adaptive);
     let tids = r.thread_ids();
     assert_eq!(tids.len(), 2);
-    std::thread::sleep(Duration::from_millis(100));
+    let h = r.handle();
+    testkit::wait_until(
+        "both idle reactors to go to sleep once",
+        Duration::from_secs(10),
+        || h.stats().unwrap().iter().all(|s| s.sleeps > 0),
+    );
     let c0 = cpu_ticks(&tids);
     let t0 = Instant::now();
+    // The workload: 5 s of idling whose CPU time is measured.
     std::thread::sleep(Duration::from_secs(5));
     let used = cpu_ticks(&tids) - c0;
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
@@ -181,8 +189,13 @@ fn idle_adaptive_reactor_uses_under_one_percent() {
 #[test]
 fn poll_mode_spins_and_counts_loops() {
     let r = rt(1, PollMode::Poll);
-    std::thread::sleep(Duration::from_millis(100));
-    let st = r.handle().stats().unwrap();
+    let h = r.handle();
+    testkit::wait_until(
+        "the polling reactor to run 1000 loops",
+        Duration::from_secs(10),
+        || h.stats().unwrap()[0].loops > 1000,
+    );
+    let st = h.stats().unwrap();
     assert!(
         st[0].loops > 1000,
         "poll mode ran only {} loops",
@@ -279,9 +292,18 @@ fn dropped_op_keeps_buffer_until_completion() {
             // Closing the peer completes the orphaned recv; the reactor then
             // returns the buffer to the pool.
             drop(_b);
-            ustor_runtime::sleep(Duration::from_millis(20)).await;
-            let (classes, _) = ustor_runtime::buf::pool_usage().unwrap();
-            classes.iter().all(|(_, free, total)| free == total)
+            let all_free = || {
+                let (classes, _) = ustor_runtime::buf::pool_usage().unwrap();
+                classes.iter().all(|(_, free, total)| free == total)
+            };
+            testkit::wait_until_async(
+                "the dropped recv's buffer to come back to the pool",
+                Duration::from_secs(5),
+                all_free,
+                ustor_runtime::sleep,
+            )
+            .await;
+            all_free()
         })
         .unwrap();
     assert!(ok, "buffer of a dropped op never came back");

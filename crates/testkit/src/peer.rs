@@ -1,0 +1,118 @@
+//! Peers a test needs (tgtd, QEMU, nbdkit, fio, SPDK's Python client, ...)
+//! and what happens when one is not installed.
+//!
+//! One rule, decided in [`missing`]: on a developer's machine the test prints
+//! `SKIPPED: <what> (install: <how>) [<test>]` and returns, so a partial
+//! setup still runs everything else; under `CI=true` a missing peer panics
+//! with the same text, because a CI run that skipped its interop tests and
+//! passed would prove nothing. `scripts/test.sh` installs every peer listed
+//! in `.ci/apt/*.txt` and `.ci/pip.txt`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Whether this run is a CI run (`CI=true`, or `CI=1`), where a missing peer
+/// fails the test instead of skipping it.
+pub fn on_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The full path of program `name` found on `PATH`, or why not.
+pub fn program(name: &str) -> Result<PathBuf, String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| format!("`{name}` is not on PATH"))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Whether program `name` is installed; when it is not, reports it through
+/// [`missing`] (a skip message, or a panic under `CI=true`) with `install`
+/// as the hint, e.g. `"apt-get install tgt (.ci/apt/iscsi.txt)"`.
+///
+/// ```no_run
+/// if !testkit::need("fio", "apt-get install fio (.ci/apt/nbd.txt)") {
+///     return;
+/// }
+/// ```
+#[track_caller]
+pub fn need(name: &str, install: &str) -> bool {
+    match program(name) {
+        Ok(_) => true,
+        Err(why) => {
+            missing(&why, install);
+            false
+        }
+    }
+}
+
+/// A peer the calling test needs is missing: `what` says which and why,
+/// `install` how to get it. Under `CI=true` this panics; otherwise it writes
+/// `SKIPPED: ...` straight to the stderr file descriptor (libtest captures
+/// `eprintln!` of passing tests, which would hide the skip) and returns, and
+/// the caller returns from the test.
+#[track_caller]
+pub fn missing(what: &str, install: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("<unnamed test>")
+        .to_string();
+    if on_ci() {
+        panic!("{test}: CI=true and a peer is missing: {what} (install: {install})");
+    }
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "SKIPPED: {what} (install: {install}) [{test}]");
+}
+
+/// What a skipped test returns: `()` for plain tests, `Ok(())` for tests
+/// returning `Result`, so one macro serves both.
+pub trait SkipReturn {
+    fn skip_value() -> Self;
+}
+
+impl SkipReturn for () {
+    fn skip_value() -> Self {}
+}
+
+impl<E> SkipReturn for Result<(), E> {
+    fn skip_value() -> Self {
+        Ok(())
+    }
+}
+
+/// Returns from the calling test when `$check` (a `Result<_, String>` saying
+/// why a peer is unusable) is `Err`, after [`missing`] reported it (and
+/// panicked, under `CI=true`).
+///
+/// ```no_run
+/// fn python_spdk() -> Result<(), String> { Ok(()) }
+/// fn my_test() {
+///     testkit::require!(python_spdk(), "pip install spdk (.ci/pip.txt)");
+/// }
+/// ```
+#[macro_export]
+macro_rules! require {
+    ($check:expr, $install:expr) => {
+        if let Err(why) = $check {
+            $crate::missing(&why, $install);
+            return $crate::SkipReturn::skip_value();
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_sh_and_not_a_made_up_name() {
+        assert!(program("sh").is_ok());
+        let err = program("ustor-no-such-program").unwrap_err();
+        assert!(err.contains("ustor-no-such-program"), "{err}");
+    }
+}
