@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 
 use ustor_runtime::{ticks, IoBuf};
 
+use crate::child::{chunk, sub_iov};
 use crate::device::BdevChannel;
 use crate::error::BdevError;
 use crate::io::{with_table, Bufs, IoHandle, State, MAX_SEGMENTS};
@@ -28,14 +29,14 @@ const NONE: u32 = u32::MAX;
 /// device on this reactor.
 pub(crate) struct ChannelCore {
     pub(crate) entry: Arc<BdevEntry>,
-    driver: Box<dyn BdevChannel>,
+    pub(crate) driver: Box<dyn BdevChannel>,
     pub(crate) stats: ChannelStats,
-    block_size: u32,
-    num_blocks: u64,
-    align: u32,
-    max_xfer: u64,
-    boundary: u64,
-    supported: [bool; IoType::ALL.len()],
+    pub(crate) block_size: u32,
+    pub(crate) num_blocks: u64,
+    pub(crate) align: u32,
+    pub(crate) max_xfer: u64,
+    pub(crate) boundary: u64,
+    pub(crate) supported: [bool; IoType::ALL.len()],
     /// The driver honours [`IoFlags::FUA`] itself for this kind.
     fua_native: [bool; IoType::ALL.len()],
     /// The device has a volatile write cache that a flush empties: FUA
@@ -586,16 +587,15 @@ impl<'a> Submit<'a> {
 
     /// Blocks in the chunk starting at `start` (relative), by max transfer and
     /// optimal boundary.
+    #[inline]
     fn chunk(&self, start: u64) -> u64 {
-        let mut n = self.num - start;
-        if self.core.max_xfer > 0 {
-            n = n.min(self.core.max_xfer);
-        }
-        if self.core.boundary > 0 {
-            let abs = self.offset + start;
-            n = n.min(self.core.boundary - abs % self.core.boundary);
-        }
-        n
+        let c = self.core;
+        chunk(
+            c.max_xfer,
+            c.boundary,
+            self.offset + start,
+            self.num - start,
+        )
     }
 
     fn needs_split(&self) -> bool {
@@ -676,33 +676,6 @@ impl<'a> Submit<'a> {
     }
 }
 
-/// Iovecs covering bytes [start, start+len) of `src`.
-fn sub_iov(
-    src: &[libc::iovec],
-    start: u64,
-    len: u64,
-    out: &mut [libc::iovec; MAX_SEGMENTS],
-) -> usize {
-    let (mut pos, mut n, end) = (0u64, 0usize, start + len);
-    for v in src {
-        let (a, b) = (pos, pos + v.iov_len as u64);
-        pos = b;
-        if b <= start || a >= end {
-            continue;
-        }
-        let s = start.max(a);
-        let e = end.min(b);
-        // SAFETY: s - a < iov_len, so the pointer stays inside the segment.
-        let base = unsafe { (v.iov_base as *mut u8).add((s - a) as usize) };
-        out[n] = libc::iovec {
-            iov_base: base.cast(),
-            iov_len: (e - s) as usize,
-        };
-        n += 1;
-    }
-    n
-}
-
 impl Future for Submit<'_> {
     type Output = (Result<(), BdevError>, Bufs);
 
@@ -774,35 +747,5 @@ impl Drop for Submit<'_> {
                 t.free(idx);
             }
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// sub_iov against a byte-by-byte reference model.
-        #[test]
-        fn sub_iov_matches_flat_model(lens in proptest::collection::vec(1usize..64, 1..8), a in 0usize..512, l in 0usize..512) {
-            let total: usize = lens.iter().sum();
-            let start = a % total;
-            let len = l % (total - start + 1);
-            let mut backing: Vec<Vec<u8>> = Vec::new();
-            let mut k = 0u8;
-            for n in &lens {
-                backing.push((0..*n).map(|_| { k = k.wrapping_add(1); k }).collect());
-            }
-            let flat: Vec<u8> = backing.iter().flatten().copied().collect();
-            let src: Vec<libc::iovec> = backing.iter_mut().map(|v| libc::iovec { iov_base: v.as_mut_ptr().cast(), iov_len: v.len() }).collect();
-            let mut out = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_SEGMENTS];
-            let n = sub_iov(&src, start as u64, len as u64, &mut out);
-            let mut got = Vec::new();
-            for v in &out[..n] {
-                got.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) });
-            }
-            prop_assert_eq!(&got[..], &flat[start..start + len]);
-        }
     }
 }

@@ -98,6 +98,10 @@ pub(crate) struct Slot {
     pub(crate) status: Cell<Result<(), BdevError>>,
     pub(crate) parent: Cell<u32>,
     pub(crate) children: Cell<u32>,
+    /// A driver turned this I/O into children ([`crate::Children`]): the
+    /// last child's completion completes it. Cleared when it does, so
+    /// `alloc` need not reset it.
+    pub(crate) chained: Cell<bool>,
     pub(crate) waker: RefCell<Option<Waker>>,
     pub(crate) bufs: RefCell<Bufs>,
     /// Set on hot-remove so completions report `Removed`.
@@ -162,6 +166,7 @@ impl Table {
                 status: Cell::new(Ok(())),
                 parent: Cell::new(NONE),
                 children: Cell::new(0),
+                chained: Cell::new(false),
                 waker: RefCell::new(None),
                 bufs: RefCell::new(Bufs::None),
                 removed: Cell::new(std::ptr::null()),
@@ -175,22 +180,25 @@ impl Table {
     }
 
     pub(crate) fn alloc(&self, waker: &Waker) -> Option<u32> {
-        match self.free.borrow_mut().pop() {
-            Some(i) => {
-                let s = &self.slots[i as usize];
-                s.state.set(State::Active);
-                s.status.set(Ok(()));
-                s.parent.set(NONE);
-                s.children.set(0);
-                s.iovcnt.set(0);
-                s.fixed.set(false);
-                Some(i)
-            }
-            None => {
-                self.waiters.borrow_mut().push_back(waker.clone());
-                None
-            }
+        let i = self.try_alloc();
+        if i.is_none() {
+            self.waiters.borrow_mut().push_back(waker.clone());
         }
+        i
+    }
+
+    /// A slot if one is free now (a driver's child I/O cannot wait).
+    #[inline]
+    pub(crate) fn try_alloc(&self) -> Option<u32> {
+        let i = self.free.borrow_mut().pop()?;
+        let s = &self.slots[i as usize];
+        s.state.set(State::Active);
+        s.status.set(Ok(()));
+        s.parent.set(NONE);
+        s.children.set(0);
+        s.iovcnt.set(0);
+        s.fixed.set(false);
+        Some(i)
     }
 
     pub(crate) fn free(&self, i: u32) {
@@ -230,25 +238,9 @@ impl Table {
         };
         let parent = s.parent.get();
         if parent != NONE {
-            // A child: fold its status into the parent and free it.
-            let p = &self.slots[parent as usize];
-            if p.status.get().is_ok() {
-                p.status.set(status);
-            }
+            // A child: free it and fold its status into the parent.
             self.free(i);
-            let left = p.children.get() - 1;
-            p.children.set(left);
-            if left == 0 {
-                match p.state.get() {
-                    State::Orphan => self.free(parent),
-                    _ => {
-                        let w = p.waker.borrow_mut().take();
-                        if let Some(w) = w {
-                            w.wake();
-                        }
-                    }
-                }
-            }
+            self.child_done(parent, status);
             return;
         }
         match s.state.get() {
@@ -264,14 +256,42 @@ impl Table {
             State::Free | State::Done => tracing::error!("bdev I/O slot {i} completed twice"),
         }
     }
+
+    /// One child of `parent` is done (first error wins). After the last: a
+    /// chained parent (a driver's I/O) completes in turn; a split parent
+    /// wakes its future or, orphaned, is freed.
+    pub(crate) fn child_done(&self, parent: u32, status: Result<(), BdevError>) {
+        let p = &self.slots[parent as usize];
+        if p.status.get().is_ok() {
+            p.status.set(status);
+        }
+        let left = p.children.get() - 1;
+        p.children.set(left);
+        if left != 0 {
+            return;
+        }
+        if p.chained.get() {
+            p.chained.set(false);
+            return self.finish(parent, p.status.get());
+        }
+        match p.state.get() {
+            State::Orphan => self.free(parent),
+            _ => {
+                let w = p.waker.borrow_mut().take();
+                if let Some(w) = w {
+                    w.wake();
+                }
+            }
+        }
+    }
 }
 
 /// A driver's reference to one in-flight I/O. Not `Clone`: completing it
 /// consumes it, so an I/O completes exactly once.
 #[derive(Debug)]
 pub struct IoHandle {
-    idx: u32,
-    gen: u32,
+    pub(crate) idx: u32,
+    pub(crate) gen: u32,
 }
 
 /// What a driver reads from an [`IoHandle`].

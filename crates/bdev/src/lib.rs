@@ -7,6 +7,7 @@
 //!   permission checks, alignment bounce, split, write-zeroes emulation,
 //!   iostat).
 //! - [`io`]: the per-reactor table of in-flight I/O that drivers complete.
+//! - [`child`]: child I/O of virtual bdevs on the parent's own buffers.
 //! - [`modules`]: malloc, null and uring drivers.
 //!
 //! # No lock, atomic RMW or allocation per I/O
@@ -19,6 +20,7 @@
 //! and asserts zero allocations after warm-up.
 
 pub mod channel;
+pub mod child;
 pub mod device;
 pub mod error;
 pub mod io;
@@ -28,6 +30,7 @@ pub mod stats;
 pub mod types;
 
 pub use channel::IoChannel;
+pub use child::Children;
 pub use device::{Bdev, BdevChannel, BdevModule, Extent};
 pub use error::{BdevError, ControlError};
 pub use io::{IoDesc, IoHandle};

@@ -1,8 +1,10 @@
-//! The data path proves itself: 100k I/Os through malloc and uring bdevs on
-//! two reactors, under a counting global allocator, with zero allocations
-//! (on any thread) once warmed up.
+//! The data path proves itself: 100k I/Os through malloc and uring bdevs
+//! and a stripe (child I/O on borrowed iovecs, over malloc and uring) on two
+//! reactors, some writes with FUA, under a counting global allocator, with
+//! zero allocations (on any thread) once warmed up.
 
 mod common;
+mod stripe;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use ustor_bdev::modules::{malloc, uring, RamOpts};
+use ustor_bdev::IoFlags;
 use ustor_runtime::IoBuf;
 
 struct Counting;
@@ -73,14 +76,31 @@ fn steady_state_io_allocates_nothing() {
         },
     )
     .unwrap();
-    let tasks = 2 * 2 * TASKS_PER_BDEV;
+    let ubs = reg.get("u").unwrap().info().block_size;
+    malloc::create(
+        &reg,
+        RamOpts {
+            name: "m2".into(),
+            num_blocks: (8 << 20) / ubs as u64,
+            block_size: ubs,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        },
+    )
+    .unwrap();
+    // Strips of half a 4 KiB I/O: most I/Os have two children.
+    let strip = (2048 / ubs as u64).max(1);
+    stripe::create(&reg, "s", "m2", "u", strip, 0).unwrap();
+    let names = ["m", "u", "s"];
+    let tasks = 2 * names.len() * TASKS_PER_BDEV;
     let per_task = TOTAL_IOS / tasks;
     let ready = Arc::new(AtomicUsize::new(0));
     let go = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicUsize::new(0));
     let ios = Arc::new(AtomicUsize::new(0));
     for r in 0..2 {
-        for bdev in ["m", "u"] {
+        for bdev in names {
             let desc = Arc::new(reg.open(bdev, true, |_| {}).unwrap());
             let (ready, go, done, ios) = (ready.clone(), go.clone(), done.clone(), ios.clone());
             rt.handle()
@@ -109,7 +129,9 @@ fn steady_state_io_allocates_nothing() {
                                             .wrapping_mul(6364136223846793005)
                                             .wrapping_add(1442695040888963407);
                                         let lba = ((x >> 33) % units) * blocks;
-                                        let (res, b) = if i % 2 == 0 {
+                                        let (res, b) = if i % 8 == 0 {
+                                            ch.write_flagged(lba, blocks, buf, IoFlags::FUA).await
+                                        } else if i % 2 == 0 {
                                             ch.write(lba, blocks, buf).await
                                         } else {
                                             ch.read(lba, blocks, buf).await

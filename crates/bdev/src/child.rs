@@ -1,0 +1,265 @@
+//! Child I/O on borrowed iovecs, for virtual bdevs (stripe, mirror,
+//! passthru): inside its [`crate::BdevChannel::submit`], a driver built on
+//! other bdevs turns the I/O it got into [`Children`] and sends each child
+//! to a base bdev's [`IoChannel`] over a byte range of the parent's own
+//! buffers. Nothing is copied and nothing allocated: a child is a slot of
+//! the per-reactor I/O table whose iovecs point into the parent's, and the
+//! parent's buffers stay in the slot of the I/O that owns them until the
+//! last child is done. The parent completes when its last child does, with
+//! the first error.
+//!
+//! What the generic path does for a submitter and a child does not get:
+//! alignment bounce, write-zeroes emulation, FUA emulation and iostat on the
+//! base. So a virtual bdev advertises at least its bases' alignment, claims
+//! only the I/O kinds every base supports natively, reports FUA support
+//! only where every base has it (the layer above then flushes), and its own
+//! iostat counts the I/O. A child larger than the base's max transfer or
+//! crossing its boundary is split here.
+
+use std::marker::PhantomData;
+
+use crate::channel::IoChannel;
+use crate::error::BdevError;
+use crate::io::{with_table, IoHandle, MAX_SEGMENTS};
+use crate::types::IoType;
+
+/// A driver's I/O turned into children. Dropping it releases the parent:
+/// it completes once every child submitted through it has (at once if all
+/// did already). `!Send`: children run on the parent's reactor.
+pub struct Children {
+    idx: u32,
+    _reactor: PhantomData<*const ()>,
+}
+
+impl IoHandle {
+    /// Turns this I/O into a parent of child I/Os (see [`Children`]).
+    pub fn into_children(self) -> Children {
+        let idx = self.idx;
+        std::mem::forget(self);
+        with_table(|t| {
+            let s = &t.slots[idx as usize];
+            s.chained.set(true);
+            // The `Children` value's own hold: a child that completes inline
+            // must not complete the parent before the rest are submitted.
+            s.children.set(s.children.get() + 1);
+        });
+        Children {
+            idx,
+            _reactor: PhantomData,
+        }
+    }
+}
+
+impl Children {
+    /// Sends `kind` on `num_blocks` at `offset_blocks` of `ch`'s bdev. A
+    /// data I/O uses the parent's bytes from `parent_byte_offset` on
+    /// (`num_blocks` times the base's block size of them); other kinds
+    /// ignore it. A child that cannot start (range, permission, removed,
+    /// table full) fails the parent instead.
+    pub fn submit(
+        &self,
+        ch: &IoChannel,
+        kind: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        parent_byte_offset: u64,
+    ) {
+        if let Err(e) = check(ch, kind, offset_blocks, num_blocks) {
+            return self.fail(e);
+        }
+        let c = &*ch.core;
+        if !kind.has_data() {
+            if let Some((child, gen)) = self.child_slot(ch, kind, offset_blocks, num_blocks, 0) {
+                c.driver.submit(IoHandle::from_parts(child, gen));
+            }
+            return;
+        }
+        let bs = c.block_size as u64;
+        let mut done = 0;
+        while done < num_blocks {
+            let off = offset_blocks + done;
+            let n = chunk(c.max_xfer, c.boundary, off, num_blocks - done);
+            let at = parent_byte_offset + done * bs;
+            let Some((child, gen)) = self.child_slot(ch, kind, off, n, at) else {
+                return;
+            };
+            c.driver.submit(IoHandle::from_parts(child, gen));
+            done += n;
+        }
+    }
+
+    /// Fails the parent with `e` (unless a child failed first) without a
+    /// child, e.g. for a range the driver itself refuses.
+    pub fn fail(&self, e: BdevError) {
+        with_table(|t| {
+            let p = &t.slots[self.idx as usize];
+            if p.status.get().is_ok() {
+                p.status.set(Err(e));
+            }
+        });
+    }
+
+    /// Takes and fills a slot for one child; `None` (parent failed) when
+    /// the table is full or the bytes do not fit the base's alignment.
+    fn child_slot(
+        &self,
+        ch: &IoChannel,
+        kind: IoType,
+        offset_blocks: u64,
+        n: u64,
+        at: u64,
+    ) -> Option<(u32, u32)> {
+        let c = &*ch.core;
+        let r = with_table(|t| {
+            let child = t.try_alloc().ok_or(BdevError::Io(libc::EAGAIN))?;
+            let p = &t.slots[self.idx as usize];
+            let s = &t.slots[child as usize];
+            s.kind.set(kind);
+            s.flags.set(p.flags.get());
+            s.offset_blocks.set(offset_blocks);
+            s.num_blocks.set(n);
+            s.removed.set(c.entry.removed_flag());
+            s.parent.set(self.idx);
+            if kind.has_data() {
+                let len = n * c.block_size as u64;
+                // SAFETY: parent and child are distinct slots of this
+                // reactor's table; the parent's iovecs are not written while
+                // it has a driver (only read here).
+                let (piov, ciov) = unsafe { (&*p.iov.get(), &mut *s.iov.get()) };
+                let cnt = sub_iov(&piov[..p.iovcnt.get() as usize], at, len, ciov);
+                s.iovcnt.set(cnt as u32);
+                s.fixed.set(p.fixed.get());
+                if let Err(e) = fits(&ciov[..cnt], len, c.align) {
+                    t.free(child);
+                    return Err(e);
+                }
+            }
+            p.children.set(p.children.get() + 1);
+            Ok((child, s.gen.get()))
+        });
+        r.map_err(|e| self.fail(e)).ok()
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        with_table(|t| t.child_done(self.idx, Ok(())));
+    }
+}
+
+/// The checks of the generic path that a child needs.
+fn check(
+    ch: &IoChannel,
+    kind: IoType,
+    offset_blocks: u64,
+    num_blocks: u64,
+) -> Result<(), BdevError> {
+    let c = &*ch.core;
+    if c.entry.is_removed() {
+        return Err(BdevError::Removed);
+    }
+    if !ch.writable && !matches!(kind, IoType::Read | IoType::Reset) {
+        return Err(BdevError::ReadOnly);
+    }
+    if !c.supported[kind.index()] {
+        return Err(BdevError::NotSupported);
+    }
+    if kind != IoType::Reset
+        && offset_blocks
+            .checked_add(num_blocks)
+            .is_none_or(|e| e > c.num_blocks)
+    {
+        return Err(BdevError::OutOfRange {
+            offset_blocks,
+            num_blocks,
+            size_blocks: c.num_blocks,
+        });
+    }
+    Ok(())
+}
+
+/// Blocks of the next piece from `offset`, by the base's max transfer and
+/// optimal boundary (as the generic path splits).
+#[inline]
+pub(crate) fn chunk(max_xfer: u64, boundary: u64, offset: u64, left: u64) -> u64 {
+    let mut n = left;
+    if max_xfer > 0 {
+        n = n.min(max_xfer);
+    }
+    if boundary > 0 {
+        n = n.min(boundary - offset % boundary);
+    }
+    n
+}
+
+/// The child's iovecs hold exactly `len` bytes, each segment on the base's
+/// alignment.
+fn fits(iov: &[libc::iovec], len: u64, align: u32) -> Result<(), BdevError> {
+    let got: u64 = iov.iter().map(|v| v.iov_len as u64).sum();
+    if got != len {
+        return Err(BdevError::BadLength { got, want: len });
+    }
+    let a = align as usize;
+    let on = |x: usize| a <= 1 || x.is_multiple_of(a);
+    if !iov.iter().all(|v| on(v.iov_base as usize) && on(v.iov_len)) {
+        return Err(BdevError::Io(libc::EINVAL));
+    }
+    Ok(())
+}
+
+/// Iovecs covering bytes [start, start+len) of `src`.
+pub(crate) fn sub_iov(
+    src: &[libc::iovec],
+    start: u64,
+    len: u64,
+    out: &mut [libc::iovec; MAX_SEGMENTS],
+) -> usize {
+    let (mut pos, mut n, end) = (0u64, 0usize, start + len);
+    for v in src {
+        let (a, b) = (pos, pos + v.iov_len as u64);
+        pos = b;
+        if b <= start || a >= end {
+            continue;
+        }
+        let s = start.max(a);
+        let e = end.min(b);
+        // SAFETY: s - a < iov_len, so the pointer stays inside the segment.
+        let base = unsafe { (v.iov_base as *mut u8).add((s - a) as usize) };
+        out[n] = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: (e - s) as usize,
+        };
+        n += 1;
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// sub_iov against a byte-by-byte reference model.
+        #[test]
+        fn sub_iov_matches_flat_model(lens in proptest::collection::vec(1usize..64, 1..8), a in 0usize..512, l in 0usize..512) {
+            let total: usize = lens.iter().sum();
+            let start = a % total;
+            let len = l % (total - start + 1);
+            let mut backing: Vec<Vec<u8>> = Vec::new();
+            let mut k = 0u8;
+            for n in &lens {
+                backing.push((0..*n).map(|_| { k = k.wrapping_add(1); k }).collect());
+            }
+            let flat: Vec<u8> = backing.iter().flatten().copied().collect();
+            let src: Vec<libc::iovec> = backing.iter_mut().map(|v| libc::iovec { iov_base: v.as_mut_ptr().cast(), iov_len: v.len() }).collect();
+            let mut out = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_SEGMENTS];
+            let n = sub_iov(&src, start as u64, len as u64, &mut out);
+            let mut got = Vec::new();
+            for v in &out[..n] {
+                got.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) });
+            }
+            prop_assert_eq!(&got[..], &flat[start..start + len]);
+        }
+    }
+}
