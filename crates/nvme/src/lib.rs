@@ -1,19 +1,22 @@
 //! ustor's NVMe over Fabrics (TCP transport).
 //!
 //! - [`wire`]: PDUs, SQE/CQE, SGL descriptors, digests (no state).
-//! - [`coalesce`]: LANoT, the load-aware PDU coalescer both sides send
-//!   through (policy and the PDU Group iovec list).
+//! - [`coalesce`]: LANoT and the PDU group, now in the connection layer
+//!   (`ustor_net::coalesce`, `ustor_net::group`), re-exported here.
 //! - [`initiator`]: the NVMe/TCP initiator bdev (`bdev_nvme_attach_controller`).
 //! - [`nvmf`]: the target: subsystems, controllers, queue pairs on the
 //!   reactors, discovery, and the SPDK-named control functions.
-//! - `sock`: socket helpers both sides use (vectored receive into caller
-//!   memory, readiness through the ring).
+//! - `sock`: socket helpers both sides use (`ustor_net::recv`).
 //!
 //! Nothing here takes a lock, allocates or copies payload per I/O: payload is
 //! received straight into the pool buffer the bdev uses, read data leaves
 //! from the buffer the bdev filled, and per-connection state is preallocated.
 
-pub mod coalesce;
+/// LANoT and the PDU group (`ustor_net`), under their old path.
+pub mod coalesce {
+    pub use ustor_net::coalesce::*;
+    pub use ustor_net::group::{PduGroup, ARENA_LEN};
+}
 pub mod initiator;
 pub mod nvmf;
 pub(crate) mod sock;
