@@ -35,6 +35,9 @@ pub(crate) trait LiveQueue {
 /// Receive states, for the per-state transition counters.
 pub const RECV_STATES: [&str; 4] = ["await_ch", "await_psh", "await_payload", "quiesced"];
 
+/// Command slot states, for the per-state transition counters.
+pub const SLOT_STATES: [&str; 5] = ["free", "receiving", "await_h2c", "queued", "running"];
+
 /// One poll group's (reactor's) counters.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct PollGroupStats {
@@ -67,6 +70,10 @@ pub struct PollGroupStats {
     pub payload_copies: u64,
     pub payload_copied_bytes: u64,
     pub recv_state_transitions: Vec<(String, u64)>,
+    /// Command slot states entered (`free`, `receiving`, `await_h2c`,
+    /// `queued`, `running`).
+    #[serde(default)]
+    pub slot_state_transitions: Vec<(String, u64)>,
     /// Sum over this group's queues, closed ones included (degree and
     /// timer: the largest of the live queues').
     pub coalesce: CoalesceStats,
@@ -99,6 +106,7 @@ pub(crate) struct Counters {
     pub payload_copies: Cell<u64>,
     pub payload_copied_bytes: Cell<u64>,
     pub recv_states: [Cell<u64>; 4],
+    pub slot_states: [Cell<u64>; 5],
     pub pending_io: Cell<u64>,
     /// Closed queues' coalescer counters.
     pub coalesce_closed: Cell<CoalesceStats>,
@@ -131,6 +139,7 @@ impl Counters {
             payload_copies: Cell::new(0),
             payload_copied_bytes: Cell::new(0),
             recv_states: [const { Cell::new(0) }; 4],
+            slot_states: [const { Cell::new(0) }; 5],
             pending_io: Cell::new(0),
             coalesce_closed: Cell::new(CoalesceStats::ZERO),
             live: RefCell::new(Vec::new()),
@@ -194,6 +203,11 @@ pub(crate) fn snapshot(reactor: usize) -> PollGroupStats {
             recv_state_transitions: RECV_STATES
                 .iter()
                 .zip(&c.recv_states)
+                .map(|(n, v)| (n.to_string(), v.get()))
+                .collect(),
+            slot_state_transitions: SLOT_STATES
+                .iter()
+                .zip(&c.slot_states)
                 .map(|(n, v)| (n.to_string(), v.get()))
                 .collect(),
             coalesce: co,

@@ -1,0 +1,314 @@
+//! One NVMe/TCP queue pair (connection), owned by one reactor for its life.
+//!
+//! Three kinds of task share the connection state ([`Conn`]):
+//! - the *receiver* ([`recv`]) runs the receive state machine over a
+//!   [`staging`] buffer: common header, rest of the header (+ digest), then
+//!   the payload, received straight into the pool buffer the bdev writes
+//!   from; for each command ([`capsule`]) it sends R2Ts for writes whose
+//!   data was not in the capsule and matches H2CData PDUs to them by
+//!   transfer tag (the command slot's index);
+//! - *workers* ([`exec`], spawned on demand, reused, at most one per
+//!   [`slots`] entry) execute commands: Fabrics ([`connect`]), admin
+//!   ([`admin_queue`] for AER and Abort, `nvmf::admin` for the rest), I/O;
+//! - the *sender* ([`send`]) moves queued responses into the PDU Group and
+//!   flushes it as the LANoT coalescer decides.
+//!
+//! A malformed PDU gets a C2HTermReq with the fatal error status and the
+//! connection closes; a bad command gets an NVMe status and nothing else
+//! changes. Other connections never notice.
+//!
+//! Abort (admin 0x08) reaches the named queue on its reactor (a message
+//! when that is another reactor) and aborts a command that has not reached
+//! the bdev: waiting for a slot, for a pool buffer, for its R2T's H2CData,
+//! or for a worker. It completes with Command Abort Requested; a command
+//! already executing is left alone (Abort DW0 bit 0 = 1). H2CData that
+//! arrives later for an aborted R2T finds its transfer tag retired and is
+//! a fatal PDU error (hosts do not send data for a command they aborted).
+
+mod admin_queue;
+mod capsule;
+mod connect;
+mod exec;
+mod recv;
+mod send;
+mod slots;
+mod staging;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::task::Waker;
+
+use ustor_bdev::IoChannel;
+use ustor_runtime::{spawn, IoBuf};
+
+use super::ctrlr::{Ctrl, HostIo};
+use super::stats::{self, inc};
+use super::subsystem::{ListenAddress, Namespace};
+use super::{Shared, TransportOpts};
+use crate::coalesce::Coalescer;
+use crate::wire::*;
+use slots::{Slot, SLOTS};
+use staging::Staging;
+
+/// A response waiting for the sender.
+enum Out {
+    Resp(Cqe),
+    /// C2HData with the read data; `resp` follows unless SUCCESS is used.
+    Data {
+        cid: u16,
+        buf: IoBuf,
+        len: u32,
+        resp: Option<Cqe>,
+    },
+    R2T {
+        cid: u16,
+        ttag: u16,
+        len: u32,
+    },
+    Term {
+        fes: u16,
+        fei: u32,
+        hdr: [u8; MAX_TERM_DATA],
+        len: usize,
+    },
+}
+
+/// Per-connection namespace table (refreshed when the subsystem's
+/// namespace generation moves).
+#[derive(Default)]
+struct NsCache {
+    gen: u64,
+    entries: Vec<(u32, Arc<Namespace>, IoChannel)>,
+}
+
+pub(crate) struct Conn {
+    fd: OwnedFd,
+    shared: Arc<Shared>,
+    listen: ListenAddress,
+    opts: TransportOpts,
+    dg: Cell<Digests>,
+    /// The host's PDU data alignment (ICReq HPDA): C2HData data starts at
+    /// a multiple of `(hpda + 1) * 4` bytes.
+    hpda: Cell<u8>,
+    qid: Cell<Option<u16>>,
+    sqsize: Cell<u16>,
+    sqhd: Cell<u16>,
+    sqflow_off: Cell<bool>,
+    ctrl: RefCell<Option<Arc<Ctrl>>>,
+    /// What this queue's host commands moved (the controller's SMART log
+    /// reads it from the admin queue's reactor).
+    host_io: Arc<HostIo>,
+    ns: RefCell<NsCache>,
+    slots: RefCell<Vec<Slot>>,
+    free: RefCell<Vec<u16>>,
+    jobs: RefCell<VecDeque<u16>>,
+    idle_workers: RefCell<Vec<Waker>>,
+    workers: Cell<usize>,
+    out: RefCell<VecDeque<Out>>,
+    sender: RefCell<Option<Waker>>,
+    receiver: RefCell<Option<Waker>>,
+    /// Commands queued or running (not AERs, not those awaiting H2CData).
+    executing: Cell<usize>,
+    closing: Cell<bool>,
+    dead: Cell<bool>,
+    coal: Rc<RefCell<Coalescer>>,
+    /// R2Ts whose data is still due.
+    r2t_out: Cell<u32>,
+    /// Of those, the R2Ts for more than [`staging::COPY_MAX`] bytes: while
+    /// any is due, headers are read exactly, so its data lands in its own
+    /// buffer rather than in a greedy receive that would then be copied.
+    r2t_big_out: Cell<u32>,
+    /// CID of the capsule the receiver holds while it waits for a slot, and
+    /// whether an Abort named it meanwhile.
+    slot_wait: Cell<Option<u16>>,
+    slot_wait_aborted: Cell<bool>,
+}
+
+fn wake(slot: &RefCell<Option<Waker>>) {
+    if let Some(w) = slot.borrow_mut().take() {
+        w.wake();
+    }
+}
+
+/// Serves one accepted socket until it closes.
+pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddress) {
+    let conn = Rc::new(Conn::new(fd, shared, listen));
+    let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
+    stats::with(|c| c.live.borrow_mut().push(live));
+    let mut staging = Staging::new();
+    if let Err(answered) = recv::initialize(&conn, &mut staging).await {
+        if answered {
+            conn.closing.set(true);
+            send::sender(conn.clone()).await;
+        }
+        conn.finish();
+        return;
+    }
+    let sender = spawn(send::sender(conn.clone()));
+    recv::receiver(&conn, &mut staging).await;
+    conn.closing.set(true);
+    for w in conn.idle_workers.borrow_mut().drain(..) {
+        w.wake();
+    }
+    wake(&conn.sender);
+    sender.await;
+    conn.finish();
+}
+
+impl stats::LiveQueue for Conn {
+    fn qpair_stats(&self) -> stats::QpairStats {
+        let ctrl = self.ctrl.borrow();
+        stats::QpairStats {
+            subnqn: ctrl
+                .as_ref()
+                .map(|c| c.subsys.nqn.clone())
+                .unwrap_or_default(),
+            hostnqn: ctrl.as_ref().map(|c| c.hostnqn.clone()).unwrap_or_default(),
+            cntlid: ctrl.as_ref().map_or(0, |c| c.cntlid),
+            qid: self.qid.get().unwrap_or(0),
+            outstanding: self.executing.get() as u64,
+            coalesce: self.coal.borrow().stats(),
+        }
+    }
+}
+
+impl Conn {
+    fn new(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddress) -> Conn {
+        let opts = shared.opts();
+        let coal = Rc::new(RefCell::new(Coalescer::new(opts.coalesce)));
+        Conn {
+            fd,
+            shared,
+            listen,
+            opts,
+            dg: Cell::new(Digests::default()),
+            hpda: Cell::new(0),
+            qid: Cell::new(None),
+            sqsize: Cell::new(0),
+            sqhd: Cell::new(0),
+            sqflow_off: Cell::new(false),
+            ctrl: RefCell::new(None),
+            host_io: Arc::new(HostIo::default()),
+            ns: RefCell::new(NsCache::default()),
+            slots: RefCell::new((0..SLOTS).map(|_| Slot::new()).collect()),
+            free: RefCell::new((0..SLOTS as u16).rev().collect()),
+            jobs: RefCell::new(VecDeque::with_capacity(SLOTS)),
+            idle_workers: RefCell::new(Vec::with_capacity(SLOTS)),
+            workers: Cell::new(0),
+            out: RefCell::new(VecDeque::with_capacity(SLOTS * 2)),
+            sender: RefCell::new(None),
+            receiver: RefCell::new(None),
+            executing: Cell::new(0),
+            closing: Cell::new(false),
+            dead: Cell::new(false),
+            coal,
+            r2t_out: Cell::new(0),
+            r2t_big_out: Cell::new(0),
+            slot_wait: Cell::new(None),
+            slot_wait_aborted: Cell::new(false),
+        }
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn limits(&self) -> RecvLimits {
+        RecvLimits {
+            max_incapsule: if self.qid.get() == Some(0) || self.qid.get().is_none() {
+                // Connect data (1 KiB) and admin data fit the admin capsule.
+                self.opts.in_capsule_data_size.max(8192)
+            } else {
+                self.opts.in_capsule_data_size
+            },
+            max_data_pdu: self.opts.max_h2c_data,
+        }
+    }
+
+    fn push_out(&self, o: Out) {
+        self.out.borrow_mut().push_back(o);
+        wake(&self.sender);
+    }
+
+    fn queue_term(&self, f: Fatal, hdr: &[u8]) {
+        let mut h = [0u8; MAX_TERM_DATA];
+        let n = hdr.len().min(MAX_TERM_DATA);
+        h[..n].copy_from_slice(&hdr[..n]);
+        stats::with(|c| inc(&c.term_sent, 1));
+        self.push_out(Out::Term {
+            fes: f.fes,
+            fei: f.fei,
+            hdr: h,
+            len: n,
+        });
+    }
+
+    fn cqe(&self, cid: u16, status: Status) -> Cqe {
+        let mut c = Cqe::new(cid, status);
+        c.sqid = self.qid.get().unwrap_or(0);
+        c.sqhd = self.sqhd.get();
+        c
+    }
+
+    /// Namespace `nsid`'s channel on this reactor.
+    fn channel(&self, nsid: u32) -> Option<IoChannel> {
+        let ctrl = self.ctrl.borrow();
+        let subsys = &ctrl.as_ref()?.subsys;
+        let gen = subsys.ns_generation();
+        let mut cache = self.ns.borrow_mut();
+        if cache.gen != gen {
+            // Namespace added or removed: rebuild (control-rate event).
+            cache.entries = subsys
+                .namespaces()
+                .into_iter()
+                .filter_map(|ns| {
+                    let ch = ns.desc.channel().ok()?;
+                    Some((ns.nsid, ns, ch))
+                })
+                .collect();
+            cache.gen = gen;
+        }
+        cache
+            .entries
+            .iter()
+            .find(|e| e.0 == nsid)
+            .map(|e| e.2.clone())
+    }
+
+    fn finish(&self) {
+        let ctrl = self.ctrl.borrow_mut().take();
+        let admin = self.qid.get() == Some(0);
+        if let (Some(ctrl), Some(qid)) = (&ctrl, self.qid.get()) {
+            admin_queue::unregister(ctrl, qid);
+        }
+        if let Some(ctrl) = ctrl {
+            ctrl.remove_queue(self.qid.get().unwrap_or(0));
+            if admin {
+                // The admin queue owns the controller: its I/O queues go too.
+                ctrl.fail();
+                ctrl.subsys.lock().ctrls.remove(&ctrl.cntlid);
+            }
+        }
+        stats::with(|c| {
+            match self.qid.get() {
+                Some(0) => c.cur_admin.set(c.cur_admin.get().saturating_sub(1)),
+                Some(_) => c.cur_io.set(c.cur_io.get().saturating_sub(1)),
+                None => {}
+            }
+            let mut co = c.coalesce_closed.get();
+            co.add(&self.coal.borrow().stats());
+            c.coalesce_closed.set(co);
+            // From now on its counters are in `coalesce_closed`: stop
+            // listing it as live, or a snapshot taken before the last
+            // reference goes would count it twice.
+            let me = self as *const Conn as *const ();
+            c.live
+                .borrow_mut()
+                .retain(|w| w.as_ptr() as *const () != me);
+        });
+        self.shared.connection_closed();
+    }
+}

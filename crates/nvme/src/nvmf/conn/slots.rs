@@ -1,0 +1,243 @@
+//! The queue pair's command slots (SPDK's `nvmf_tcp_req`): one per command
+//! the host may have outstanding; a slot's index is its R2T transfer tag.
+//! A slot moves through [`SlotState`] by [`Slot::set_state`] only, which
+//! checks the transition against [`ALLOWED`] and counts each state entered
+//! (`nvmf_get_stats` `slot_state_transitions`).
+
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::Poll;
+
+use ustor_runtime::{spawn, IoBuf};
+
+use super::super::ctrlr::{MAX_AERS, MAX_IO_QUEUE_DEPTH};
+use super::super::stats::{self, inc};
+use super::staging::COPY_MAX;
+use super::{exec, wake, Conn, Out};
+use crate::wire::*;
+
+/// Command slots per connection; the R2T transfer tag is the slot index.
+pub(super) const SLOTS: usize = MAX_IO_QUEUE_DEPTH as usize + MAX_AERS + 1;
+
+/// Where a command is (SPDK's `nvmf_tcp_req_state`, folded to the steps
+/// that differ here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SlotState {
+    /// Not in use (SPDK: FREE).
+    Free = 0,
+    /// The receiver holds it: waiting for a pool buffer or receiving data
+    /// (SPDK: NEW, NEED_BUFFER, TRANSFERRING_HOST_TO_CONTROLLER); an Abort
+    /// only marks it.
+    Receiving = 1,
+    /// R2T sent; H2CData PDUs are filling the buffer (SPDK:
+    /// AWAITING_R2T_ACK and the wait for the host's data).
+    AwaitH2C = 2,
+    /// Waiting for a worker (SPDK: READY_TO_EXECUTE).
+    Queued = 3,
+    /// Executing: submitted to the bdev, or an admin command / parked AER
+    /// (SPDK: EXECUTING through TRANSFERRING_CONTROLLER_TO_HOST).
+    Running = 4,
+}
+
+use SlotState::*;
+
+/// The transitions a slot may make, (from, to).
+const ALLOWED: [(SlotState, SlotState); 10] = [
+    // A capsule the receiver takes on.
+    (Free, Receiving),
+    // A capsule refused before its command started gives its slot back.
+    (Free, Free),
+    // Write data not in the capsule: R2T sent.
+    (Receiving, AwaitH2C),
+    // All data in (or none needed): to a worker.
+    (Receiving, Queued),
+    // Failed in transport (bad digest at capsule) or aborted while received.
+    (Receiving, Free),
+    // An H2CData PDU for it arrived: the receiver fills its buffer.
+    (AwaitH2C, Receiving),
+    // Aborted while its data was due.
+    (AwaitH2C, Free),
+    // A worker took it.
+    (Queued, Running),
+    // Aborted before a worker took it.
+    (Queued, Free),
+    // Answered.
+    (Running, Free),
+];
+
+fn allowed(from: SlotState, to: SlotState) -> bool {
+    ALLOWED.iter().any(|&(f, t)| f == from && t == to)
+}
+
+pub(super) struct Slot {
+    state: SlotState,
+    pub(super) sqe: Sqe,
+    pub(super) sgl: DataSgl,
+    pub(super) buf: Option<IoBuf>,
+    /// Data bytes expected and received so far (R2T transfers).
+    pub(super) len: u32,
+    pub(super) got: u32,
+    /// Set when the command already failed in transport (bad data digest).
+    pub(super) failed: Option<Status>,
+    /// An Abort arrived while the receiver held the slot.
+    pub(super) aborted: bool,
+}
+
+impl Slot {
+    pub(super) fn new() -> Slot {
+        Slot {
+            state: Free,
+            sqe: Sqe::default(),
+            sgl: DataSgl::None,
+            buf: None,
+            len: 0,
+            got: 0,
+            failed: None,
+            aborted: false,
+        }
+    }
+
+    pub(super) fn state(&self) -> SlotState {
+        self.state
+    }
+
+    /// The one place a slot changes state: checked (debug builds) and
+    /// counted (a thread-local cell, as the receive states are).
+    #[inline]
+    pub(super) fn set_state(&mut self, to: SlotState) {
+        debug_assert!(
+            allowed(self.state, to),
+            "nvmf slot: {:?} -> {to:?} is not a transition",
+            self.state
+        );
+        self.state = to;
+        stats::with(|c| inc(&c.slot_states[to as usize], 1));
+    }
+}
+
+impl Conn {
+    pub(super) fn alloc_slot(&self) -> Option<u16> {
+        self.free.borrow_mut().pop()
+    }
+
+    pub(super) fn free_slot(&self, i: u16) {
+        let mut s = self.slots.borrow_mut();
+        let slot = &mut s[i as usize];
+        slot.set_state(Free);
+        slot.buf = None;
+        slot.failed = None;
+        slot.aborted = false;
+        drop(s);
+        self.free.borrow_mut().push(i);
+        wake(&self.receiver);
+    }
+
+    /// Starts idle workers up to `n` (at most one per slot) when an I/O
+    /// queue connects: its peak concurrency is its queue depth, and growing
+    /// the pool on demand would allocate in the middle of traffic whenever a
+    /// burst first reaches a new peak (a greedy receive queues several
+    /// commands in one pass).
+    pub(super) fn prespawn_workers(self: &Rc<Self>, n: usize) {
+        while self.workers.get() < n.min(SLOTS) {
+            self.workers.set(self.workers.get() + 1);
+            spawn(exec::worker(self.clone()));
+        }
+    }
+
+    pub(super) fn queue_job(self: &Rc<Self>, i: u16) {
+        self.slots.borrow_mut()[i as usize].set_state(Queued);
+        self.executing.set(self.executing.get() + 1);
+        self.jobs.borrow_mut().push_back(i);
+        let idle = self.idle_workers.borrow_mut().pop();
+        match idle {
+            Some(w) => w.wake(),
+            None if self.workers.get() < SLOTS => {
+                self.workers.set(self.workers.get() + 1);
+                spawn(exec::worker(self.clone()));
+            }
+            None => {}
+        }
+    }
+
+    /// Completes slot `i`'s command with Command Abort Requested and frees
+    /// the slot (its buffer goes back to the pool).
+    pub(super) fn complete_aborted(&self, i: u16) {
+        let cid = {
+            let mut s = self.slots.borrow_mut();
+            s[i as usize].buf = None;
+            s[i as usize].sqe.cid()
+        };
+        let c = self.cqe(cid, Status::ABORT_REQUESTED);
+        self.free_slot(i);
+        stats::with(|c| inc(&c.aborted, 1));
+        self.push_out(Out::Resp(c));
+    }
+
+    /// An R2T of `len` bytes is due: counted until [`Conn::r2t_settled`].
+    pub(super) fn r2t_due(&self, len: u32) {
+        self.r2t_out.set(self.r2t_out.get() + 1);
+        if len as usize > COPY_MAX {
+            self.r2t_big_out.set(self.r2t_big_out.get() + 1);
+        }
+    }
+
+    /// An R2T of `len` bytes needs no more data (all in, or aborted).
+    pub(super) fn r2t_settled(&self, len: u32) {
+        self.r2t_out.set(self.r2t_out.get() - 1);
+        if len as usize > COPY_MAX {
+            self.r2t_big_out.set(self.r2t_big_out.get() - 1);
+        }
+    }
+
+    /// Abort of command `cid`: true if it had not reached the bdev (it is
+    /// completed with Command Abort Requested now, or by the receiver as
+    /// soon as it has consumed the command's data).
+    pub(super) fn abort(&self, cid: u16) -> bool {
+        if self.slot_wait.get() == Some(cid) {
+            self.slot_wait_aborted.set(true);
+            return true;
+        }
+        let mut s = self.slots.borrow_mut();
+        let Some(i) = s.iter().position(|x| x.state != Free && x.sqe.cid() == cid) else {
+            return false;
+        };
+        match s[i].state {
+            Receiving => {
+                s[i].aborted = true;
+                true
+            }
+            AwaitH2C => {
+                let len = s[i].len;
+                drop(s);
+                self.r2t_settled(len);
+                self.complete_aborted(i as u16);
+                true
+            }
+            Queued => {
+                drop(s);
+                self.jobs.borrow_mut().retain(|&j| j != i as u16);
+                self.executing.set(self.executing.get() - 1);
+                self.complete_aborted(i as u16);
+                true
+            }
+            Running | Free => false,
+        }
+    }
+}
+
+/// Waits for a free command slot (backpressure on a host beyond its depth).
+pub(super) async fn slot(conn: &Conn) -> Option<u16> {
+    poll_fn(|cx| {
+        if conn.closing.get() || conn.dead.get() {
+            return Poll::Ready(None);
+        }
+        match conn.alloc_slot() {
+            Some(i) => Poll::Ready(Some(i)),
+            None => {
+                *conn.receiver.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
