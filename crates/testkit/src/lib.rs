@@ -13,5 +13,5 @@
 pub mod peer;
 pub mod wait;
 
-pub use peer::{missing, need, on_ci, program, SkipReturn};
+pub use peer::{install_hint, missing, need, on_ci, program, SkipReturn};
 pub use wait::{wait_for, wait_until, wait_until_async};

@@ -31,21 +31,42 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// How to install a peer program the tests use, by program name (the
+/// Debian package or PyPI project that provides it, and the `.ci` list
+/// that names it so `scripts/test.sh` installs it).
+pub fn install_hint(program: &str) -> String {
+    let (how, list) = match program {
+        "tgtd" | "tgtadm" => ("apt-get install tgt", ".ci/apt/iscsi.txt"),
+        "iscsi-perf" => ("apt-get install libiscsi-bin", ".ci/apt/iscsi.txt"),
+        "qemu-io" | "qemu-img" | "qemu-nbd" | "qemu-storage-daemon" => {
+            ("apt-get install qemu-utils", ".ci/apt/nbd.txt")
+        }
+        "qemu-system-x86_64" => ("apt-get install qemu-system-x86", ".ci/apt/testvm.txt"),
+        "nbdinfo" | "nbdcopy" | "nbdsh" => ("apt-get install libnbd-bin", ".ci/apt/nbd.txt"),
+        "nbdkit" => ("apt-get install nbdkit", ".ci/apt/nbd.txt"),
+        "fio" => ("apt-get install fio", ".ci/apt/nbd.txt"),
+        "spdk-rpc" => ("python3 -m pip install spdk", ".ci/pip.txt"),
+        "python3" => ("apt-get install python3", ".ci/apt/iscsi.txt"),
+        other => return format!("install `{other}`, and list its package in .ci/apt/"),
+    };
+    format!("{how}; listed in {list}, which scripts/test.sh installs")
+}
+
 /// Whether program `name` is installed; when it is not, reports it through
-/// [`missing`] (a skip message, or a panic under `CI=true`) with `install`
-/// as the hint, e.g. `"apt-get install tgt (.ci/apt/iscsi.txt)"`.
+/// [`missing`] (a skip message, or a panic under `CI=true`) with the
+/// [`install_hint`] for it.
 ///
 /// ```no_run
-/// if !testkit::need("fio", "apt-get install fio (.ci/apt/nbd.txt)") {
+/// if !testkit::need("fio") {
 ///     return;
 /// }
 /// ```
 #[track_caller]
-pub fn need(name: &str, install: &str) -> bool {
+pub fn need(name: &str) -> bool {
     match program(name) {
         Ok(_) => true,
         Err(why) => {
-            missing(&why, install);
+            missing(&why, &install_hint(name));
             false
         }
     }
@@ -114,5 +135,15 @@ mod tests {
         assert!(program("sh").is_ok());
         let err = program("ustor-no-such-program").unwrap_err();
         assert!(err.contains("ustor-no-such-program"), "{err}");
+    }
+
+    #[test]
+    fn hints_name_the_package_and_the_ci_list() {
+        let h = install_hint("tgtd");
+        assert!(
+            h.contains("apt-get install tgt") && h.contains(".ci/apt/iscsi.txt"),
+            "{h}"
+        );
+        assert!(install_hint("made-up").contains(".ci/apt/"));
     }
 }

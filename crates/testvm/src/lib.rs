@@ -35,7 +35,6 @@ pub mod host;
 pub mod lock;
 pub mod modules;
 
-use std::io::Write;
 use std::sync::OnceLock;
 
 pub use error::GuestError;
@@ -62,23 +61,26 @@ pub fn available() -> Result<(), String> {
         .clone()
 }
 
-/// Reports a skipped test: writes `SKIPPED: <reason>` straight to the stderr
-/// file descriptor (libtest captures `eprintln!` of passing tests, which
-/// would hide the skip), or panics if [`REQUIRE_ENV`] is set.
+/// Reports a skipped test through the workspace's one missing-peer rule
+/// ([`testkit::missing`]): `SKIPPED: <reason>` on a developer's machine, a
+/// panic under `CI=true` or when [`REQUIRE_ENV`] is `1`.
+#[track_caller]
 pub fn report_skip(reason: &str) {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("<unnamed test>")
-        .to_string();
     if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("<unnamed test>")
+            .to_string();
         panic!("{test}: guest required ({REQUIRE_ENV}=1) but unavailable: {reason}");
     }
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "SKIPPED: {reason} [{test}]");
+    testkit::missing(
+        &format!("no QEMU guest: {reason}"),
+        "the Debian packages in .ci/apt/testvm.txt, which scripts/test.sh installs",
+    );
 }
 
-/// Returns from the calling test (after printing `SKIPPED: <reason>`) when
-/// no guest can run here.
+/// Returns from the calling test (after printing `SKIPPED: <reason>`; a
+/// failure instead under `CI=true`) when no guest can run here.
 #[macro_export]
 macro_rules! require_guest {
     () => {
@@ -91,16 +93,4 @@ macro_rules! require_guest {
 
 /// What a skipped test returns: `()` for plain tests, `Ok(())` for tests
 /// returning `Result`.
-pub trait SkipReturn {
-    fn skip_value() -> Self;
-}
-
-impl SkipReturn for () {
-    fn skip_value() -> Self {}
-}
-
-impl<E> SkipReturn for Result<(), E> {
-    fn skip_value() -> Self {
-        Ok(())
-    }
-}
+pub use testkit::SkipReturn;

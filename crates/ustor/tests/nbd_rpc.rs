@@ -134,13 +134,7 @@ fn greeted(port: u16) -> io::Result<()> {
 // Helpers around the server and the peer tools.
 
 fn tools() -> bool {
-    for t in ["qemu-io", "nbdinfo"] {
-        if !have(t) {
-            eprintln!("SKIPPED: {t} is not installed");
-            return false;
-        }
-    }
-    true
+    ["qemu-io", "nbdinfo"].into_iter().all(testkit::need)
 }
 
 fn malloc_config(names: &[&str], mib: u64) -> Value {

@@ -12,8 +12,7 @@ use serde_json::{json, Value};
 
 #[test]
 fn rpc_answers_during_heavy_io() {
-    if !have("fio") {
-        eprintln!("SKIPPED: fio is not installed");
+    if !testkit::need("fio") {
         return;
     }
     let dir = tmpdir("rpcio");

@@ -37,8 +37,7 @@ fn json_of(s: &Server, args: &[&str]) -> Value {
 
 #[test]
 fn spdk_rpc_cli_drives_ustor() {
-    if !have("spdk-rpc") {
-        eprintln!("SKIPPED: spdk-rpc (PyPI `spdk`) is not installed");
+    if !testkit::need("spdk-rpc") {
         return;
     }
     let dir = tmpdir("spdk");

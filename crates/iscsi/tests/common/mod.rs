@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use testvm::host::Tgtd;
 use ustor_bdev::Registry;
@@ -25,12 +24,7 @@ pub struct Rig {
 }
 
 pub fn have_tgtd() -> bool {
-    Command::new("tgtd")
-        .arg("--help")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
+    testkit::program("tgtd").is_ok()
 }
 
 /// The deterministic pattern of `seed` at byte `i`.
@@ -49,10 +43,12 @@ pub fn signal(pid: i32, sig: i32) {
 
 impl Rig {
     /// A tgtd with a LUN of `size` bytes (backing file in /dev/shm when it
-    /// exists) and a one-reactor stack; `None` (and `SKIPPED:`) without tgtd.
+    /// exists) and a one-reactor stack; `None` (and `SKIPPED:`) without
+    /// tgtd, or a panic under `CI=true` (`testkit::missing`).
     pub fn start(test: &str, size: u64) -> Option<Rig> {
-        if !have_tgtd() {
-            eprintln!("SKIPPED: tgtd (Debian `tgt`) is not installed [{test}]");
+        if let Err(why) = testkit::program("tgtd") {
+            let hint = testkit::install_hint("tgtd");
+            testkit::missing(&format!("{why}, needed by {test}"), &hint);
             return None;
         }
         let dir = tempfile::Builder::new()

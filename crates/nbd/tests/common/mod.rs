@@ -62,18 +62,10 @@ impl Fixture {
     }
 }
 
-/// Whether `tool` is installed; tests that need it skip (loudly) otherwise.
+/// Whether `tool` is installed; tests that need it skip (loudly), or fail
+/// under `CI=true`, otherwise (`testkit::need`).
 pub fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIP: {tool} not installed (see .ci/apt/nbd.txt)");
-    }
-    ok
+    testkit::need(tool)
 }
 
 pub fn run(cmd: &str, args: &[&str]) -> Output {

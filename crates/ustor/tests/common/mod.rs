@@ -159,12 +159,8 @@ pub fn exported_config(mib: u64) -> Value {
     ]})
 }
 
+/// Whether `cmd` is installed; a skip message, or a failure under
+/// `CI=true`, when it is not (`testkit::need`).
 pub fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {cmd}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    testkit::need(cmd)
 }
