@@ -9,17 +9,30 @@
 pub mod op {
     pub const TEST_UNIT_READY: u8 = 0x00;
     pub const REQUEST_SENSE: u8 = 0x03;
+    pub const READ_6: u8 = 0x08;
+    pub const WRITE_6: u8 = 0x0a;
     pub const INQUIRY: u8 = 0x12;
+    pub const MODE_SENSE_6: u8 = 0x1a;
+    pub const START_STOP_UNIT: u8 = 0x1b;
+    pub const READ_CAPACITY_10: u8 = 0x25;
     pub const READ_10: u8 = 0x28;
     pub const WRITE_10: u8 = 0x2a;
+    pub const WRITE_AND_VERIFY_10: u8 = 0x2e;
+    pub const VERIFY_10: u8 = 0x2f;
     pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const WRITE_SAME_10: u8 = 0x41;
     pub const UNMAP: u8 = 0x42;
+    pub const MODE_SENSE_10: u8 = 0x5a;
     pub const READ_16: u8 = 0x88;
     pub const WRITE_16: u8 = 0x8a;
+    pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
+    pub const VERIFY_16: u8 = 0x8f;
     pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
     pub const WRITE_SAME_16: u8 = 0x93;
     pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
     pub const REPORT_LUNS: u8 = 0xa0;
+    pub const READ_12: u8 = 0xa8;
+    pub const WRITE_12: u8 = 0xaa;
     /// Service action of SERVICE ACTION IN(16) for READ CAPACITY(16).
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
 }
@@ -275,9 +288,43 @@ pub enum Command {
         unmap: bool,
         ndob: bool,
     },
+    /// WRITE SAME(10): one block of data-out, no NDOB.
+    WriteSame10 {
+        lba: u64,
+        blocks: u32,
+        unmap: bool,
+    },
+    ReadCapacity10,
+    /// MODE SENSE(6) (`long: false`) or (10).
+    ModeSense {
+        long: bool,
+        /// Disable block descriptors.
+        dbd: bool,
+        /// Page control: 0 current, 1 changeable, 2 default, 3 saved.
+        pc: u8,
+        page: u8,
+        subpage: u8,
+        alloc_len: u16,
+    },
+    StartStopUnit {
+        start: bool,
+        load_eject: bool,
+    },
+    /// VERIFY(10/16): `bytchk` 0 checks the medium only, 1 compares with
+    /// data-out, 3 compares every block with one block of data-out.
+    Verify {
+        lba: u64,
+        blocks: u32,
+        bytchk: u8,
+    },
+    /// WRITE AND VERIFY(10/16): a write whose data is then verified.
+    WriteAndVerify {
+        lba: u64,
+        blocks: u32,
+    },
 }
 
-/// Why a CDB was refused; the emulated device answers ILLEGAL REQUEST.
+/// Why a CDB was refused; a target answers ILLEGAL REQUEST.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CdbError {
     #[error("empty CDB")]
@@ -318,80 +365,28 @@ impl Command {
                 need,
             });
         }
-        let fua = b[1] & 0x08 != 0;
-        Ok(match opcode {
-            op::TEST_UNIT_READY => Command::TestUnitReady,
-            op::REQUEST_SENSE => Command::RequestSense {
-                alloc_len: b[4] as u16,
-            },
-            op::INQUIRY => {
-                let evpd = b[1] & 0x01 != 0;
-                if !evpd && b[2] != 0 {
-                    return Err(CdbError::InvalidField(2));
-                }
-                Command::Inquiry {
-                    page: evpd.then_some(b[2]),
-                    alloc_len: be16(b, 3),
-                }
-            }
-            op::SERVICE_ACTION_IN_16 if b[1] & 0x1f == op::SA_READ_CAPACITY_16 => {
-                Command::ReadCapacity16 {
-                    alloc_len: be32(b, 10),
-                }
-            }
-            op::SERVICE_ACTION_IN_16 => return Err(CdbError::InvalidField(1)),
-            op::REPORT_LUNS => Command::ReportLuns {
-                select: b[2],
-                alloc_len: be32(b, 6),
-            },
-            op::READ_10 => Command::Read {
-                lba: be32(b, 2) as u64,
-                blocks: be16(b, 7) as u32,
-                fua,
-            },
-            op::WRITE_10 => Command::Write {
-                lba: be32(b, 2) as u64,
-                blocks: be16(b, 7) as u32,
-                fua,
-            },
-            op::READ_16 => Command::Read {
-                lba: be64(b, 2),
-                blocks: be32(b, 10),
-                fua,
-            },
-            op::WRITE_16 => Command::Write {
-                lba: be64(b, 2),
-                blocks: be32(b, 10),
-                fua,
-            },
-            op::SYNCHRONIZE_CACHE_10 => Command::SynchronizeCache {
-                lba: be32(b, 2) as u64,
-                blocks: be16(b, 7) as u32,
-            },
-            op::SYNCHRONIZE_CACHE_16 => Command::SynchronizeCache {
-                lba: be64(b, 2),
-                blocks: be32(b, 10),
-            },
-            op::UNMAP => Command::Unmap {
-                param_len: be16(b, 7),
-            },
-            op::WRITE_SAME_16 => Command::WriteSame16 {
-                lba: be64(b, 2),
-                blocks: be32(b, 10),
-                unmap: b[1] & 0x08 != 0,
-                ndob: b[1] & 0x01 != 0,
-            },
-            o => return Err(CdbError::UnsupportedOpcode(o)),
-        })
+        match need {
+            6 => parse_6(b),
+            10 => parse_10(b),
+            16 => parse_16(b),
+            _ => parse_12(b),
+        }
     }
 
     /// Bytes of data-in the command asks for (or data-out it carries), given
-    /// the block size; used by the emulated device to check buffer sizes.
+    /// the block size; used by a target to check buffer sizes.
     pub fn transfer_len(&self, block_size: u32) -> u64 {
         let bs = block_size as u64;
         match *self {
             Command::Read { blocks, .. } | Command::Write { blocks, .. } => blocks as u64 * bs,
-            Command::WriteSame16 { ndob: false, .. } => bs,
+            Command::WriteSame16 { ndob: false, .. } | Command::WriteSame10 { .. } => bs,
+            Command::WriteAndVerify { blocks, .. }
+            | Command::Verify {
+                blocks, bytchk: 1, ..
+            } => blocks as u64 * bs,
+            Command::Verify { bytchk: 3, .. } => bs,
+            Command::ModeSense { alloc_len, .. } => alloc_len as u64,
+            Command::ReadCapacity10 => 8,
             Command::Unmap { param_len } => param_len as u64,
             Command::Inquiry { alloc_len, .. } | Command::RequestSense { alloc_len } => {
                 alloc_len as u64
@@ -402,6 +397,161 @@ impl Command {
             _ => 0,
         }
     }
+}
+
+fn fua_bit(b: &[u8]) -> bool {
+    b[1] & 0x08 != 0
+}
+
+/// 6-byte CDBs (`b.len() >= 6`).
+fn parse_6(b: &[u8]) -> Result<Command, CdbError> {
+    // READ(6)/WRITE(6): 21-bit LBA, and a length of 0 means 256 blocks.
+    let lba6 = || ((b[1] as u64 & 0x1f) << 16) | be16(b, 2) as u64;
+    let len6 = || if b[4] == 0 { 256 } else { b[4] as u32 };
+    Ok(match b[0] {
+        op::TEST_UNIT_READY => Command::TestUnitReady,
+        op::REQUEST_SENSE => Command::RequestSense {
+            alloc_len: b[4] as u16,
+        },
+        op::INQUIRY => {
+            let evpd = b[1] & 0x01 != 0;
+            if !evpd && b[2] != 0 {
+                return Err(CdbError::InvalidField(2));
+            }
+            Command::Inquiry {
+                page: evpd.then_some(b[2]),
+                alloc_len: be16(b, 3),
+            }
+        }
+        op::READ_6 => Command::Read {
+            lba: lba6(),
+            blocks: len6(),
+            fua: false,
+        },
+        op::WRITE_6 => Command::Write {
+            lba: lba6(),
+            blocks: len6(),
+            fua: false,
+        },
+        op::MODE_SENSE_6 => Command::ModeSense {
+            long: false,
+            dbd: b[1] & 0x08 != 0,
+            pc: b[2] >> 6,
+            page: b[2] & 0x3f,
+            subpage: b[3],
+            alloc_len: b[4] as u16,
+        },
+        op::START_STOP_UNIT => Command::StartStopUnit {
+            start: b[4] & 0x01 != 0,
+            load_eject: b[4] & 0x02 != 0,
+        },
+        o => return Err(CdbError::UnsupportedOpcode(o)),
+    })
+}
+
+/// 10-byte CDBs (`b.len() >= 10`).
+fn parse_10(b: &[u8]) -> Result<Command, CdbError> {
+    let (lba, blocks) = (be32(b, 2) as u64, be16(b, 7) as u32);
+    Ok(match b[0] {
+        op::READ_CAPACITY_10 => Command::ReadCapacity10,
+        op::READ_10 => Command::Read {
+            lba,
+            blocks,
+            fua: fua_bit(b),
+        },
+        op::WRITE_10 => Command::Write {
+            lba,
+            blocks,
+            fua: fua_bit(b),
+        },
+        op::WRITE_AND_VERIFY_10 => Command::WriteAndVerify { lba, blocks },
+        op::VERIFY_10 => verify(b, lba, blocks)?,
+        op::SYNCHRONIZE_CACHE_10 => Command::SynchronizeCache { lba, blocks },
+        op::WRITE_SAME_10 => Command::WriteSame10 {
+            lba,
+            blocks,
+            unmap: b[1] & 0x08 != 0,
+        },
+        op::UNMAP => Command::Unmap {
+            param_len: be16(b, 7),
+        },
+        op::MODE_SENSE_10 => Command::ModeSense {
+            long: true,
+            dbd: b[1] & 0x08 != 0,
+            pc: b[2] >> 6,
+            page: b[2] & 0x3f,
+            subpage: b[3],
+            alloc_len: be16(b, 7),
+        },
+        o => return Err(CdbError::UnsupportedOpcode(o)),
+    })
+}
+
+/// 16-byte CDBs (`b.len() >= 16`).
+fn parse_16(b: &[u8]) -> Result<Command, CdbError> {
+    let (lba, blocks) = (be64(b, 2), be32(b, 10));
+    Ok(match b[0] {
+        op::SERVICE_ACTION_IN_16 if b[1] & 0x1f == op::SA_READ_CAPACITY_16 => {
+            Command::ReadCapacity16 {
+                alloc_len: be32(b, 10),
+            }
+        }
+        op::SERVICE_ACTION_IN_16 => return Err(CdbError::InvalidField(1)),
+        op::READ_16 => Command::Read {
+            lba,
+            blocks,
+            fua: fua_bit(b),
+        },
+        op::WRITE_16 => Command::Write {
+            lba,
+            blocks,
+            fua: fua_bit(b),
+        },
+        op::WRITE_AND_VERIFY_16 => Command::WriteAndVerify { lba, blocks },
+        op::VERIFY_16 => verify(b, lba, blocks)?,
+        op::SYNCHRONIZE_CACHE_16 => Command::SynchronizeCache { lba, blocks },
+        op::WRITE_SAME_16 => Command::WriteSame16 {
+            lba,
+            blocks,
+            unmap: b[1] & 0x08 != 0,
+            ndob: b[1] & 0x01 != 0,
+        },
+        o => return Err(CdbError::UnsupportedOpcode(o)),
+    })
+}
+
+/// 12-byte CDBs (`b.len() >= 12`).
+fn parse_12(b: &[u8]) -> Result<Command, CdbError> {
+    let (lba, blocks) = (be32(b, 2) as u64, be32(b, 6));
+    Ok(match b[0] {
+        op::REPORT_LUNS => Command::ReportLuns {
+            select: b[2],
+            alloc_len: be32(b, 6),
+        },
+        op::READ_12 => Command::Read {
+            lba,
+            blocks,
+            fua: fua_bit(b),
+        },
+        op::WRITE_12 => Command::Write {
+            lba,
+            blocks,
+            fua: fua_bit(b),
+        },
+        o => return Err(CdbError::UnsupportedOpcode(o)),
+    })
+}
+
+fn verify(b: &[u8], lba: u64, blocks: u32) -> Result<Command, CdbError> {
+    let bytchk = (b[1] >> 1) & 0x03;
+    if bytchk == 2 {
+        return Err(CdbError::InvalidField(1));
+    }
+    Ok(Command::Verify {
+        lba,
+        blocks,
+        bytchk,
+    })
 }
 
 #[cfg(test)]
@@ -489,6 +639,55 @@ mod tests {
         }
         assert_eq!(Cdb::rw(false, 0, 8).len(), 10);
         assert_eq!(Cdb::rw(false, u32::MAX as u64, 2).len(), 16);
+    }
+
+    #[test]
+    fn short_and_long_forms_parse() {
+        let rd6 = [op::READ_6, 0x01, 0x02, 0x03, 0, 0];
+        assert_eq!(
+            Command::parse(&rd6),
+            Ok(Command::Read {
+                lba: 0x010203,
+                blocks: 256,
+                fua: false
+            })
+        );
+        let mut wr12 = [0u8; 12];
+        wr12[0] = op::WRITE_12;
+        wr12[1] = 0x08;
+        wr12[2..6].copy_from_slice(&7u32.to_be_bytes());
+        wr12[6..10].copy_from_slice(&9u32.to_be_bytes());
+        assert_eq!(
+            Command::parse(&wr12),
+            Ok(Command::Write {
+                lba: 7,
+                blocks: 9,
+                fua: true
+            })
+        );
+        let ms10 = [op::MODE_SENSE_10, 0x08, 0x3f, 0, 0, 0, 0, 0x01, 0x00, 0];
+        assert_eq!(
+            Command::parse(&ms10),
+            Ok(Command::ModeSense {
+                long: true,
+                dbd: true,
+                pc: 0,
+                page: 0x3f,
+                subpage: 0,
+                alloc_len: 256
+            })
+        );
+        let vf = [op::VERIFY_10, 0x02, 0, 0, 0, 5, 0, 0, 2, 0];
+        assert_eq!(
+            Command::parse(&vf),
+            Ok(Command::Verify {
+                lba: 5,
+                blocks: 2,
+                bytchk: 1
+            })
+        );
+        let bad = [op::VERIFY_10, 0x04, 0, 0, 0, 5, 0, 0, 2, 0];
+        assert_eq!(Command::parse(&bad), Err(CdbError::InvalidField(1)));
     }
 
     #[test]

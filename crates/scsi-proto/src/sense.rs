@@ -60,7 +60,8 @@ impl SenseKey {
     }
 }
 
-/// Well-known additional sense codes (ASC, ASCQ) the mid-layer acts on.
+/// Well-known additional sense codes (ASC, ASCQ) the mid-layer acts on and
+/// the target core reports.
 pub mod asc {
     /// LOGICAL UNIT IS IN PROCESS OF BECOMING READY.
     pub const BECOMING_READY: (u8, u8) = (0x04, 0x01);
@@ -90,6 +91,14 @@ pub mod asc {
     pub const INTERNAL_TARGET_FAILURE: (u8, u8) = (0x44, 0x00);
     /// WRITE PROTECTED.
     pub const WRITE_PROTECTED: (u8, u8) = (0x27, 0x00);
+    /// MISCOMPARE DURING VERIFY OPERATION.
+    pub const MISCOMPARE_DURING_VERIFY: (u8, u8) = (0x1d, 0x00);
+    /// INVALID FIELD IN PARAMETER LIST.
+    pub const INVALID_FIELD_IN_PARAM_LIST: (u8, u8) = (0x26, 0x00);
+    /// SAVING PARAMETERS NOT SUPPORTED.
+    pub const SAVING_PARAMS_NOT_SUPPORTED: (u8, u8) = (0x39, 0x00);
+    /// PARAMETER LIST LENGTH ERROR.
+    pub const PARAM_LIST_LENGTH_ERROR: (u8, u8) = (0x1a, 0x00);
 }
 
 /// Decoded sense, whatever its wire format.

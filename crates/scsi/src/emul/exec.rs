@@ -213,6 +213,7 @@ fn run(lun: &mut LunState, cmd: &ScsiCmd, c: Command) -> Outcome {
             }
             (ScsiStatus::Good, None, 0)
         }
+        _ => check(SenseKey::IllegalRequest, asc::INVALID_OPCODE, cmd.data_len),
     }
 }
 

@@ -1,0 +1,62 @@
+//! ustor's SCSI target core: executes SBC/SPC commands against bdev
+//! channels and answers with a status, sense data and a residual. It knows
+//! nothing about transports: iSCSI, vhost-user-scsi and the emulated HBA
+//! each move data through a [`DataPath`] of their own and call
+//! [`LunTable::execute`].
+//!
+//! - [`data`]: the data-out source / data-in sink trait, plain-buffer and
+//!   iovec implementations.
+//! - [`lu`]: a logical unit's identity ([`LuConfig`]) and its per-reactor
+//!   state ([`Lun`]: bdev channel, pending unit attention).
+//! - [`table`]: the LUN table and dispatch (REPORT LUNS, missing LUNs, unit
+//!   attentions).
+//! - `spc`, `sbc`: the command executors.
+//! - [`outcome`]: status + sense + residual; bdev errors mapped to sense.
+//!
+//! SCSI failures are CHECK CONDITION with sense, never panics or Rust
+//! errors; a Rust error ([`XferError`]) means the transport failed moving
+//! data. Everything runs on the reactor that owns the channels (`!Send`).
+
+pub mod data;
+#[doc(hidden)]
+pub mod fuzz;
+pub mod lu;
+pub mod outcome;
+mod sbc;
+mod spc;
+pub mod table;
+
+pub use data::{BufData, DataPath, Direction, IovecData, XferError};
+pub use lu::{LuConfig, Lun};
+pub use outcome::Outcome;
+pub use sbc::{CHUNK_BYTES, MAX_UNMAP_DESCRIPTORS};
+pub use table::{LunTable, TableError, MAX_LUNS};
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Noop;
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// Runs a future that never waits (malloc bdev I/O, plain buffers).
+    pub fn ready<F: Future>(f: F) -> F::Output {
+        let w = Waker::from(Arc::new(Noop));
+        let mut cx = Context::from_waker(&w);
+        let mut f = pin!(f);
+        for _ in 0..1000 {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+        panic!("future did not complete without waiting");
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,105 @@
+//! A logical unit: its identity (what INQUIRY and the VPD pages say) and,
+//! per reactor, the bdev channel its commands run on plus its pending unit
+//! attention.
+
+use std::cell::Cell;
+
+use ustor_bdev::{BdevError, Desc, IoChannel, IoType};
+use ustor_scsi_proto::inquiry::{BlockLimits, DeviceType};
+use ustor_scsi_proto::Sense;
+
+/// What a logical unit says about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LuConfig {
+    pub device_type: DeviceType,
+    /// INQUIRY vendor (8 characters on the wire), product (16), revision (4).
+    pub vendor: String,
+    pub product: String,
+    pub revision: String,
+    /// Unit serial number (VPD 0x80).
+    pub serial: String,
+    /// NAA IEEE registered identifier (VPD 0x83), 8 bytes.
+    pub naa: [u8; 8],
+    /// Thin provisioned (LBPME): UNMAP and WRITE SAME with UNMAP accepted.
+    pub thin: bool,
+    /// Block limits VPD (0xB0).
+    pub limits: BlockLimits,
+}
+
+impl LuConfig {
+    /// A disk with ustor's identity; `id` makes the serial and NAA unique.
+    pub fn disk(product: &str, id: u32, thin: bool) -> LuConfig {
+        let mut naa = [0x60, 0x01, 0x40, 0x5e, 0, 0, 0, 0];
+        naa[4..8].copy_from_slice(&id.to_be_bytes());
+        LuConfig {
+            device_type: DeviceType::Disk,
+            vendor: "USTOR".into(),
+            product: product.into(),
+            revision: "0001".into(),
+            serial: format!("USTOR{id:08x}"),
+            naa,
+            thin,
+            limits: BlockLimits::default(),
+        }
+    }
+}
+
+/// One logical unit on one reactor (`!Send`: it holds the reactor's channel).
+pub struct Lun {
+    pub(crate) cfg: LuConfig,
+    pub(crate) ch: IoChannel,
+    /// Reported with the next command other than INQUIRY, REPORT LUNS and
+    /// REQUEST SENSE, then cleared (SPC; one I_T nexus per table).
+    pub(crate) ua: Cell<Option<Sense>>,
+    /// The bdev has a volatile write cache (MODE SENSE's WCE).
+    pub(crate) write_cache: bool,
+    /// The descriptor allows writes (else MODE SENSE says write-protected).
+    pub(crate) writable: bool,
+}
+
+impl Lun {
+    /// The unit for `desc`'s bdev on the calling reactor.
+    pub fn open(cfg: LuConfig, desc: &Desc) -> Result<Lun, BdevError> {
+        Ok(Lun {
+            cfg,
+            ch: desc.channel()?,
+            ua: Cell::new(None),
+            write_cache: desc.info().write_cache,
+            writable: desc.writable(),
+        })
+    }
+
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+
+    pub fn channel(&self) -> &IoChannel {
+        &self.ch
+    }
+
+    pub fn set_ua(&self, s: Option<Sense>) {
+        self.ua.set(s);
+    }
+
+    pub fn ua(&self) -> Option<Sense> {
+        self.ua.get()
+    }
+
+    pub(crate) fn block_size(&self) -> u32 {
+        self.ch.block_size()
+    }
+
+    pub(crate) fn num_blocks(&self) -> u64 {
+        self.ch.num_blocks()
+    }
+
+    /// Whether [lba, lba+blocks) lies on the medium.
+    pub(crate) fn in_range(&self, lba: u64, blocks: u64) -> bool {
+        lba.checked_add(blocks)
+            .is_some_and(|e| e <= self.num_blocks())
+    }
+
+    pub(crate) fn can_flush(&self) -> bool {
+        self.ch.supports(IoType::Flush)
+    }
+}

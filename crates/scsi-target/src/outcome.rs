@@ -1,0 +1,67 @@
+//! What a command ends with: a SCSI status, sense data with CHECK
+//! CONDITION, and the residual of the data phase. SCSI failures are values
+//! of this type, never Rust errors or panics.
+
+use ustor_bdev::BdevError;
+use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::{ScsiStatus, Sense, SenseKey};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: ScsiStatus,
+    /// Present with CHECK CONDITION.
+    pub sense: Option<Sense>,
+    /// Bytes of the expected data phase not transferred.
+    pub resid: u32,
+}
+
+impl Outcome {
+    pub const fn good(resid: u32) -> Outcome {
+        Outcome {
+            status: ScsiStatus::Good,
+            sense: None,
+            resid,
+        }
+    }
+
+    pub const fn check(key: SenseKey, code: (u8, u8), resid: u32) -> Outcome {
+        Outcome::sense(Sense::new(key, code), resid)
+    }
+
+    pub const fn sense(s: Sense, resid: u32) -> Outcome {
+        Outcome {
+            status: ScsiStatus::CheckCondition,
+            sense: Some(s),
+            resid,
+        }
+    }
+
+    /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
+    pub const fn invalid_field(resid: u32) -> Outcome {
+        Outcome::check(SenseKey::IllegalRequest, asc::INVALID_FIELD_IN_CDB, resid)
+    }
+
+    /// ILLEGAL REQUEST, LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub const fn out_of_range(resid: u32) -> Outcome {
+        Outcome::check(SenseKey::IllegalRequest, asc::LBA_OUT_OF_RANGE, resid)
+    }
+
+    /// The sense a bdev failure maps to (`write`: it failed writing).
+    pub fn from_bdev(e: BdevError, write: bool, resid: u32) -> Outcome {
+        use SenseKey::*;
+        let (key, code) = match e {
+            BdevError::OutOfRange { .. } => (IllegalRequest, asc::LBA_OUT_OF_RANGE),
+            BdevError::NotSupported => (IllegalRequest, asc::INVALID_OPCODE),
+            BdevError::ReadOnly => (DataProtect, asc::WRITE_PROTECTED),
+            BdevError::Removed => (NotReady, asc::MEDIUM_NOT_PRESENT),
+            BdevError::Miscompare => (Miscompare, asc::MISCOMPARE_DURING_VERIFY),
+            BdevError::Aborted => (AbortedCommand, (0, 0)),
+            BdevError::Io(_) if write => (MediumError, asc::WRITE_ERROR),
+            BdevError::Io(_) => (MediumError, asc::UNRECOVERED_READ),
+            BdevError::BadLength { .. } | BdevError::TooManySegments(_) => {
+                (HardwareError, asc::INTERNAL_TARGET_FAILURE)
+            }
+        };
+        Outcome::check(key, code, resid)
+    }
+}

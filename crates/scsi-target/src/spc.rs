@@ -1,0 +1,227 @@
+//! Primary commands (SPC-4) and the capacity and mode data of SBC-3:
+//! TEST UNIT READY, REQUEST SENSE, INQUIRY with its VPD pages, READ
+//! CAPACITY(10/16), MODE SENSE(6/10), START STOP UNIT.
+
+use ustor_scsi_proto::capacity::{Capacity, READ_CAPACITY_16_LEN};
+use ustor_scsi_proto::cdb::Command;
+use ustor_scsi_proto::inquiry::{
+    self, BlockCharacteristics, StdInquiry, BLOCK_LIMITS_LEN, STD_INQUIRY_LEN,
+};
+use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::{Sense, SenseKey};
+
+use crate::data::{DataPath, XferError};
+use crate::lu::Lun;
+use crate::outcome::Outcome;
+
+/// The VPD pages this core answers, in order (page 0x00's list).
+const VPD_PAGES: [u8; 5] = [
+    inquiry::VPD_SUPPORTED,
+    inquiry::VPD_SERIAL,
+    inquiry::VPD_DEVICE_ID,
+    inquiry::VPD_BLOCK_LIMITS,
+    inquiry::VPD_BLOCK_CHARACTERISTICS,
+];
+
+/// Sends `bytes` as the whole data-in; GOOD with the residual.
+pub(crate) async fn send_in<D: DataPath>(data: &mut D, bytes: &[u8]) -> Result<Outcome, XferError> {
+    let n = data.data_in(0, bytes).await?;
+    Ok(Outcome::good(data.expected_len().saturating_sub(n as u32)))
+}
+
+/// `bytes` capped at the allocation length, sent as data-in.
+async fn reply<D: DataPath>(
+    data: &mut D,
+    bytes: &[u8],
+    alloc_len: u32,
+) -> Result<Outcome, XferError> {
+    let n = (alloc_len as usize).min(bytes.len());
+    send_in(data, &bytes[..n]).await
+}
+
+pub(crate) async fn execute<D: DataPath>(
+    lu: &Lun,
+    c: Command,
+    data: &mut D,
+) -> Result<Outcome, XferError> {
+    let exp = data.expected_len();
+    match c {
+        Command::TestUnitReady | Command::StartStopUnit { .. } => Ok(Outcome::good(exp)),
+        Command::RequestSense { alloc_len } => {
+            // Sense goes with CHECK CONDITION (autosense), so there is
+            // never a deferred one to report here.
+            let mut b = [0u8; 18];
+            Sense::new(SenseKey::NoSense, (0, 0)).encode_fixed(&mut b);
+            reply(data, &b, alloc_len as u32).await
+        }
+        Command::Inquiry { page, alloc_len } => inquiry(lu, page, alloc_len, data).await,
+        Command::ReadCapacity10 => {
+            let mut b = [0u8; 8];
+            let last = lu.num_blocks().saturating_sub(1).min(u32::MAX as u64) as u32;
+            b[0..4].copy_from_slice(&last.to_be_bytes());
+            b[4..8].copy_from_slice(&lu.block_size().to_be_bytes());
+            send_in(data, &b).await
+        }
+        Command::ReadCapacity16 { alloc_len } => {
+            let mut b = [0u8; READ_CAPACITY_16_LEN];
+            Capacity {
+                num_blocks: lu.num_blocks(),
+                block_size: lu.block_size(),
+                lbppbe: 0,
+                lbpme: lu.cfg.thin,
+                lbprz: lu.cfg.thin,
+            }
+            .encode(&mut b);
+            reply(data, &b, alloc_len).await
+        }
+        Command::ModeSense {
+            long,
+            dbd,
+            pc,
+            page,
+            subpage,
+            alloc_len,
+        } => mode_sense(lu, long, dbd, pc, (page, subpage), alloc_len, data).await,
+        // The table answers REPORT LUNS and routes block commands to sbc.
+        _ => Ok(Outcome::invalid_field(exp)),
+    }
+}
+
+async fn inquiry<D: DataPath>(
+    lu: &Lun,
+    page: Option<u8>,
+    alloc_len: u16,
+    data: &mut D,
+) -> Result<Outcome, XferError> {
+    let cfg = &lu.cfg;
+    let mut out = [0u8; 256];
+    let len = match page {
+        None => {
+            let mut b = [0u8; STD_INQUIRY_LEN];
+            StdInquiry {
+                qualifier: 0,
+                device_type: cfg.device_type,
+                removable: false,
+                version: 6,
+                cmdque: true,
+                vendor: cfg.vendor.clone(),
+                product: cfg.product.clone(),
+                revision: cfg.revision.clone(),
+            }
+            .encode(&mut b);
+            out[..b.len()].copy_from_slice(&b);
+            b.len()
+        }
+        Some(p) => match vpd_page(lu, p, &mut out) {
+            Some(n) => n,
+            None => return Ok(Outcome::invalid_field(data.expected_len())),
+        },
+    };
+    reply(data, &out[..len], alloc_len as u32).await
+}
+
+/// Writes VPD page `page` into `out`; its length, or `None` if unknown.
+fn vpd_page(lu: &Lun, page: u8, out: &mut [u8; 256]) -> Option<usize> {
+    let cfg = &lu.cfg;
+    let payload: usize = match page {
+        inquiry::VPD_SUPPORTED => {
+            out[4..4 + VPD_PAGES.len()].copy_from_slice(&VPD_PAGES);
+            VPD_PAGES.len()
+        }
+        inquiry::VPD_SERIAL => {
+            let s = &cfg.serial.as_bytes()[..cfg.serial.len().min(200)];
+            out[4..4 + s.len()].copy_from_slice(s);
+            s.len()
+        }
+        inquiry::VPD_DEVICE_ID => {
+            let mut v = Vec::with_capacity(16);
+            inquiry::encode_designator(&mut v, 3, &cfg.naa);
+            out[4..4 + v.len()].copy_from_slice(&v);
+            v.len()
+        }
+        inquiry::VPD_BLOCK_LIMITS => {
+            let mut b = [0u8; BLOCK_LIMITS_LEN];
+            cfg.limits.encode(&mut b);
+            out[4..BLOCK_LIMITS_LEN].copy_from_slice(&b[4..]);
+            BLOCK_LIMITS_LEN - 4
+        }
+        inquiry::VPD_BLOCK_CHARACTERISTICS => {
+            let mut b = [0u8; 64];
+            BlockCharacteristics {
+                rotation_rate: 1,
+                form_factor: 0,
+                fua_behaviour: false,
+            }
+            .encode(&mut b);
+            out[4..64].copy_from_slice(&b[4..]);
+            60
+        }
+        _ => return None,
+    };
+    inquiry::vpd_header(&mut out[..], cfg.device_type, page, payload as u16);
+    Some(4 + payload)
+}
+
+/// Mode pages this core reports.
+const PAGE_CACHING: u8 = 0x08;
+const PAGE_CONTROL: u8 = 0x0a;
+const PAGE_ALL: u8 = 0x3f;
+
+async fn mode_sense<D: DataPath>(
+    lu: &Lun,
+    long: bool,
+    dbd: bool,
+    pc: u8,
+    (page, subpage): (u8, u8),
+    alloc_len: u16,
+    data: &mut D,
+) -> Result<Outcome, XferError> {
+    let exp = data.expected_len();
+    if pc == 3 {
+        return Ok(Outcome::check(
+            SenseKey::IllegalRequest,
+            asc::SAVING_PARAMS_NOT_SUPPORTED,
+            exp,
+        ));
+    }
+    if subpage != 0 && subpage != 0xff || !matches!(page, PAGE_CACHING | PAGE_CONTROL | PAGE_ALL) {
+        return Ok(Outcome::invalid_field(exp));
+    }
+    let mut out = [0u8; 64];
+    let hdr = if long { 8 } else { 4 };
+    let mut at = hdr;
+    if !dbd {
+        // One short block descriptor: block count (capped) and length.
+        let n = lu.num_blocks().min(0xffff_ffff) as u32;
+        out[at..at + 4].copy_from_slice(&n.to_be_bytes());
+        out[at + 5..at + 8].copy_from_slice(&lu.block_size().to_be_bytes()[1..]);
+        at += 8;
+    }
+    let changeable = pc == 1;
+    if matches!(page, PAGE_CACHING | PAGE_ALL) {
+        // WCE mirrors the bdev's volatile cache; nothing is changeable.
+        out[at] = PAGE_CACHING;
+        out[at + 1] = 0x12;
+        if lu.can_flush() && lu.write_cache && !changeable {
+            out[at + 2] = 0x04;
+        }
+        at += 20;
+    }
+    if matches!(page, PAGE_CONTROL | PAGE_ALL) {
+        out[at] = PAGE_CONTROL;
+        out[at + 1] = 0x0a;
+        at += 12;
+    }
+    // Device-specific: WP when read-only, DPOFUA (FUA is honoured).
+    let dev = if lu.writable { 0x10 } else { 0x90 };
+    if long {
+        out[0..2].copy_from_slice(&((at - 2) as u16).to_be_bytes());
+        out[3] = dev;
+        out[7] = if dbd { 0 } else { 8 };
+    } else {
+        out[0] = (at - 1) as u8;
+        out[2] = dev;
+        out[3] = if dbd { 0 } else { 8 };
+    }
+    reply(data, &out[..at], alloc_len as u32).await
+}

@@ -1,0 +1,165 @@
+//! The LUN table of one target on one reactor, and command dispatch: LUN
+//! lookup, REPORT LUNS, unit attentions, then the SPC or SBC executor.
+
+use ustor_scsi_proto::cdb::{CdbError, Command};
+use ustor_scsi_proto::inquiry::STD_INQUIRY_LEN;
+use ustor_scsi_proto::lun::encode_report_luns;
+use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::{Sense, SenseKey};
+
+use crate::data::{DataPath, XferError};
+use crate::lu::Lun;
+use crate::outcome::Outcome;
+use crate::{sbc, spc};
+
+/// Most LUNs one table holds (bounds REPORT LUNS data).
+pub const MAX_LUNS: usize = 256;
+
+/// Logical units by LUN, for one I_T nexus on one reactor.
+#[derive(Default)]
+pub struct LunTable {
+    luns: Vec<(u64, Lun)>,
+}
+
+/// Why a LUN could not be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    #[error("LUN {0} exists")]
+    Exists(u64),
+    #[error("at most {MAX_LUNS} LUNs")]
+    Full,
+}
+
+impl LunTable {
+    pub fn new() -> LunTable {
+        LunTable::default()
+    }
+
+    /// Adds a LUN; the others get REPORTED LUNS DATA HAS CHANGED.
+    pub fn add(&mut self, lun: u64, lu: Lun) -> Result<(), TableError> {
+        if self.get(lun).is_some() {
+            return Err(TableError::Exists(lun));
+        }
+        if self.luns.len() >= MAX_LUNS {
+            return Err(TableError::Full);
+        }
+        self.luns_changed();
+        let at = self.luns.partition_point(|(l, _)| *l < lun);
+        self.luns.insert(at, (lun, lu));
+        Ok(())
+    }
+
+    /// Removes a LUN; the others get REPORTED LUNS DATA HAS CHANGED.
+    pub fn remove(&mut self, lun: u64) -> Option<Lun> {
+        let at = self.luns.iter().position(|(l, _)| *l == lun)?;
+        let (_, lu) = self.luns.remove(at);
+        self.luns_changed();
+        Some(lu)
+    }
+
+    fn luns_changed(&self) {
+        let s = Sense::new(SenseKey::UnitAttention, asc::REPORTED_LUNS_CHANGED);
+        for (_, lu) in &self.luns {
+            lu.set_ua(Some(s));
+        }
+    }
+
+    pub fn get(&self, lun: u64) -> Option<&Lun> {
+        self.luns.iter().find(|(l, _)| *l == lun).map(|(_, lu)| lu)
+    }
+
+    pub fn luns(&self) -> impl Iterator<Item = (u64, &Lun)> {
+        self.luns.iter().map(|(l, lu)| (*l, lu))
+    }
+
+    /// A reset: every LUN reports POWER ON, RESET next.
+    pub fn reset_all(&self) {
+        for (_, lu) in &self.luns {
+            lu.set_ua(Some(Sense::new(
+                SenseKey::UnitAttention,
+                asc::POWER_ON_RESET,
+            )));
+        }
+    }
+
+    /// Executes one CDB addressed to `lun`. SCSI failures come back as an
+    /// [`Outcome`] with sense; only a transport failure is an error.
+    pub async fn execute<D: DataPath>(
+        &self,
+        lun: u64,
+        cdb: &[u8],
+        data: &mut D,
+    ) -> Result<Outcome, XferError> {
+        let exp = data.expected_len();
+        let parsed = Command::parse(cdb);
+        if let Ok(Command::ReportLuns { alloc_len, .. }) = parsed {
+            return self.report_luns(lun, alloc_len, data).await;
+        }
+        let Some(lu) = self.get(lun) else {
+            // No logical unit here: INQUIRY says so with qualifier 3 (SPC).
+            if let Ok(Command::Inquiry { page: None, .. }) = parsed {
+                let mut b = [0u8; STD_INQUIRY_LEN];
+                b[0] = 0x7f;
+                return spc::send_in(data, &b).await;
+            }
+            return Ok(Outcome::check(
+                SenseKey::IllegalRequest,
+                asc::LUN_NOT_SUPPORTED,
+                exp,
+            ));
+        };
+        let c = match parsed {
+            Ok(c) => c,
+            Err(CdbError::UnsupportedOpcode(_)) => {
+                return Ok(Outcome::check(
+                    SenseKey::IllegalRequest,
+                    asc::INVALID_OPCODE,
+                    exp,
+                ))
+            }
+            Err(_) => return Ok(Outcome::invalid_field(exp)),
+        };
+        if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
+            if let Some(ua) = lu.ua.take() {
+                return Ok(Outcome::sense(ua, exp));
+            }
+        }
+        match c {
+            Command::Read { .. }
+            | Command::Write { .. }
+            | Command::WriteAndVerify { .. }
+            | Command::Verify { .. }
+            | Command::SynchronizeCache { .. }
+            | Command::Unmap { .. }
+            | Command::WriteSame10 { .. }
+            | Command::WriteSame16 { .. } => sbc::execute(lu, c, data).await,
+            _ => spc::execute(lu, c, data).await,
+        }
+    }
+
+    async fn report_luns<D: DataPath>(
+        &self,
+        lun: u64,
+        alloc_len: u32,
+        data: &mut D,
+    ) -> Result<Outcome, XferError> {
+        let mut list = [0u64; MAX_LUNS];
+        let n = self.luns.len();
+        for (slot, (l, _)) in list.iter_mut().zip(&self.luns) {
+            *slot = *l;
+        }
+        let mut buf = [0u8; 8 + 8 * MAX_LUNS];
+        let want = (alloc_len as usize).min(8 + 8 * n);
+        let len = encode_report_luns(&list[..n], &mut buf[..want]);
+        if let Some(lu) = self.get(lun) {
+            // REPORT LUNS clears the "LUNs changed" attention it answers.
+            if lu
+                .ua()
+                .is_some_and(|s| s.code() == asc::REPORTED_LUNS_CHANGED)
+            {
+                lu.set_ua(None);
+            }
+        }
+        spc::send_in(data, &buf[..len]).await
+    }
+}
