@@ -8,6 +8,8 @@
 //!   straight into the caller's memory).
 //! - [`recv`]: vectored and exact receives, readiness, shutdown.
 //! - [`time`]: one `timeout` for any future.
+//! - [`driver`]: runs the receiver, workers and sender of a connection for
+//!   a sans-IO [`driver::Protocol`].
 //! - [`group`], [`sender`], [`coalesce`]: the PDU group (one `sendmsg` of
 //!   many replies), the loop that sends it, and LANoT, the load-aware policy
 //!   deciding when a group leaves.
@@ -17,6 +19,7 @@
 //! by pointer, and per-connection state lives on one reactor.
 
 pub mod coalesce;
+pub mod driver;
 pub mod group;
 pub mod listener;
 pub mod recv;

@@ -170,6 +170,19 @@ impl Staging {
         self.end = n;
     }
 
+    /// Appends `b` behind the staged bytes as a receive would (protocol
+    /// unit tests drive [`crate::driver::Protocol::apply`] with it, no
+    /// socket needed). Panics when it does not fit.
+    pub fn stage_bytes(&mut self, b: &[u8]) {
+        if self.end + b.len() > self.cap {
+            self.compact();
+        }
+        assert!(self.end + b.len() <= self.cap, "staging overflow");
+        let e = self.end;
+        self.bytes_mut()[e..e + b.len()].copy_from_slice(b);
+        self.end += b.len();
+    }
+
     /// Copies up to `dst.len()` staged bytes into `dst` and consumes them;
     /// returns how many.
     pub fn take_into(&mut self, dst: &mut [u8]) -> usize {
@@ -326,11 +339,8 @@ impl Staging {
 mod tests {
     use super::*;
 
-    /// Puts `b` behind the staged bytes, as a receive would.
     fn stage(s: &mut Staging, b: &[u8]) {
-        let e = s.end;
-        s.bytes_mut()[e..e + b.len()].copy_from_slice(b);
-        s.end += b.len();
+        s.stage_bytes(b);
     }
 
     #[test]

@@ -1,0 +1,287 @@
+//! The connection driver: runs the receiver, the workers and the sender of
+//! one connection for a sans-IO [`Protocol`].
+//!
+//! The protocol never touches the socket. The driver's receiver asks it
+//! what to do with the staged bytes ([`Protocol::apply`] with a
+//! [`RecvEvent`]) and performs what it answers ([`Recv`]): stage a header,
+//! receive a payload (through staging and copied, or in place with the
+//! next headers behind it in one `recvmsg`), skip bytes, hand a job to a
+//! worker, queue a reply at once, wait, or close. Workers run
+//! [`Protocol::execute`] (the device work) and queue its reply; the sender
+//! encodes queued replies into a [`PduGroup`] ([`Protocol::encode`]) and
+//! sends it with one `sendmsg`, coalescing with LANoT when configured.
+//!
+//! Protocol logic is therefore unit-testable without sockets: feed
+//! [`Protocol::apply`] a [`Staging`] filled with [`Staging::stage_bytes`]
+//! and check the [`Recv`] it answers. See `docs/writing-a-target.md`.
+//!
+//! All tasks of a connection live on one reactor and share [`Conn`] through
+//! an `Rc`: no lock, no atomic, no allocation per unit (queues, worker
+//! slots, the group and staging are allocated when the driver starts).
+
+mod receiver;
+mod sender;
+mod workers;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::task::Waker;
+
+use ustor_runtime::IoBuf;
+
+use crate::coalesce::CoalesceConfig;
+use crate::group::PduGroup;
+use crate::staging::{RecvMode, Rewind, Staging};
+
+/// What the receiver tells the protocol (the event of [`Protocol::apply`]).
+pub enum RecvEvent {
+    /// Ready for the next unit (budgets allow one more).
+    Next,
+    /// The bytes asked for with [`Recv::Stage`] are staged.
+    Staged,
+    /// The payload asked for with [`Recv::Payload`] arrived in this buffer.
+    Payload(IoBuf),
+    /// The bytes asked for with [`Recv::Skip`] were dropped.
+    Skipped,
+    /// [`Protocol::may_resume`] allowed a parked receiver to go on.
+    Resumed,
+}
+
+/// How a payload is received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// Through the staging buffer with a greedy receive, then copied once
+    /// (payloads up to [`crate::COPY_MAX`]: the receive also brings the
+    /// headers and small payloads around it).
+    Staging,
+    /// Staged bytes copied, the rest received straight into the buffer,
+    /// with up to `tail` bytes of what follows (digest, next header) into
+    /// the emptied staging buffer in the same `recvmsg`.
+    Direct { tail: usize },
+}
+
+/// What the protocol wants the receiver to do next.
+pub enum Recv<P: Protocol> {
+    /// Have at least `need` bytes staged, each receive asking for at most
+    /// `max` staged bytes in all (`max == need`: exact; `usize::MAX`:
+    /// greedy, up to the buffer), then [`RecvEvent::Staged`].
+    Stage { need: usize, max: usize },
+    /// Receive `len` bytes into `buf[off..off + len]` (`None`: a pool
+    /// buffer of `off + len` bytes, waited for if the pool is empty), then
+    /// [`RecvEvent::Payload`].
+    Payload {
+        buf: Option<IoBuf>,
+        off: usize,
+        len: usize,
+        via: Via,
+    },
+    /// Drop `n` bytes (staged ones first), then [`RecvEvent::Skipped`].
+    Skip(u64),
+    /// Hand a job to a worker, then [`RecvEvent::Next`].
+    Dispatch(P::Job),
+    /// Queue a reply without a worker (a refused request), then
+    /// [`RecvEvent::Next`].
+    Reply(P::Reply),
+    /// Wait until [`Protocol::may_resume`] holds (rechecked whenever a
+    /// reply was sent), then [`RecvEvent::Resumed`].
+    Park,
+    /// Stop reading; the connection ends once every reply is sent.
+    Close,
+}
+
+/// Costs the driver reports to the protocol's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoEvent {
+    /// Receives made (`calls`) and staged bytes moved to the buffer's
+    /// front (`moved`).
+    Received { calls: u64, moved: usize },
+    /// Payload bytes copied out of staging.
+    Copied { bytes: usize },
+    /// A group of `replies` left with `calls` `sendmsg`s.
+    Sent { replies: u32, calls: u64 },
+}
+
+/// A protocol served by the driver. All methods run on the connection's
+/// reactor; `&self` state lives in `Cell`/`RefCell`.
+pub trait Protocol: Sized + 'static {
+    /// A complete request for a worker (with its payload).
+    type Job: 'static;
+    /// A finished unit for the sender.
+    type Reply: 'static;
+
+    /// The receive state machine: what to do after `ev`. May peek and
+    /// consume `st` (never receive: the driver does).
+    fn apply(&self, ev: RecvEvent, st: &mut Staging) -> Recv<Self>;
+
+    /// Payload bytes `job` holds until its reply is sent (the driver's
+    /// byte budget).
+    fn charge(&self, _job: &Self::Job) -> u64 {
+        0
+    }
+
+    /// Whether a receiver parked by [`Recv::Park`] may go on.
+    fn may_resume(&self) -> bool {
+        true
+    }
+
+    /// Runs one job (device work) and builds its reply.
+    fn execute(&self, job: Self::Job) -> impl Future<Output = Self::Reply>;
+
+    /// Appends `reply` to `g`; gives it back when it does not fit (the
+    /// group is sent first, then it is encoded into the emptied group).
+    fn encode(&self, reply: Self::Reply, g: &mut PduGroup) -> Result<(), Self::Reply>;
+
+    /// Whether `reply` must leave without waiting for more (coalescing).
+    fn urgent(&self, _reply: &Self::Reply) -> bool {
+        false
+    }
+
+    /// Accounting hook.
+    fn on_io(&self, _ev: IoEvent) {}
+}
+
+/// Limits and shape of one connection's driver.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    /// Units received and not yet answered on the wire.
+    pub max_outstanding: usize,
+    /// Payload bytes ([`Protocol::charge`]) held in flight.
+    pub max_outstanding_bytes: u64,
+    /// Worker tasks (concurrent device operations), spawned on demand.
+    pub max_workers: usize,
+    pub staging_len: usize,
+    pub rewind: Rewind,
+    pub recv_mode: RecvMode,
+    /// Units received before the receiver yields to other tasks (`None`:
+    /// never; receives wait often enough).
+    pub recv_budget: Option<u32>,
+    /// Replies per group at most.
+    pub max_replies: u32,
+    /// Segments and header bytes of the group.
+    pub group_iov: usize,
+    pub group_arena: usize,
+    /// LANoT; `None` sends whatever is queued on each sender pass.
+    pub coalesce: Option<CoalesceConfig>,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        DriverConfig {
+            max_outstanding: 256,
+            max_outstanding_bytes: 64 << 20,
+            max_workers: 128,
+            staging_len: 128 << 10,
+            rewind: Rewind::Lazy,
+            recv_mode: RecvMode::Ring,
+            recv_budget: None,
+            max_replies: 64,
+            group_iov: crate::group::MAX_GROUP_IOV,
+            group_arena: crate::group::ARENA_LEN,
+            coalesce: None,
+        }
+    }
+}
+
+/// A reply with the payload budget its request held.
+struct Queued<R> {
+    reply: R,
+    charge: u64,
+}
+
+/// State shared by the tasks of one connection.
+pub struct Conn<P: Protocol> {
+    fd: OwnedFd,
+    proto: P,
+    cfg: DriverConfig,
+    jobs: RefCell<VecDeque<(P::Job, u64)>>,
+    replies: RefCell<VecDeque<Queued<P::Reply>>>,
+    workers: workers::Pool,
+    /// Received and not yet answered on the wire.
+    outstanding: Cell<usize>,
+    outstanding_bytes: Cell<u64>,
+    receiver: RefCell<Option<Waker>>,
+    sender: RefCell<Option<Waker>>,
+    /// No more units will be read (close, EOF, error).
+    closing: Cell<bool>,
+    /// The socket failed: replies can no longer be sent.
+    dead: Cell<bool>,
+}
+
+fn wake(slot: &RefCell<Option<Waker>>) {
+    if let Some(w) = slot.borrow_mut().take() {
+        w.wake();
+    }
+}
+
+impl<P: Protocol> Conn<P> {
+    pub fn protocol(&self) -> &P {
+        &self.proto
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Units received and not yet answered.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.get()
+    }
+
+    fn queue_reply(&self, reply: P::Reply, charge: u64) {
+        self.replies
+            .borrow_mut()
+            .push_back(Queued { reply, charge });
+        wake(&self.sender);
+    }
+
+    fn has_budget(&self) -> bool {
+        self.outstanding.get() < self.cfg.max_outstanding
+            && self.outstanding_bytes.get() < self.cfg.max_outstanding_bytes
+    }
+
+    /// `count` units holding `bytes` of budget were answered (sent, or
+    /// dropped with a dead socket).
+    fn finished(&self, count: usize, bytes: u64) {
+        debug_assert!(count <= self.outstanding.get() && bytes <= self.outstanding_bytes.get());
+        self.outstanding.set(self.outstanding.get() - count);
+        self.outstanding_bytes
+            .set(self.outstanding_bytes.get() - bytes);
+        wake(&self.receiver);
+        if self.outstanding.get() == 0 {
+            wake(&self.sender);
+        }
+    }
+}
+
+/// Runs `proto` on `fd` until the peer goes, the protocol closes, or the
+/// socket fails, and every received unit has been answered (or dropped with
+/// a dead socket); the socket is shut down then. Allocates the connection's
+/// staging, queues and group here, once.
+pub async fn run<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) {
+    let conn = Rc::new(Conn {
+        fd,
+        proto,
+        jobs: RefCell::new(VecDeque::with_capacity(cfg.max_outstanding)),
+        replies: RefCell::new(VecDeque::with_capacity(cfg.max_outstanding)),
+        workers: workers::Pool::new(cfg.max_workers),
+        outstanding: Cell::new(0),
+        outstanding_bytes: Cell::new(0),
+        receiver: RefCell::new(None),
+        sender: RefCell::new(None),
+        closing: Cell::new(false),
+        dead: Cell::new(false),
+        cfg,
+    });
+    let sender = ustor_runtime::spawn(sender::run(conn.clone()));
+    let mut st = Staging::new(conn.cfg.staging_len, conn.cfg.rewind);
+    receiver::run(&conn, &mut st).await;
+    conn.closing.set(true);
+    conn.workers.wake_all();
+    wake(&conn.sender);
+    // The sender returns once every received unit has been answered.
+    sender.await;
+    crate::recv::shutdown(conn.raw_fd());
+}

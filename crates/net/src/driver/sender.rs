@@ -1,0 +1,126 @@
+//! The driver's sender: encodes queued replies into one [`PduGroup`] and
+//! sends it with one `sendmsg`. Without a coalescer every reply queued
+//! since the last send leaves at once (at QD1 a reply is sent in the pass
+//! that completed it; under load every reply of a pass shares a syscall);
+//! with one, LANoT decides when the group leaves.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::Poll;
+
+use ustor_runtime::timer::Sleep;
+
+use super::{Conn, IoEvent, Protocol, Queued};
+use crate::coalesce::Coalescer;
+use crate::group::PduGroup;
+
+/// Why the sender woke.
+#[derive(PartialEq, Eq)]
+enum Woke {
+    Replies,
+    Timer,
+    /// Closing and every unit answered.
+    Done,
+}
+
+/// Sends queued replies until the connection closes and all are answered.
+pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
+    let cfg = &conn.cfg;
+    let mut g = PduGroup::with_capacity(cfg.group_iov, cfg.group_arena);
+    let mut coal = cfg.coalesce.map(Coalescer::new);
+    let mut deadline: Option<u64> = None;
+    // Replies and payload budget in the group being filled.
+    let (mut n, mut charge, mut urgent) = (0usize, 0u64, false);
+    // Budget: each round sends a group, waits, or returns.
+    loop {
+        let woke = wait(&conn, deadline).await;
+        let full = fill(&conn, &mut g, &mut n, &mut charge, &mut urgent);
+        if g.is_empty() {
+            if woke == Woke::Done {
+                return;
+            }
+            continue;
+        }
+        if let Some(c) = coal.as_mut() {
+            let others = (conn.outstanding.get() - n) as u32;
+            let fired = woke == Woke::Timer;
+            let why = if woke == Woke::Done {
+                Some(crate::coalesce::Flush::Small)
+            } else {
+                c.flush_reason(&g, full, fired, others, urgent, &mut deadline)
+            };
+            let Some(why) = why else { continue };
+            deadline = None;
+            c.on_flush(why, g.pdus(), others);
+        }
+        let mut calls = 0;
+        if conn.dead.get() {
+            g.clear();
+        } else {
+            let (r, back) = crate::sender::send_all(conn.raw_fd(), g, &mut calls).await;
+            g = back;
+            if r.is_err() {
+                conn.dead.set(true);
+            }
+        }
+        conn.proto.on_io(IoEvent::Sent {
+            replies: n as u32,
+            calls,
+        });
+        conn.finished(n, charge);
+        (n, charge, urgent) = (0, 0, false);
+    }
+}
+
+/// Moves queued replies into the group; true when it can take no more.
+fn fill<P: Protocol>(
+    conn: &Conn<P>,
+    g: &mut PduGroup,
+    n: &mut usize,
+    charge: &mut u64,
+    urgent: &mut bool,
+) -> bool {
+    let mut q = conn.replies.borrow_mut();
+    // Budget: at most `max_replies` rounds.
+    while (*n as u32) < conn.cfg.max_replies {
+        let Some(Queued { reply, charge: c }) = q.pop_front() else {
+            return false;
+        };
+        *urgent |= conn.proto.urgent(&reply);
+        match conn.proto.encode(reply, g) {
+            Ok(()) => {
+                *n += 1;
+                *charge += c;
+            }
+            Err(reply) => {
+                assert!(!g.is_empty(), "a reply larger than an empty group");
+                q.push_front(Queued { reply, charge: c });
+                return true;
+            }
+        }
+    }
+    true
+}
+
+/// Waits for replies, the group's deadline, or the end.
+async fn wait<P: Protocol>(conn: &Conn<P>, deadline: Option<u64>) -> Woke {
+    let mut timer: Option<Sleep> = deadline.map(ustor_runtime::sleep_until);
+    poll_fn(|cx| {
+        if !conn.replies.borrow().is_empty() {
+            return Poll::Ready(Woke::Replies);
+        }
+        if conn.closing.get() && conn.outstanding.get() == 0 {
+            return Poll::Ready(Woke::Done);
+        }
+        if let Some(t) = timer.as_mut() {
+            // `Sleep` is plain data (Unpin): pinning it in place is free.
+            if Pin::new(t).poll(cx).is_ready() {
+                return Poll::Ready(Woke::Timer);
+            }
+        }
+        *conn.sender.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
