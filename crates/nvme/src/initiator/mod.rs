@@ -187,8 +187,10 @@ pub enum InitiatorError {
     Timeout(&'static str),
     #[error("bdev: {0}")]
     Bdev(#[from] ustor_bdev::ControlError),
+    /// A message to a reactor was not delivered, or its reply never came
+    /// (the runtime stopped).
     #[error("runtime: {0}")]
-    Runtime(String),
+    Runtime(#[from] ustor_runtime::SendError),
 }
 
 impl InitiatorError {
@@ -264,11 +266,11 @@ fn attach_inner(
 ) -> Result<Vec<String>, InitiatorError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     let c2 = c.clone();
-    rt.spawn_on(0, move || ctrlr::supervise(c2, tx))
-        .map_err(|e| InitiatorError::Runtime(e.to_string()))?;
+    rt.spawn_on(0, move || ctrlr::supervise(c2, tx))?;
+    // The supervisor dropped its sender without answering: reactor 0 stopped.
     let nss = rx
         .recv()
-        .map_err(|_| InitiatorError::Runtime("reactor 0 stopped".into()))??;
+        .map_err(|_| InitiatorError::Runtime(ustor_runtime::SendError::Stopped))??;
     let mut names = Vec::new();
     for ns in nss {
         let b = bdev::NvmeBdev::new(c.clone(), ns);

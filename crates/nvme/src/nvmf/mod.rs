@@ -56,8 +56,9 @@ pub enum NvmfError {
     Bdev(#[from] ustor_bdev::ControlError),
     #[error("cannot listen on {addr}: {err}")]
     Listen { addr: String, err: std::io::Error },
+    /// A message to a reactor was not delivered (the runtime stopped).
     #[error("runtime: {0}")]
-    Runtime(String),
+    Runtime(#[from] ustor_runtime::SendError),
     #[error("NVMe status {0}")]
     Nvme(Status),
 }
@@ -274,13 +275,9 @@ impl Target {
         let fd = Arc::new(OwnedFd::from(tcp));
         let stop = Arc::new(AtomicBool::new(false));
         let (shared, l2, st, fd2) = (self.shared.clone(), real.clone(), stop.clone(), fd.clone());
-        if let Err(e) = self
-            .shared
+        self.shared
             .rt
-            .spawn_on(0, move || accept_loop(fd2, shared, l2, st))
-        {
-            return Err(NvmfError::Runtime(e.to_string()));
-        }
+            .spawn_on(0, move || accept_loop(fd2, shared, l2, st))?;
         ls.push(Listener {
             addr: real.clone(),
             fd,

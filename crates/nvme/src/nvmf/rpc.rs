@@ -570,11 +570,7 @@ impl Target {
 
     /// `nvmf_get_stats`: one poll group per reactor.
     pub fn nvmf_get_stats(&self) -> Result<NvmfStats, NvmfError> {
-        let groups = self
-            .shared
-            .rt
-            .call_all(stats::snapshot)
-            .map_err(|e| NvmfError::Runtime(e.to_string()))?;
+        let groups = self.shared.rt.call_all(stats::snapshot)?;
         Ok(NvmfStats {
             tick_rate: ustor_runtime::ticks::hz(),
             poll_groups: groups,
