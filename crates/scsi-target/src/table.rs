@@ -35,6 +35,20 @@ impl LunTable {
         LunTable::default()
     }
 
+    /// A table of these units as they are (no unit attention is raised);
+    /// for a transport that rebuilds its table from a configuration. Later
+    /// duplicates of a LUN and LUNs beyond [`MAX_LUNS`] are dropped.
+    pub fn from_luns(luns: impl IntoIterator<Item = (u64, Lun)>) -> LunTable {
+        let mut t = LunTable::default();
+        for (l, lu) in luns {
+            if t.luns.len() < MAX_LUNS && t.get(l).is_none() {
+                let at = t.luns.partition_point(|(x, _)| *x < l);
+                t.luns.insert(at, (l, lu));
+            }
+        }
+        t
+    }
+
     /// Adds a LUN; the others get REPORTED LUNS DATA HAS CHANGED.
     pub fn add(&mut self, lun: u64, lu: Lun) -> Result<(), TableError> {
         if self.get(lun).is_some() {

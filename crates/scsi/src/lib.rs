@@ -8,7 +8,8 @@
 //! - [`mid`]: the mid-layer: host/device/driver registries, scan and
 //!   bring-up, retry rules, error handling (abort → LUN reset → host reset
 //!   → offline).
-//! - [`emul`]: the emulated HBA (RAM-backed, scriptable faults).
+//! - The emulated HBA (bdev-backed LUNs run by the SCSI target core,
+//!   scriptable faults) is the `ustor-scsi-emul` crate.
 //! - [`sg`]: the SG_IO passthrough LLD (/dev/sgN, asynchronous sg v3).
 //! - [`bdev`]: SCSI bdevs (device ranges as named bdevs); `forward` carries
 //!   their I/O from channels on other reactors to the host's reactor.
@@ -24,7 +25,6 @@ pub mod fuzz;
 pub use ustor_scsi_proto::{Cdb, Command, Hctl, ScsiStatus, Sense, SenseKey};
 pub mod api;
 pub mod bdev;
-pub mod emul;
 mod forward;
 pub mod lld;
 pub mod mid;

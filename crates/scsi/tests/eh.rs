@@ -10,9 +10,9 @@ use common::*;
 use ustor_bdev::BdevError;
 use ustor_scsi::api::*;
 use ustor_scsi::cdb::op;
-use ustor_scsi::emul::{Fault, FaultRule, TmfFaults};
 use ustor_scsi::mid::DeviceState;
 use ustor_scsi::sense::{asc, Sense, SenseKey};
+use ustor_scsi_emul::{Fault, FaultRule, TmfFaults};
 
 fn setup() -> Rig {
     let r = rig(vec![disk(0), disk(1)]);

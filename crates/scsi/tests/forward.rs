@@ -9,10 +9,10 @@ use std::sync::Arc;
 use common::*;
 use ustor_bdev::{BdevError, Registry};
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
-use ustor_scsi::emul::EmulHandle;
 use ustor_scsi::lld::HostLimits;
 use ustor_scsi::mid::HostConfig;
 use ustor_scsi::ScsiStack;
+use ustor_scsi_emul::EmulHandle;
 
 const BS: u64 = 512;
 

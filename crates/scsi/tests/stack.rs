@@ -8,9 +8,9 @@ use common::*;
 use ustor_bdev::{BdevError, IoType};
 use ustor_scsi::api::*;
 use ustor_scsi::cdb::op;
-use ustor_scsi::emul::EmulLun;
 use ustor_scsi::inquiry::DeviceType;
 use ustor_scsi::mid::DeviceState;
+use ustor_scsi_emul::EmulLun;
 
 #[test]
 fn scan_finds_and_identifies_devices() {

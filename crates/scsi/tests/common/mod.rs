@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use ustor_bdev::{BdevError, Registry};
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
-use ustor_scsi::emul::{EmulHandle, EmulLun};
 use ustor_scsi::lld::HostLimits;
 use ustor_scsi::mid::HostConfig;
 use ustor_scsi::ScsiStack;
+use ustor_scsi_emul::{EmulHandle, EmulLun};
 
 pub fn runtime() -> Runtime {
     Runtime::start(RuntimeConfig {

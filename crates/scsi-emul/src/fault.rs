@@ -1,7 +1,7 @@
 //! Scriptable faults of the emulated HBA: rules matched per command, and
 //! failure switches for the task management functions.
 
-use crate::sense::Sense;
+use ustor_scsi::sense::Sense;
 
 /// What happens to a command a rule matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
