@@ -2,10 +2,13 @@
 //! `fn_table`: [`BdevModule`] once per module, [`Bdev`] per device, and
 //! [`BdevChannel`] per (device, reactor).
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
-use crate::error::BdevError;
+use crate::error::{BdevError, ControlError};
 use crate::io::IoHandle;
+use crate::registry::{BdevEntry, Registry};
 use crate::types::{BdevInfo, IoType};
 
 /// One device. Shared by every reactor (`Send + Sync`); nothing on the I/O
@@ -76,11 +79,61 @@ pub trait BdevChannel {
     }
 }
 
-/// A bdev module (driver): lifecycle and module-level config.
+/// A bdev module (driver), registered once in the [`Registry`]'s module
+/// table: the RPC methods that create and delete its bdevs, the config dump,
+/// the rollback of a failed config and `ustor bench`'s inline specs all read
+/// the table, so adding a bdev kind means writing the module and
+/// registering it ([`crate::modules::register_builtin`] for ustor's own).
 pub trait BdevModule: Send + Sync {
+    /// The module's name, as in [`BdevInfo::module`] (`malloc`).
     fn name(&self) -> &'static str;
-    /// Module-level config calls that must precede the bdevs' (e.g. options).
+
+    /// The RPC method that creates one of its bdevs from SPDK's JSON
+    /// parameters; `None` for a module whose bdevs come another way.
+    fn create_method(&self) -> Option<String> {
+        Some(format!("bdev_{}_create", self.name()))
+    }
+
+    /// The RPC method that deletes one of its bdevs by `{"name": ...}`.
+    fn delete_method(&self) -> Option<String> {
+        Some(format!("bdev_{}_delete", self.name()))
+    }
+
+    /// Creates a bdev from the parameters of [`BdevModule::create_method`].
+    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError>;
+
+    /// Deletes one of this module's bdevs by name (refused while claimed).
+    fn delete(&self, reg: &Registry, name: &str) -> Result<(), ControlError> {
+        reg.delete(name)
+    }
+
+    /// A bdev was registered (any module's): a virtual bdev module claims
+    /// the bases its configuration waits for, as SPDK's examine does.
+    fn examine(&self, _reg: &Registry, _bdev: &Arc<BdevEntry>) {}
+
+    /// Module-level config calls that must precede the bdevs' (options).
     fn config_json(&self) -> Vec<Value> {
         Vec::new()
+    }
+
+    /// How `ustor bench --bdev` names a bdev of this module inline
+    /// (`malloc:SIZE`); `None`: no inline spec.
+    fn inline_spec_syntax(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// `ustor bench --bdev KIND:ARG` with KIND this module's name: creates
+    /// the bdev ARG describes (`malloc:256M`, `uring:/dev/loop0`) with
+    /// `block_size` where the module takes one.
+    fn inline_spec(
+        &self,
+        _reg: &Registry,
+        arg: &str,
+        _block_size: u32,
+    ) -> Result<Arc<BdevEntry>, ControlError> {
+        Err(ControlError::invalid(
+            "bdev",
+            format!("module {} takes no inline spec (`{arg}`)", self.name()),
+        ))
     }
 }

@@ -68,6 +68,10 @@ pub enum ControlError {
     Invalid { param: &'static str, why: String },
     #[error("{what}: {err}")]
     Os { what: String, err: std::io::Error },
+    /// A module's create parameters did not decode (`path` locates the
+    /// field, as serde_path_to_error prints it; `msg` is serde's message).
+    #[error("invalid parameters at `{path}`: {msg}")]
+    Params { path: String, msg: String },
 }
 
 impl ControlError {
@@ -77,7 +81,7 @@ impl ControlError {
             ControlError::Exists(_) => libc::EEXIST,
             ControlError::NotFound(_) => libc::ENODEV,
             ControlError::Claimed { .. } => libc::EBUSY,
-            ControlError::Invalid { .. } => libc::EINVAL,
+            ControlError::Invalid { .. } | ControlError::Params { .. } => libc::EINVAL,
             ControlError::Os { err, .. } => err.raw_os_error().unwrap_or(libc::EIO),
         }
     }

@@ -242,18 +242,32 @@ impl Registry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn add_module(&self, m: Arc<dyn BdevModule>) {
-        self.modules
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(m);
+    /// Adds a module to the table; refused if one of that name is there.
+    pub fn add_module(&self, m: Arc<dyn BdevModule>) -> Result<(), ControlError> {
+        let mut t = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if t.iter().any(|x| x.name() == m.name()) {
+            return Err(ControlError::Exists(format!("module {}", m.name())));
+        }
+        t.push(m);
+        Ok(())
     }
 
+    /// The module table, in registration order.
     pub fn modules(&self) -> Vec<Arc<dyn BdevModule>> {
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The module named `name`.
+    pub fn module(&self, name: &str) -> Option<Arc<dyn BdevModule>> {
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|m| m.name() == name)
+            .cloned()
     }
 
     /// Registers a device under its name (and UUID as an alias).
@@ -277,6 +291,11 @@ impl Registry {
         g.by_name.insert(name.clone(), entry.clone());
         g.by_name.insert(uuid, entry.clone());
         g.order.push(name);
+        drop(g);
+        // Outside the lock: a module's examine opens and claims bdevs.
+        for m in self.modules() {
+            m.examine(self, &entry);
+        }
         Ok(entry)
     }
 

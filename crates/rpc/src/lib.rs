@@ -41,5 +41,5 @@ pub use codec::{decode_message, Message, Request, StreamDecoder};
 pub use config::{apply_config, load_config, CallFailure, ConfigCall, ConfigError};
 pub use dispatch::{MethodTable, RegisterError, Replier, RPC_ANY_STATE, RPC_RUNTIME, RPC_STARTUP};
 pub use errors::RpcError;
-pub use params::{no_params, parse_params};
+pub use params::{no_params, params_error, parse_params};
 pub use server::{start, ServerConfig, ServerError, ServerHandle, ServerStats};

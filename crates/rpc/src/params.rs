@@ -26,14 +26,16 @@ pub fn parse_params<T: DeserializeOwned>(params: Value) -> Result<T, RpcError> {
     serde_path_to_error::deserialize::<_, T>(params).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner().to_string();
-        describe(&path, &inner)
+        params_error(&path, &inner)
     })
 }
 
 /// Build the -32602 error from serde's message and the path where it
-/// happened. serde reports unknown/missing fields by name but type errors
-/// only by position, which is what the path adds.
-fn describe(path: &str, inner: &str) -> RpcError {
+/// happened (as `serde_path_to_error` prints it). serde reports
+/// unknown/missing fields by name but type errors only by position, which
+/// is what the path adds. Public for layers that decode their own params
+/// (a bdev module's create) and report through RPC.
+pub fn params_error(path: &str, inner: &str) -> RpcError {
     let field = field_in_message(inner).map(str::to_string).or_else(|| {
         // The path ends at the struct holding an unknown/missing field, or
         // at the field itself for type errors; "." means the top level.

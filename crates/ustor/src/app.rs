@@ -29,6 +29,8 @@ impl App {
         let runtime = Runtime::start(cfg.clone())?;
         let rt = runtime.handle();
         let registry = Registry::new(Some(rt.clone()));
+        ustor_bdev::modules::register_builtin(&registry)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         let nbd = Arc::new(NbdServer::new(rt.clone()));
         let nvmf = ustor_nvme::nvmf::Target::new(rt.clone(), registry.clone());
         let scsi = ustor_scsi::ScsiStack::new(rt.clone(), registry.clone());

@@ -79,8 +79,10 @@ pub fn run(a: BenchArgs) -> i32 {
         let r = ustor_rpc::load_config(path)
             .map_err(|e| e.to_string())
             .and_then(|calls| {
-                ustor_rpc::apply_config(&app.table, &calls, crate::methods::undo_call)
-                    .map_err(|e| e.to_string())
+                ustor_rpc::apply_config(&app.table, &calls, |c| {
+                    crate::methods::undo_in(&app.registry, c)
+                })
+                .map_err(|e| e.to_string())
             });
         if let Err(e) = r {
             return fail(e);

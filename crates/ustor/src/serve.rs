@@ -203,8 +203,10 @@ pub fn run(a: ServeArgs) -> i32 {
         Some(path) => ustor_rpc::load_config(path)
             .map_err(|e| e.to_string())
             .and_then(|calls| {
-                ustor_rpc::apply_config(&app.table, &calls, crate::methods::undo_call)
-                    .map_err(|e| e.to_string())
+                ustor_rpc::apply_config(&app.table, &calls, |c| {
+                    crate::methods::undo_in(&app.registry, c)
+                })
+                .map_err(|e| e.to_string())
             }),
         None if a.wait_for_rpc => Ok(0),
         None => default_config(&app, &a).map(|_| 3),

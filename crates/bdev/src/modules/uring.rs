@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use ustor_runtime::{CqeHandler, HandlerId, PollStatus, PollerId};
 
-use super::check_block_size;
-use crate::device::{Bdev, BdevChannel, Extent};
+use super::{check_block_size, parse_params};
+use crate::device::{Bdev, BdevChannel, BdevModule, Extent};
 use crate::error::{BdevError, ControlError};
 use crate::io::IoHandle;
 use crate::registry::{BdevEntry, Registry};
@@ -719,4 +719,37 @@ pub fn create(reg: &Registry, mut opts: UringOpts) -> Result<Arc<BdevEntry>, Con
         iopoll_note: note,
     };
     reg.register(Arc::new(b))
+}
+
+/// The uring module: `bdev_uring_create` / `bdev_uring_delete`, and
+/// `uring:PATH` for `ustor bench` (O_DIRECT, the device's block size).
+pub struct UringModule;
+
+impl BdevModule for UringModule {
+    fn name(&self) -> &'static str {
+        "uring"
+    }
+    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
+        create(reg, parse_params(params)?)
+    }
+    fn inline_spec_syntax(&self) -> Option<&'static str> {
+        Some("uring:PATH")
+    }
+    fn inline_spec(
+        &self,
+        reg: &Registry,
+        arg: &str,
+        _block_size: u32,
+    ) -> Result<Arc<BdevEntry>, ControlError> {
+        let o = UringOpts {
+            name: "Uring0".into(),
+            filename: arg.to_string(),
+            block_size: 0,
+            uuid: None,
+            direct: true,
+            sqpoll: false,
+            iopoll: false,
+        };
+        create(reg, o)
+    }
 }

@@ -1,43 +1,13 @@
-//! bdev_* methods: create/delete for malloc, null, uring; bdev_get_bdevs;
-//! bdev_get_iostat; and the bdev subsystem's config dump.
+//! bdev_* methods: create/delete for every module in the registry's table
+//! (malloc, null, uring); bdev_get_bdevs; bdev_get_iostat; and the bdev
+//! subsystem's config dump.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use ustor_bdev::modules::{malloc, null, uring, RamOpts};
-use ustor_bdev::{BdevEntry, IoType};
+use ustor_bdev::{BdevEntry, BdevModule, IoType};
 use ustor_rpc::{parse_params, Replier, RpcError, RPC_RUNTIME};
 
 use super::{control_err, Ctx};
-
-/// `bdev_malloc_create` / `bdev_null_create` as SPDK's client sends them.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RamParams {
-    name: Option<String>,
-    num_blocks: u64,
-    block_size: u32,
-    uuid: Option<uuid::Uuid>,
-    #[serde(default)]
-    optimal_io_boundary: u32,
-    /// Accepted when equal to block_size (no separate physical size here).
-    physical_block_size: Option<u32>,
-    /// Metadata is not supported: only absent or 0 is accepted.
-    #[serde(default)]
-    md_size: u32,
-    #[serde(default)]
-    md_interleave: bool,
-    #[serde(default)]
-    dif_type: u32,
-    #[serde(default)]
-    dif_is_head_of_md: bool,
-    #[serde(default)]
-    dif_pi_format: u32,
-    /// NUMA placement is the kernel's business here (no hugepages).
-    #[allow(dead_code)]
-    numa_id: Option<i32>,
-    #[serde(default)]
-    max_transfer_blocks: u32,
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,45 +34,9 @@ struct GetParams {
     timeout: u64,
 }
 
-fn ram_opts(c: &Ctx, p: RamParams, prefix: &str) -> Result<RamOpts, RpcError> {
-    if p.md_size != 0
-        || p.dif_type != 0
-        || p.dif_pi_format != 0
-        || p.md_interleave
-        || p.dif_is_head_of_md
-    {
-        return Err(RpcError::invalid_param(
-            "md_size",
-            "metadata and DIF are not supported",
-        ));
-    }
-    if let Some(pbs) = p.physical_block_size {
-        if pbs != p.block_size && pbs != 0 {
-            return Err(RpcError::invalid_param(
-                "physical_block_size",
-                "must equal block_size",
-            ));
-        }
-    }
-    let name = match p.name {
-        Some(n) => n,
-        None => (0..)
-            .map(|i| format!("{prefix}{i}"))
-            .find(|n| c.registry.get(n).is_none())
-            .unwrap_or_default(),
-    };
-    Ok(RamOpts {
-        name,
-        num_blocks: p.num_blocks,
-        block_size: p.block_size,
-        uuid: p.uuid,
-        optimal_io_boundary: p.optimal_io_boundary,
-        max_transfer_blocks: p.max_transfer_blocks,
-    })
-}
-
-fn delete(c: &Ctx, params: Value, module: &str) -> Result<Value, RpcError> {
+fn delete(c: &Ctx, params: Value, m: &dyn BdevModule) -> Result<Value, RpcError> {
     let p: NameParam = parse_params(params)?;
+    let module = m.name();
     match c.registry.get(&p.name) {
         Some(e) if e.info().module == module => {}
         Some(_) => {
@@ -113,7 +47,7 @@ fn delete(c: &Ctx, params: Value, module: &str) -> Result<Value, RpcError> {
         }
         None => return Err(RpcError::errno(libc::ENODEV)),
     }
-    c.registry.delete(&p.name).map_err(control_err)?;
+    m.delete(&c.registry, &p.name).map_err(control_err)?;
     Ok(json!(true))
 }
 
@@ -158,33 +92,7 @@ pub fn bdev_json(e: &BdevEntry) -> Value {
 }
 
 pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
-    ctx.method("bdev_malloc_create", RPC_RUNTIME, |c, params| {
-        let p: RamParams = parse_params(params)?;
-        let o = ram_opts(c, p, "Malloc")?;
-        malloc::create(&c.registry, o)
-            .map(|e| json!(e.info().name))
-            .map_err(control_err)
-    })?;
-    ctx.method("bdev_malloc_delete", RPC_RUNTIME, |c, p| {
-        delete(c, p, "malloc")
-    })?;
-    ctx.method("bdev_null_create", RPC_RUNTIME, |c, params| {
-        let p: RamParams = parse_params(params)?;
-        let o = ram_opts(c, p, "Null")?;
-        null::create(&c.registry, o)
-            .map(|e| json!(e.info().name))
-            .map_err(control_err)
-    })?;
-    ctx.method("bdev_null_delete", RPC_RUNTIME, |c, p| delete(c, p, "null"))?;
-    ctx.method("bdev_uring_create", RPC_RUNTIME, |c, params| {
-        let o: uring::UringOpts = parse_params(params)?;
-        uring::create(&c.registry, o)
-            .map(|e| json!(e.info().name))
-            .map_err(control_err)
-    })?;
-    ctx.method("bdev_uring_delete", RPC_RUNTIME, |c, p| {
-        delete(c, p, "uring")
-    })?;
+    module_methods(ctx)?;
     ctx.method("bdev_get_bdevs", RPC_RUNTIME, |c, params| {
         let p: GetParams = if params.is_null() {
             GetParams::default()
@@ -251,18 +159,42 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     let reg = ctx.registry.clone();
     ctx.table
         .add_subsystem("bdev", &[], move |reply: Replier| {
-            // NVMe namespaces are recreated by attaching their controller once;
-            // SCSI bdevs by the scsi subsystem, after its hosts.
-            let mut calls: Vec<Value> = reg
-                .list()
-                .iter()
-                .filter(|e| !matches!(e.info().module, "nvme" | "scsi"))
-                .map(|e| e.bdev().config_json())
-                .filter(|c| !c.is_null())
-                .collect();
+            // The table's modules: their options, then their bdevs in
+            // creation order. Bdevs of other kinds come back another way:
+            // NVMe namespaces by attaching their controller once, SCSI
+            // bdevs by the scsi subsystem after its hosts.
+            let modules = reg.modules();
+            let mut calls: Vec<Value> = modules.iter().flat_map(|m| m.config_json()).collect();
+            calls.extend(
+                reg.list()
+                    .iter()
+                    .filter(|e| modules.iter().any(|m| m.name() == e.info().module))
+                    .map(|e| e.bdev().config_json())
+                    .filter(|c| !c.is_null()),
+            );
             calls.extend(ustor_nvme::initiator::config_json());
             reply.ok(Value::Array(calls));
         })?;
+    Ok(())
+}
+
+/// Each table module's create and delete methods (`bdev_malloc_create`,
+/// `bdev_malloc_delete`, ...).
+fn module_methods(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
+    for m in ctx.registry.modules() {
+        if let Some(method) = m.create_method() {
+            let m = m.clone();
+            ctx.method(&method, RPC_RUNTIME, move |c, params| {
+                m.create(&c.registry, params)
+                    .map(|e| json!(e.info().name))
+                    .map_err(control_err)
+            })?;
+        }
+        if let Some(method) = m.delete_method() {
+            let m = m.clone();
+            ctx.method(&method, RPC_RUNTIME, move |c, p| delete(c, p, m.as_ref()))?;
+        }
+    }
     Ok(())
 }
 

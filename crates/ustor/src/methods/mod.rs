@@ -56,6 +56,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
 pub fn control_err(e: ControlError) -> RpcError {
     match &e {
         ControlError::Invalid { param, why } => RpcError::invalid_param(param, why),
+        ControlError::Params { path, msg } => ustor_rpc::params_error(path, msg),
         // SPDK's message is strerror(errno); the detail follows it.
         _ => RpcError::errno_msg(
             e.errno(),
@@ -64,24 +65,37 @@ pub fn control_err(e: ControlError) -> RpcError {
     }
 }
 
-/// The undo call for a config call that created something (config rollback).
-pub fn undo_call(c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
+/// The undo call for a config call that created something (config
+/// rollback): a bdev module's create is undone by its delete (from the
+/// registry's module table), the targets' by theirs.
+pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
     let name = c.params.get("name").cloned();
+    let module_delete = || {
+        reg.modules()
+            .iter()
+            .find(|m| m.create_method().as_deref() == Some(c.method.as_str()))
+            .and_then(|m| m.delete_method())
+    };
     let method = match c.method.as_str() {
-        "bdev_malloc_create" => "bdev_malloc_delete",
-        "bdev_null_create" => "bdev_null_delete",
-        "bdev_uring_create" => "bdev_uring_delete",
-        "bdev_nvme_attach_controller" => "bdev_nvme_detach_controller",
-        "nbd_export_create" => "nbd_export_delete",
-        "bdev_scsi_create" => "bdev_scsi_delete",
+        "bdev_nvme_attach_controller" => "bdev_nvme_detach_controller".to_string(),
+        "nbd_export_create" => "nbd_export_delete".to_string(),
+        "bdev_scsi_create" => "bdev_scsi_delete".to_string(),
         "nbd_server_start" => {
             return Some(ustor_rpc::ConfigCall::new("nbd_server_stop", Value::Null))
         }
-        _ => return None,
+        _ => module_delete()?,
     };
     let name = name?;
     Some(ustor_rpc::ConfigCall::new(
-        method,
+        &method,
         serde_json::json!({ "name": name }),
     ))
+}
+
+/// [`undo_in`] with ustor's built-in module table, for a client that has no
+/// registry of its own (`ustor rpc load`).
+pub fn undo_call(c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
+    let reg = Registry::new(None);
+    ustor_bdev::modules::register_builtin(&reg).ok()?;
+    undo_in(&reg, c)
 }
