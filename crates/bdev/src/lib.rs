@@ -26,6 +26,7 @@ pub mod error;
 pub mod io;
 pub mod modules;
 pub mod registry;
+pub mod remote;
 pub mod stats;
 pub mod types;
 

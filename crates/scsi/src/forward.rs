@@ -1,16 +1,19 @@
 //! SCSI bdev channels on reactors other than the host's: the channel
-//! forwards each bdev I/O to the host's reactor and the completion comes
-//! back the same way, both through the runtime's cross-reactor messages.
+//! forwards each bdev I/O to the host's reactor, and the completion comes
+//! back through the bdev layer's remote completion path
+//! (`ustor_bdev::remote`), which any driver completing on another reactor
+//! or a library's thread uses.
 //!
 //! Per channel there is one [`FwdQueue`] shared by the two reactors: a
-//! submission ring (channel → host) and a completion ring (host → channel),
-//! both preallocated at channel creation with room for every I/O the
-//! channel's reactor can have in flight, so pushing never fails and never
-//! allocates. A ring is announced by a *doorbell*: a message that captures
-//! nothing (a zero-sized closure, which `send` boxes without allocating)
-//! and drains every queue of its reactor. A doorbell is sent only when the
-//! ring's `armed` flag goes from false to true, so a burst of I/O costs one
-//! message per direction, and the inbox cannot fill with doorbells.
+//! submission ring (channel → host), preallocated at channel creation with
+//! room for every I/O the channel's reactor can have in flight, so pushing
+//! never fails and never allocates, plus the [`Completer`] of the channel's
+//! completion ring. The submission ring is announced by a *doorbell*: a
+//! message that captures nothing (a zero-sized closure, which `send` boxes
+//! without allocating) and drains every queue of the host's reactor; it is
+//! sent only when the ring's `armed` flag goes from false to true, so a
+//! burst of I/O costs one message per direction, and the inbox cannot fill
+//! with doorbells. Completions work the same way inside `remote`.
 //!
 //! What crosses threads is plain data: the bdev I/O's token
 //! (`IoHandle::into_token`), its kind, range and iovec pointer (the buffers
@@ -19,12 +22,13 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 use ustor_bdev::io::TABLE_SLOTS;
+use ustor_bdev::remote::{Completer, RemoteCompletions, RemoteIo};
 use ustor_bdev::{BdevChannel, BdevError, IoDesc, IoHandle, IoType};
 use ustor_runtime::{PollStatus, RuntimeHandle};
 
@@ -47,7 +51,7 @@ unsafe impl Send for IovPtr {}
 
 /// One forwarded bdev I/O.
 struct FwdReq {
-    token: u64,
+    token: RemoteIo,
     kind: IoType,
     offset_blocks: u64,
     num_blocks: u64,
@@ -67,42 +71,24 @@ pub(crate) struct Target {
     pub(crate) caps: IoCaps,
 }
 
-/// The two rings between one remote channel and its host.
+/// The rings between one remote channel and its host.
 pub(crate) struct FwdQueue {
     sq: ArrayQueue<FwdReq>,
-    cq: ArrayQueue<(u64, Result<(), BdevError>)>,
     sq_armed: AtomicBool,
-    cq_armed: AtomicBool,
-    /// I/Os forwarded and not yet reaped (written by the channel's reactor
-    /// only, so plain loads and stores).
-    inflight: AtomicUsize,
-    chan_reactor: usize,
+    /// Completes on the channel's reactor.
+    completer: Completer,
     target: Target,
     rt: RuntimeHandle,
-    /// A doorbell that could not be sent, retried by the timed poller.
+    /// A submission doorbell that could not be sent, retried by the timed
+    /// poller.
     sq_ring_lost: AtomicBool,
-    cq_ring_lost: AtomicBool,
 }
 
 impl FwdQueue {
     /// Completes a forwarded I/O (host's reactor): the result goes back to
     /// the channel's reactor.
-    pub(crate) fn complete(&self, token: u64, res: Result<(), BdevError>) {
-        // Never full: the channel forwards at most `TABLE_SLOTS` I/Os, one
-        // entry each.
-        let pushed = self.cq.push((token, res)).is_ok();
-        debug_assert!(pushed, "forward completion ring overflow");
-        self.ring_cq();
-    }
-
-    fn ring_cq(&self) {
-        if self.cq_armed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        if self.rt.send(self.chan_reactor, reap_completions).is_err() {
-            self.cq_armed.store(false, Ordering::SeqCst);
-            self.cq_ring_lost.store(true, Ordering::Relaxed);
-        }
+    pub(crate) fn complete(&self, token: RemoteIo, res: Result<(), BdevError>) {
+        self.completer.complete(token, res);
     }
 
     fn ring_sq(&self) {
@@ -185,38 +171,9 @@ fn start(q: &Arc<FwdQueue>, host: Option<&Rc<Host>>, dev: Option<&Rc<Device>>, r
     });
 }
 
-/// The completion doorbell, on the channel's reactor: completes every
-/// forwarded I/O that came back to this reactor.
-fn reap_completions() {
-    let n = WAITING.with(|w| w.borrow().len());
-    for i in 0..n {
-        let Some(q) = WAITING.with(|w| w.borrow().get(i).cloned()) else {
-            break;
-        };
-        q.cq_armed.store(false, Ordering::SeqCst);
-        while let Some((token, res)) = q.cq.pop() {
-            let left = q.inflight.load(Ordering::Relaxed);
-            debug_assert!(left > 0, "forward completion without an I/O");
-            q.inflight.store(left.saturating_sub(1), Ordering::Relaxed);
-            match IoHandle::from_token(token) {
-                Some(io) => io.complete(res),
-                None => tracing::error!("forwarded SCSI completion for a recycled I/O slot"),
-            }
-        }
-    }
-}
-
-/// Re-sends doorbells lost to a full inbox (rare), on either side.
+/// Re-sends submission doorbells lost to a full inbox (rare).
 fn retry_lost() -> PollStatus {
     let mut n = 0;
-    SERVED.with(|s| {
-        for e in s.borrow().iter() {
-            if e.q.cq_ring_lost.swap(false, Ordering::Relaxed) {
-                e.q.ring_cq();
-                n += 1;
-            }
-        }
-    });
     WAITING.with(|w| {
         for q in w.borrow().iter() {
             if q.sq_ring_lost.swap(false, Ordering::Relaxed) {
@@ -241,6 +198,7 @@ fn ensure_retry_poller() {
 /// A SCSI bdev's channel on a reactor other than its host's.
 pub(crate) struct RemoteChannel {
     q: Arc<FwdQueue>,
+    done: RemoteCompletions,
     max_sg: usize,
 }
 
@@ -253,17 +211,14 @@ impl RemoteChannel {
         target: Target,
         max_sg: usize,
     ) -> Result<RemoteChannel, BdevError> {
+        let done = RemoteCompletions::new(rt.clone(), TABLE_SLOTS);
         let q = Arc::new(FwdQueue {
             sq: ArrayQueue::new(TABLE_SLOTS),
-            cq: ArrayQueue::new(TABLE_SLOTS),
             sq_armed: AtomicBool::new(false),
-            cq_armed: AtomicBool::new(false),
-            inflight: AtomicUsize::new(0),
-            chan_reactor: ustor_runtime::reactor_id(),
+            completer: done.completer(),
             target,
             rt,
             sq_ring_lost: AtomicBool::new(false),
-            cq_ring_lost: AtomicBool::new(false),
         });
         let hq = q.clone();
         q.rt.send(target.host_reactor, move || {
@@ -275,7 +230,7 @@ impl RemoteChannel {
         .map_err(|_| BdevError::Removed)?;
         ensure_retry_poller();
         WAITING.with(|w| w.borrow_mut().push(q.clone()));
-        Ok(RemoteChannel { q, max_sg })
+        Ok(RemoteChannel { q, done, max_sg })
     }
 }
 
@@ -286,8 +241,12 @@ impl BdevChannel for RemoteChannel {
             io.complete(Err(BdevError::TooManySegments(d.iovcnt)));
             return;
         }
+        let token = match self.done.send_off(io) {
+            Ok(t) => t,
+            Err(io) => return io.complete(Err(BdevError::Io(libc::EAGAIN))),
+        };
         let req = FwdReq {
-            token: io.into_token(),
+            token,
             kind: d.kind,
             offset_blocks: d.offset_blocks,
             num_blocks: d.num_blocks,
@@ -297,18 +256,14 @@ impl BdevChannel for RemoteChannel {
         if let Err(req) = self.q.sq.push(req) {
             // Cannot happen (one entry per I/O slot of this reactor); fail
             // the I/O rather than lose it.
-            if let Some(io) = IoHandle::from_token(req.token) {
-                io.complete(Err(BdevError::Io(libc::EAGAIN)));
-            }
+            self.q.complete(req.token, Err(BdevError::Io(libc::EAGAIN)));
             return;
         }
-        let n = self.q.inflight.load(Ordering::Relaxed);
-        self.q.inflight.store(n + 1, Ordering::Relaxed);
         self.q.ring_sq();
     }
 
     fn outstanding(&self) -> usize {
-        self.q.inflight.load(Ordering::Relaxed)
+        self.done.outstanding()
     }
 }
 

@@ -157,7 +157,7 @@ pub(crate) enum BdevIo {
     Local(IoHandle),
     Remote {
         q: Arc<crate::forward::FwdQueue>,
-        token: u64,
+        token: ustor_bdev::remote::RemoteIo,
     },
 }
 
