@@ -102,9 +102,30 @@ static GO: AtomicBool = AtomicBool::new(false);
 static DONE: AtomicUsize = AtomicUsize::new(0);
 static END: AtomicBool = AtomicBool::new(false);
 
-fn wait_for(flag: &AtomicBool) {
-    while !flag.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(1));
+/// Waits for the main thread's signal (it allocates nothing: clients call it
+/// inside the window).
+fn wait_for(flag: &'static AtomicBool, what: &str) {
+    testkit::wait_until(what, Duration::from_secs(120), || {
+        flag.load(Ordering::SeqCst)
+    });
+}
+
+/// Waits until every reactor has gone to sleep twice more: since the call,
+/// each has made a whole pass with nothing left to do, so the work of the
+/// replies the clients already have (send completions, slot recycling) is
+/// done. Reading the sleep counters and waking a sleeping reactor (an
+/// eventfd write) allocate nothing.
+fn wait_reactors_idle(rt: &ustor_runtime::RuntimeHandle) {
+    for r in 0..rt.num_reactors() {
+        let s0 = rt.sleeps(r).expect("reactor");
+        testkit::wait_until(
+            "every reactor to go idle (two sleeps)",
+            Duration::from_secs(30),
+            || {
+                rt.wake(r);
+                rt.sleeps(r).expect("reactor") >= s0 + 2
+            },
+        );
     }
 }
 
@@ -158,10 +179,10 @@ fn client(port: u16, structured: bool) -> u64 {
     let mut seq = [0u64; DEPTH];
     drive(&mut c, WARMUP_REQUESTS, &mut seq);
     WARM.fetch_add(1, Ordering::SeqCst);
-    wait_for(&GO);
+    wait_for(&GO, "the main thread to open the window");
     let n = drive(&mut c, MEASURED_REQUESTS, &mut seq);
     DONE.fetch_add(1, Ordering::SeqCst);
-    wait_for(&END);
+    wait_for(&END, "the main thread to close the window");
     c.disconnect().expect("disconnect");
     n
 }
@@ -200,19 +221,22 @@ fn main() {
         .into_iter()
         .map(|structured| std::thread::spawn(move || client(port, structured)))
         .collect();
-    while WARM.load(Ordering::SeqCst) < clients.len() {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    testkit::wait_until(
+        "both clients to finish warm-up",
+        Duration::from_secs(120),
+        || WARM.load(Ordering::SeqCst) == clients.len(),
+    );
     // Let the reactors finish the warm-up's last wake-ups.
-    std::thread::sleep(Duration::from_millis(20));
+    let h = f.rt.handle();
+    wait_reactors_idle(&h);
     let t0 = Instant::now();
     WINDOW_OPEN.store(true, Ordering::SeqCst);
     GO.store(true, Ordering::SeqCst);
-    while DONE.load(Ordering::SeqCst) < clients.len() {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    testkit::wait_until("both clients to finish", Duration::from_secs(120), || {
+        DONE.load(Ordering::SeqCst) == clients.len()
+    });
     // The last replies are out; let the reactors finish their pass.
-    std::thread::sleep(Duration::from_millis(20));
+    wait_reactors_idle(&h);
     WINDOW_OPEN.store(false, Ordering::SeqCst);
     let elapsed = t0.elapsed();
     END.store(true, Ordering::SeqCst);

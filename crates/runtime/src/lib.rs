@@ -22,8 +22,9 @@
 //! - io_uring `user_data` is `owner << 48 | token`: the op slab (futures) or a
 //!   registered completion handler (drivers). Slabs are preallocated and
 //!   bounded; a full slab makes the submitter wait, it never grows.
-//! - The inbox (crossbeam `ArrayQueue`) and the sleep flag are the only
-//!   atomics, and they are touched by messages and sleep/wake, not by I/O.
+//! - The inbox (crossbeam `ArrayQueue`), the sleep flag and the published
+//!   sleep count are the only atomics, and they are touched by messages and
+//!   sleep/wake, not by I/O.
 //!
 //! The `alloc_guard` test in `ustor-bdev` drives I/O through two reactors
 //! under a counting global allocator and asserts zero allocations after

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::thread::JoinHandle as ThreadHandle;
 
@@ -39,6 +39,9 @@ pub enum SendError {
 pub(crate) struct ReactorShared {
     pub(crate) inbox: ArrayQueue<Msg>,
     pub(crate) sleeping: AtomicBool,
+    /// Sleeps begun so far, published for [`RuntimeHandle::sleeps`] (a plain
+    /// store on the idle path, never touched by I/O).
+    pub(crate) slept: AtomicU64,
     pub(crate) stop: AtomicBool,
     eventfd: OwnedFd,
     pub(crate) core: usize,
@@ -214,6 +217,30 @@ impl RuntimeHandle {
         Ok(out)
     }
 
+    /// How many times `reactor` has gone to sleep (begun an idle wait), read
+    /// without a message: it neither wakes the reactor nor allocates, so a
+    /// test can watch it inside an allocation-counting window. Two more
+    /// sleeps than at some instant T mean the reactor has since made a whole
+    /// pass with nothing left to do (everything pending at T processed); an
+    /// idle reactor sleeps until woken, so the observer [`wake`]s it.
+    /// Stays 0 in `PollMode::Poll`, where reactors never sleep.
+    ///
+    /// [`wake`]: RuntimeHandle::wake
+    pub fn sleeps(&self, reactor: usize) -> Option<u64> {
+        let r = self.shared.reactors.get(reactor)?;
+        Some(r.slept.load(Ordering::Acquire))
+    }
+
+    /// Wakes `reactor` if it sleeps, with no message (an eventfd write, no
+    /// allocation): it makes one pass and, idle, sleeps again.
+    pub fn wake(&self, reactor: usize) {
+        if let Some(r) = self.shared.reactors.get(reactor) {
+            if r.sleeping.load(Ordering::SeqCst) {
+                r.kick();
+            }
+        }
+    }
+
     /// Counters of every reactor.
     pub fn stats(&self) -> Result<Vec<ReactorStats>, SendError> {
         let mode = self.shared.mode.clone();
@@ -267,6 +294,7 @@ impl Runtime {
             reactors.push(Arc::new(ReactorShared {
                 inbox: ArrayQueue::new(cfg.inbox_capacity.max(16)),
                 sleeping: AtomicBool::new(false),
+                slept: AtomicU64::new(0),
                 stop: AtomicBool::new(false),
                 // SAFETY: fd was just created and is owned by nobody else.
                 eventfd: unsafe { OwnedFd::from_raw_fd(fd) },

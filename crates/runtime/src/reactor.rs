@@ -267,7 +267,9 @@ impl Reactor {
         .flatten()
         .min();
         let timeout_ns = deadline.map(|d| ticks::to_ns(d.saturating_sub(now)));
-        self.stats.sleeps.set(self.stats.sleeps.get() + 1);
+        let sleeps = self.stats.sleeps.get() + 1;
+        self.stats.sleeps.set(sleeps);
+        self.shared.slept.store(sleeps, Ordering::Release);
         let t0 = ticks::now();
         self.ring.wait(timeout_ns);
         self.shared.sleeping.store(false, Ordering::SeqCst);

@@ -187,6 +187,28 @@ fn idle_adaptive_reactor_uses_under_one_percent() {
 }
 
 #[test]
+fn sleeps_are_counted_without_a_message() {
+    let r = rt(2, PollMode::Adaptive);
+    let h = r.handle();
+    for i in 0..2 {
+        let s0 = h.sleeps(i).unwrap();
+        testkit::wait_until(
+            format_args!("reactor {i} to go to sleep twice more"),
+            Duration::from_secs(10),
+            || {
+                h.wake(i);
+                h.sleeps(i).unwrap() >= s0 + 2
+            },
+        );
+    }
+    assert_eq!(h.sleeps(2), None);
+    let st = h.stats().unwrap();
+    assert!(st.iter().all(|s| s.sleeps >= 2), "{st:?}");
+    let p = rt(1, PollMode::Poll);
+    assert_eq!(p.handle().sleeps(0), Some(0));
+}
+
+#[test]
 fn poll_mode_spins_and_counts_loops() {
     let r = rt(1, PollMode::Poll);
     let h = r.handle();
