@@ -14,4 +14,4 @@ pub mod peer;
 pub mod wait;
 
 pub use peer::{install_hint, missing, need, on_ci, program, SkipReturn};
-pub use wait::{wait_for, wait_until, wait_until_async};
+pub use wait::{try_wait_for, wait_for, wait_until, wait_until_async};

@@ -22,19 +22,25 @@ pub fn wait_until(what: impl Display, timeout: Duration, mut cond: impl FnMut() 
 /// Polls `probe` until it returns `Some(value)` and returns the value;
 /// panics after `timeout`.
 #[track_caller]
-pub fn wait_for<T>(
-    what: impl Display,
-    timeout: Duration,
-    mut probe: impl FnMut() -> Option<T>,
-) -> T {
+pub fn wait_for<T>(what: impl Display, timeout: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    match try_wait_for(timeout, probe) {
+        Some(v) => v,
+        None => timed_out(&what, timeout),
+    }
+}
+
+/// Polls `probe` until it returns `Some(value)`; `None` once `timeout` has
+/// passed, for a caller that cleans up or gathers state for its message
+/// before failing.
+pub fn try_wait_for<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     let mut nap = FIRST_NAP;
     loop {
         if let Some(v) = probe() {
-            return v;
+            return Some(v);
         }
         if Instant::now() >= deadline {
-            timed_out(&what, timeout);
+            return None;
         }
         std::thread::sleep(nap);
         nap = (nap * 2).min(MAX_NAP);

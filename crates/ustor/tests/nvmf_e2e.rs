@@ -60,26 +60,18 @@ fn uring_bdev(file: &Path) -> Value {
 /// The TCP port the target's listener bound. The RPC server answers while
 /// `-c` is still being applied, so wait until the listener is there.
 fn bound_port(s: &Server) -> u16 {
-    let t0 = Instant::now();
-    loop {
-        let subs = s.ok("nvmf_get_subsystems", Value::Null);
-        let port = subs
+    let subs = || s.ok("nvmf_get_subsystems", Value::Null);
+    let port = testkit::try_wait_for(Duration::from_secs(10), || {
+        subs()
             .as_array()
             .unwrap()
             .iter()
             .find(|x| x["nqn"] == NQN && x["namespaces"].as_array().is_some_and(|n| !n.is_empty()))
             .and_then(|x| x["listen_addresses"][0]["trsvcid"].as_str())
             .and_then(|p| p.parse().ok())
-            .filter(|p| *p != 0);
-        if let Some(p) = port {
-            return p;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no bound listener in {subs}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            .filter(|p| *p != 0)
+    });
+    port.unwrap_or_else(|| panic!("no bound listener in {}", subs()))
 }
 
 /// Starts a target on `port` (0: a free one) and returns it with its port.
@@ -99,20 +91,15 @@ fn target_reads(s: &Server) -> u64 {
 }
 
 /// Waits until the bench is in its timed phase (attach and verify prefill
-/// done): the target sees reads.
-fn wait_for_reads(s: &Server, b: &mut Bench) {
-    let t0 = Instant::now();
-    while target_reads(s) == 0 {
+/// done) and the target has served `at_least` of its reads.
+fn wait_for_reads(s: &Server, b: &mut Bench, at_least: u64) {
+    let read = testkit::try_wait_for(Duration::from_secs(20), || {
         if let Ok(Some(st)) = b.child.try_wait() {
             panic!("bench exited ({st}) before reading:\n{}", b.log());
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "bench never read: {}",
-            b.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        (target_reads(s) >= at_least).then_some(())
+    });
+    assert!(read.is_some(), "bench never read: {}", b.log());
 }
 
 /// SIGKILLs our own target child and reaps it.
@@ -174,21 +161,14 @@ impl Bench {
     /// Waits at most `limit` for the bench to exit: its exit status, the
     /// JSON report (Null if none) and everything it printed.
     fn wait(mut self, limit: Duration) -> (i32, Value, String) {
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                break st;
-            }
-            if t0.elapsed() > limit {
-                // SAFETY: kill(2) on our own child's PID.
-                unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-                let _ = self.child.wait();
-                panic!(
-                    "ustor bench still running after {limit:?} (hung):\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = testkit::try_wait_for(limit, || self.child.try_wait().unwrap()) else {
+            // SAFETY: kill(2) on our own child's PID.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+            let _ = self.child.wait();
+            panic!(
+                "ustor bench still running after {limit:?} (hung):\n{}",
+                self.log()
+            );
         };
         let text = std::fs::read_to_string(&self.out).unwrap_or_default();
         let v = serde_json::from_str(&text).unwrap_or(Value::Null);
@@ -285,11 +265,16 @@ fn bench_survives_target_kill_and_restart() {
             "info",
         ],
     );
-    wait_for_reads(&target, &mut b);
-    std::thread::sleep(Duration::from_millis(700));
+    // Kill the target with I/O under way (and acknowledged writes in the
+    // file), and restart it only once the bench has seen the loss.
+    wait_for_reads(&target, &mut b, 1000);
     let killed = Instant::now();
     kill_target(target);
-    std::thread::sleep(Duration::from_millis(700));
+    testkit::wait_until(
+        "the bench to log the lost connection",
+        Duration::from_secs(20),
+        || b.log().contains("lost; reconnecting"),
+    );
     // Same config, same port.
     let (target, _) = start_target(&dir, uring_bdev(&file), port);
     let (code, v, log) = b.wait(Duration::from_secs(40));
@@ -333,8 +318,8 @@ fn bench_fails_in_bounded_time_when_target_stays_dead() {
             "info",
         ],
     );
-    wait_for_reads(&target, &mut b);
-    std::thread::sleep(Duration::from_millis(300));
+    // Kill the target with I/O under way.
+    wait_for_reads(&target, &mut b, 1000);
     let killed = Instant::now();
     kill_target(target);
     let (code, v, log) = b.wait(Duration::from_secs(30));
