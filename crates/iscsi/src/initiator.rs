@@ -29,7 +29,7 @@ use ustor_scsi::lun::encode_lun;
 
 use crate::chap::ChapSecret;
 use crate::conn::{readv_nb, set_nonblocking, wait_ready, writev_nb};
-use crate::login::{self, LoginError, LoginParams, Negotiated};
+use crate::login::{self, LoginError, LoginParams, LoginProtocol, Negotiated};
 use crate::session::{Params, State, Stats, ITT_TMF, MAX_TASKS, RX_IOVS, TX_IOVS};
 use crate::task::SENSE_MAX;
 use crate::wire::{build, tmf, RESERVED_TAG};
@@ -371,9 +371,7 @@ impl Shared {
             return if self.connected.get() {
                 Ok(())
             } else {
-                Err(LoginError::Protocol(
-                    "concurrent reinstatement failed".into(),
-                ))
+                Err(LoginProtocol::ReinstatementFailed.into())
             };
         }
         self.reinstating.set(true);
@@ -403,7 +401,7 @@ impl Shared {
                     .await?
                     .into_iter()
                     .next()
-                    .ok_or_else(|| LoginError::Protocol("SendTargets listed no target".into()))?
+                    .ok_or(LoginProtocol::NoTarget)?
             }
         };
         let stream = crate::conn::connect(&cfg.portal, timeout).await?;

@@ -65,9 +65,45 @@ pub enum LoginError {
     Refused(LoginStatus),
     /// Mutual CHAP: the target's answer did not match its secret.
     TargetAuth,
-    /// The target did not follow the protocol.
-    Protocol(String),
+    /// The target did not follow the protocol (or the configuration
+    /// cannot log in to it).
+    Protocol(LoginProtocol),
     Timeout,
+}
+
+/// How a login exchange went wrong, short of a refusal with a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoginProtocol {
+    #[error("mutual CHAP needs the initiator's CHAP secret too")]
+    MutualWithoutChap,
+    #[error("bad PDU: {0}")]
+    BadPdu(#[from] crate::wire::WireError),
+    #[error("unexpected PDU during login (opcode {0:#04x})")]
+    UnexpectedPdu(u8),
+    #[error("the target requires CHAP and no secret is configured")]
+    ChapRequired,
+    #[error("mutual CHAP configured but the target does not authenticate")]
+    TargetSkipsAuth,
+    #[error("login did not reach full feature phase")]
+    NoFullFeature,
+    #[error("target did not accept CHAP_A=5")]
+    ChapAlgorithm,
+    #[error("CHAP_I missing or not 0..255")]
+    ChapId,
+    #[error("CHAP_C missing or malformed")]
+    ChapChallenge,
+    #[error("no text response to SendTargets")]
+    NoTextResponse,
+    #[error("SendTargets listed no target")]
+    NoTarget,
+    #[error("concurrent reinstatement failed")]
+    ReinstatementFailed,
+}
+
+impl From<LoginProtocol> for LoginError {
+    fn from(e: LoginProtocol) -> LoginError {
+        LoginError::Protocol(e)
+    }
 }
 
 impl fmt::Display for LoginError {
@@ -154,9 +190,7 @@ pub async fn login(
 async fn login_inner(fd: RawFd, p: &LoginParams<'_>) -> Result<Negotiated, LoginError> {
     let with_chap = p.chap.is_some();
     if p.mutual.is_some() && !with_chap {
-        return Err(LoginError::Protocol(
-            "mutual CHAP needs the initiator's CHAP secret too".into(),
-        ));
+        return Err(LoginProtocol::MutualWithoutChap.into());
     }
     let mut keys: Vec<(String, String)> = vec![
         ("InitiatorName".into(), p.initiator.into()),
@@ -206,7 +240,7 @@ async fn login_inner(fd: RawFd, p: &LoginParams<'_>) -> Result<Negotiated, Login
         b.set_data_len(text.len());
         send_all(fd, &pdu_bytes(&b, &text)).await?;
         let (rb, data) = read_pdu(fd).await?;
-        let pdu = TargetPdu::decode(&rb).map_err(|e| LoginError::Protocol(e.to_string()))?;
+        let pdu = TargetPdu::decode(&rb).map_err(LoginProtocol::BadPdu)?;
         let TargetPdu::LoginResponse {
             transit: t_transit,
             nsg: t_nsg,
@@ -217,9 +251,7 @@ async fn login_inner(fd: RawFd, p: &LoginParams<'_>) -> Result<Negotiated, Login
             ..
         } = pdu
         else {
-            return Err(LoginError::Protocol(format!(
-                "unexpected PDU during login: {pdu:?}"
-            )));
+            return Err(LoginProtocol::UnexpectedPdu(rb.opcode()).into());
         };
         if status != LoginStatus::Success {
             return Err(LoginError::Refused(status));
@@ -238,16 +270,8 @@ async fn login_inner(fd: RawFd, p: &LoginParams<'_>) -> Result<Negotiated, Login
                         keys.push(("CHAP_A".into(), chap::ALG_MD5.into()));
                         auth = Auth::AlgSent;
                     }
-                    Some("CHAP") => {
-                        return Err(LoginError::Protocol(
-                            "the target requires CHAP and no secret is configured".into(),
-                        ))
-                    }
-                    _ if p.mutual.is_some() => {
-                        return Err(LoginError::Protocol(
-                            "mutual CHAP configured but the target does not authenticate".into(),
-                        ))
-                    }
+                    Some("CHAP") => return Err(LoginProtocol::ChapRequired.into()),
+                    _ if p.mutual.is_some() => return Err(LoginProtocol::TargetSkipsAuth.into()),
                     _ => auth = Auth::Done,
                 },
                 Auth::AlgSent => {
@@ -281,9 +305,7 @@ async fn login_inner(fd: RawFd, p: &LoginParams<'_>) -> Result<Negotiated, Login
         }
         // The target wants another exchange: we have nothing more to offer.
     }
-    Err(LoginError::Protocol(
-        "login did not reach full feature phase".into(),
-    ))
+    Err(LoginProtocol::NoFullFeature.into())
 }
 
 /// CHAP_N / CHAP_R for the target's CHAP_I / CHAP_C, and our own challenge
@@ -295,16 +317,14 @@ fn chap_answer(
 ) -> Result<Vec<(String, String)>, LoginError> {
     let cred = p.chap.as_ref().ok_or(LoginError::TargetAuth)?;
     if find(got, "CHAP_A") != Some(chap::ALG_MD5) {
-        return Err(LoginError::Protocol(
-            "target did not accept CHAP_A=5".into(),
-        ));
+        return Err(LoginProtocol::ChapAlgorithm.into());
     }
     let id: u8 = find(got, "CHAP_I")
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| LoginError::Protocol("CHAP_I missing or not 0..255".into()))?;
+        .ok_or(LoginProtocol::ChapId)?;
     let c = find(got, "CHAP_C")
         .and_then(chap::decode_binary)
-        .ok_or_else(|| LoginError::Protocol("CHAP_C missing or malformed".into()))?;
+        .ok_or(LoginProtocol::ChapChallenge)?;
     let r = chap::response(id, cred.secret.as_bytes(), &c);
     let mut keys = vec![
         ("CHAP_N".to_string(), cred.user.clone()),
@@ -406,9 +426,7 @@ pub async fn discover(
         .await
         .ok_or(LoginError::Timeout)??;
     if rb.opcode() != opcode::TEXT_RESP {
-        return Err(LoginError::Protocol(
-            "no text response to SendTargets".into(),
-        ));
+        return Err(LoginProtocol::NoTextResponse.into());
     }
     let lo = build::logout(2, n.cmdsn.wrapping_add(1), rb.u32_at(24).wrapping_add(1));
     let _ = send_all(fd, &pdu_bytes(&lo, &[])).await;

@@ -41,7 +41,7 @@ pub enum ScsiError {
     #[error("transport: {0}")]
     Transport(#[from] TransportError),
     #[error("runtime: {0}")]
-    Runtime(String),
+    Runtime(#[from] ustor_runtime::SendError),
     #[error("invalid parameter `{param}`: {why}")]
     Invalid { param: &'static str, why: String },
     #[error("{0}")]
@@ -417,6 +417,6 @@ impl ScsiStack {
         self.shared
             .rt
             .block_on(reactor, f)
-            .map_err(|e| ScsiError::Runtime(e.to_string()))
+            .map_err(ScsiError::Runtime)
     }
 }
