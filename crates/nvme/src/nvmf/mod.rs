@@ -7,10 +7,13 @@
 //! - [`rpc`]: the control functions with SPDK's method names and params.
 //! - [`stats`]: per-reactor (poll group) counters.
 //!
-//! Listeners accept on reactor 0 and hand each connection to the next
-//! reactor round robin, so a host's queues (one connection each) spread over
-//! the reactors; every queue then lives on its reactor with its own bdev
-//! channels. The subsystem table is control-plane state behind a mutex.
+//! Listeners (`ustor_net::Listener`) accept on reactor 0 and hand each
+//! connection to the next reactor round robin, so a host's queues (one
+//! connection each) spread over the reactors; every queue then lives on its
+//! reactor with its own bdev channels. The connections of all listeners
+//! count against one cap (`max_connections`), and a connection that sends
+//! no ICReq within `icreq_timeout_ms` is closed. The subsystem table is
+//! control-plane state behind a mutex.
 
 pub mod admin;
 mod conn;
@@ -21,14 +24,17 @@ pub mod stats;
 pub mod subsystem;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use ustor_bdev::Registry;
-use ustor_runtime::{ops, RuntimeHandle};
+use ustor_net::{Accepted, ConnLimit, ListenerConfig, Placement, Service};
+use ustor_runtime::RuntimeHandle;
 
 use crate::coalesce::CoalesceConfig;
 use crate::wire::{Status, DISCOVERY_NQN};
@@ -109,6 +115,12 @@ pub struct TransportOpts {
     pub c2h_success: bool,
     /// ustor extension: LANoT coalescing of outgoing PDUs.
     pub coalesce: CoalesceConfig,
+    /// ustor extension: most connections (queue pairs, admin and I/O) open
+    /// at once over all listeners; one more is closed as it is accepted.
+    pub max_connections: u32,
+    /// ustor extension: milliseconds a new connection has to complete its
+    /// ICReq/ICResp exchange before it is closed.
+    pub icreq_timeout_ms: u32,
 }
 
 impl Default for TransportOpts {
@@ -122,9 +134,14 @@ impl Default for TransportOpts {
             max_aq_depth: ctrlr::MAX_AQ_DEPTH,
             c2h_success: true,
             coalesce: CoalesceConfig::default(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            icreq_timeout_ms: ustor_net::listener::DEFAULT_HANDSHAKE_TIMEOUT.as_millis() as u32,
         }
     }
 }
+
+/// Default connection cap: room for many hosts with a queue per core each.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
 
 impl TransportOpts {
     /// The I/O queue depth a Connect may ask for: the option within the
@@ -139,15 +156,37 @@ impl TransportOpts {
     }
 }
 
+/// One listening address, shared by the subsystems that listen on it.
 struct Listener {
     addr: ListenAddress,
-    /// Shared with the accept loop: the socket stays open while either
-    /// holds it, so the `shutdown` that stops the loop can never hit a
-    /// reused fd number (the loop may be gone already when the runtime
-    /// stopped first; another socket of the process may have that number).
-    fd: Arc<OwnedFd>,
+    /// Stops accepting when dropped.
+    _listener: ustor_net::Listener,
+    /// The accept loop holds it weakly: dropping it ends the loop.
+    _service: Arc<ConnService>,
     refs: usize,
-    stop: Arc<AtomicBool>,
+}
+
+/// Serves the connections one listener accepts (NVMe/TCP on them).
+struct ConnService {
+    shared: Weak<Shared>,
+    /// The address asked for, until the bound one is known (port 0 asks
+    /// for any port: no host can connect there before `bound` is set).
+    asked: ListenAddress,
+    bound: OnceLock<ListenAddress>,
+}
+
+impl Service for ConnService {
+    type Fut = Pin<Box<dyn Future<Output = ()>>>;
+
+    fn serve(self: Arc<Self>, c: Accepted) -> Self::Fut {
+        // Once per connection, on its reactor.
+        Box::pin(async move {
+            if let Some(shared) = self.shared.upgrade() {
+                let addr = self.bound.get().unwrap_or(&self.asked).clone();
+                conn::serve(c, shared, addr).await;
+            }
+        })
+    }
 }
 
 pub(crate) struct Shared {
@@ -157,8 +196,10 @@ pub(crate) struct Shared {
     subsystems: Mutex<BTreeMap<String, Arc<Subsystem>>>,
     listeners: Mutex<Vec<Listener>>,
     genctr: AtomicU64,
-    next_reactor: AtomicUsize,
-    connections: AtomicUsize,
+    /// Round-robin placement of accepted connections on the reactors.
+    placement: Arc<Placement>,
+    /// The connection count and cap of all listeners.
+    limit: Arc<ConnLimit>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -172,10 +213,6 @@ impl Shared {
 
     fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         lock(&self.subsystems).get(nqn).cloned()
-    }
-
-    fn connection_closed(&self) {
-        self.connections.fetch_sub(1, Ordering::AcqRel);
     }
 
     fn changed(&self) {
@@ -234,15 +271,15 @@ impl Target {
                 subsystems: Mutex::new(subs),
                 listeners: Mutex::new(Vec::new()),
                 genctr: AtomicU64::new(1),
-                next_reactor: AtomicUsize::new(0),
-                connections: AtomicUsize::new(0),
+                placement: Arc::new(Placement::default()),
+                limit: ConnLimit::new(DEFAULT_MAX_CONNECTIONS as usize),
             }),
         }
     }
 
     /// Connections currently open.
     pub fn connections(&self) -> usize {
-        self.shared.connections.load(Ordering::Acquire)
+        self.shared.limit.open()
     }
 
     fn listen(&self, addr: &ListenAddress) -> Result<ListenAddress, NvmfError> {
@@ -259,30 +296,35 @@ impl Target {
         let sa: SocketAddr = text
             .parse()
             .map_err(|_| NvmfError::invalid("listen_address", format!("bad address {text}")))?;
-        let tcp = TcpListener::bind(sa).map_err(|err| NvmfError::Listen {
-            addr: text.clone(),
-            err,
-        })?;
-        let bound = tcp
-            .local_addr()
-            .map_err(|err| NvmfError::Listen { addr: text, err })?;
+        let opts = self.shared.opts();
+        let mut cfg = ListenerConfig::new("nvmf", self.shared.limit.clone());
+        cfg.handshake_timeout = Duration::from_millis(u64::from(opts.icreq_timeout_ms));
+        let service = Arc::new(ConnService {
+            shared: Arc::downgrade(&self.shared),
+            asked: addr.clone(),
+            bound: OnceLock::new(),
+        });
+        let l = ustor_net::Listener::bind(
+            &self.shared.rt,
+            sa,
+            cfg,
+            self.shared.placement.clone(),
+            &service,
+        )
+        .map_err(|err| NvmfError::Listen { addr: text, err })?;
+        let bound = l.local_addr();
         let real = ListenAddress {
             trtype: "TCP".into(),
             adrfam: if bound.is_ipv6() { "IPv6" } else { "IPv4" }.into(),
             traddr: bound.ip().to_string(),
             trsvcid: bound.port().to_string(),
         };
-        let fd = Arc::new(OwnedFd::from(tcp));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (shared, l2, st, fd2) = (self.shared.clone(), real.clone(), stop.clone(), fd.clone());
-        self.shared
-            .rt
-            .spawn_on(0, move || accept_loop(fd2, shared, l2, st))?;
+        let _ = service.bound.set(real.clone());
         ls.push(Listener {
             addr: real.clone(),
-            fd,
+            _listener: l,
+            _service: service,
             refs: 1,
-            stop,
         });
         Ok(real)
     }
@@ -292,61 +334,9 @@ impl Target {
         if let Some(i) = ls.iter().position(|l| l.addr.same(addr)) {
             ls[i].refs -= 1;
             if ls[i].refs == 0 {
-                let l = ls.remove(i);
-                l.stop.store(true, Ordering::Release);
-                // SAFETY: shutdown(2) on a socket `l` keeps open; wakes the
-                // pending accept, which then drops its reference.
-                unsafe { libc::shutdown(l.fd.as_raw_fd(), libc::SHUT_RDWR) };
+                // Dropping it stops its accept loop.
+                ls.remove(i);
             }
-        }
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        for l in lock(&self.listeners).drain(..) {
-            l.stop.store(true, Ordering::Release);
-            // SAFETY: see `unlisten`.
-            unsafe { libc::shutdown(l.fd.as_raw_fd(), libc::SHUT_RDWR) };
-        }
-    }
-}
-
-async fn accept_loop(
-    listen: Arc<OwnedFd>,
-    shared: Arc<Shared>,
-    addr: ListenAddress,
-    stop: Arc<AtomicBool>,
-) {
-    let weak = Arc::downgrade(&shared);
-    drop(shared);
-    loop {
-        let accepted = ops::accept(listen.as_raw_fd()).await;
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        let Some(shared) = weak.upgrade() else { break };
-        let client = match accepted {
-            // SAFETY: a fresh fd from accept(2), owned by nobody else.
-            Ok(c) => unsafe { OwnedFd::from_raw_fd(c) },
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
-            Err(e) => {
-                tracing::warn!("nvmf: accept failed: {e}");
-                ustor_runtime::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = ustor_runtime::net::set_nodelay(client.as_raw_fd());
-        shared.connections.fetch_add(1, Ordering::AcqRel);
-        let n = shared.rt.num_reactors().max(1);
-        let target = shared.next_reactor.fetch_add(1, Ordering::Relaxed) % n;
-        let (s, a) = (shared.clone(), addr.clone());
-        if shared
-            .rt
-            .spawn_on(target, move || conn::serve(client, s, a))
-            .is_err()
-        {
-            shared.connection_closed();
         }
     }
 }

@@ -162,6 +162,10 @@ pub struct SubsystemInfo {
 pub struct NvmfStats {
     pub tick_rate: u64,
     pub poll_groups: Vec<PollGroupStats>,
+    /// ustor extension: connections admitted, refused at
+    /// `max_connections`, closed for a late ICReq, and open now.
+    #[serde(default)]
+    pub connections: ustor_net::ListenerStats,
 }
 
 fn hex(b: &[u8; 16]) -> String {
@@ -242,11 +246,18 @@ impl Target {
                 "a multiple of 16 up to 64 KiB",
             ));
         }
+        if o.max_connections == 0 {
+            return Err(NvmfError::invalid("max_connections", ">= 1"));
+        }
+        if o.icreq_timeout_ms == 0 {
+            return Err(NvmfError::invalid("icreq_timeout_ms", ">= 1"));
+        }
         let mut t = lock(&self.shared.transport);
         if t.is_some() {
             return Err(NvmfError::TransportExists("TCP".into()));
         }
         *t = Some(*o);
+        self.shared.limit.set_max(o.max_connections as usize);
         Ok(true)
     }
 
@@ -574,6 +585,7 @@ impl Target {
         Ok(NvmfStats {
             tick_rate: ustor_runtime::ticks::hz(),
             poll_groups: groups,
+            connections: self.shared.limit.stats(),
         })
     }
 

@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use ustor_bdev::IoChannel;
+use ustor_net::{Accepted, ConnGuard};
 use ustor_runtime::{spawn, IoBuf};
 
 use super::ctrlr::{Ctrl, HostIo};
@@ -86,6 +87,8 @@ struct NsCache {
 
 pub(crate) struct Conn {
     fd: OwnedFd,
+    /// Counts the connection against the target's cap while it exists.
+    _guard: ConnGuard,
     shared: Arc<Shared>,
     listen: ListenAddress,
     opts: TransportOpts,
@@ -133,20 +136,23 @@ fn wake(slot: &RefCell<Option<Waker>>) {
     }
 }
 
-/// Serves one accepted socket until it closes.
-pub(crate) async fn serve(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddress) {
-    let conn = Rc::new(Conn::new(fd, shared, listen));
+/// Serves one accepted socket until it closes. Nothing is allocated for
+/// it (staging, slots, queues) until its ICReq came in time and was good.
+pub(crate) async fn serve(acc: Accepted, shared: Arc<Shared>, listen: ListenAddress) {
+    let opts = shared.opts();
+    let ic = acc
+        .handshake(recv::initialize(acc.fd.as_raw_fd(), &opts))
+        .await;
+    let Some(Ok(ic)) = ic else {
+        return;
+    };
+    let Accepted { fd, guard, .. } = acc;
+    let conn = Rc::new(Conn::new(fd, guard, shared, listen, opts));
+    conn.dg.set(ic.digests);
+    conn.hpda.set(ic.hpda);
     let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
     stats::with(|c| c.live.borrow_mut().push(live));
     let mut staging = Staging::new();
-    if let Err(answered) = recv::initialize(&conn, &mut staging).await {
-        if answered {
-            conn.closing.set(true);
-            send::sender(conn.clone()).await;
-        }
-        conn.finish();
-        return;
-    }
     let sender = spawn(send::sender(conn.clone()));
     recv::receiver(&conn, &mut staging).await;
     conn.closing.set(true);
@@ -176,11 +182,17 @@ impl stats::LiveQueue for Conn {
 }
 
 impl Conn {
-    fn new(fd: OwnedFd, shared: Arc<Shared>, listen: ListenAddress) -> Conn {
-        let opts = shared.opts();
+    fn new(
+        fd: OwnedFd,
+        guard: ConnGuard,
+        shared: Arc<Shared>,
+        listen: ListenAddress,
+        opts: TransportOpts,
+    ) -> Conn {
         let coal = Rc::new(RefCell::new(Coalescer::new(opts.coalesce)));
         Conn {
             fd,
+            _guard: guard,
             shared,
             listen,
             opts,
@@ -309,6 +321,5 @@ impl Conn {
                 .borrow_mut()
                 .retain(|w| w.as_ptr() as *const () != me);
         });
-        self.shared.connection_closed();
     }
 }

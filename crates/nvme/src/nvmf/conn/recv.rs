@@ -3,12 +3,14 @@
 //! PDU headers and data from the staging buffer; each PDU goes to
 //! [`capsule`] (command capsules, H2CData) or ends the connection.
 
+use std::io;
 use std::os::fd::RawFd;
 use std::rc::Rc;
 
 use ustor_runtime::{ops, IoBuf};
 
 use super::super::stats::{self, inc};
+use super::super::TransportOpts;
 use super::capsule;
 use super::staging::{SpareRef, Staging, COPY_MAX, STAGING_LEN};
 use super::Conn;
@@ -39,35 +41,55 @@ fn set_state(state: &mut RecvState, to: RecvState) {
 /// (EOF, closing), `Err(Some(f))` with a termination request.
 pub(super) type RecvResult = Result<(), Option<Fatal>>;
 
-/// ICReq/ICResp (the host's digests and data alignment). `Err(true)`: a
-/// bad ICReq, answered by a queued termination request that quotes it.
-pub(super) async fn initialize(conn: &Rc<Conn>, st: &mut Staging) -> Result<(), bool> {
-    let fd = conn.raw();
-    st.fill(fd, IC_LEN, IC_LEN).await.map_err(|_| false)?;
-    let req = match IcReq::decode(st.peek(IC_LEN)) {
+/// ICReq/ICResp: the host's digests and data alignment. A bad ICReq is
+/// answered with a termination request that quotes it (`Err`). Runs under
+/// the listener's handshake timeout, before the connection has any state:
+/// the one buffer is the ICReq's own.
+pub(super) async fn initialize(fd: RawFd, opts: &TransportOpts) -> io::Result<IcReq> {
+    let (r, mut b) = ustor_net::recv::recv_exact(fd, IoBuf::heap(IC_LEN), 0, IC_LEN).await;
+    r?;
+    b.set_len(IC_LEN);
+    let req = match IcReq::decode(&b) {
         Ok(r) => r,
         Err(f) => {
-            conn.queue_term(f, st.peek(IC_LEN));
-            return Err(true);
+            terminate(fd, f, &b).await;
+            return Err(io::ErrorKind::InvalidData.into());
         }
     };
     debug_assert!(req.hpda <= MAX_PDA);
-    st.consume(IC_LEN);
-    let dg = req.digests;
-    conn.dg.set(dg);
-    conn.hpda.set(req.hpda);
-    if dg.header && dg.data {
+    if req.digests.header && req.digests.data {
         stats::with(|c| inc(&c.digest_qpairs, 1));
     }
     let resp = IcResp {
         pfv: 0,
         cpda: 0,
-        digests: dg,
-        maxh2cdata: conn.opts.max_h2c_data,
+        digests: req.digests,
+        maxh2cdata: opts.max_h2c_data,
     };
-    let mut b = IoBuf::heap(IC_LEN);
     b.copy_from_slice(&resp.encode());
-    ops::send_all(fd, b).await.0.map_err(|_| false)
+    ops::send_all(fd, b).await.0?;
+    Ok(req)
+}
+
+/// Sends a C2HTermReq quoting `hdr` and shuts the socket down (a fatal
+/// error before the connection has a sender).
+async fn terminate(fd: RawFd, f: Fatal, hdr: &[u8]) {
+    let mut t = [0u8; TERM_HLEN + MAX_TERM_DATA];
+    let q = &hdr[..hdr.len().min(MAX_TERM_DATA)];
+    let n = encode_term_req(
+        &mut t,
+        PduType::C2HTermReq,
+        TermReq {
+            fes: f.fes,
+            fei: f.fei,
+        },
+        q,
+    );
+    stats::with(|c| inc(&c.term_sent, 1));
+    let mut b = IoBuf::heap(n);
+    b.copy_from_slice(&t[..n]);
+    let _ = ops::send_all(fd, b).await;
+    ustor_net::recv::shutdown(fd);
 }
 
 /// Reads PDUs until EOF, a fatal error or Disconnect.
