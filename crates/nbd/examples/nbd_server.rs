@@ -13,9 +13,7 @@ use std::sync::Arc;
 
 use ustor_bdev::modules::{malloc, RamOpts};
 use ustor_bdev::Registry;
-use ustor_nbd::server::{
-    BdevSource, ExportCreateParams, ListenAddress, NbdServer, ServerStartParams,
-};
+use ustor_nbd::server::{ExportCreateParams, ListenAddress, NbdServer, ServerStartParams};
 use ustor_runtime::{parse_cores, PollMode, Runtime, RuntimeConfig};
 
 fn arg(args: &[String], name: &str, default: &str) -> String {
@@ -55,7 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_transfer_blocks: 0,
     };
     malloc::create(&registry, opts)?;
-    let server: Arc<NbdServer<BdevSource>> = Arc::new(NbdServer::new(rt.handle()));
+    let server: Arc<NbdServer> = Arc::new(NbdServer::new(rt.handle()));
     let bound = server.start(&ServerStartParams {
         listen_address: ListenAddress {
             traddr: "127.0.0.1".into(),
@@ -69,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         read_only: false,
         description: "malloc bdev".into(),
     };
-    server.export_create_bdev(&registry, &params)?;
+    server.export_create(&registry, &params)?;
     println!("listening on {}:{}", bound.traddr, bound.trsvcid);
     wait_for_signal();
     println!("{}", serde_json::to_string(&server.get_stats()?)?);

@@ -97,7 +97,7 @@ fn export_lifecycle_and_claims() {
         read_only: true,
         description: String::new(),
     };
-    assert!(f.server.export_create_bdev(&f.registry, &p).is_ok());
+    assert!(f.server.export_create(&f.registry, &p).is_ok());
     f.server
         .export_delete(&ExportDeleteParams {
             name: "again".into(),
@@ -114,7 +114,7 @@ fn export_lifecycle_and_claims() {
         .unwrap();
     assert!(f.server.get_exports().is_empty());
     // Claim released with the export: it can be exported again, read-only.
-    f.server.export_create_bdev(&f.registry, &p).unwrap();
+    f.server.export_create(&f.registry, &p).unwrap();
     if have("nbdinfo") {
         let out = stdout(&run(
             "nbdinfo",

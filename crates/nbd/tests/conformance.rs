@@ -8,17 +8,14 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::client::Client;
-use ustor_nbd::server::{
-    Channel, ExportCreateParams, ExportSource, ListenAddress, MemSource, NbdServer,
-    ServerStartParams,
-};
+use ustor_nbd::server::{ExportCreateParams, ListenAddress, NbdServer, ServerStartParams};
 use ustor_nbd::wire::*;
-use ustor_nbd::{BlockSizes, ExportFeatures, NbdErrno};
-use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
+use ustor_nbd::NbdErrno;
+use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
 
 /// Largest option payload the server parses (`Limits::default()`); one byte
 /// more is read and discarded instead.
@@ -249,80 +246,12 @@ fn oversized_options_get_the_answer_their_kind_gets() {
 }
 
 /// What the scripted device reports for every block-status query.
-type Script = Arc<Mutex<Vec<BlockDescriptor>>>;
-
-/// A RAM export whose allocation map is scripted by the test.
-struct ScriptedSource {
-    mem: MemSource,
-    script: Script,
-}
-
-struct ScriptedChannel {
-    mem: <MemSource as ExportSource>::Channel,
-    script: Script,
-}
-
-impl Channel for ScriptedChannel {
-    async fn read(&self, offset: u64, buf: IoBuf) -> ustor_nbd::server::backend::BufResult {
-        self.mem.read(offset, buf).await
-    }
-
-    async fn write(
-        &self,
-        offset: u64,
-        buf: IoBuf,
-        fua: bool,
-    ) -> ustor_nbd::server::backend::BufResult {
-        self.mem.write(offset, buf, fua).await
-    }
-
-    async fn flush(&self) -> Result<(), NbdErrno> {
-        self.mem.flush().await
-    }
-
-    async fn trim(&self, offset: u64, len: u64) -> Result<(), NbdErrno> {
-        self.mem.trim(offset, len).await
-    }
-
-    async fn write_zeroes(&self, offset: u64, len: u64, no_hole: bool) -> Result<(), NbdErrno> {
-        self.mem.write_zeroes(offset, len, no_hole).await
-    }
-
-    fn block_status(&self, _offset: u64, _len: u32, out: &mut [BlockDescriptor]) -> usize {
-        let script = self.script.lock().unwrap();
-        let n = script.len().min(out.len());
-        out[..n].copy_from_slice(&script[..n]);
-        n
-    }
-}
-
-impl ExportSource for ScriptedSource {
-    type Channel = ScriptedChannel;
-
-    fn size_bytes(&self) -> u64 {
-        self.mem.size_bytes()
-    }
-
-    fn block_sizes(&self) -> BlockSizes {
-        self.mem.block_sizes()
-    }
-
-    fn features(&self) -> ExportFeatures {
-        self.mem.features()
-    }
-
-    fn channel(&self) -> Result<ScriptedChannel, NbdErrno> {
-        Ok(ScriptedChannel {
-            mem: self.mem.channel()?,
-            script: self.script.clone(),
-        })
-    }
-}
+type Script = common::mem::Script;
 
 struct Scripted {
     script: Script,
     port: u16,
-    _server: NbdServer<ScriptedSource>,
+    _server: NbdServer,
     _rt: Runtime,
 }
 
@@ -334,6 +263,9 @@ fn start_scripted() -> Scripted {
         ..RuntimeConfig::default()
     })
     .expect("runtime starts");
+    let registry = ustor_bdev::Registry::new(Some(rt.handle()));
+    let script: Script = Arc::default();
+    common::mem::create(&registry, "scripted", 1 << 20, 512, Some(script.clone()));
     let server = NbdServer::new(rt.handle());
     let r = server
         .start(&ServerStartParams {
@@ -344,18 +276,14 @@ fn start_scripted() -> Scripted {
             max_connections: 8,
         })
         .expect("server starts");
-    let script: Script = Arc::default();
     server
         .export_create(
+            &registry,
             &ExportCreateParams {
                 name: "map".into(),
                 bdev_name: "scripted".into(),
                 read_only: false,
                 description: String::new(),
-            },
-            ScriptedSource {
-                mem: MemSource::new(1 << 20, 512),
-                script: script.clone(),
             },
         )
         .expect("export");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use ustor_bdev::Registry;
-use ustor_nbd::server::{BdevSource, NbdServer};
+use ustor_nbd::server::NbdServer;
 use ustor_rpc::MethodTable;
 use ustor_runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 
@@ -13,7 +13,7 @@ use crate::control::Control;
 
 pub struct App {
     pub registry: Arc<Registry>,
-    pub nbd: Arc<NbdServer<BdevSource>>,
+    pub nbd: Arc<NbdServer>,
     pub nvmf: ustor_nvme::nvmf::Target,
     pub table: MethodTable,
     pub rt: RuntimeHandle,

@@ -3,30 +3,34 @@
 //! `nbd_export_create`, `nbd_export_delete`, `nbd_get_exports`,
 //! `nbd_get_stats`) as plain functions with serde parameter/result types.
 //!
-//! Connections are accepted on reactor 0 and handed round-robin to the
-//! reactors; each connection then lives on one reactor ([`conn`]). The export
-//! table is control-plane state behind a mutex, touched only by the handshake
-//! and by RPCs, never per I/O.
+//! The server runs on the connection layer (`ustor_net`): its listener
+//! accepts on reactor 0 under `max_connections` and a handshake timeout and
+//! hands connections round-robin to the reactors; each connection then lives
+//! on one reactor ([`conn`]), its transmission phase driven by the layer's
+//! connection driver with NBD as a sans-IO protocol (`proto`). Exports are
+//! bdevs ([`bdev`]); NBD has no storage seam of its own. The export table is
+//! control-plane state behind a mutex, touched only by the handshake and by
+//! RPCs, never per I/O.
 
-pub mod backend;
 pub mod bdev;
 mod conn;
-mod io;
+mod proto;
 mod stats;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use ustor_runtime::{ops, RuntimeHandle};
+use ustor_bdev::{BdevError, ControlError, Registry};
+use ustor_net::listener::{Accepted, ConnLimit, Listener, ListenerConfig, Placement, Service};
+use ustor_runtime::{RuntimeHandle, SendError};
 
-pub use backend::{Channel, ExportSource, MemSource};
 pub use bdev::{BdevExportChannel, BdevSource};
-pub use conn::{COPY_MAX, MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES, MAX_WORKERS};
+pub use conn::{MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES, MAX_WORKERS};
 pub use stats::NbdStats;
+pub use ustor_net::COPY_MAX;
 
 use crate::export::{ExportCatalog, ExportFeatures, ExportInfo};
 use crate::negotiation::Limits;
@@ -48,10 +52,14 @@ pub enum NbdServerError {
     NoSuchExport(String),
     #[error("invalid export: {0}")]
     InvalidExport(&'static str),
+    /// Opening or claiming the export's bdev failed (`Claimed` when another
+    /// user holds it).
     #[error("bdev: {0}")]
-    Bdev(String),
+    Bdev(#[from] ControlError),
+    #[error("bdev: {0}")]
+    BdevIo(#[from] BdevError),
     #[error("runtime unavailable: {0}")]
-    Runtime(String),
+    Runtime(#[from] SendError),
 }
 
 /// `listen_address` of `nbd_server_start` (SPDK-style transport address).
@@ -108,16 +116,16 @@ pub struct ExportDescription {
     pub block_size: u32,
 }
 
-/// One export: its configuration and the device source behind it.
-pub struct ExportEntry<S> {
+/// One export: its configuration and the bdev behind it.
+pub struct ExportEntry {
     pub name: String,
     pub bdev_name: String,
     pub read_only: bool,
     pub description: String,
-    pub source: S,
+    pub source: BdevSource,
 }
 
-impl<S: ExportSource> ExportEntry<S> {
+impl ExportEntry {
     fn features(&self) -> ExportFeatures {
         let mut f = self.source.features();
         f.read_only |= self.read_only;
@@ -136,24 +144,15 @@ impl<S: ExportSource> ExportEntry<S> {
 }
 
 /// State shared by the listener, the connections and the control plane.
-pub(crate) struct Shared<S> {
+pub(crate) struct Shared {
     rt: RuntimeHandle,
     limits: Limits,
-    exports: Mutex<BTreeMap<String, Arc<ExportEntry<S>>>>,
-    max_connections: AtomicUsize,
-    connections: AtomicUsize,
-    next_reactor: AtomicUsize,
-    stopping: AtomicBool,
+    exports: Mutex<BTreeMap<String, Arc<ExportEntry>>>,
+    conns: Arc<ConnLimit>,
 }
 
-impl<S> Shared<S> {
-    fn connection_closed(&self) {
-        self.connections.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl<S: ExportSource> ExportCatalog for Shared<S> {
-    type Handle = Arc<ExportEntry<S>>;
+impl ExportCatalog for Shared {
+    type Handle = Arc<ExportEntry>;
 
     fn lookup(&self, name: &str) -> Option<(Self::Handle, ExportInfo)> {
         let exports = self.exports.lock().ok()?;
@@ -175,19 +174,30 @@ impl<S: ExportSource> ExportCatalog for Shared<S> {
     }
 }
 
-struct Listener {
-    fd: RawFd,
-    addr: SocketAddr,
+impl Service for Shared {
+    type Fut = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+    fn serve(self: Arc<Self>, conn: Accepted) -> Self::Fut {
+        Box::pin(conn::serve(conn, self))
+    }
+
+    fn on_accept(&self) {
+        stats::bump(|c| stats::inc(&c.connections_accepted, 1));
+    }
+
+    fn on_reject(&self) {
+        stats::bump(|c| stats::inc(&c.connections_rejected, 1));
+    }
 }
 
 /// The NBD server. Cheap to share (`Arc` inside); all methods are for
 /// control-plane threads (they may block briefly on the export table).
-pub struct NbdServer<S: ExportSource> {
-    shared: Arc<Shared<S>>,
+pub struct NbdServer {
+    shared: Arc<Shared>,
     listener: Mutex<Option<Listener>>,
 }
 
-impl<S: ExportSource> NbdServer<S> {
+impl NbdServer {
     pub fn new(rt: RuntimeHandle) -> Self {
         Self::with_limits(rt, Limits::default())
     }
@@ -198,16 +208,14 @@ impl<S: ExportSource> NbdServer<S> {
                 rt,
                 limits,
                 exports: Mutex::new(BTreeMap::new()),
-                max_connections: AtomicUsize::new(default_max_connections()),
-                connections: AtomicUsize::new(0),
-                next_reactor: AtomicUsize::new(0),
-                stopping: AtomicBool::new(false),
+                conns: ConnLimit::new(default_max_connections()),
             }),
             listener: Mutex::new(None),
         }
     }
 
-    /// `nbd_server_start`: listens and accepts on reactor 0.
+    /// `nbd_server_start`: listens and accepts on reactor 0; connections are
+    /// placed round-robin on the reactors, at most `max_connections` open.
     pub fn start(&self, params: &ServerStartParams) -> Result<ServerStartResult, NbdServerError> {
         let mut listener = self
             .listener
@@ -225,20 +233,18 @@ impl<S: ExportSource> NbdServer<S> {
         let addr: SocketAddr = text
             .parse()
             .map_err(|_| NbdServerError::BadAddress(text.clone()))?;
-        let tcp = TcpListener::bind(addr).map_err(NbdServerError::Listen)?;
-        let bound = tcp.local_addr().map_err(NbdServerError::Listen)?;
-        let fd = tcp.into_raw_fd();
-        self.shared
-            .max_connections
-            .store(params.max_connections.max(1), Ordering::Release);
-        self.shared.stopping.store(false, Ordering::Release);
-        let shared = self.shared.clone();
-        if let Err(e) = self.shared.rt.spawn_on(0, move || accept_loop(fd, shared)) {
-            // SAFETY: fd came from into_raw_fd above and is not used elsewhere.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            return Err(NbdServerError::Runtime(e.to_string()));
-        }
-        *listener = Some(Listener { fd, addr: bound });
+        self.shared.conns.set_max(params.max_connections);
+        let cfg = ListenerConfig::new("nbd", self.shared.conns.clone());
+        let l = Listener::bind(
+            &self.shared.rt,
+            addr,
+            cfg,
+            Arc::new(Placement::default()),
+            &self.shared,
+        )
+        .map_err(NbdServerError::Listen)?;
+        let bound = l.local_addr();
+        *listener = Some(l);
         Ok(ServerStartResult {
             traddr: bound.ip().to_string(),
             trsvcid: bound.port().to_string(),
@@ -249,36 +255,61 @@ impl<S: ExportSource> NbdServer<S> {
     pub fn stop(&self) {
         if let Ok(mut l) = self.listener.lock() {
             if let Some(l) = l.take() {
-                self.shared.stopping.store(true, Ordering::Release);
-                // Wakes the pending accept, which then closes the socket.
-                // SAFETY: shutdown(2) on the listening socket we own.
-                unsafe { libc::shutdown(l.fd, libc::SHUT_RDWR) };
+                l.stop();
             }
+        }
+    }
+
+    /// Stops accepting, then waits until every request received so far has
+    /// been answered, at most `max_wait`; true when none is left in flight.
+    /// Connections stay open (clients decide when to leave).
+    pub fn drain(&self, max_wait: Duration) -> Result<bool, NbdServerError> {
+        self.stop();
+        let end = Instant::now() + max_wait;
+        // Budget: bounded by `end`; each round asks every reactor once.
+        loop {
+            let in_flight: u64 = self
+                .shared
+                .rt
+                .call_all(|_| stats::in_flight())?
+                .iter()
+                .sum();
+            if in_flight == 0 {
+                return Ok(true);
+            }
+            if Instant::now() >= end {
+                return Ok(false);
+            }
+            // Requests finish in microseconds to milliseconds; the reactors
+            // are asked again shortly rather than notifying the control
+            // plane from the I/O path.
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
     /// The bound listen address, once started.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.listener.lock().ok()?.as_ref().map(|l| l.addr)
+        self.listener.lock().ok()?.as_ref().map(|l| l.local_addr())
     }
 
-    /// `nbd_export_create` with the device already opened by the caller
-    /// (the bdev layer claims the bdev and passes its source here).
+    /// `nbd_export_create`: opens `bdev_name` (read-only if asked), claims it
+    /// for this export, and publishes the export.
     pub fn export_create(
         &self,
+        registry: &Arc<Registry>,
         params: &ExportCreateParams,
-        source: S,
     ) -> Result<(), NbdServerError> {
-        if params.name.len() > crate::wire::MAX_STRING_LEN || params.name.contains('\0') {
+        check_export_params(params)?;
+        let desc = registry.open(&params.bdev_name, !params.read_only, |_| {})?;
+        if !desc.info().block_size.is_power_of_two() {
             return Err(NbdServerError::InvalidExport(
-                "name longer than 4096 bytes or with NUL",
+                "bdev block size is not a power of two",
             ));
         }
-        if params.description.len() > crate::wire::MAX_STRING_LEN {
-            return Err(NbdServerError::InvalidExport(
-                "description longer than 4096 bytes",
-            ));
-        }
+        desc.claim(&format!("nbd export {}", params.name))?;
+        // From here on the source releases the claim when dropped (on error
+        // below, or when the export and its last connection are gone).
+        let source = BdevSource::new(desc);
         if !source.block_sizes().is_valid() {
             return Err(NbdServerError::InvalidExport(
                 "device block sizes break the NBD size rules",
@@ -347,62 +378,32 @@ impl<S: ExportSource> NbdServer<S> {
     /// Each reactor's own counters, indexed by reactor (where connections
     /// landed, and what each reactor served).
     pub fn get_stats_per_reactor(&self) -> Result<Vec<NbdStats>, NbdServerError> {
-        self.shared
-            .rt
-            .call_all(|_| stats::snapshot())
-            .map_err(|e| NbdServerError::Runtime(e.to_string()))
+        Ok(self.shared.rt.call_all(|_| stats::snapshot())?)
     }
 
     /// Connections currently open.
     pub fn connections(&self) -> usize {
-        self.shared.connections.load(Ordering::Acquire)
+        self.shared.conns.open()
     }
 }
 
-impl<S: ExportSource> Drop for NbdServer<S> {
+/// Name and description limits of `nbd_export_create`.
+fn check_export_params(params: &ExportCreateParams) -> Result<(), NbdServerError> {
+    if params.name.len() > crate::wire::MAX_STRING_LEN || params.name.contains('\0') {
+        return Err(NbdServerError::InvalidExport(
+            "name longer than 4096 bytes or with NUL",
+        ));
+    }
+    if params.description.len() > crate::wire::MAX_STRING_LEN {
+        return Err(NbdServerError::InvalidExport(
+            "description longer than 4096 bytes",
+        ));
+    }
+    Ok(())
+}
+
+impl Drop for NbdServer {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Accepts connections until the server stops; runs on reactor 0.
-async fn accept_loop<S: ExportSource>(fd: RawFd, shared: Arc<Shared<S>>) {
-    // SAFETY: the listener fd is owned by this loop from here on.
-    let listen = unsafe { OwnedFd::from_raw_fd(fd) };
-    loop {
-        let accepted = ops::accept(listen.as_raw_fd()).await;
-        if shared.stopping.load(Ordering::Acquire) {
-            break;
-        }
-        let client = match accepted {
-            // SAFETY: a fresh fd from accept(2), owned by nobody else.
-            Ok(c) => unsafe { OwnedFd::from_raw_fd(c) },
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
-            Err(e) => {
-                tracing::warn!("nbd: accept failed: {e}");
-                // Out of fds and the like: back off instead of spinning.
-                ustor_runtime::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let max = shared.max_connections.load(Ordering::Acquire);
-        if shared.connections.fetch_add(1, Ordering::AcqRel) >= max {
-            shared.connections.fetch_sub(1, Ordering::AcqRel);
-            stats::bump(|c| stats::inc(&c.connections_rejected, 1));
-            continue;
-        }
-        stats::bump(|c| stats::inc(&c.connections_accepted, 1));
-        let _ = ustor_runtime::net::set_nodelay(client.as_raw_fd());
-        let n = shared.rt.num_reactors().max(1);
-        let target = shared.next_reactor.fetch_add(1, Ordering::Relaxed) % n;
-        let s = shared.clone();
-        if shared
-            .rt
-            .spawn_on(target, move || conn::serve(client, s))
-            .is_err()
-        {
-            // The message, and the fd inside it, was dropped (so closed).
-            shared.connections.fetch_sub(1, Ordering::AcqRel);
-        }
     }
 }

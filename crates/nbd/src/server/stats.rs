@@ -75,6 +75,21 @@ pub(crate) fn inc(c: &Cell<u64>, n: u64) {
     c.set(c.get().wrapping_add(n));
 }
 
+thread_local! {
+    // Requests received on this reactor and not yet answered (for drain).
+    static IN_FLIGHT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// `n` more requests received (positive) or answered (negative).
+pub(crate) fn in_flight_add(n: i64) {
+    IN_FLIGHT.with(|c| c.set(c.get().wrapping_add_signed(n)));
+}
+
+/// Requests in flight on this reactor.
+pub(crate) fn in_flight() -> u64 {
+    IN_FLIGHT.with(Cell::get)
+}
+
 /// This reactor's counters.
 pub(crate) fn snapshot() -> NbdStats {
     COUNTERS.with(Counters::snapshot)

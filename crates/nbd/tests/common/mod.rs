@@ -5,18 +5,18 @@
 
 pub mod client;
 pub mod fault;
+pub mod mem;
 pub mod raw;
 
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use ustor_nbd::server::{
-    ExportCreateParams, ListenAddress, MemSource, NbdServer, ServerStartParams,
-};
+use ustor_nbd::server::{ExportCreateParams, ListenAddress, NbdServer, ServerStartParams};
 use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
 
 pub struct Fixture {
-    pub server: Arc<NbdServer<MemSource>>,
+    pub server: Arc<NbdServer>,
+    pub registry: Arc<ustor_bdev::Registry>,
     pub port: u16,
     // Dropped last: stops the reactors.
     pub rt: Runtime,
@@ -30,6 +30,8 @@ pub fn start(export_bytes: usize, reactors: usize) -> Fixture {
         ..RuntimeConfig::default()
     };
     let rt = Runtime::start(cfg).expect("runtime starts");
+    let registry = ustor_bdev::Registry::new(Some(rt.handle()));
+    mem::create(&registry, "Malloc0", export_bytes as u64, 512, None);
     let server = Arc::new(NbdServer::new(rt.handle()));
     let r = server
         .start(&ServerStartParams {
@@ -46,11 +48,10 @@ pub fn start(export_bytes: usize, reactors: usize) -> Fixture {
         read_only: false,
         description: "RAM test export".into(),
     };
-    server
-        .export_create(&params, MemSource::new(export_bytes, 512))
-        .expect("export");
+    server.export_create(&registry, &params).expect("export");
     Fixture {
         server,
+        registry,
         port: r.trsvcid.parse().expect("port"),
         rt,
     }
@@ -90,7 +91,7 @@ pub fn stdout(out: &Output) -> String {
 
 /// A server exporting a malloc bdev named `Malloc0` as export `malloc`.
 pub struct BdevFixture {
-    pub server: Arc<NbdServer<ustor_nbd::server::BdevSource>>,
+    pub server: Arc<NbdServer>,
     pub registry: Arc<ustor_bdev::Registry>,
     pub port: u16,
     pub rt: Runtime,
@@ -144,9 +145,7 @@ pub fn start_bdev_with(
         read_only: false,
         description: "bdev export".into(),
     };
-    server
-        .export_create_bdev(&registry, &params)
-        .expect("export");
+    server.export_create(&registry, &params).expect("export");
     BdevFixture {
         server,
         registry,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use ustor_bdev::{ControlError, Registry};
-use ustor_nbd::server::{BdevSource, NbdServer};
+use ustor_nbd::server::NbdServer;
 use ustor_rpc::{MethodTable, RegisterError, RpcError};
 use ustor_runtime::RuntimeHandle;
 
@@ -23,7 +23,7 @@ use crate::control::ControlSender;
 pub struct Ctx {
     pub rt: RuntimeHandle,
     pub registry: Arc<Registry>,
-    pub nbd: Arc<NbdServer<BdevSource>>,
+    pub nbd: Arc<NbdServer>,
     pub nvmf: ustor_nvme::nvmf::Target,
     pub scsi: ustor_scsi::ScsiStack,
     pub table: MethodTable,

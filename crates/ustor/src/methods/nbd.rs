@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
+use ustor_bdev::ControlError;
 use ustor_nbd::server::{
     ExportCreateParams, ExportDeleteParams, NbdServerError, ServerStartParams,
 };
@@ -17,8 +18,8 @@ fn err(e: NbdServerError) -> RpcError {
         NbdServerError::NotStarted | NbdServerError::NoSuchExport(_) => libc::ENODEV,
         NbdServerError::BadAddress(_) | NbdServerError::InvalidExport(_) => libc::EINVAL,
         NbdServerError::Listen(io) => io.raw_os_error().unwrap_or(libc::EIO),
-        NbdServerError::Bdev(m) if m.contains("claimed") => libc::EBUSY,
-        NbdServerError::Bdev(_) => libc::ENODEV,
+        NbdServerError::Bdev(ControlError::Claimed { .. }) => libc::EBUSY,
+        NbdServerError::Bdev(_) | NbdServerError::BdevIo(_) => libc::ENODEV,
         NbdServerError::Runtime(_) => libc::EIO,
     };
     RpcError::errno_msg(
@@ -49,7 +50,7 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     })?;
     ctx.method("nbd_export_create", RPC_RUNTIME, |c, params| {
         let p: ExportCreateParams = parse_params(params)?;
-        c.nbd.export_create_bdev(&c.registry, &p).map_err(err)?;
+        c.nbd.export_create(&c.registry, &p).map_err(err)?;
         Ok(json!(true))
     })?;
     ctx.method("nbd_export_delete", RPC_RUNTIME, |c, params| {
