@@ -11,8 +11,10 @@
 //! - The emulated HBA (bdev-backed LUNs run by the SCSI target core,
 //!   scriptable faults) is the `ustor-scsi-emul` crate.
 //! - [`sg`]: the SG_IO passthrough LLD (/dev/sgN, asynchronous sg v3).
-//! - [`bdev`]: SCSI bdevs (device ranges as named bdevs); `forward` carries
-//!   their I/O from channels on other reactors to the host's reactor.
+//! - [`sd`]: the disk upper-level driver (`mid::upper::UpperDriver`): disk
+//!   bring-up, SCSI bdevs ([`bdev`]: device ranges as named bdevs), and the
+//!   forwarding of their I/O from channels on other reactors to the host's
+//!   reactor (completions through `ustor_bdev::remote`).
 //! - [`api`]: the control functions the RPC layer exposes.
 //!
 //! SCSI failures are CHECK CONDITION with sense, carried as data; Rust
@@ -24,10 +26,12 @@ pub mod fuzz;
 
 pub use ustor_scsi_proto::{Cdb, Command, Hctl, ScsiStatus, Sense, SenseKey};
 pub mod api;
-pub mod bdev;
-mod forward;
 pub mod lld;
 pub mod mid;
+pub mod sd;
 pub mod sg;
+
+/// SCSI bdevs (sd's), at their historical path.
+pub use sd::bdev;
 
 pub use mid::{ScsiError, ScsiStack};

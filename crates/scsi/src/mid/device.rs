@@ -132,23 +132,10 @@ impl Device {
     }
 }
 
-/// Device-type drivers, Linux's upper level: a type with a bound driver is
-/// brought up (disks by the SBC driver, "sd"); other types are registered
-/// and listed, with no driver.
-pub const DRIVERS: &[(&str, &[DeviceType], bool)] = &[
-    ("sd", &[DeviceType::Disk, DeviceType::SimplifiedDisk], true),
-    ("st", &[DeviceType::Tape], false),
-    ("sr", &[DeviceType::CdDvd, DeviceType::WriteOnce], false),
-    ("ch", &[DeviceType::MediumChanger], false),
-    ("ses", &[DeviceType::Enclosure], false),
-];
-
-/// The bound driver for a device type, if any.
+/// The bound driver's name for a device type, if any (see
+/// [`super::upper`]).
 pub fn match_driver(t: DeviceType) -> Option<&'static str> {
-    DRIVERS
-        .iter()
-        .find(|(_, types, bound)| *bound && types.contains(&t))
-        .map(|(n, _, _)| *n)
+    super::upper::driver_for(t).map(|d| d.name())
 }
 
 #[cfg(test)]

@@ -152,11 +152,11 @@ impl Slot {
 }
 
 /// Whose bdev I/O a slot serves: one of this reactor's, or one forwarded
-/// from a SCSI bdev channel on another reactor (`crate::forward`).
+/// from a SCSI bdev channel on another reactor (`crate::sd::forward`).
 pub(crate) enum BdevIo {
     Local(IoHandle),
     Remote {
-        q: Arc<crate::forward::FwdQueue>,
+        q: Arc<crate::sd::forward::FwdQueue>,
         token: ustor_bdev::remote::RemoteIo,
     },
 }

@@ -12,6 +12,7 @@ pub mod host;
 pub mod retry;
 pub mod scan;
 pub mod stats;
+pub mod upper;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -163,24 +164,12 @@ pub(crate) fn publish_devices(host: &Host) {
     }
 }
 
-/// A device left: its SCSI bdevs are hot-removed (their I/O fails with
-/// `Removed`, their openers hear about it).
+/// A device left: its upper-level driver releases what it built on it
+/// (sd hot-removes its SCSI bdevs).
 pub(crate) fn device_gone(host: &Host, d: &Device) {
-    let names: Vec<String> = {
-        let mut g = host.shared.lock();
-        let names = g
-            .maps
-            .iter()
-            .filter(|m| m.hctl == d.hctl)
-            .map(|m| m.bdev.clone())
-            .collect();
-        g.maps.retain(|m| m.hctl != d.hctl);
-        names
-    };
-    for n in names {
-        if let Err(e) = host.shared.bdevs.hot_remove(&n) {
-            tracing::warn!("hot-removing SCSI bdev {n}: {e}");
-        }
+    let driver = d.info.borrow().driver;
+    if let Some(u) = driver.and_then(upper::driver_named) {
+        u.remove(host, d);
     }
 }
 

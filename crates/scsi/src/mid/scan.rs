@@ -1,22 +1,22 @@
 //! Scanning a host: targets from the LLD, LUNs from REPORT LUNS, identity
-//! from INQUIRY, then device-type driver matching and bring-up (VPD pages,
-//! TEST UNIT READY, READ CAPACITY(16)). A rescan adds new LUNs and removes
-//! LUNs that are gone (with the SCSI bdevs on them).
+//! from INQUIRY, then upper-level driver matching and the driver's
+//! bring-up ([`super::upper::UpperDriver::probe`]). A rescan adds new LUNs
+//! and removes LUNs that are gone (the driver releases what it built on
+//! them: sd's SCSI bdevs).
 
 use std::rc::Rc;
 
-use super::device::{match_driver, Device, DeviceState};
+use super::device::{Device, DeviceState};
 use super::host::Host;
 use super::stats::HostCounters;
-use crate::capacity::{Capacity, READ_CAPACITY_16_LEN};
+use super::upper::driver_for;
 use crate::cdb::Cdb;
-use crate::inquiry::{self, BlockCharacteristics, BlockLimits, DeviceType, StdInquiry};
+use crate::inquiry::{DeviceType, StdInquiry};
 use crate::lld::{DataDir, Nexus, TargetAddr, TransportError};
 use crate::lun::{decode_report_luns, Hctl};
 
 /// Most LUNs taken from one target's REPORT LUNS.
 const MAX_LUNS: usize = 512;
-const VPD_ALLOC: usize = 252;
 
 /// What a scan changed.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -120,18 +120,6 @@ async fn report_luns(host: &Host, t: &TargetAddr) -> Vec<u64> {
     vec![0]
 }
 
-async fn vpd(host: &Host, nexus: Nexus, page: u8) -> Option<Vec<u8>> {
-    let out = host
-        .execute(
-            nexus,
-            Cdb::inquiry(Some(page), VPD_ALLOC as u16),
-            DataDir::FromDevice,
-            vec![0; VPD_ALLOC],
-        )
-        .await;
-    out.ok().then(|| out.data_in().to_vec())
-}
-
 /// INQUIRY, registration and driver bring-up of one LUN; `None` if no
 /// logical unit answers there.
 async fn probe(host: &Rc<Host>, t: &TargetAddr, hctl: Hctl) -> Option<Rc<Device>> {
@@ -155,12 +143,13 @@ async fn probe(host: &Rc<Host>, t: &TargetAddr, hctl: Hctl) -> Option<Rc<Device>
     if inq.qualifier != 0 || inq.device_type == DeviceType::Unknown(0x1f) {
         return None;
     }
-    let driver = match_driver(inq.device_type);
+    let upper = driver_for(inq.device_type);
+    let driver = upper.map(|u| u.name());
     let name = host.shared.alloc_name(driver.is_some());
     let dev = Rc::new(Device::new(hctl, name, t.name.clone(), &inq));
     dev.info.borrow_mut().driver = driver;
-    if driver == Some("sd") {
-        if let Err(why) = bring_up_disk(host, &dev).await {
+    if let Some(u) = upper {
+        if let Err(why) = u.probe(host, &dev).await {
             tracing::warn!(
                 "host{}: {} ({hctl}) bring-up failed: {why}; offline",
                 host.no,
@@ -181,60 +170,4 @@ async fn probe(host: &Rc<Host>, t: &TargetAddr, hctl: Hctl) -> Option<Rc<Device>
         driver
     );
     Some(dev)
-}
-
-/// The SBC driver's bring-up: identity pages, ready, capacity.
-async fn bring_up_disk(host: &Host, dev: &Device) -> Result<(), &'static str> {
-    let nexus = dev.nexus;
-    let pages = vpd(host, nexus, inquiry::VPD_SUPPORTED)
-        .await
-        .map(|b| inquiry::decode_supported(&b))
-        .unwrap_or_default();
-    if pages.contains(&inquiry::VPD_SERIAL) {
-        let s = vpd(host, nexus, inquiry::VPD_SERIAL).await;
-        dev.info.borrow_mut().serial = s
-            .and_then(|b| inquiry::decode_serial(&b))
-            .filter(|s| !s.is_empty());
-    }
-    if pages.contains(&inquiry::VPD_DEVICE_ID) {
-        if let Some(b) = vpd(host, nexus, inquiry::VPD_DEVICE_ID).await {
-            let ids = inquiry::decode_device_id(&b)
-                .iter()
-                .filter(|d| d.association == 0)
-                .map(|d| d.id())
-                .collect();
-            dev.info.borrow_mut().ids = ids;
-        }
-    }
-    if pages.contains(&inquiry::VPD_BLOCK_LIMITS) {
-        let b = vpd(host, nexus, inquiry::VPD_BLOCK_LIMITS).await;
-        dev.info.borrow_mut().block_limits = b.and_then(|b| BlockLimits::decode(&b));
-    }
-    if pages.contains(&inquiry::VPD_BLOCK_CHARACTERISTICS) {
-        let b = vpd(host, nexus, inquiry::VPD_BLOCK_CHARACTERISTICS).await;
-        dev.info.borrow_mut().characteristics = b.and_then(|b| BlockCharacteristics::decode(&b));
-    }
-    // Unit attentions (power on, reset) and "becoming ready" are retried
-    // by the rules; what is left is a real failure.
-    let tur = host
-        .execute(nexus, Cdb::test_unit_ready(), DataDir::None, Vec::new())
-        .await;
-    if !tur.ok() {
-        return Err("TEST UNIT READY failed");
-    }
-    let out = host
-        .execute(
-            nexus,
-            Cdb::read_capacity_16(READ_CAPACITY_16_LEN as u32),
-            DataDir::FromDevice,
-            vec![0; READ_CAPACITY_16_LEN],
-        )
-        .await;
-    let cap = out
-        .ok()
-        .then(|| Capacity::decode(out.data_in()))
-        .flatten()
-        .ok_or("READ CAPACITY(16) failed")?;
-    dev.set_capacity(&cap);
-    Ok(())
 }

@@ -7,7 +7,7 @@
 //!
 //! A channel on the host's reactor puts I/O straight into the host's
 //! preallocated command slots (no lock, allocation or copy); a channel on
-//! any other reactor forwards it there and back (`crate::forward`).
+//! any other reactor forwards it there and back (`crate::sd::forward`).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -16,10 +16,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use ustor_bdev::{Bdev, BdevChannel, BdevError, BdevInfo, IoHandle, IoType};
 
-use crate::forward::{RemoteChannel, Target};
 use crate::lun::Hctl;
 use crate::mid::host::{BdevIo, IoCaps, Pending};
 use crate::mid::{local_host, Device, DeviceState, MapRecord, ScsiError, ScsiStack, StackShared};
+use crate::sd::forward::{RemoteChannel, Target};
 
 /// A size as bytes or text with a binary unit (`"400G"`).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
