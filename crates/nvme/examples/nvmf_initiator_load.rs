@@ -30,7 +30,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ustor_bdev::{modules, Registry};
-use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+use ustor_net::coalesce::{CoalesceConfig, Mode};
 use ustor_nvme::initiator::{attach_controller, io_queue_stats, AttachParams};
 use ustor_nvme::nvmf::{CreateTransportParams, Target, TransportOpts};
 use ustor_runtime::{ticks, IoBuf, PollMode, Runtime, RuntimeConfig};

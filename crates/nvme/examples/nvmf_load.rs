@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use ustor_bdev::{modules, Registry};
-use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+use ustor_net::coalesce::{CoalesceConfig, Mode};
 use ustor_nvme::nvmf::{
     AddNsParams, CreateSubsystemParams, CreateTransportParams, ListenAddress, ListenerParams,
     NamespaceParams, Target, TransportOpts,

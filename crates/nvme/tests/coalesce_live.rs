@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+use ustor_net::coalesce::{CoalesceConfig, Mode};
 use ustor_nvme::nvmf::NvmfStats;
 use ustor_nvme::wire::*;
 

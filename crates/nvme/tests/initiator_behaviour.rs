@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use ustor_bdev::BdevError;
-use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+use ustor_net::coalesce::{CoalesceConfig, Mode};
 use ustor_nvme::initiator::{
     attach_controller, detach_controller, get_controllers, io_queue_stats, AttachParams,
     DetachParams, GetControllersParams,

@@ -1042,7 +1042,7 @@ fn malformed_admin_pdus_get_an_h2c_term_req() {
 
 #[test]
 fn initiator_queue_stats_report_adaptive_moves() {
-    use ustor_nvme::coalesce::{CoalesceConfig, Mode};
+    use ustor_net::coalesce::{CoalesceConfig, Mode};
     let e = env();
     let h = host::beside(&e);
     let port = e.port.to_string();

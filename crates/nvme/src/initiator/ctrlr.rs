@@ -4,14 +4,11 @@
 //! (reconnects the admin queue, bumping the generation the I/O queues
 //! follow) when any queue reports the connection lost.
 
-use std::future::Future;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ustor_bdev::Registry;
@@ -22,7 +19,6 @@ use super::{
     AttachParams, ControllerInfo, CtrlrPathInfo, HostId, InitiatorError, TransportId,
     DEFAULT_HOSTNQN,
 };
-use crate::sock;
 use crate::wire::*;
 
 /// Supervisor tick: how fast a reset request is noticed.
@@ -265,37 +261,17 @@ impl Ctrlr {
     }
 }
 
-/// Runs `f` for at most `d`; `None` on timeout (the future is dropped,
-/// which is safe for ops that own their buffers).
-pub(crate) async fn timeout<F: Future>(d: Duration, f: F) -> Option<F::Output> {
-    let mut f = pin!(f);
-    let mut s = pin!(ustor_runtime::sleep(d));
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = f.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
-        }
-        if s.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
-}
+pub(crate) use ustor_net::timeout;
 
 /// Receives exactly `n` bytes into `buf[at..at + n]` (control path).
-async fn recv_exact(fd: i32, mut buf: IoBuf, at: usize, n: usize) -> Result<IoBuf, InitiatorError> {
-    let mut got = 0;
-    while got < n {
-        let (r, b) = ops::recv(fd, buf, at + got, n - got).await;
-        buf = b;
-        match r {
-            Ok(0) => return Err(InitiatorError::Protocol("connection closed")),
-            Ok(k) => got += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return Err(InitiatorError::Protocol("receive failed")),
+async fn recv_exact(fd: i32, buf: IoBuf, at: usize, n: usize) -> Result<IoBuf, InitiatorError> {
+    match ustor_net::recv::recv_exact(fd, buf, at, at + n).await {
+        (Ok(()), b) => Ok(b),
+        (Err(e), _) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err(InitiatorError::Protocol("connection closed"))
         }
+        (Err(_), _) => Err(InitiatorError::Protocol("receive failed")),
     }
-    Ok(buf)
 }
 
 /// Tells the controller why the host drops the connection: an H2CTermReq
@@ -344,7 +320,7 @@ pub(crate) async fn connect_queue(
     sqsize: u16,
     cntlid: u16,
 ) -> Result<QueueConn, InitiatorError> {
-    let fd = sock::connect(c.addr)
+    let fd = ustor_net::recv::connect_blocking(c.addr)
         .await
         .map_err(|err| InitiatorError::Connect {
             addr: c.addr.to_string(),

@@ -28,10 +28,10 @@ use serde::{Deserialize, Serialize};
 use ustor_bdev::Registry;
 use ustor_runtime::RuntimeHandle;
 
-use crate::coalesce::{CoalesceConfig, Mode};
 use ctrlr::Ctrlr;
 pub use ctrlr::CtrlrState;
 pub use qpair::QpStats;
+use ustor_net::coalesce::{CoalesceConfig, Mode};
 
 /// `bdev_nvme_attach_controller` params (SPDK's names; see SPDK's
 /// `python/spdk/rpc/bdev.py`). Unknown SPDK fields are ignored.

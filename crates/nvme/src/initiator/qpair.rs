@@ -29,13 +29,18 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use ustor_bdev::{BdevError, IoHandle, IoType};
+use ustor_net::coalesce::{CoalesceStats, Coalescer};
+use ustor_net::recv::{self, Seg};
+use ustor_net::PduGroup;
 use ustor_runtime::ops;
 
 use super::ctrlr::{connect_queue, send_term_req, Ctrlr, CtrlrState, QueueConn};
 use super::InitiatorError;
-use crate::coalesce::{CoalesceStats, Coalescer, PduGroup};
-use crate::sock::{self, Seg, MAX_RECV_IOV};
 use crate::wire::*;
+
+/// Most iovecs one receive carries: data segments, a digest, the next header.
+const MAX_RECV_IOV: usize = ustor_bdev::io::MAX_SEGMENTS + 2;
+const _: () = assert!(MAX_RECV_IOV <= ustor_net::recv::MAX_RECV_IOV);
 
 /// PDUs handled per receiver pass before yielding to the reactor.
 const RECV_BUDGET: u32 = 64;
@@ -73,7 +78,7 @@ pub struct QpCounters {
     lowers: AtomicU64,
 }
 
-use crate::bump_relaxed as bump;
+use ustor_net::bump_relaxed as bump;
 
 /// A snapshot of one I/O queue's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -392,7 +397,7 @@ impl Qp {
         self.state.set(QpState::Closed);
         let fd = self.fd.get();
         if fd >= 0 {
-            sock::shutdown(fd);
+            recv::shutdown(fd);
         }
         wake(&self.sender_w);
         wake(&self.driver_w);
@@ -541,7 +546,7 @@ async fn serve(qp: &Rc<Qp>, fd: OwnedFd, gen: u64) {
             send_term_req(raw, f, &st.buf[st.pos..st.pos + n]);
         }
     }
-    sock::shutdown(raw);
+    recv::shutdown(raw);
     wake(&qp.sender_w);
     // The sender may be in a sendmsg that still reads write buffers.
     sender_stopped(qp).await;
@@ -627,9 +632,9 @@ impl Stage {
                 len: room,
             };
             // SAFETY: the segment lies inside our own staging buffer.
-            match unsafe { sock::try_recv(fd, seg) }? {
+            match unsafe { recv::try_recv(fd, seg) }? {
                 Some(n) => self.have += n,
-                None => sock::readable(fd).await?,
+                None => recv::readable(fd).await?,
             }
         }
         Ok(())
@@ -917,7 +922,7 @@ async fn c2h_data(
     if must > 0 {
         // SAFETY: the data segments are the I/O's buffers (valid until it
         // completes, which is after this call); the rest are ours.
-        let (got, _) = unsafe { sock::recv_at_least(fd, &all[..n], must) }.await?;
+        let (got, _) = unsafe { recv::recv_at_least(fd, &all[..n], must) }.await?;
         if next > 0 {
             st.have = got - must;
         }
@@ -1195,7 +1200,7 @@ async fn flush(qp: &Qp, fd: RawFd, group: PduGroup) -> Option<PduGroup> {
         if qp.state.get() == QpState::Live {
             qp.state.set(QpState::Down);
         }
-        sock::shutdown(fd);
+        recv::shutdown(fd);
         return None;
     }
     Some(group)

@@ -81,14 +81,14 @@ pub(crate) struct HostIo {
 impl HostIo {
     /// A completed Read or Compare of `bytes` (SMART counts both as reads).
     pub(crate) fn read(&self, bytes: u64) {
-        crate::bump_relaxed(&self.read_cmds, 1);
-        crate::bump_relaxed(&self.read_bytes, bytes);
+        ustor_net::bump_relaxed(&self.read_cmds, 1);
+        ustor_net::bump_relaxed(&self.read_bytes, bytes);
     }
 
     /// A completed Write of `bytes` (Write Zeroes does not count).
     pub(crate) fn write(&self, bytes: u64) {
-        crate::bump_relaxed(&self.write_cmds, 1);
-        crate::bump_relaxed(&self.write_bytes, bytes);
+        ustor_net::bump_relaxed(&self.write_cmds, 1);
+        ustor_net::bump_relaxed(&self.write_bytes, bytes);
     }
 
     fn totals(&self) -> HostIoTotals {

@@ -33,10 +33,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use ustor_bdev::Registry;
+use ustor_net::coalesce::CoalesceConfig;
 use ustor_net::{Accepted, ConnLimit, ListenerConfig, Placement, Service};
 use ustor_runtime::RuntimeHandle;
 
-use crate::coalesce::CoalesceConfig;
 use crate::wire::{Status, DISCOVERY_NQN};
 pub use rpc::*;
 pub use subsystem::{ListenAddress, Namespace, SubType, Subsystem};

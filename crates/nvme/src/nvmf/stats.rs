@@ -7,7 +7,7 @@ use std::rc::Weak;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coalesce::CoalesceStats;
+use ustor_net::coalesce::CoalesceStats;
 
 /// One live queue pair in `nvmf_get_stats` (`poll_groups[].qpairs[]`): who
 /// it belongs to and its coalescer's counters and current setting, so the

@@ -22,7 +22,7 @@ pub struct Env {
     pub rt: Runtime,
 }
 
-pub fn env_with(blocks: u64, coalesce: ustor_nvme::coalesce::CoalesceConfig) -> Env {
+pub fn env_with(blocks: u64, coalesce: ustor_net::coalesce::CoalesceConfig) -> Env {
     env_opts(
         blocks,
         TransportOpts {

@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use ustor_bdev::IoChannel;
+use ustor_net::coalesce::Coalescer;
 use ustor_net::{Accepted, ConnGuard};
 use ustor_runtime::{spawn, IoBuf};
 
@@ -49,7 +50,6 @@ use super::ctrlr::{Ctrl, HostIo};
 use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
 use super::{Shared, TransportOpts};
-use crate::coalesce::Coalescer;
 use crate::wire::*;
 use slots::{Slot, SLOTS};
 use staging::Staging;

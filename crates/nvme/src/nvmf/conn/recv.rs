@@ -12,7 +12,7 @@ use ustor_runtime::{ops, IoBuf};
 use super::super::stats::{self, inc};
 use super::super::TransportOpts;
 use super::capsule;
-use super::staging::{SpareRef, Staging, COPY_MAX, STAGING_LEN};
+use super::staging::{Staging, COPY_MAX, STAGING_LEN};
 use super::Conn;
 use crate::wire::*;
 
@@ -154,7 +154,7 @@ async fn read_header(
     let exact = CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len();
     st.fill(fd, CH_LEN, exact).await.ok()?;
     let ch = CommonHeader::decode(st.peek(CH_LEN)).expect("8 bytes staged");
-    st.pdus_per_recv += 1;
+    st.note_pdu();
     let layout = match check_header(&ch, conn.dg.get(), false, &conn.limits()) {
         Ok(l) => l,
         Err(f) => {
@@ -220,7 +220,7 @@ pub(super) async fn pdu_data(
     }
     let want = le32(st.peek(DIGEST_LEN), 0);
     st.consume(DIGEST_LEN);
-    let got = crc(&buf.spare_ref()[off..off + l.data_len]);
+    let got = crc(&buf[off..off + l.data_len]);
     if got != want {
         stats::with(|c| inc(&c.digest_errors, 1));
     }

@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::Poll;
 
+use ustor_net::PduGroup;
 use ustor_runtime::IoBuf;
 
 use super::super::stats::{self, inc};
 use super::{wake, Conn, Out};
-use crate::coalesce::PduGroup;
 use crate::wire::*;
 
 /// Moves one response into the group; false if it does not fit. C2HData
@@ -233,7 +233,7 @@ fn flush_due(
         || !conn.out.borrow().is_empty()
         || conn.r2t_out.get() > r2ts_in_group
     {
-        crate::coalesce::BACKLOG_UNKNOWN
+        ustor_net::coalesce::BACKLOG_UNKNOWN
     } else {
         0
     };
