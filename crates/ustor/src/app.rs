@@ -10,11 +10,17 @@ use ustor_rpc::MethodTable;
 use ustor_runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 
 use crate::control::Control;
+use crate::targets::{self, NbdTarget, NvmfTarget, Stopped, Target};
+
+/// How long shutdown lets the targets' connections drain, all together.
+pub const DRAIN_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct App {
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer>,
     pub nvmf: ustor_nvme::nvmf::Target,
+    /// Every protocol target, in the order shutdown stops them.
+    pub targets: Vec<Arc<dyn Target>>,
     pub table: MethodTable,
     pub rt: RuntimeHandle,
     pub cfg: RuntimeConfig,
@@ -46,10 +52,18 @@ impl App {
             ctl: control.sender(),
         };
         crate::methods::register_all(&ctx).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let targets: Vec<Arc<dyn Target>> = vec![
+            Arc::new(NbdTarget(nbd.clone())),
+            Arc::new(NvmfTarget(nvmf.clone())),
+        ];
+        for t in &targets {
+            t.start()?;
+        }
         Ok(App {
             registry,
             nbd,
             nvmf,
+            targets,
             table,
             rt,
             cfg,
@@ -58,14 +72,24 @@ impl App {
         })
     }
 
-    /// Stops targets, waits briefly for connections to drain, flushes every
-    /// bdev, and stops the reactors.
-    pub fn shutdown(&mut self) {
-        self.nbd.stop();
-        let t0 = std::time::Instant::now();
-        while self.nbd.connections() > 0 && t0.elapsed() < std::time::Duration::from_secs(2) {
-            std::thread::sleep(std::time::Duration::from_millis(10));
+    /// Stops every target, lets their connections drain (bounded by
+    /// [`DRAIN_BUDGET`]), flushes every bdev, and stops the reactors.
+    /// Returns how each target ended (empty if already shut down).
+    pub fn shutdown(&mut self) -> Vec<Stopped> {
+        if self.runtime.is_none() {
+            return Vec::new();
         }
+        let stopped = targets::stop_all(&self.targets, DRAIN_BUDGET);
+        self.flush_all();
+        if let Some(mut rt) = self.runtime.take() {
+            rt.stop();
+        }
+        stopped
+    }
+
+    /// Flushes every bdev that takes a flush (durability of all
+    /// acknowledged writes at exit).
+    fn flush_all(&self) {
         for e in self.registry.list() {
             let name = e.info().name.clone();
             if let Ok(desc) = self.registry.open(&name, true, |_| {}) {
@@ -82,9 +106,6 @@ impl App {
                     tracing::warn!("flushing {name} at exit: {e}");
                 }
             }
-        }
-        if let Some(mut rt) = self.runtime.take() {
-            rt.stop();
         }
     }
 }

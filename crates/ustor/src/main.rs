@@ -7,6 +7,7 @@ mod control;
 mod methods;
 mod rpc_cmd;
 mod serve;
+mod targets;
 
 use clap::{Parser, Subcommand};
 

@@ -240,7 +240,14 @@ pub fn run(a: ServeArgs) -> i32 {
         std::process::exit(130);
     });
     server.shutdown();
-    app.shutdown();
+    for t in app.shutdown() {
+        let how = if t.drained {
+            "drained"
+        } else {
+            "still busy at the deadline"
+        };
+        println!("ustor: target {} stopped ({how})", t.name);
+    }
     println!("ustor: stopped cleanly");
     0
 }
