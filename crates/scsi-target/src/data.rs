@@ -144,8 +144,10 @@ impl<'a> IovecData<'a> {
         }
     }
 
-    /// Copies between `buf` and the iovec bytes from `offset`.
-    fn copy(&self, offset: u32, buf: *mut u8, len: usize, to_iov: bool) -> usize {
+    /// Calls `f(iovec byte pointer, position in the caller's buffer, n)`
+    /// for the iovec bytes from `offset` on, `len` bytes at most; returns
+    /// how many there were.
+    fn walk(&self, offset: u32, len: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> usize {
         let (mut skip, mut done) = (offset as usize, 0);
         for v in self.iov {
             if done == len {
@@ -157,15 +159,8 @@ impl<'a> IovecData<'a> {
             }
             let n = (v.iov_len - skip).min(len - done);
             // SAFETY: `new`'s contract makes the iovec valid for iov_len
-            // bytes; skip + n <= iov_len and done + n <= len (buf's length).
-            unsafe {
-                let at = (v.iov_base as *mut u8).add(skip);
-                if to_iov {
-                    std::ptr::copy_nonoverlapping(buf.add(done), at, n);
-                } else {
-                    std::ptr::copy_nonoverlapping(at, buf.add(done), n);
-                }
-            }
+            // bytes, and skip + n <= iov_len.
+            f(unsafe { (v.iov_base as *mut u8).add(skip) }, done, n);
             done += n;
             skip = 0;
         }
@@ -183,12 +178,21 @@ impl DataPath for IovecData<'_> {
     }
 
     async fn data_out(&mut self, offset: u32, dst: &mut [u8]) -> Result<usize, XferError> {
-        Ok(self.copy(offset, dst.as_mut_ptr(), dst.len(), false))
+        let len = dst.len();
+        Ok(self.walk(offset, len, |p, at, n| {
+            // SAFETY: `p` is valid for n bytes (see `walk`); at + n <= len.
+            let s = unsafe { std::slice::from_raw_parts(p, n) };
+            dst[at..at + n].copy_from_slice(s);
+        }))
     }
 
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {
-        // The source is only read (`to_iov`), so the cast never writes it.
-        Ok(self.copy(offset, src.as_ptr() as *mut u8, src.len(), true))
+        Ok(self.walk(offset, src.len(), |p, at, n| {
+            // SAFETY: `p` is valid for n bytes (see `walk`) and not aliased
+            // by `src` (the caller's own buffer).
+            let d = unsafe { std::slice::from_raw_parts_mut(p, n) };
+            d.copy_from_slice(&src[at..at + n]);
+        }))
     }
 }
 
