@@ -149,19 +149,15 @@ fn keepalive_pings_and_detects_a_stopped_target() {
     // Idle: pings go out every 200 ms of silence and are answered. Wait
     // for two answered pings rather than a fixed time: on a loaded machine
     // tgtd's answers can lag (the CI once saw one ping in 800 ms).
-    let t_idle = Instant::now();
-    let st = loop {
+    let st = testkit::try_wait_for(Duration::from_secs(10), || {
         let st = rig.info(host)["stats"].clone();
         let answered = st["pings_answered"].as_u64().unwrap();
-        if st["pings_sent"].as_u64().unwrap() >= 2 && answered >= 2 {
-            break st;
-        }
-        assert!(
-            t_idle.elapsed() < Duration::from_secs(10),
-            "idle keepalive did not ping twice in 10 s: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        (st["pings_sent"].as_u64().unwrap() >= 2 && answered >= 2).then_some(st)
+    });
+    let st = st.unwrap_or_else(|| {
+        let st = &rig.info(host)["stats"];
+        panic!("idle keepalive did not ping twice in 10 s: {st}")
+    });
     assert_eq!(st["keepalive_timeouts"].as_u64().unwrap(), 0, "{st}");
     // The target stops answering: the unanswered ping fails the connection.
     let pid = rig.tgtd_pid();
@@ -189,6 +185,8 @@ fn keepalive_pings_and_detects_a_stopped_target() {
             ok = true;
             break;
         }
+        // Paced, not a guess: each attempt is an I/O against a session that
+        // is still recovering.
         std::thread::sleep(Duration::from_millis(200));
     }
     let info = rig.info(host);

@@ -268,11 +268,21 @@ fn r2ts_coalesce_while_writes_await_data() {
     // N more, one at a time: each finds the first N awaiting data, so the
     // target holds their R2Ts until the group has N of them.
     let mid = totals(&e.target.nvmf_get_stats().unwrap());
+    let commands = || -> u64 {
+        let st = e.target.nvmf_get_stats().unwrap();
+        st.poll_groups.iter().map(|g| g.commands).sum()
+    };
     let mut second = Vec::new();
     for i in 0..N as u64 {
         let slba = 2000 + 8 * i;
+        let before = commands();
         second.push((send_capsule(&mut q, slba), slba));
-        std::thread::sleep(std::time::Duration::from_millis(2));
+        // One at a time: the target has taken this capsule before the next.
+        testkit::wait_until(
+            "the target to take the capsule",
+            std::time::Duration::from_secs(5),
+            || commands() > before,
+        );
     }
     for (cid, slba) in second {
         let (c, ttag) = recv_r2t(&mut q);

@@ -178,7 +178,17 @@ fn io_during_an_outage_completes_after_reconnect() {
     e.target
         .nvmf_subsystem_remove_listener(&listener(&e))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    testkit::wait_until(
+        "the initiator to see its controller dropped",
+        Duration::from_secs(10),
+        || {
+            let c = get_controllers(&GetControllersParams {
+                name: Some("NvmeRecon".into()),
+            })
+            .unwrap();
+            c[0].ctrlrs[0].state != "enabled"
+        },
+    );
     // I/O issued during the outage: it must wait, then complete.
     let t0 = Instant::now();
     let (reg, name) = (e.registry.clone(), names[0].clone());
@@ -190,6 +200,7 @@ fn io_during_an_outage_completes_after_reconnect() {
         };
         e2.round(&name, 8, 8192, 77)
     });
+    // The workload: a 1.5 s outage in which the I/O must not complete.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(!io.is_finished(), "I/O completed while the target was away");
     e.target.nvmf_subsystem_add_listener(&listener(&e)).unwrap();

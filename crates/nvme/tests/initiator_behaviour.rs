@@ -132,6 +132,7 @@ fn keep_alive_holds_an_idle_controller_past_kato() {
     p.reconnect_delay_sec = 1;
     let bdev = attach_controller(&e.rt.handle(), &e.registry, &p).unwrap()[0].clone();
     round_on(&e, 1, &bdev, 0, 4, 11).unwrap();
+    // The workload: an idle stretch of more than 3x KATO.
     std::thread::sleep(Duration::from_millis(3200));
     let st = e.target.nvmf_get_stats().unwrap();
     assert_eq!(

@@ -95,6 +95,7 @@ fn reactor_beyond_granted_queues_gets_an_error_not_a_reset_loop() {
         r.is_err(),
         "second reactor got a queue the controller lacks"
     );
+    // A window in which a (wrong) reset would show, not a wait.
     std::thread::sleep(Duration::from_millis(300));
     // The controller was not reset and its queue still works.
     assert_eq!(resets("NvmeFewQ"), ("enabled".into(), 0));

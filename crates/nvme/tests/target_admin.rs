@@ -9,7 +9,7 @@
 mod common;
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use ustor_nvme::nvmf::{
@@ -67,12 +67,9 @@ fn assert_zero(d: &[u8], what: &str) {
 }
 
 /// Polls until `f` holds (bounded).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(5), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+#[track_caller]
+fn eventually(what: &str, f: impl FnMut() -> bool) {
+    testkit::wait_until(what, Duration::from_secs(5), f);
 }
 
 fn identify(c: &mut Client, cns: u8, nsid: u32, csi: u8) -> (Vec<u8>, Cqe) {
@@ -337,7 +334,7 @@ fn features_keep_alive_timer() {
         assert_eq!(get_feature(&mut a, FID_KATO).dw0, want, "set {set}");
     }
     // KATO 0 disables the timer: still alive after more than a second
-    // without commands.
+    // without commands (the sleep is that idle second, not a wait).
     std::thread::sleep(Duration::from_millis(1300));
     assert_eq!(keep_alive(&mut a), Status::SUCCESS);
 }
@@ -1160,6 +1157,7 @@ fn send_in_pieces(c: &mut Client, bytes: &[u8], sizes: &[usize], pause: Duration
         at += n;
         i += 1;
         if !pause.is_zero() {
+            // Part of the workload: the gap makes each piece its own segment.
             std::thread::sleep(pause);
         }
     }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use ustor_nvme::wire::*;
@@ -31,12 +31,16 @@ fn abort_sqe(sqid: u16, cid: u16) -> Sqe {
 }
 
 /// Polls until `f` holds (bounded).
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(5), "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+#[track_caller]
+fn eventually(what: &str, f: impl FnMut() -> bool) {
+    testkit::wait_until(what, Duration::from_secs(5), f);
+}
+
+/// Capsules the target has taken off its sockets (counted before one waits
+/// for a command slot).
+fn commands(e: &Env) -> u64 {
+    let st = e.target.nvmf_get_stats().unwrap();
+    st.poll_groups.iter().map(|g| g.commands).sum()
 }
 
 #[test]
@@ -103,9 +107,12 @@ fn abort_reaches_a_command_waiting_for_a_slot() {
     }
     let mut r = Client::rw_sqe(io::READ, 0, 1, false);
     r.set_cid(999).set_sgl_psdt();
+    let before = commands(&e);
     q.send_cmd(&r, &[]);
     // The receiver parks the read until a slot frees; abort it there.
-    std::thread::sleep(Duration::from_millis(50));
+    eventually("the read to wait for a command slot", || {
+        commands(&e) > before
+    });
     let (_, c) = a.cmd(&mut abort_sqe(1, 999), &[]);
     assert_eq!(c.dw0 & 1, 0, "a command waiting for a slot must be aborted");
     // Abort one write: its slot goes to the read, which ends aborted.

@@ -114,10 +114,13 @@ fn half_sent_request_then_disconnect_is_cleaned_up() {
     }
     // Disconnect while a reply is still owed.
     let mut c = Raw::connect(&path);
-    c.send_json(&req("slow", json!({"ms": 100}), json!(1)));
+    let orphan = json!("half_sent_request_then_disconnect");
+    c.send_json(&req("slow", json!({"ms": 100, "value": orphan}), json!(1)));
     drop(c);
     eventually("connections closed", || srv.stats().connections == 0);
-    std::thread::sleep(Duration::from_millis(200));
+    eventually("the reply owed to the gone client", || {
+        slow_replied(&orphan)
+    });
     let mut c = Raw::connect(&path);
     assert_eq!(
         c.call(req("echo", json!([1]), json!(1)))["result"],
@@ -154,6 +157,7 @@ fn garbage_and_silent_clients_do_not_block_others() {
         use std::io::Write;
         match flood.s.write(one.as_bytes()) {
             Ok(n) => sent += n,
+            // The flood's own pacing while the socket is full.
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
         trickle.send(b"xxxxxxxx");

@@ -9,7 +9,7 @@ use common::*;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn python_with_spdk() -> Result<(), String> {
     let out = Command::new("python3")
@@ -68,13 +68,9 @@ fn spdk_python_client_interop() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("python client timed out");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if testkit::try_wait_for(Duration::from_secs(60), || child.try_wait().unwrap()).is_none() {
+        let _ = child.kill();
+        panic!("python client timed out");
     }
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

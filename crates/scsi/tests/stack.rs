@@ -125,10 +125,10 @@ fn luns_come_and_go_with_unit_attentions() {
     // HAS CHANGED, which is retried and triggers a rescan.
     r.emul.add_lun(disk(5));
     write(&r, "d0", 8, 8, 3).unwrap();
-    let found = (0..200).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        r.stack.find_device("0:0:0:5").is_ok()
-    });
+    let found = testkit::try_wait_for(std::time::Duration::from_secs(10), || {
+        r.stack.find_device("0:0:0:5").ok()
+    })
+    .is_some();
     assert!(found, "LUN 5 was not discovered: {:#?}", r.stack.devices());
     assert_eq!(r.stack.find_device("0:0:0:5").unwrap().name, "sdb");
     assert!(stats(&r).luns_changed >= 1);

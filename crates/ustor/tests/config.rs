@@ -165,6 +165,7 @@ fn wait_init_answers_only_after_the_startup_config_is_applied() {
             .call("framework_wait_init", Value::Null);
         (r, t0.elapsed())
     });
+    // A window in which an early answer would show, not a wait.
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(
         !waiter.is_finished(),

@@ -9,7 +9,7 @@ mod common;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -179,18 +179,8 @@ fn stat(s: &Server, k: &str) -> u64 {
 
 /// Polls `nbd_get_stats` until `cond` holds (connection teardown is async).
 fn wait_stats(s: &Server, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let t0 = Instant::now();
-    loop {
-        let st = stats(s);
-        if cond(&st) {
-            return st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "timed out waiting for {what}: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::try_wait_for(Duration::from_secs(5), || Some(stats(s)).filter(&cond))
+        .unwrap_or_else(|| panic!("timed out waiting for {what}: {}", stats(s)))
 }
 
 fn export_names(s: &Server) -> Vec<String> {
@@ -400,19 +390,16 @@ fn export_delete_hides_export_and_releases_bdev() {
     assert!(e.message.contains("claimed"), "{e:?}");
     held.disconnect();
     // Released once that connection is gone.
-    let t0 = Instant::now();
-    loop {
-        match s.call("bdev_malloc_delete", json!({"name": "Malloc0"})) {
-            Ok(v) => {
-                assert_eq!(v, json!(true));
-                break;
-            }
-            Err(e) => assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "bdev never released after export delete: {e:?}"
-            ),
+    let deleted = testkit::try_wait_for(Duration::from_secs(5), || {
+        s.call("bdev_malloc_delete", json!({"name": "Malloc0"}))
+            .ok()
+    });
+    match deleted {
+        Some(v) => assert_eq!(v, json!(true)),
+        None => {
+            let e = s.call("bdev_malloc_delete", json!({"name": "Malloc0"}));
+            panic!("bdev never released after export delete: {e:?}")
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
     let bdevs = s.ok("bdev_get_bdevs", Value::Null);
     let names: Vec<&str> = bdevs

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -123,17 +123,13 @@ fn listener_attach_detach_and_stats_over_rpc() {
         json!({"nqn": NQN, "listen_address": listen(&port)}),
     );
     assert!(connects(&port));
-    let t0 = Instant::now();
-    loop {
+    let back = testkit::try_wait_for(Duration::from_secs(15), || {
         let c = controller(&i, "R");
-        if c["ctrlrs"][0]["state"] == "enabled" && c["ctrlrs"][0]["resets"].as_u64() >= Some(1) {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(15),
-            "controller did not come back: {c}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        (c["ctrlrs"][0]["state"] == "enabled" && c["ctrlrs"][0]["resets"].as_u64() >= Some(1))
+            .then_some(())
+    });
+    if back.is_none() {
+        panic!("controller did not come back: {}", controller(&i, "R"));
     }
 
     // Detach over RPC: the controller and its bdev go, the target's queues
@@ -145,10 +141,8 @@ fn listener_attach_detach_and_stats_over_rpc() {
         .call("bdev_nvme_detach_controller", json!({"name": "R"}))
         .expect_err("second detach");
     assert!(format!("{e:?}").contains('R'), "{e:?}");
-    let t0 = Instant::now();
-    loop {
-        let st = t.ok("nvmf_get_stats", Value::Null);
-        let open: u64 = st["poll_groups"]
+    let open = |st: &Value| -> u64 {
+        st["poll_groups"]
             .as_array()
             .unwrap()
             .iter()
@@ -156,15 +150,13 @@ fn listener_attach_detach_and_stats_over_rpc() {
                 g["current_io_qpairs"].as_u64().unwrap()
                     + g["current_admin_qpairs"].as_u64().unwrap()
             })
-            .sum();
-        if open == 0 {
-            break;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "queues left open: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+            .sum()
+    };
+    let closed = testkit::try_wait_for(Duration::from_secs(5), || {
+        (open(&t.ok("nvmf_get_stats", Value::Null)) == 0).then_some(())
+    });
+    if closed.is_none() {
+        panic!("queues left open: {}", t.ok("nvmf_get_stats", Value::Null));
     }
     let (code, log) = i.stop();
     assert_eq!(code, 0, "{log}");

@@ -53,6 +53,7 @@ fn rpc_answers_during_heavy_io() {
         worst = worst.max(c0.elapsed());
         ops_seen.push(st["bdevs"][0]["num_write_ops"].as_u64().unwrap());
         calls += 1;
+        // Pacing of the workload (an RPC round every 20 ms), not a wait.
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = fio.wait_with_output().unwrap();
@@ -93,10 +94,22 @@ fn cpu_ticks(pid: u32) -> u64 {
 fn idle_server_uses_almost_no_cpu() {
     let dir = tmpdir("idle");
     let s = Server::start(&dir, &exported_config(16), &["--cores", "0,1"]);
-    std::thread::sleep(Duration::from_millis(300));
+    // Measure from a settled server: init and config done, and both reactors
+    // idle enough to have gone to sleep.
+    s.ok("framework_wait_init", Value::Null);
+    testkit::wait_until(
+        "both reactors to go to sleep",
+        Duration::from_secs(10),
+        || {
+            let r = s.ok("framework_get_reactors", Value::Null);
+            let rs = r["reactors"].as_array().cloned().unwrap_or_default();
+            rs.len() == 2 && rs.iter().all(|x| x["sleeps"].as_u64() > Some(0))
+        },
+    );
     let pid = s.child.id();
     let c0 = cpu_ticks(pid);
     let t0 = Instant::now();
+    // The workload: 3 s of idling whose CPU time is measured.
     std::thread::sleep(Duration::from_secs(3));
     let used = cpu_ticks(pid) - c0;
     // SAFETY: sysconf has no side effects.

@@ -15,6 +15,15 @@ use ustor_rpc::{
     RPC_RUNTIME, RPC_STARTUP,
 };
 
+/// Values `slow` has replied with (its reply sent to the server, whether or
+/// not the client is still there), for tests that wait for that.
+static SLOW_REPLIED: std::sync::Mutex<Vec<Value>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether `slow` has sent its reply carrying `value`.
+pub fn slow_replied(value: &Value) -> bool {
+    SLOW_REPLIED.lock().unwrap().contains(value)
+}
+
 /// A socket path unique to this process and call.
 pub fn sock_path(tag: &str) -> PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -56,8 +65,10 @@ pub fn test_table() -> MethodTable {
         match parse_params::<Slow>(p) {
             Ok(s) => {
                 std::thread::spawn(move || {
+                    // The method's work: answering late is what it tests.
                     std::thread::sleep(Duration::from_millis(s.ms));
-                    reply.ok(s.value);
+                    reply.ok(s.value.clone());
+                    SLOW_REPLIED.lock().unwrap().push(s.value);
                 });
             }
             Err(e) => reply.err(e),
@@ -165,10 +176,7 @@ pub fn req(method: &str, params: Value, id: Value) -> Value {
 }
 
 /// Wait until `f` holds (for counters that settle asynchronously).
+#[track_caller]
 pub fn eventually(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::wait_until(what, Duration::from_secs(10), f);
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use ustor_rpc::RpcClient;
@@ -45,21 +45,17 @@ impl Server {
             .spawn()
             .expect("spawn ustor serve");
         let mut s = Server { child, sock };
-        let t0 = Instant::now();
-        loop {
+        let up = testkit::try_wait_for(Duration::from_secs(20), || {
             if RpcClient::connect(&s.sock).is_ok() {
-                break;
+                return Some(());
             }
             if let Ok(Some(st)) = s.child.try_wait() {
                 let out = s.child.wait_with_output_lossy();
                 panic!("ustor serve exited early ({st}): {out}");
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "ustor serve did not open its RPC socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            None
+        });
+        assert!(up.is_some(), "ustor serve did not open its RPC socket");
         // Config is applied before the banner; wait until a method answers.
         let _ = s.call("spdk_get_version", Value::Null);
         s
