@@ -104,12 +104,13 @@ async fn read<D: DataPath>(
         let (r, b) = lu.ch.read(lba + done, n, buf).await;
         buf = b;
         if let Err(e) = r {
-            return Ok(Outcome::from_bdev(e, false, exp - sent));
+            return Ok(Outcome::from_bdev(e, false, exp.saturating_sub(sent)));
         }
-        sent += data.data_in((done * bs) as u32, &buf).await? as u32;
+        let n_in = data.data_in((done * bs) as u32, &buf).await?;
+        sent = sent.saturating_add(n_in.min(buf.len()) as u32);
         done += n;
     }
-    Ok(Outcome::good(exp - sent))
+    Ok(Outcome::good(exp.saturating_sub(sent)))
 }
 
 async fn write<D: DataPath>(
@@ -131,12 +132,12 @@ async fn write<D: DataPath>(
         buf.set_len((n * bs) as usize);
         let off = (done * bs) as u32;
         if data.data_out(off, &mut buf).await? != buf.len() {
-            return Ok(Outcome::invalid_field(exp - off));
+            return Ok(Outcome::invalid_field(exp.saturating_sub(off)));
         }
         let (r, b) = lu.ch.write_flagged(lba + done, n, buf, flags).await;
         buf = b;
         if let Err(e) = r {
-            return Ok(Outcome::from_bdev(e, true, exp - off));
+            return Ok(Outcome::from_bdev(e, true, exp.saturating_sub(off)));
         }
         done += n;
     }
