@@ -84,10 +84,28 @@ pub struct BenchConfig {
     pub seed: u64,
 }
 
+/// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("{0}")]
-    Setup(String),
+    #[error("no bdev named `{0}`")]
+    NoBdev(String),
+    #[error("--bs {bs} is not a multiple of the block size {block_size}")]
+    BadIoSize { bs: usize, block_size: usize },
+    #[error("--qd must be > 0")]
+    ZeroQueueDepth,
+    #[error("bdev `{bdev}` has {units} units of {bs} bytes: too small for {slots} queue slots")]
+    TooSmall {
+        bdev: String,
+        units: u64,
+        bs: usize,
+        slots: u64,
+    },
+    /// Opening the bdev failed (errno kept in the control error).
+    #[error(transparent)]
+    Open(#[from] ustor_bdev::ControlError),
+    /// A reactor could not be reached.
+    #[error(transparent)]
+    Runtime(#[from] ustor_runtime::SendError),
     #[error("reactors stopped during the run")]
     Stopped,
 }
@@ -267,27 +285,29 @@ pub fn run(
 ) -> Result<Report, BenchError> {
     let entry = reg
         .get(&cfg.bdev)
-        .ok_or_else(|| BenchError::Setup(format!("no bdev named `{}`", cfg.bdev)))?;
+        .ok_or_else(|| BenchError::NoBdev(cfg.bdev.clone()))?;
     let info = entry.info().clone();
     let bs = info.block_size as usize;
     if cfg.bs == 0 || !cfg.bs.is_multiple_of(bs) {
-        return Err(BenchError::Setup(format!(
-            "--bs {} is not a multiple of the block size {bs}",
-            cfg.bs
-        )));
+        return Err(BenchError::BadIoSize {
+            bs: cfg.bs,
+            block_size: bs,
+        });
     }
     if cfg.qd == 0 {
-        return Err(BenchError::Setup("--qd must be > 0".into()));
+        return Err(BenchError::ZeroQueueDepth);
     }
     let bpi = (cfg.bs / bs) as u64;
     let total_units = info.num_blocks / bpi;
     let cores = rt.num_reactors();
     let slots = (cores * cfg.qd) as u64;
     if total_units == 0 || (cfg.verify && total_units < slots) {
-        return Err(BenchError::Setup(format!(
-            "bdev `{}` has {total_units} units of {} bytes: too small for {slots} queue slots",
-            cfg.bdev, cfg.bs
-        )));
+        return Err(BenchError::TooSmall {
+            bdev: cfg.bdev.clone(),
+            units: total_units,
+            bs: cfg.bs,
+            slots,
+        });
     }
     let writable = cfg.pattern.writes() || cfg.verify;
     let hz = ticks::hz();
@@ -297,9 +317,7 @@ pub fn run(
     let (ready_tx, ready_rx) = mpsc::channel::<usize>();
     let mut starts = Vec::new();
     for r in 0..cores {
-        let desc = reg
-            .open(&cfg.bdev, writable, |_| {})
-            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let desc = reg.open(&cfg.bdev, writable, |_| {})?;
         let cfg2 = cfg.clone();
         let (tx, ready_tx) = (tx.clone(), ready_tx.clone());
         let (stx, srx) = mpsc::channel::<(u64, u64)>();
@@ -380,8 +398,7 @@ pub fn run(
             let res = CoreResult::from_state(r, &core, hz, cfg2.bs);
             CORE.with(|c| *c.borrow_mut() = None);
             let _ = tx.send(res);
-        })
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+        })?;
     }
     drop(tx);
     drop(ready_tx);
