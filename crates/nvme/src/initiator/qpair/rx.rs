@@ -69,11 +69,6 @@ pub(super) async fn receiver(qp: &Rc<Qp>, fd: RawFd, st: &mut Stage) -> Result<(
                 f,
                 hdr: CH_LEN,
             })?;
-            let fatal = |(f, what)| RecvErr::Fatal {
-                what,
-                f,
-                hdr: l.hlen,
-            };
             let hdr_need = if l.ty == PduType::C2HTermReq {
                 l.plen
             } else {
@@ -84,50 +79,69 @@ pub(super) async fn receiver(qp: &Rc<Qp>, fd: RawFd, st: &mut Stage) -> Result<(
             }
             st.fill(fd, hdr_need, || max().max(hdr_need), RecvMode::Direct)
                 .await?;
-            let hdr = &st.staged()[..l.header_total];
-            if dg.header && !header_digest_ok(hdr, l.hlen) {
-                let f = Fatal {
-                    fes: fes::HEADER_DIGEST_ERROR,
-                    fei: 0,
-                };
-                return Err(fatal((f, "header digest")));
-            }
-            exact = false;
-            // Each handler checks the header before it is consumed.
-            match l.ty {
-                PduType::CapsuleResp => {
-                    let cqe = Cqe::decode(&hdr[CH_LEN..]).ok_or(RecvErr::Proto("short CQE"))?;
-                    on_response(qp, cqe).map_err(fatal)?;
-                    st.consume(l.header_total);
-                }
-                PduType::R2T => {
-                    let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short R2T"))?;
-                    on_r2t(qp, h).map_err(fatal)?;
-                    st.consume(l.header_total);
-                }
-                PduType::C2HData => {
-                    let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short C2HData"))?;
-                    c2h_check(qp, &l, &h).map_err(fatal)?;
-                    st.consume(l.header_total);
-                    c2h_data(qp, fd, st, &l, h, hdr_exact).await?;
-                    exact = true;
-                }
-                PduType::C2HTermReq => {
-                    let t = TermReq::decode(hdr).map(|t| t.fes).unwrap_or(0);
-                    return Err(RecvErr::Term(t));
-                }
-                // check_header admits nothing else from a controller.
-                _ => {
-                    let f = Fatal {
-                        fes: fes::PDU_SEQUENCE_ERROR,
-                        fei: ch_off::PDU_TYPE,
-                    };
-                    return Err(fatal((f, "unexpected PDU")));
-                }
-            }
+            exact = on_pdu(qp, fd, st, &l, hdr_exact).await?;
         }
         ustor_runtime::yield_now().await;
     }
+}
+
+/// Handles one PDU whose header (`l`) is staged: checks its digest, then
+/// consumes it and acts on it. True for C2HData (the next headers are then
+/// read exactly).
+async fn on_pdu(
+    qp: &Rc<Qp>,
+    fd: RawFd,
+    st: &mut Stage,
+    l: &PduLayout,
+    hdr_exact: usize,
+) -> Result<bool, RecvErr> {
+    let dg = qp.dg.get();
+    let fatal = |(f, what)| RecvErr::Fatal {
+        what,
+        f,
+        hdr: l.hlen,
+    };
+    let hdr = &st.staged()[..l.header_total];
+    if dg.header && !header_digest_ok(hdr, l.hlen) {
+        let f = Fatal {
+            fes: fes::HEADER_DIGEST_ERROR,
+            fei: 0,
+        };
+        return Err(fatal((f, "header digest")));
+    }
+    // Each handler checks the header before it is consumed.
+    match l.ty {
+        PduType::CapsuleResp => {
+            let cqe = Cqe::decode(&hdr[CH_LEN..]).ok_or(RecvErr::Proto("short CQE"))?;
+            on_response(qp, cqe).map_err(fatal)?;
+            st.consume(l.header_total);
+        }
+        PduType::R2T => {
+            let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short R2T"))?;
+            on_r2t(qp, h).map_err(fatal)?;
+            st.consume(l.header_total);
+        }
+        PduType::C2HData => {
+            let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short C2HData"))?;
+            c2h_check(qp, l, &h).map_err(fatal)?;
+            st.consume(l.header_total);
+            c2h_data(qp, fd, st, l, h, hdr_exact).await?;
+            return Ok(true);
+        }
+        PduType::C2HTermReq => {
+            let t = TermReq::decode(hdr).map(|t| t.fes).unwrap_or(0);
+            return Err(RecvErr::Term(t));
+        }
+        // check_header admits nothing else from a controller.
+        _ => {
+            let f = Fatal {
+                fes: fes::PDU_SEQUENCE_ERROR,
+                fei: ch_off::PDU_TYPE,
+            };
+            return Err(fatal((f, "unexpected PDU")));
+        }
+    }
+    Ok(false)
 }
 
 fn status_err(s: Status) -> BdevError {

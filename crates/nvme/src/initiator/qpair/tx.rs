@@ -12,162 +12,174 @@ use ustor_bdev::IoType;
 use ustor_net::recv::{self, Seg};
 use ustor_net::PduGroup;
 
-use super::{bump, wake, Out, Qp, QpState, MAX_PDU_SEGS, MAX_RECV_IOV};
+use super::{bump, wake, Cmd, Out, Qp, QpState, MAX_PDU_SEGS, MAX_RECV_IOV};
 use crate::wire::*;
 
 /// Encodes queued commands and data into `g`; false when the front item
 /// did not fit (the group is full).
 fn encode(qp: &Qp, g: &mut PduGroup, cmds_in_group: &mut u32) -> bool {
-    let dg = qp.dg.get();
     let Some(item) = qp.out.borrow().front().copied() else {
         return true;
     };
-    let cpda = qp.cpda.get();
     let cmds = qp.cmds.borrow();
-    let mut h = [0u8; MAX_PADDED_HDR];
+    let cid = match item {
+        Out::Cmd(cid) | Out::H2C { cid, .. } => cid,
+    };
+    let c = &cmds[cid as usize];
+    if c.io.is_none() {
+        qp.out.borrow_mut().pop_front();
+        return true;
+    }
     match item {
-        Out::Cmd(cid) => {
-            let c = &cmds[cid as usize];
-            if c.io.is_none() {
-                qp.out.borrow_mut().pop_front();
-                return true;
-            }
-            let mut sqe = Sqe::default();
-            sqe.set_cid(cid).set_nsid(qp.nsid).set_sgl_psdt();
-            let mut icd = 0usize;
-            match c.kind {
-                IoType::Read => {
-                    sqe.set_opcode(io::READ)
-                        .set_slba(c.slba)
-                        .set_cdw(12, c.nlb - 1);
-                    sqe.set_sgl(SglDesc::transport(c.len));
-                }
-                IoType::Write => {
-                    sqe.set_opcode(io::WRITE)
-                        .set_slba(c.slba)
-                        .set_cdw(12, c.nlb - 1);
-                    if c.in_capsule {
-                        sqe.set_sgl(SglDesc::in_capsule(c.len));
-                        icd = c.len as usize;
-                    } else {
-                        sqe.set_sgl(SglDesc::transport(c.len));
-                    }
-                }
-                IoType::Flush => {
-                    sqe.set_opcode(io::FLUSH);
-                }
-                IoType::WriteZeroes => {
-                    sqe.set_opcode(io::WRITE_ZEROES)
-                        .set_slba(c.slba)
-                        .set_cdw(12, c.nlb - 1);
-                }
-                IoType::Unmap => {
-                    // DSM, one range, attribute deallocate.
-                    sqe.set_opcode(io::DSM).set_cdw(10, 0).set_cdw(11, 1 << 2);
-                    sqe.set_sgl(SglDesc::in_capsule(16));
-                    icd = 16;
-                }
-                IoType::Reset => unreachable!("completed at submit"),
-            }
-            let nseg = if c.kind == IoType::Write && icd > 0 {
-                c.iovcnt
-            } else {
-                0
-            };
-            // Header with digest, padding up to the data (CPDA 0: none).
-            let hl = if icd > 0 {
-                data_pdo(CAPSULE_CMD_HLEN + DIGEST_LEN, cpda)
-            } else {
-                CAPSULE_CMD_HLEN + DIGEST_LEN
-            };
-            if !g.fits(hl + icd.min(16) + DIGEST_LEN, 3, nseg) {
+        Out::Cmd(_) => {
+            if !encode_cmd(qp, g, c, cid) {
                 return false;
             }
-            let n = encode_capsule_cmd_pda(&mut h, &sqe, dg, icd, cpda);
-            g.push_bytes(&h[..n]);
-            if c.kind == IoType::Unmap {
-                g.push_bytes(&c.dsm);
-                if dg.data {
-                    g.push_bytes(&crc(&c.dsm).to_le_bytes());
-                }
-            } else if icd > 0 {
-                let mut d = 0u32;
-                // SAFETY: the command holds its I/O, whose buffers stay
-                // valid and unchanged until it completes — after the
-                // controller answered, so after this group was sent.
-                for (i, v) in unsafe { c.iovecs() }.iter().enumerate() {
-                    unsafe { g.push_raw(v.iov_base as *const u8, v.iov_len) };
-                    if dg.data {
-                        let b = unsafe {
-                            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-                        };
-                        d = if i == 0 { crc(b) } else { crc_append(d, b) };
-                    }
-                }
-                if dg.data {
-                    g.push_bytes(&d.to_le_bytes());
-                }
-            }
-            g.end_pdu(false);
             *cmds_in_group += 1;
             qp.out.borrow_mut().pop_front();
             true
         }
-        Out::H2C {
-            cid,
-            ttag,
-            off,
-            end,
-        } => {
-            let c = &cmds[cid as usize];
-            if c.io.is_none() {
-                qp.out.borrow_mut().pop_front();
-                return true;
+        Out::H2C { ttag, off, end, .. } => encode_h2c(qp, g, c, cid, ttag, off, end),
+    }
+}
+
+/// The command's SQE, and how many bytes of data go in its capsule.
+#[inline]
+fn build_sqe(qp: &Qp, c: &Cmd, cid: u16) -> (Sqe, usize) {
+    let mut sqe = Sqe::default();
+    sqe.set_cid(cid).set_nsid(qp.nsid).set_sgl_psdt();
+    let mut icd = 0usize;
+    match c.kind {
+        IoType::Read => {
+            sqe.set_opcode(io::READ)
+                .set_slba(c.slba)
+                .set_cdw(12, c.nlb - 1);
+            sqe.set_sgl(SglDesc::transport(c.len));
+        }
+        IoType::Write => {
+            sqe.set_opcode(io::WRITE)
+                .set_slba(c.slba)
+                .set_cdw(12, c.nlb - 1);
+            if c.in_capsule {
+                sqe.set_sgl(SglDesc::in_capsule(c.len));
+                icd = c.len as usize;
+            } else {
+                sqe.set_sgl(SglDesc::transport(c.len));
             }
-            let chunk = (end - off).min(qp.maxh2c.get());
-            let mut segs = [Seg {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-            }; MAX_RECV_IOV];
-            // SAFETY: the command holds its I/O.
-            let k = unsafe { c.segs(off as usize, chunk as usize, &mut segs) }.min(MAX_PDU_SEGS);
-            let chunk: usize = segs[..k].iter().map(|s| s.len).sum();
-            if !g.fits(data_pdo(DATA_HLEN + DIGEST_LEN, cpda) + DIGEST_LEN, 2, k) {
-                return false;
-            }
-            let last = off as usize + chunk == end as usize;
-            let dh = DataHdr {
-                cccid: cid,
-                ttag,
-                offset: off,
-                length: chunk as u32,
-            };
-            let fl = if last { flags::LAST_PDU } else { 0 };
-            let n = encode_data_hdr_pda(&mut h, PduType::H2CData, &dh, fl, dg, cpda);
-            g.push_bytes(&h[..n]);
-            let mut d = 0u32;
-            for (i, s) in segs[..k].iter().enumerate() {
-                // SAFETY: as for in-capsule data above.
-                unsafe { g.push_raw(s.ptr, s.len) };
-                if dg.data {
-                    let b = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
-                    d = if i == 0 { crc(b) } else { crc_append(d, b) };
-                }
-            }
+        }
+        IoType::Flush => {
+            sqe.set_opcode(io::FLUSH);
+        }
+        IoType::WriteZeroes => {
+            sqe.set_opcode(io::WRITE_ZEROES)
+                .set_slba(c.slba)
+                .set_cdw(12, c.nlb - 1);
+        }
+        IoType::Unmap => {
+            // DSM, one range, attribute deallocate.
+            sqe.set_opcode(io::DSM).set_cdw(10, 0).set_cdw(11, 1 << 2);
+            sqe.set_sgl(SglDesc::in_capsule(16));
+            icd = 16;
+        }
+        IoType::Reset => unreachable!("completed at submit"),
+    }
+    (sqe, icd)
+}
+
+/// A command capsule (with its in-capsule data); false if it does not fit.
+#[inline]
+fn encode_cmd(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16) -> bool {
+    let dg = qp.dg.get();
+    let cpda = qp.cpda.get();
+    let (sqe, icd) = build_sqe(qp, c, cid);
+    let nseg = if c.kind == IoType::Write && icd > 0 {
+        c.iovcnt
+    } else {
+        0
+    };
+    // Header with digest, padding up to the data (CPDA 0: none).
+    let hl = if icd > 0 {
+        data_pdo(CAPSULE_CMD_HLEN + DIGEST_LEN, cpda)
+    } else {
+        CAPSULE_CMD_HLEN + DIGEST_LEN
+    };
+    if !g.fits(hl + icd.min(16) + DIGEST_LEN, 3, nseg) {
+        return false;
+    }
+    let mut h = [0u8; MAX_PADDED_HDR];
+    let n = encode_capsule_cmd_pda(&mut h, &sqe, dg, icd, cpda);
+    g.push_bytes(&h[..n]);
+    if c.kind == IoType::Unmap {
+        g.push_bytes(&c.dsm);
+        if dg.data {
+            g.push_bytes(&crc(&c.dsm).to_le_bytes());
+        }
+    } else if icd > 0 {
+        let mut d = 0u32;
+        // SAFETY: the command holds its I/O, whose buffers stay valid and
+        // unchanged until it completes — after the controller answered, so
+        // after this group was sent.
+        for (i, v) in unsafe { c.iovecs() }.iter().enumerate() {
+            unsafe { g.push_raw(v.iov_base as *const u8, v.iov_len) };
             if dg.data {
-                g.push_bytes(&d.to_le_bytes());
+                let b = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+                d = if i == 0 { crc(b) } else { crc_append(d, b) };
             }
-            // The controller waits for this data: do not hold it back.
-            g.end_pdu(true);
-            let mut out = qp.out.borrow_mut();
-            if last {
-                out.pop_front();
-            } else if let Some(Out::H2C { off: o, .. }) = out.front_mut() {
-                *o += chunk as u32;
-            }
-            true
+        }
+        if dg.data {
+            g.push_bytes(&d.to_le_bytes());
         }
     }
+    g.end_pdu(false);
+    true
+}
+
+/// One H2CData PDU of write data an R2T asked for ([off, end), at most
+/// MAXH2CDATA of it); false if it does not fit.
+#[inline]
+fn encode_h2c(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16, ttag: u16, off: u32, end: u32) -> bool {
+    let dg = qp.dg.get();
+    let cpda = qp.cpda.get();
+    let chunk = (end - off).min(qp.maxh2c.get());
+    let mut segs = [Seg::EMPTY; MAX_RECV_IOV];
+    // SAFETY: the command holds its I/O.
+    let k = unsafe { c.segs(off as usize, chunk as usize, &mut segs) }.min(MAX_PDU_SEGS);
+    let chunk: usize = segs[..k].iter().map(|s| s.len).sum();
+    if !g.fits(data_pdo(DATA_HLEN + DIGEST_LEN, cpda) + DIGEST_LEN, 2, k) {
+        return false;
+    }
+    let last = off as usize + chunk == end as usize;
+    let dh = DataHdr {
+        cccid: cid,
+        ttag,
+        offset: off,
+        length: chunk as u32,
+    };
+    let fl = if last { flags::LAST_PDU } else { 0 };
+    let mut h = [0u8; MAX_PADDED_HDR];
+    let n = encode_data_hdr_pda(&mut h, PduType::H2CData, &dh, fl, dg, cpda);
+    g.push_bytes(&h[..n]);
+    let mut d = 0u32;
+    for (i, s) in segs[..k].iter().enumerate() {
+        // SAFETY: as for in-capsule data (`encode_cmd`).
+        unsafe { g.push_raw(s.ptr, s.len) };
+        if dg.data {
+            let b = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
+            d = if i == 0 { crc(b) } else { crc_append(d, b) };
+        }
+    }
+    if dg.data {
+        g.push_bytes(&d.to_le_bytes());
+    }
+    // The controller waits for this data: do not hold it back.
+    g.end_pdu(true);
+    let mut out = qp.out.borrow_mut();
+    if last {
+        out.pop_front();
+    } else if let Some(Out::H2C { off: o, .. }) = out.front_mut() {
+        *o += chunk as u32;
+    }
+    true
 }
 
 /// Sends queued capsules and data through the coalescer.
