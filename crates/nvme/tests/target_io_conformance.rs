@@ -344,8 +344,9 @@ fn cached_ns(e: &Env, drop_unmap: bool) -> Arc<Trace> {
 /// metadata, if any, to non-volatile medium before indicating command
 /// completion." Likewise for Write Zeroes (3.2.8). Identify Controller
 /// reports a volatile write cache (VWC bit 0), so on a write-cached bdev a
-/// FUA write must reach the medium: the bdev layer has no FUA flag, so the
-/// target flushes the range before completing (Linux nvmet passes REQ_FUA /
+/// FUA write must reach the medium: the target passes FUA down as the bdev
+/// I/O flag, and on this write-cached bdev (no native FUA) the bdev layer
+/// flushes the range before completing (Linux nvmet passes REQ_FUA /
 /// IOCB_DSYNC down). Before the fix FUA was ignored and no flush was sent.
 #[test]
 fn fua_writes_are_flushed_before_completion() {

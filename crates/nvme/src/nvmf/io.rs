@@ -2,7 +2,7 @@
 //! Dataset Management (deallocate), Compare, mapped onto the namespace's
 //! bdev channel on this reactor. Bdev errors become NVMe statuses.
 
-use ustor_bdev::{BdevError, IoChannel, IoType};
+use ustor_bdev::{BdevError, IoChannel, IoFlags, IoType};
 use ustor_runtime::IoBuf;
 
 use crate::wire::{io, DataSgl, Sqe, Status};
@@ -94,11 +94,7 @@ pub(crate) async fn execute(
                 return IoDone::status(Status::DATA_SGL_LENGTH_INVALID);
             };
             if sqe.opcode() == io::WRITE {
-                let (r, _buf) = ch.write(slba, nlb, buf).await;
-                let r = match r {
-                    Ok(()) => fua(sqe, ch, slba, nlb).await,
-                    Err(e) => Err(e),
-                };
+                let (r, _buf) = ch.write_flagged(slba, nlb, buf, fua(sqe)).await;
                 return IoDone::status(r.map_or_else(|e| status_of(e, true), |_| Status::SUCCESS));
             }
             let mut disk = IoBuf::alloc(len).await;
@@ -119,10 +115,7 @@ pub(crate) async fn execute(
                 Ok(r) => r,
                 Err(s) => return IoDone::status(s),
             };
-            let r = match ch.write_zeroes(slba, nlb).await {
-                Ok(()) => fua(sqe, ch, slba, nlb).await,
-                Err(e) => Err(e),
-            };
+            let r = ch.write_zeroes_flagged(slba, nlb, fua(sqe)).await;
             IoDone::status(r.map_or_else(|e| status_of(e, true), |_| Status::SUCCESS))
         }
         io::DSM => dsm(sqe, ch, data).await,
@@ -132,13 +125,10 @@ pub(crate) async fn execute(
 
 /// Force Unit Access (CDW12 bit 30 of Write and Write Zeroes): the data
 /// must be on non-volatile media before the command completes (NVM Command
-/// Set 3.2.6, 3.2.8). The bdev layer has no FUA flag, so a written range is
-/// flushed when the host asked for it; without FUA nothing more happens.
-async fn fua(sqe: &Sqe, ch: &IoChannel, slba: u64, nlb: u64) -> Result<(), BdevError> {
-    if sqe.cdw(12) & FUA == 0 || !ch.supports(IoType::Flush) {
-        return Ok(());
-    }
-    ch.flush(slba, nlb).await
+/// Set 3.2.6, 3.2.8). It is the bdev layer's I/O flag: a driver honours it,
+/// or the layer flushes the written range of a write-cached bdev.
+fn fua(sqe: &Sqe) -> IoFlags {
+    IoFlags::fua_if(sqe.cdw(12) & FUA != 0)
 }
 
 /// CDW12 bit 30 of Read, Write, Compare and Write Zeroes.
