@@ -149,6 +149,8 @@ pub(crate) struct Shared {
     limits: Limits,
     exports: Mutex<BTreeMap<String, Arc<ExportEntry>>>,
     conns: Arc<ConnLimit>,
+    /// Time a client has to finish option haggling.
+    handshake_timeout: Mutex<Duration>,
 }
 
 impl ExportCatalog for Shared {
@@ -209,6 +211,7 @@ impl NbdServer {
                 limits,
                 exports: Mutex::new(BTreeMap::new()),
                 conns: ConnLimit::new(default_max_connections()),
+                handshake_timeout: Mutex::new(ustor_net::listener::DEFAULT_HANDSHAKE_TIMEOUT),
             }),
             listener: Mutex::new(None),
         }
@@ -234,7 +237,12 @@ impl NbdServer {
             .parse()
             .map_err(|_| NbdServerError::BadAddress(text.clone()))?;
         self.shared.conns.set_max(params.max_connections);
-        let cfg = ListenerConfig::new("nbd", self.shared.conns.clone());
+        let mut cfg = ListenerConfig::new("nbd", self.shared.conns.clone());
+        cfg.handshake_timeout = *self
+            .shared
+            .handshake_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let l = Listener::bind(
             &self.shared.rt,
             addr,
@@ -249,6 +257,17 @@ impl NbdServer {
             traddr: bound.ip().to_string(),
             trsvcid: bound.port().to_string(),
         })
+    }
+
+    /// Time a client has to finish the handshake (from the next `start`
+    /// on; 10 s by default): a connection still haggling then is closed and
+    /// counted in `handshakes_failed`.
+    pub fn set_handshake_timeout(&self, d: Duration) {
+        *self
+            .shared
+            .handshake_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = d;
     }
 
     /// Stops accepting; established connections run on until they close.
