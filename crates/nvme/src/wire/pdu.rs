@@ -324,9 +324,33 @@ pub fn check_header(
             plen,
         });
     }
+    let (pdo, data_len) = data_layout(ty, ch, header_total, ddgst, lim)?;
+    Ok(PduLayout {
+        ty,
+        flags: ch.flags,
+        hlen,
+        header_total,
+        pdo,
+        data_len,
+        ddgst,
+        plen,
+    })
+}
+
+/// Where the data of a PDU that carries some starts, and how long it is,
+/// checked against the PDU's length and the receiver's limits.
+#[inline]
+fn data_layout(
+    ty: PduType,
+    ch: &CommonHeader,
+    header_total: usize,
+    ddgst: bool,
+    lim: &RecvLimits,
+) -> Result<(usize, usize), Fatal> {
     if !ty.may_have_data() {
         return Err(Fatal::header(ch_off::PLEN));
     }
+    let plen = ch.plen as usize;
     let pdo = if ty.digestible() {
         ch.pdo as usize
     } else {
@@ -351,16 +375,7 @@ pub fn check_header(
             fei: ch_off::PLEN,
         });
     }
-    Ok(PduLayout {
-        ty,
-        flags: ch.flags,
-        hlen,
-        header_total,
-        pdo,
-        data_len,
-        ddgst,
-        plen,
-    })
+    Ok((pdo, data_len))
 }
 
 /// CRC32C as NVMe/TCP uses it for header and data digests.

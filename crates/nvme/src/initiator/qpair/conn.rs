@@ -25,66 +25,12 @@ pub(crate) async fn drive(qp: Rc<Qp>) {
             qp.fail_all(BdevError::Removed);
             break;
         }
-        match qp.ctrlr.state() {
-            CtrlrState::Failed => {
-                if qp.state.get() != QpState::Failed {
-                    qp.state.set(QpState::Failed);
-                    qp.fail_all(BdevError::Io(libc::ENXIO));
-                }
-                idle(&qp, WAIT_TICK * 20).await;
-                continue;
-            }
-            CtrlrState::Enabled if qp.ctrlr.gen() != qp.gen.get() => {}
-            _ => {
-                idle(&qp, WAIT_TICK).await;
-                continue;
-            }
+        if !controller_ready(&qp).await {
+            continue;
         }
         let gen = qp.ctrlr.gen();
-        let cntlid = qp.ctrlr.cntlid();
-        let conn = ustor_net::timeout(
-            Duration::from_secs(5),
-            connect_queue(&qp.ctrlr, qp.qid, qp.depth - 1, cntlid),
-        )
-        .await;
-        let fd: OwnedFd = match conn {
-            Some(Ok(QueueConn {
-                fd,
-                dg,
-                maxh2c,
-                cpda,
-                ..
-            })) => {
-                qp.dg.set(dg);
-                qp.maxh2c.set(maxh2c);
-                qp.cpda.set(cpda);
-                fd
-            }
-            Some(Err(e @ InitiatorError::Status { .. })) => {
-                // The controller answered and refused this queue (e.g. a
-                // restarted target granting fewer queues): its admin queue
-                // is fine, so resetting it would only drop the other queues
-                // (and be refused again, in a loop). Fail this queue's I/O
-                // and try again after the reconnect delay.
-                if qp.state.get() != QpState::Failed {
-                    tracing::warn!("nvme: I/O queue {} refused: {e}", qp.qid);
-                    qp.state.set(QpState::Failed);
-                    qp.fail_all(BdevError::Io(libc::ENXIO));
-                } else {
-                    tracing::debug!("nvme: I/O queue {} refused: {e}", qp.qid);
-                }
-                let delay = u64::from(qp.ctrlr.p.reconnect_delay_sec.max(1));
-                idle(&qp, Duration::from_secs(delay)).await;
-                continue;
-            }
-            other => {
-                if let Some(Err(e)) = other {
-                    tracing::debug!("nvme: I/O queue {} connect: {e}", qp.qid);
-                }
-                qp.ctrlr.request_reset(gen);
-                idle(&qp, WAIT_TICK * 4).await;
-                continue;
-            }
+        let Some(fd) = connect(&qp, gen).await else {
+            continue;
         };
         if qp.state.get() == QpState::Closed {
             continue;
@@ -97,6 +43,77 @@ pub(crate) async fn drive(qp: Rc<Qp>) {
     }
     qp.ctrlr.remove_qp(&qp.counters);
     qp.ctrlr.free_qid(qp.qid);
+}
+
+/// Whether the controller is enabled under a generation this queue has not
+/// connected under yet; otherwise waits a while (failing the queue's I/O
+/// when the controller failed) and says no.
+async fn controller_ready(qp: &Qp) -> bool {
+    match qp.ctrlr.state() {
+        CtrlrState::Failed => {
+            if qp.state.get() != QpState::Failed {
+                qp.state.set(QpState::Failed);
+                qp.fail_all(BdevError::Io(libc::ENXIO));
+            }
+            idle(qp, WAIT_TICK * 20).await;
+            false
+        }
+        CtrlrState::Enabled if qp.ctrlr.gen() != qp.gen.get() => true,
+        _ => {
+            idle(qp, WAIT_TICK).await;
+            false
+        }
+    }
+}
+
+/// Connects the queue (TCP, ICReq, Fabrics Connect); on failure waits as
+/// the failure asks (and asks for a controller reset when that helps).
+async fn connect(qp: &Rc<Qp>, gen: u64) -> Option<OwnedFd> {
+    let cntlid = qp.ctrlr.cntlid();
+    let conn = ustor_net::timeout(
+        Duration::from_secs(5),
+        connect_queue(&qp.ctrlr, qp.qid, qp.depth - 1, cntlid),
+    )
+    .await;
+    match conn {
+        Some(Ok(QueueConn {
+            fd,
+            dg,
+            maxh2c,
+            cpda,
+            ..
+        })) => {
+            qp.dg.set(dg);
+            qp.maxh2c.set(maxh2c);
+            qp.cpda.set(cpda);
+            Some(fd)
+        }
+        Some(Err(e @ InitiatorError::Status { .. })) => {
+            // The controller answered and refused this queue (e.g. a
+            // restarted target granting fewer queues): its admin queue is
+            // fine, so resetting it would only drop the other queues (and
+            // be refused again, in a loop). Fail this queue's I/O and try
+            // again after the reconnect delay.
+            if qp.state.get() != QpState::Failed {
+                tracing::warn!("nvme: I/O queue {} refused: {e}", qp.qid);
+                qp.state.set(QpState::Failed);
+                qp.fail_all(BdevError::Io(libc::ENXIO));
+            } else {
+                tracing::debug!("nvme: I/O queue {} refused: {e}", qp.qid);
+            }
+            let delay = u64::from(qp.ctrlr.p.reconnect_delay_sec.max(1));
+            idle(qp, Duration::from_secs(delay)).await;
+            None
+        }
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::debug!("nvme: I/O queue {} connect: {e}", qp.qid);
+            }
+            qp.ctrlr.request_reset(gen);
+            idle(qp, WAIT_TICK * 4).await;
+            None
+        }
+    }
 }
 
 /// Sleeps for `d` or until the queue is closed.
