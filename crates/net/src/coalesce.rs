@@ -318,6 +318,12 @@ impl Coalescer {
         if self.win_n < self.cfg.window {
             return;
         }
+        self.end_window();
+    }
+
+    /// Adjusts degree and timer from the window of groups just closed (see
+    /// the module comment), then opens the next window.
+    fn end_window(&mut self) {
         let [full, _small, timer] = self.win;
         let c = &self.cfg;
         if full > timer && full * 2 >= self.win_n {

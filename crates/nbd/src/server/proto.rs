@@ -304,6 +304,33 @@ async fn read(conn: &Nbd, cookie: u64, offset: u64, length: u32) -> OutReply {
     }
 }
 
+/// WRITE_ZEROES. FAST_ZERO must fail fast, before touching the data, when
+/// zeroing is no cheaper than writing (the device has no native
+/// write-zeroes and the bdev layer would write zero buffers).
+async fn write_zeroes(
+    conn: &Nbd,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    fua: bool,
+    fast: bool,
+) -> OutReply {
+    let structured = conn.params.structured;
+    if fast && !conn.features.fast_zero {
+        bump(|c| inc(&c.refused, 1));
+        return header_only(reply::error(structured, cookie, NbdErrno::NotSup));
+    }
+    let fua = fua && conn.features.can_flush;
+    let r = if length > 0 {
+        conn.channel
+            .write_zeroes(offset, u64::from(length), fua)
+            .await
+    } else {
+        Ok(())
+    };
+    outcome(structured, cookie, r, |c| inc(&c.write_zeroes, 1))
+}
+
 /// Runs one job against the device and builds its reply.
 async fn execute(conn: &Nbd, job: Job) -> OutReply {
     let structured = conn.params.structured;
@@ -345,22 +372,7 @@ async fn execute(conn: &Nbd, job: Job) -> OutReply {
             fua,
             no_hole: _,
             fast,
-        } => {
-            // FAST_ZERO must fail fast, before touching the data, when
-            // zeroing is no cheaper than writing (the device has no native
-            // write-zeroes and the bdev layer would write zero buffers).
-            if fast && !conn.features.fast_zero {
-                bump(|c| inc(&c.refused, 1));
-                return header_only(reply::error(structured, cookie, NbdErrno::NotSup));
-            }
-            let fua = fua && conn.features.can_flush;
-            let r = if length > 0 {
-                ch.write_zeroes(offset, u64::from(length), fua).await
-            } else {
-                Ok(())
-            };
-            outcome(structured, cookie, r, |c| inc(&c.write_zeroes, 1))
-        }
+        } => write_zeroes(conn, cookie, offset, length, fua, fast).await,
         // Validated like a READ (in range, aligned; any length, as the
         // protocol gives clients no cache size limit to respect). Exports
         // that advertise SEND_CACHE keep all their data in memory, so there
