@@ -326,38 +326,7 @@ pub(crate) async fn connect_queue(
             addr: c.addr.to_string(),
             err,
         })?;
-    let raw = fd.as_raw_fd();
-    let want = Digests {
-        header: c.p.hdgst,
-        data: c.p.ddgst,
-    };
-    let req = IcReq {
-        pfv: 0,
-        hpda: 0,
-        digests: want,
-        maxr2t: 0,
-    };
-    let mut b = IoBuf::heap(IC_LEN);
-    b.copy_from_slice(&req.encode());
-    ops::send_all(raw, b)
-        .await
-        .0
-        .map_err(|_| InitiatorError::Protocol("ICReq send failed"))?;
-    let b = recv_exact(raw, IoBuf::heap(IC_LEN), 0, IC_LEN).await?;
-    let resp = match IcResp::decode(&b) {
-        Ok(r) => r,
-        Err(f) => {
-            send_term_req(raw, f, &b);
-            return Err(InitiatorError::Protocol("bad ICResp"));
-        }
-    };
-    // The controller may only grant what we asked for.
-    if (resp.digests.header && !want.header) || (resp.digests.data && !want.data) {
-        send_term_req(raw, Fatal::header(11), &b);
-        return Err(InitiatorError::Protocol(
-            "ICResp enables digests not asked for",
-        ));
-    }
+    let resp = initialize(c, fd.as_raw_fd()).await?;
     let mut q = AdminQ {
         fd,
         dg: resp.digests,
@@ -405,6 +374,43 @@ pub(crate) async fn connect_queue(
         cpda: q.cpda,
         dw0: cqe.dw0,
     })
+}
+
+/// ICReq/ICResp on a fresh connection: the digests asked for (the
+/// controller may grant no more) and the controller's settings.
+async fn initialize(c: &Ctrlr, raw: RawFd) -> Result<IcResp, InitiatorError> {
+    let want = Digests {
+        header: c.p.hdgst,
+        data: c.p.ddgst,
+    };
+    let req = IcReq {
+        pfv: 0,
+        hpda: 0,
+        digests: want,
+        maxr2t: 0,
+    };
+    let mut b = IoBuf::heap(IC_LEN);
+    b.copy_from_slice(&req.encode());
+    ops::send_all(raw, b)
+        .await
+        .0
+        .map_err(|_| InitiatorError::Protocol("ICReq send failed"))?;
+    let b = recv_exact(raw, IoBuf::heap(IC_LEN), 0, IC_LEN).await?;
+    let resp = match IcResp::decode(&b) {
+        Ok(r) => r,
+        Err(f) => {
+            send_term_req(raw, f, &b);
+            return Err(InitiatorError::Protocol("bad ICResp"));
+        }
+    };
+    // The controller may only grant what we asked for.
+    if (resp.digests.header && !want.header) || (resp.digests.data && !want.data) {
+        send_term_req(raw, Fatal::header(11), &b);
+        return Err(InitiatorError::Protocol(
+            "ICResp enables digests not asked for",
+        ));
+    }
+    Ok(resp)
 }
 
 /// The admin queue: one command at a time (control path; copies are fine).
@@ -586,60 +592,11 @@ impl AdminQ {
         } else if let Some(b) = inbuf.as_ref() {
             sqe.set_sgl(SglDesc::transport(b.len() as u32));
         }
+        self.send_capsule(sqe, out).await?;
         let fd = self.fd.as_raw_fd();
-        let mut b = IoBuf::heap(MAX_PADDED_HDR + DIGEST_LEN + out.len());
-        let n = encode_capsule_cmd_pda(&mut b, sqe, self.dg, out.len(), self.cpda);
-        b[n..n + out.len()].copy_from_slice(out);
-        let mut len = n + out.len();
-        if self.dg.data && !out.is_empty() {
-            b[len..len + 4].copy_from_slice(&crc(out).to_le_bytes());
-            len += 4;
-        }
-        b.set_len(len);
-        ops::send_all(fd, b)
-            .await
-            .0
-            .map_err(|_| InitiatorError::Protocol("admin send failed"))?;
-        let lim = RecvLimits {
-            max_incapsule: 0,
-            max_data_pdu: 8192,
-        };
         // Budget: a controller may send at most a few PDUs per command.
-        // A fatal transport error: tell the controller, then give up.
-        let fatal = |f: Fatal, hdr: &[u8], what: &'static str| {
-            send_term_req(fd, f, hdr);
-            InitiatorError::Protocol(what)
-        };
         for _ in 0..64 {
-            let mut buf = recv_exact(fd, IoBuf::heap(ADMIN_BUF), 0, CH_LEN).await?;
-            let ch = CommonHeader::decode(&buf).ok_or(InitiatorError::Protocol("short header"))?;
-            let l = match check_header(&ch, self.dg, true, &lim) {
-                Ok(l) => l,
-                Err(f) => return Err(fatal(f, &buf[..CH_LEN], "bad PDU header")),
-            };
-            if l.plen > ADMIN_BUF {
-                return Err(InitiatorError::Protocol("admin PDU too long"));
-            }
-            buf = recv_exact(fd, buf, CH_LEN, l.plen - CH_LEN).await?;
-            buf.set_len(l.plen);
-            if self.dg.header && !header_digest_ok(&buf, l.hlen) {
-                let f = Fatal {
-                    fes: fes::HEADER_DIGEST_ERROR,
-                    fei: 0,
-                };
-                return Err(fatal(f, &buf[..l.hlen], "header digest"));
-            }
-            let data = &buf[l.pdo..l.pdo + l.data_len];
-            if l.ddgst {
-                let want = u32::from_le_bytes(
-                    buf[l.plen - 4..l.plen]
-                        .try_into()
-                        .map_err(|_| InitiatorError::Protocol("short PDU"))?,
-                );
-                if crc(data) != want {
-                    return Err(InitiatorError::Protocol("data digest"));
-                }
-            }
+            let (buf, l) = self.recv_pdu().await?;
             match l.ty {
                 PduType::CapsuleResp => {
                     let cqe =
@@ -649,25 +606,7 @@ impl AdminQ {
                     }
                 }
                 PduType::C2HData => {
-                    let h = DataHdr::decode(&buf).ok_or(InitiatorError::Protocol("short hdr"))?;
-                    let hdr = &buf[..l.hlen];
-                    let Some(dst) = inbuf.as_deref_mut().filter(|_| h.cccid == cid) else {
-                        return Err(fatal(Fatal::header(8), hdr, "C2HData for no read"));
-                    };
-                    if h.length as usize != data.len() {
-                        return Err(fatal(Fatal::header(16), hdr, "C2HData DATAL"));
-                    }
-                    let off = h.offset as usize;
-                    let end = off + data.len();
-                    if end > dst.len() {
-                        let f = Fatal {
-                            fes: fes::DATA_OUT_OF_RANGE,
-                            fei: 12,
-                        };
-                        return Err(fatal(f, hdr, "C2HData out of range"));
-                    }
-                    dst[off..end].copy_from_slice(data);
-                    if l.flags & flags::SUCCESS != 0 {
+                    if c2h_into(fd, &buf, &l, cid, inbuf.as_deref_mut())? {
                         return Ok(Cqe::new(cid, Status::SUCCESS));
                     }
                 }
@@ -681,12 +620,110 @@ impl AdminQ {
                         fes: fes::PDU_SEQUENCE_ERROR,
                         fei: ch_off::PDU_TYPE,
                     };
-                    return Err(fatal(f, &buf[..l.hlen], "unexpected PDU on admin queue"));
+                    return Err(fatal(
+                        fd,
+                        f,
+                        &buf[..l.hlen],
+                        "unexpected PDU on admin queue",
+                    ));
                 }
             }
         }
         Err(InitiatorError::Protocol("no completion"))
     }
+
+    /// Sends the command capsule with `out` as in-capsule data.
+    async fn send_capsule(&self, sqe: &Sqe, out: &[u8]) -> Result<(), InitiatorError> {
+        let mut b = IoBuf::heap(MAX_PADDED_HDR + DIGEST_LEN + out.len());
+        let n = encode_capsule_cmd_pda(&mut b, sqe, self.dg, out.len(), self.cpda);
+        b[n..n + out.len()].copy_from_slice(out);
+        let mut len = n + out.len();
+        if self.dg.data && !out.is_empty() {
+            b[len..len + 4].copy_from_slice(&crc(out).to_le_bytes());
+            len += 4;
+        }
+        b.set_len(len);
+        ops::send_all(self.fd.as_raw_fd(), b)
+            .await
+            .0
+            .map_err(|_| InitiatorError::Protocol("admin send failed"))
+    }
+
+    /// Receives one controller PDU whole, its header and digests checked.
+    async fn recv_pdu(&self) -> Result<(IoBuf, PduLayout), InitiatorError> {
+        let fd = self.fd.as_raw_fd();
+        let lim = RecvLimits {
+            max_incapsule: 0,
+            max_data_pdu: 8192,
+        };
+        let mut buf = recv_exact(fd, IoBuf::heap(ADMIN_BUF), 0, CH_LEN).await?;
+        let ch = CommonHeader::decode(&buf).ok_or(InitiatorError::Protocol("short header"))?;
+        let l = match check_header(&ch, self.dg, true, &lim) {
+            Ok(l) => l,
+            Err(f) => return Err(fatal(fd, f, &buf[..CH_LEN], "bad PDU header")),
+        };
+        if l.plen > ADMIN_BUF {
+            return Err(InitiatorError::Protocol("admin PDU too long"));
+        }
+        buf = recv_exact(fd, buf, CH_LEN, l.plen - CH_LEN).await?;
+        buf.set_len(l.plen);
+        if self.dg.header && !header_digest_ok(&buf, l.hlen) {
+            let f = Fatal {
+                fes: fes::HEADER_DIGEST_ERROR,
+                fei: 0,
+            };
+            return Err(fatal(fd, f, &buf[..l.hlen], "header digest"));
+        }
+        if l.ddgst {
+            let want = u32::from_le_bytes(
+                buf[l.plen - 4..l.plen]
+                    .try_into()
+                    .map_err(|_| InitiatorError::Protocol("short PDU"))?,
+            );
+            if crc(&buf[l.pdo..l.pdo + l.data_len]) != want {
+                return Err(InitiatorError::Protocol("data digest"));
+            }
+        }
+        Ok((buf, l))
+    }
+}
+
+/// A fatal transport error on the admin queue: tell the controller, then
+/// give up.
+fn fatal(fd: RawFd, f: Fatal, hdr: &[u8], what: &'static str) -> InitiatorError {
+    send_term_req(fd, f, hdr);
+    InitiatorError::Protocol(what)
+}
+
+/// Copies a C2HData PDU's data for command `cid` into `dst`; true when it
+/// also completed the command (SUCCESS).
+fn c2h_into(
+    fd: RawFd,
+    buf: &[u8],
+    l: &PduLayout,
+    cid: u16,
+    dst: Option<&mut [u8]>,
+) -> Result<bool, InitiatorError> {
+    let h = DataHdr::decode(buf).ok_or(InitiatorError::Protocol("short hdr"))?;
+    let hdr = &buf[..l.hlen];
+    let data = &buf[l.pdo..l.pdo + l.data_len];
+    let Some(dst) = dst.filter(|_| h.cccid == cid) else {
+        return Err(fatal(fd, Fatal::header(8), hdr, "C2HData for no read"));
+    };
+    if h.length as usize != data.len() {
+        return Err(fatal(fd, Fatal::header(16), hdr, "C2HData DATAL"));
+    }
+    let off = h.offset as usize;
+    let end = off + data.len();
+    if end > dst.len() {
+        let f = Fatal {
+            fes: fes::DATA_OUT_OF_RANGE,
+            fei: 12,
+        };
+        return Err(fatal(fd, f, hdr, "C2HData out of range"));
+    }
+    dst[off..end].copy_from_slice(data);
+    Ok(l.flags & flags::SUCCESS != 0)
 }
 
 /// Brings the controller up (reports the namespaces through `tx`), then
