@@ -6,36 +6,20 @@
 //! may be handed back to the mid-layer (abort, reset) at any await point,
 //! and a synchronous call never leaves the kernel holding a pointer into it.
 
-use std::future::Future;
 use std::io;
 use std::os::fd::RawFd;
-use std::pin::pin;
-use std::task::Poll;
 use std::time::Duration;
 
 use ustor_runtime::{ops, IoBuf};
 
 use crate::wire::{Bhs, BHS_LEN};
 
-/// Receives exactly `n` bytes.
+/// Receives exactly `n` bytes (the connection layer's exact receive, which
+/// waits for readiness when the non-blocking socket has nothing yet).
 pub async fn recv_exact(fd: RawFd, n: usize) -> io::Result<Vec<u8>> {
-    let mut buf = IoBuf::heap(n);
-    let mut got = 0;
-    while got < n {
-        let (r, b) = ops::recv(fd, buf, got, n - got).await;
-        buf = b;
-        match r {
-            // Sockets are non-blocking: kernels that honour O_NONBLOCK in
-            // io_uring say EAGAIN instead of waiting.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait_ready(fd, libc::POLLIN as u32).await?
-            }
-            Err(e) => return Err(e),
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-            Ok(k) => got += k,
-        }
-    }
-    Ok(buf[..n].to_vec())
+    let (r, mut buf) = ustor_net::recv::recv_exact(fd, IoBuf::heap(n), 0, n).await;
+    r?;
+    Ok(buf.spare_mut()[..n].to_vec())
 }
 
 /// Sends all of `data`.
@@ -83,21 +67,9 @@ pub fn pdu_bytes(bhs: &Bhs, data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Runs `fut` for at most `d`; `None` when the time ran out first.
-pub async fn with_timeout<F: Future>(d: Duration, fut: F) -> Option<F::Output> {
-    let mut fut = pin!(fut);
-    let mut sleep = pin!(ustor_runtime::sleep(d));
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
-            return Poll::Ready(Some(v));
-        }
-        if sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
-}
+/// Runs `fut` for at most `d`; `None` when the time ran out first (the
+/// connection layer's one timeout).
+pub use ustor_net::timeout as with_timeout;
 
 /// Connects without blocking the reactor: a non-blocking socket, then an
 /// io_uring poll for writability bounded by `timeout` (a portal that drops
