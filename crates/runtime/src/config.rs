@@ -5,6 +5,29 @@ use std::time::Duration;
 
 use crate::buf::BufPoolConfig;
 
+/// A `--poll-mode`, `--cores` or `--cpumask` value that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown poll mode `{0}` (poll, interrupt, adaptive)")]
+    PollMode(String),
+    #[error("bad cpumask `{spec}`: {why}")]
+    CpuMask { spec: String, why: String },
+    #[error("bad core range `{0}`")]
+    CoreRange(String),
+    #[error("bad core `{0}`")]
+    Core(String),
+    #[error("no cores selected by `{0}`")]
+    NoCores(String),
+}
+
+/// Command lines that report configuration errors as text keep doing so
+/// with `?`.
+impl From<ConfigError> for String {
+    fn from(e: ConfigError) -> String {
+        e.to_string()
+    }
+}
+
 /// How a reactor waits when it has nothing to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PollMode {
@@ -18,15 +41,13 @@ pub enum PollMode {
 }
 
 impl std::str::FromStr for PollMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
         match s {
             "poll" => Ok(PollMode::Poll),
             "interrupt" => Ok(PollMode::Interrupt),
             "adaptive" => Ok(PollMode::Adaptive),
-            _ => Err(format!(
-                "unknown poll mode `{s}` (poll, interrupt, adaptive)"
-            )),
+            _ => Err(ConfigError::PollMode(s.to_string())),
         }
     }
 }
@@ -80,12 +101,14 @@ impl Default for RuntimeConfig {
 }
 
 /// Parses `--cpumask 0x3` (hex mask) or `--cores 0,1,4-6` into core numbers.
-pub fn parse_cores(spec: &str) -> Result<Vec<usize>, String> {
+pub fn parse_cores(spec: &str) -> Result<Vec<usize>, ConfigError> {
     let spec = spec.trim();
     let mut cores = Vec::new();
     if let Some(hex) = spec.strip_prefix("0x").or_else(|| spec.strip_prefix("0X")) {
-        let mask =
-            u128::from_str_radix(hex, 16).map_err(|e| format!("bad cpumask `{spec}`: {e}"))?;
+        let mask = u128::from_str_radix(hex, 16).map_err(|e| ConfigError::CpuMask {
+            spec: spec.to_string(),
+            why: e.to_string(),
+        })?;
         for bit in 0..128 {
             if mask & (1u128 << bit) != 0 {
                 cores.push(bit);
@@ -94,23 +117,18 @@ pub fn parse_cores(spec: &str) -> Result<Vec<usize>, String> {
     } else {
         for part in spec.split(',').filter(|p| !p.is_empty()) {
             if let Some((a, b)) = part.split_once('-') {
-                let a: usize = a
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("bad core range `{part}`"))?;
-                let b: usize = b
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("bad core range `{part}`"))?;
+                let range = || ConfigError::CoreRange(part.to_string());
+                let a: usize = a.trim().parse().map_err(|_| range())?;
+                let b: usize = b.trim().parse().map_err(|_| range())?;
                 if a > b {
-                    return Err(format!("bad core range `{part}`"));
+                    return Err(range());
                 }
                 cores.extend(a..=b);
             } else {
                 cores.push(
                     part.trim()
                         .parse()
-                        .map_err(|_| format!("bad core `{part}`"))?,
+                        .map_err(|_| ConfigError::Core(part.to_string()))?,
                 );
             }
         }
@@ -118,7 +136,7 @@ pub fn parse_cores(spec: &str) -> Result<Vec<usize>, String> {
     cores.sort_unstable();
     cores.dedup();
     if cores.is_empty() {
-        return Err(format!("no cores selected by `{spec}`"));
+        return Err(ConfigError::NoCores(spec.to_string()));
     }
     Ok(cores)
 }
@@ -136,5 +154,13 @@ mod tests {
         assert!(parse_cores("0x0").is_err());
         assert!(parse_cores("zz").is_err());
         assert!(parse_cores("5-3").is_err());
+        assert_eq!(
+            parse_cores("5-3").unwrap_err(),
+            ConfigError::CoreRange("5-3".into())
+        );
+        assert_eq!(
+            "spin".parse::<PollMode>().unwrap_err().to_string(),
+            "unknown poll mode `spin` (poll, interrupt, adaptive)"
+        );
     }
 }

@@ -46,7 +46,7 @@ pub mod timer;
 pub mod uring;
 
 pub use buf::{BufPoolConfig, IoBuf};
-pub use config::{parse_cores, PollMode, RuntimeConfig};
+pub use config::{parse_cores, ConfigError, PollMode, RuntimeConfig};
 pub use executor::{spawn, yield_now, JoinHandle};
 pub use msg::{Runtime, RuntimeHandle, SendError};
 pub use poller::{register_poller, register_timed_poller, unregister_poller, PollStatus, PollerId};
