@@ -225,16 +225,15 @@ impl GuestBuilder {
         let mut child = cmd
             .spawn()
             .map_err(|e| GuestError::io(format!("spawn `{}`", assets::describe(&cmd)), e))?;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) if started.elapsed() >= self.timeout => break None,
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-                Err(e) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(GuestError::io("wait for qemu", e));
-                }
+        // Some(Ok(status)): exited; Some(Err(e)): cannot wait; None: timed out.
+        let waited = testkit::try_wait_for(self.timeout, || child.try_wait().transpose());
+        let status = match waited {
+            Some(Ok(status)) => Some(status),
+            None => None,
+            Some(Err(e)) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(GuestError::io("wait for qemu", e));
             }
         };
         let duration = started.elapsed();

@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::assets::describe;
 use crate::error::{GuestError, Result};
@@ -27,34 +27,30 @@ pub fn free_port() -> Result<u16> {
 /// Waits until something accepts TCP connections on 127.0.0.1:`port`.
 pub fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let deadline = Instant::now() + timeout;
-    loop {
+    let mut last = None;
+    let up = testkit::try_wait_for(timeout, || {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() >= deadline => {
-                return Err(GuestError::io(
-                    format!("nothing listens on {addr} after {timeout:?}"),
-                    e,
-                ))
+            Ok(_) => Some(()),
+            Err(e) => {
+                last = Some(e);
+                None
             }
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
-    }
+    });
+    up.ok_or_else(|| {
+        GuestError::io(
+            format!("nothing listens on {addr} after {timeout:?}"),
+            last.unwrap_or_else(|| std::io::ErrorKind::TimedOut.into()),
+        )
+    })
 }
 
 /// Waits until `path` exists (a unix socket a daemon creates).
 pub fn wait_for_path(path: &Path, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    while !path.exists() {
-        if Instant::now() >= deadline {
-            return Err(GuestError::Io {
-                what: format!("{} did not appear within {timeout:?}", path.display()),
-                source: std::io::ErrorKind::NotFound.into(),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
+    testkit::try_wait_for(timeout, || path.exists().then_some(())).ok_or_else(|| GuestError::Io {
+        what: format!("{} did not appear within {timeout:?}", path.display()),
+        source: std::io::ErrorKind::NotFound.into(),
+    })
 }
 
 /// A server process owned by a test. Its output goes to a log file; it is
@@ -118,19 +114,15 @@ impl Server {
                 // not yet reaped, so it cannot have been recycled.
                 unsafe { libc::kill(pid, libc::SIGTERM) };
             }
-            let deadline = Instant::now() + grace;
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
-                    _ => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                }
+            // Some(true): exited; Some(false): cannot tell; None: still up.
+            let exited = testkit::try_wait_for(grace, || match child.try_wait() {
+                Ok(Some(_)) => Some(true),
+                Ok(None) => None,
+                Err(_) => Some(false),
+            });
+            if exited != Some(true) {
+                let _ = child.kill();
+                let _ = child.wait();
             }
         }
         self.log()
@@ -143,12 +135,9 @@ impl Server {
         let Some(mut child) = self.child.take() else {
             return true;
         };
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let exited = testkit::try_wait_for(timeout, || child.try_wait().ok().flatten());
+        if exited.is_some() {
+            return true;
         }
         let _ = child.kill();
         let _ = child.wait();

@@ -58,6 +58,7 @@ mod tests {
             let _l = FileLock::exclusive(&p2).expect("second lock");
             got2.store(true, Ordering::SeqCst);
         });
+        // A window in which a non-exclusive lock would show, not a wait.
         std::thread::sleep(Duration::from_millis(200));
         assert!(!got.load(Ordering::SeqCst), "lock was not exclusive");
         drop(first);
