@@ -37,6 +37,7 @@ impl App {
         let registry = Registry::new(Some(rt.clone()));
         ustor_bdev::modules::register_builtin(&registry)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
+        ustor_vbdev::register(&registry).map_err(|e| std::io::Error::other(e.to_string()))?;
         let nbd = Arc::new(NbdServer::new(rt.clone()));
         let nvmf = ustor_nvme::nvmf::Target::new(rt.clone(), registry.clone());
         let scsi = ustor_scsi::ScsiStack::new(rt.clone(), registry.clone());

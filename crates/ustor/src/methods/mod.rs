@@ -7,6 +7,7 @@ pub mod framework;
 pub mod nbd;
 pub mod nvmf;
 pub mod scsi;
+pub mod vbdev;
 
 use std::sync::Arc;
 
@@ -49,6 +50,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     nbd::register(ctx)?;
     nvmf::register(ctx)?;
     scsi::register(ctx)?;
+    vbdev::register(ctx)?;
     Ok(())
 }
 
@@ -97,5 +99,6 @@ pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::C
 pub fn undo_call(c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
     let reg = Registry::new(None);
     ustor_bdev::modules::register_builtin(&reg).ok()?;
+    ustor_vbdev::register(&reg).ok()?;
     undo_in(&reg, c)
 }

@@ -1,0 +1,53 @@
+//! The virtual bdevs' RPC methods that are not a plain module create or
+//! delete by name: `bdev_raid_get_bdevs`, `bdev_split_create` (returns
+//! every part) / `bdev_split_delete` (by base), `bdev_error_inject_error`.
+//! The plain ones (`bdev_raid_create`, `bdev_passthru_delete`, ...) come
+//! from the module table like every module's.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use ustor_rpc::{parse_params, RPC_RUNTIME};
+
+use super::{control_err, Ctx};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RaidGet {
+    #[serde(default = "all")]
+    category: String,
+}
+
+fn all() -> String {
+    "all".into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SplitDelete {
+    base_bdev: String,
+}
+
+pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
+    ctx.method("bdev_raid_get_bdevs", RPC_RUNTIME, |c, p| {
+        let p: RaidGet = parse_params(p)?;
+        ustor_vbdev::raid::get_bdevs(&c.registry, &p.category)
+            .map(Value::Array)
+            .map_err(control_err)
+    })?;
+    ctx.method("bdev_split_create", RPC_RUNTIME, |c, p| {
+        let weak = std::sync::Arc::downgrade(&c.registry);
+        ustor_vbdev::split::create(&c.registry, &weak, parse_params(p)?)
+            .map(|names| json!(names))
+            .map_err(control_err)
+    })?;
+    ctx.method("bdev_split_delete", RPC_RUNTIME, |c, p| {
+        let p: SplitDelete = parse_params(p)?;
+        ustor_vbdev::split::delete(&c.registry, &p.base_bdev).map_err(control_err)?;
+        Ok(json!(true))
+    })?;
+    ctx.method("bdev_error_inject_error", RPC_RUNTIME, |c, p| {
+        ustor_vbdev::error::inject(&c.registry, parse_params(p)?).map_err(control_err)?;
+        Ok(json!(true))
+    })?;
+    Ok(())
+}

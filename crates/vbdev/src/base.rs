@@ -1,0 +1,111 @@
+//! What every virtual bdev does with its bases: open them writable, claim
+//! them exclusively (so they cannot be deleted or claimed under it), hear
+//! their hot-remove (which hot-removes the virtual bdev in turn), and
+//! derive its own limits from theirs.
+
+use std::sync::Weak;
+
+use ustor_bdev::{BdevEvent, BdevInfo, ControlError, Desc, IoType, Registry};
+
+/// Opens base `name` for virtual bdev `by` and claims it exclusively. When
+/// the base is hot-removed, `by` is hot-removed too (its I/O would fail
+/// anyway; its own openers must hear it).
+pub fn open(
+    reg: &Registry,
+    weak: &Weak<Registry>,
+    name: &str,
+    by: &str,
+) -> Result<Desc, ControlError> {
+    let (w, parent) = (weak.clone(), by.to_string());
+    let d = reg.open(name, true, move |ev| {
+        if ev == BdevEvent::Remove {
+            if let Some(r) = w.upgrade() {
+                // Already gone (deleted first) is fine.
+                let _ = r.hot_remove(&parent);
+            }
+        }
+    })?;
+    d.claim_exclusive(by)?;
+    Ok(d)
+}
+
+/// Refuses a virtual bdev name that is empty or taken, before any base is
+/// touched.
+pub fn check_free(reg: &Registry, name: &str) -> Result<(), ControlError> {
+    if name.is_empty() {
+        return Err(ControlError::invalid("name", "must not be empty"));
+    }
+    if reg.get(name).is_some() {
+        return Err(ControlError::Exists(name.to_string()));
+    }
+    Ok(())
+}
+
+/// Refuses a base list naming one bdev twice.
+pub fn check_distinct(names: &[String]) -> Result<(), ControlError> {
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(ControlError::invalid(
+                "base_bdevs",
+                format!("`{n}` is listed twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The info of a virtual bdev over `bases`: their common block size, the
+/// strictest alignment, a write cache if any has one; `num_blocks` and the
+/// naming come from the caller. Refuses bases of different block sizes.
+pub fn info(
+    name: &str,
+    uuid: Option<uuid::Uuid>,
+    product: &str,
+    module: &'static str,
+    bases: &[Desc],
+    num_blocks: u64,
+) -> Result<BdevInfo, ControlError> {
+    let bs = bases[0].info().block_size;
+    if let Some(d) = bases.iter().find(|d| d.info().block_size != bs) {
+        return Err(ControlError::invalid(
+            "base_bdevs",
+            format!(
+                "`{}` has block size {}, `{}` has {bs}",
+                d.name(),
+                d.info().block_size,
+                bases[0].name()
+            ),
+        ));
+    }
+    let all = |f: fn(&BdevInfo) -> bool| bases.iter().all(|d| f(d.info()));
+    Ok(BdevInfo {
+        name: name.into(),
+        uuid: uuid.unwrap_or_else(uuid::Uuid::new_v4),
+        product_name: product.into(),
+        module,
+        block_size: bs,
+        num_blocks,
+        required_alignment: bases
+            .iter()
+            .map(|d| d.info().required_alignment)
+            .max()
+            .unwrap_or(1),
+        // Children are split for each base's own limits.
+        max_transfer_blocks: 0,
+        optimal_boundary_blocks: 0,
+        write_cache: bases.iter().any(|d| d.info().write_cache),
+        unmap_reads_zero: all(|i| i.unmap_reads_zero),
+        memory_resident: all(|i| i.memory_resident),
+    })
+}
+
+/// What a virtual bdev may claim natively: what every base does natively
+/// (children get no emulation).
+pub fn all_support(bases: &[Desc], t: IoType) -> bool {
+    bases.iter().all(|d| d.io_type_supported(t))
+}
+
+/// FUA honoured by every base (otherwise the layer above flushes).
+pub fn all_fua(bases: &[Desc], t: IoType) -> bool {
+    bases.iter().all(|d| d.entry().bdev().fua_supported(t))
+}

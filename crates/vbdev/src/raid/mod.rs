@@ -1,0 +1,278 @@
+//! The raid module (`bdev_raid_create` / `bdev_raid_delete`, SPDK's names
+//! and parameters): raid0 and concat arrays over claimed members, sized
+//! as SPDK sizes them (each member used up to a whole number of strips;
+//! raid0 uses the smallest member's size on every member). The data path
+//! is in [`map`]. An array's facts (`bdev_raid_get_bdevs`) are its
+//! `driver_specific.raid` in `bdev_get_bdevs`.
+
+pub mod map;
+
+use std::sync::{Arc, Weak};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use ustor_bdev::modules::parse_params;
+use ustor_bdev::{
+    Bdev, BdevChannel, BdevEntry, BdevError, BdevInfo, BdevModule, ControlError, Desc, IoType,
+    Registry,
+};
+
+use crate::base;
+use map::{ConcatChannel, Raid0Channel};
+
+/// The array layouts this module builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Raid0,
+    Concat,
+}
+
+impl Level {
+    fn parse(s: &str) -> Result<Level, ControlError> {
+        match s {
+            "raid0" | "0" => Ok(Level::Raid0),
+            "concat" => Ok(Level::Concat),
+            _ => Err(ControlError::invalid(
+                "raid_level",
+                format!("`{s}` is not supported (raid0, concat)"),
+            )),
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Level::Raid0 => "raid0",
+            Level::Concat => "concat",
+        }
+    }
+}
+
+/// SPDK's client sends `base_bdevs` as a list; older ones as one string
+/// of names separated by spaces.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BaseList {
+    List(Vec<String>),
+    Words(String),
+}
+
+/// `bdev_raid_create`'s parameters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RaidParams {
+    name: String,
+    raid_level: String,
+    base_bdevs: BaseList,
+    #[serde(default)]
+    strip_size_kb: u32,
+    /// The old name of `strip_size_kb`.
+    #[serde(default)]
+    strip_size: u32,
+    uuid: Option<uuid::Uuid>,
+    #[serde(default)]
+    superblock: bool,
+}
+
+/// A checked raid configuration.
+#[derive(Clone, Debug)]
+pub struct RaidConfig {
+    pub name: String,
+    pub level: Level,
+    pub members: Vec<String>,
+    pub strip_size_kb: u32,
+    pub uuid: Option<uuid::Uuid>,
+}
+
+impl RaidConfig {
+    fn from_params(p: RaidParams) -> Result<RaidConfig, ControlError> {
+        let level = Level::parse(&p.raid_level)?;
+        let members = match p.base_bdevs {
+            BaseList::List(v) => v,
+            BaseList::Words(s) => s.split_whitespace().map(String::from).collect(),
+        };
+        if members.is_empty() {
+            return Err(ControlError::invalid("base_bdevs", "no members"));
+        }
+        base::check_distinct(&members)?;
+        if p.superblock {
+            return Err(ControlError::invalid(
+                "superblock",
+                "on-disk superblocks are not supported yet",
+            ));
+        }
+        let strip = if p.strip_size_kb != 0 {
+            p.strip_size_kb
+        } else {
+            p.strip_size
+        };
+        if !strip.is_power_of_two() {
+            return Err(ControlError::invalid(
+                "strip_size_kb",
+                format!("{strip} is not a power of two"),
+            ));
+        }
+        Ok(RaidConfig {
+            name: p.name,
+            level,
+            members,
+            strip_size_kb: strip,
+            uuid: p.uuid,
+        })
+    }
+}
+
+struct RaidBdev {
+    info: BdevInfo,
+    cfg: RaidConfig,
+    members: Box<[Desc]>,
+    /// Blocks of each member the array uses.
+    used: Box<[u64]>,
+    shift: u32,
+}
+
+impl Bdev for RaidBdev {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+    fn io_type_supported(&self, t: IoType) -> bool {
+        base::all_support(&self.members, t)
+    }
+    fn fua_supported(&self, t: IoType) -> bool {
+        base::all_fua(&self.members, t)
+    }
+    fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
+        let members = self
+            .members
+            .iter()
+            .map(|d| d.channel())
+            .collect::<Result<Box<[_]>, _>>()?;
+        let bs = self.info.block_size as u64;
+        Ok(match self.cfg.level {
+            Level::Raid0 => Box::new(Raid0Channel {
+                members,
+                shift: self.shift,
+                bs,
+            }),
+            Level::Concat => {
+                let mut starts = vec![0u64];
+                for u in self.used.iter() {
+                    starts.push(starts.last().unwrap() + u);
+                }
+                Box::new(ConcatChannel {
+                    members,
+                    starts: starts.into(),
+                    bs,
+                })
+            }
+        })
+    }
+    fn config_json(&self) -> Value {
+        let c = &self.cfg;
+        json!({"method": "bdev_raid_create", "params": {
+            "name": c.name, "raid_level": c.level.name(), "base_bdevs": c.members,
+            "strip_size_kb": c.strip_size_kb, "uuid": self.info.uuid.to_string(),
+            "superblock": false,
+        }})
+    }
+    fn driver_info(&self) -> Value {
+        let c = &self.cfg;
+        let n = self.members.len();
+        let list: Vec<Value> = self
+            .members
+            .iter()
+            .zip(self.used.iter())
+            .map(|(d, u)| {
+                json!({"name": d.name(), "uuid": d.info().uuid.to_string(),
+                "is_configured": true, "data_offset": 0, "data_size": u})
+            })
+            .collect();
+        json!({"raid": {
+            "uuid": self.info.uuid.to_string(), "strip_size_kb": c.strip_size_kb,
+            "state": "online", "raid_level": c.level.name(), "superblock": false,
+            "num_base_bdevs": n, "num_base_bdevs_discovered": n,
+            "num_base_bdevs_operational": n, "base_bdevs_list": list,
+        }})
+    }
+}
+
+/// Creates the array `cfg` describes. Nothing is created (and no member
+/// stays claimed) when a member is missing, claimed, of another block
+/// size or smaller than a strip.
+pub fn create(
+    reg: &Registry,
+    weak: &Weak<Registry>,
+    cfg: RaidConfig,
+) -> Result<Arc<BdevEntry>, ControlError> {
+    base::check_free(reg, &cfg.name)?;
+    let members = cfg
+        .members
+        .iter()
+        .map(|m| base::open(reg, weak, m, &cfg.name))
+        .collect::<Result<Box<[Desc]>, _>>()?;
+    let bs = members[0].info().block_size as u64;
+    let strip_bytes = cfg.strip_size_kb as u64 * 1024;
+    if strip_bytes < bs {
+        return Err(ControlError::invalid(
+            "strip_size_kb",
+            format!("{} KiB is less than the block size {bs}", cfg.strip_size_kb),
+        ));
+    }
+    let strip = strip_bytes / bs;
+    let whole = |d: &Desc| d.info().num_blocks / strip * strip;
+    if let Some(d) = members.iter().find(|d| whole(d) == 0) {
+        return Err(ControlError::invalid(
+            "base_bdevs",
+            format!("`{}` is smaller than one strip", d.name()),
+        ));
+    }
+    let used: Box<[u64]> = match cfg.level {
+        Level::Raid0 => {
+            let min = members.iter().map(whole).min().unwrap_or(0);
+            members.iter().map(|_| min).collect()
+        }
+        Level::Concat => members.iter().map(whole).collect(),
+    };
+    let total = used.iter().sum();
+    let info = base::info(&cfg.name, cfg.uuid, "Raid Volume", "raid", &members, total)?;
+    reg.register(Arc::new(RaidBdev {
+        info,
+        shift: strip.trailing_zeros(),
+        cfg,
+        members,
+        used,
+    }))
+}
+
+/// The raid module.
+pub struct RaidModule(pub Weak<Registry>);
+
+impl BdevModule for RaidModule {
+    fn name(&self) -> &'static str {
+        "raid"
+    }
+    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
+        let cfg = RaidConfig::from_params(parse_params(params)?)?;
+        create(reg, &self.0, cfg)
+    }
+}
+
+/// `bdev_raid_get_bdevs`' entries for `category` (all, online,
+/// configuring, offline): every array here is online once created.
+pub fn get_bdevs(reg: &Registry, category: &str) -> Result<Vec<Value>, ControlError> {
+    if !matches!(category, "all" | "online" | "configuring" | "offline") {
+        return Err(ControlError::invalid(
+            "category",
+            format!("`{category}` is not all, online, configuring or offline"),
+        ));
+    }
+    Ok(reg
+        .list()
+        .iter()
+        .filter(|e| e.info().module == "raid")
+        .filter_map(|e| {
+            let mut v = e.bdev().driver_info().get("raid")?.clone();
+            let on = v["state"] == category;
+            v["name"] = json!(e.info().name);
+            (category == "all" || on).then_some(v)
+        })
+        .collect())
+}

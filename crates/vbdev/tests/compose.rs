@@ -1,0 +1,188 @@
+//! Composition and control: passthru and split alone and stacked (a
+//! passthru over a raid0 of splits of one base), bad parameters refused
+//! with nothing created, claims that stop deleting a member under its
+//! parent, hot-remove of a member that removes every bdev above it.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use ustor_bdev::ControlError;
+
+#[test]
+fn passthru_over_raid0_over_splits_lands_on_the_base_where_the_stack_says() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "base", 4 << 20);
+    let parts = ustor_vbdev::split::create(
+        &reg,
+        &std::sync::Arc::downgrade(&reg),
+        serde_json::from_value(json!({"base_bdev": "base", "split_count": 4})).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(parts, ["basep0", "basep1", "basep2", "basep3"]);
+    let part = (1u64 << 20) / BS;
+    // raid0 over parts 3 and 1 (that order), strips of 8 KiB.
+    raid(&reg, "r", "raid0", &["basep3", "basep1"], 8);
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "r", "name": "pt"}),
+    )
+    .unwrap();
+    let total = reg.get("pt").unwrap().info().num_blocks;
+    assert_eq!(total, 2 * part);
+    let mut model = vec![0u8; (total * BS) as usize];
+    let ranges = [(0, 1), (15, 2), (10, 40), (part - 3, 6), (total - 16, 16)];
+    write_ranges(&rt, &reg, "pt", &ranges, 4, &mut model);
+    // Through the stack and on the base: strip k on member k % 2, member
+    // 0 is part 3, member 1 is part 1.
+    check_layout(&rt, &reg, "pt", &model, &["base"], |lba| {
+        let k = lba / 16;
+        let on = k / 2 * 16 + lba % 16;
+        (0, on + if k % 2 == 0 { 3 * part } else { part })
+    });
+    // Parts 0 and 2 were never written.
+    let raw = read_all(&rt, &reg, "base");
+    assert!(raw[..(part * BS) as usize].iter().all(|b| *b == 0));
+    // Claims hold bottom-up; deleting top-down releases them.
+    assert!(matches!(reg.delete("r"), Err(ControlError::Claimed { .. })));
+    assert!(matches!(
+        ustor_vbdev::split::delete(&reg, "base"),
+        Err(ControlError::Claimed { .. })
+    ));
+    assert!(
+        reg.get("basep0").is_some(),
+        "a part went on a refused delete"
+    );
+    reg.delete("pt").unwrap();
+    reg.delete("r").unwrap();
+    ustor_vbdev::split::delete(&reg, "base").unwrap();
+    assert!(reg.get("basep3").is_none());
+    reg.delete("base").unwrap();
+}
+
+#[test]
+fn bad_parameters_are_refused_and_nothing_is_created_or_claimed() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "a", 1 << 20);
+    ram(&reg, "b", 1 << 20);
+    ram(&reg, "in_use", 1 << 20);
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "in_use", "name": "holder"}),
+    )
+    .unwrap();
+    ustor_bdev::modules::malloc::create(
+        &reg,
+        ustor_bdev::modules::RamOpts {
+            name: "big_blocks".into(),
+            num_blocks: 256,
+            block_size: 4096,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        },
+    )
+    .unwrap();
+    let cases = [
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "nope"], "strip_size_kb": 64}),
+            "nope",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "b"], "strip_size_kb": 48}),
+            "power of two",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "a"], "strip_size_kb": 64}),
+            "twice",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "in_use"], "strip_size_kb": 64}),
+            "claimed",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "big_blocks"], "strip_size_kb": 64}),
+            "block size",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid5f", "base_bdevs": ["a", "b"], "strip_size_kb": 64}),
+            "raid5f",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "b"], "strip_size_kb": 2048}),
+            "smaller than one strip",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "b"], "strip_size_kb": 64, "superblock": true}),
+            "superblock",
+        ),
+        (
+            json!({"name": "a", "raid_level": "raid0", "base_bdevs": ["b"], "strip_size_kb": 64}),
+            "exists",
+        ),
+        (
+            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a"], "strip_kb": 64}),
+            "strip_kb",
+        ),
+    ];
+    for (params, why) in cases {
+        let e = create(&reg, "raid", params.clone()).expect_err(&params.to_string());
+        assert!(e.to_string().contains(why), "{params}: `{e}` lacks `{why}`");
+        assert!(reg.get("r").is_none(), "{params}: created");
+        for m in ["a", "b", "big_blocks"] {
+            assert!(
+                reg.get(m).unwrap().claimed_by().is_none(),
+                "{params}: {m} left claimed"
+            );
+        }
+    }
+    // A cycle cannot be named: the parent must be new, its bases must exist.
+    let e = create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "c", "name": "c"}),
+    )
+    .unwrap_err();
+    assert!(matches!(e, ControlError::NotFound(_)), "{e}");
+    let e = create(
+        &reg,
+        "split",
+        json!({"base_bdev": "a", "split_count": 3, "split_size_mb": 1}),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("exceed"), "{e}");
+    assert!(reg.get("ap0").is_none());
+    assert!(reg.get("a").unwrap().claimed_by().is_none());
+}
+
+#[test]
+fn hot_remove_of_a_member_removes_every_bdev_above_it() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "a", 1 << 20);
+    ram(&reg, "b", 1 << 20);
+    raid(&reg, "cat", "concat", &["a", "b"], 4);
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "cat", "name": "top"}),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let _watch = reg
+        .open("top", false, move |ev| {
+            let _ = tx.lock().unwrap().send(ev);
+        })
+        .unwrap();
+    reg.hot_remove("b").unwrap();
+    assert_eq!(rx.try_recv(), Ok(ustor_bdev::BdevEvent::Remove));
+    assert!(reg.get("cat").is_none() && reg.get("top").is_none());
+    // The surviving member is free again once the stack's descriptors go.
+    drop(_watch);
+    assert!(reg.get("a").unwrap().claimed_by().is_none());
+}
