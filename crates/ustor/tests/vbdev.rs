@@ -1,5 +1,5 @@
 //! Virtual bdevs end to end: `ustor bench --verify` on raid0, concat, a
-//! split part, a passthru and an error bdev made from a config file; a
+//! split part, a passthru, an error and a delay bdev made from a config file; a
 //! raid built over RPC (SPDK's methods) and read and written by a real NBD
 //! peer (nbdcopy) with a checksum compare; save_config recreates the
 //! stack; bad parameters come back as errors with nothing created.
@@ -12,7 +12,7 @@ use common::*;
 use serde_json::{json, Value};
 
 fn vbdev_config() -> Value {
-    let mut calls: Vec<Value> = (0..6)
+    let mut calls: Vec<Value> = (0..7)
         .map(|i| {
             json!({"method": "bdev_malloc_create",
                 "params": {"name": format!("m{i}"), "num_blocks": (16 << 20) / 512, "block_size": 512}})
@@ -26,6 +26,9 @@ fn vbdev_config() -> Value {
         json!({"method": "bdev_split_create", "params": {"base_bdev": "m4", "split_count": 2}}),
         json!({"method": "bdev_passthru_create", "params": {"base_bdev_name": "m4p0", "name": "pt"}}),
         json!({"method": "bdev_error_create", "params": {"base_name": "m5"}}),
+        json!({"method": "bdev_delay_create", "params": {"base_bdev_name": "m6", "name": "dl",
+            "avg_read_latency": 100, "p99_read_latency": 300, "avg_write_latency": 50,
+            "p99_write_latency": 200}}),
     ]);
     json!({"subsystems": [{"subsystem": "bdev", "config": calls}]})
 }
@@ -35,7 +38,7 @@ fn bench_verify_passes_on_every_vbdev() {
     let dir = tmpdir("vbdev-bench");
     let cfg = dir.join("vbdev.json");
     std::fs::write(&cfg, serde_json::to_vec(&vbdev_config()).unwrap()).unwrap();
-    for b in ["r0", "c0", "m4p1", "pt", "EE_m5"] {
+    for b in ["r0", "c0", "m4p1", "pt", "EE_m5", "dl"] {
         let out = Command::new(BIN)
             .args(["bench", "--no-pin", "--json", "-c", cfg.to_str().unwrap()])
             .args([

@@ -3,9 +3,9 @@
 //! their hot-remove (which hot-removes the virtual bdev in turn), and
 //! derive its own limits from theirs.
 
-use std::sync::Weak;
+use std::sync::{Arc, Mutex, Weak};
 
-use ustor_bdev::{BdevEvent, BdevInfo, ControlError, Desc, IoType, Registry};
+use ustor_bdev::{BdevEntry, BdevEvent, BdevInfo, ControlError, Desc, IoType, Registry};
 
 /// Opens base `name` for virtual bdev `by` and claims it exclusively. When
 /// the base is hot-removed, `by` is hot-removed too (its I/O would fail
@@ -108,4 +108,49 @@ pub fn all_support(bases: &[Desc], t: IoType) -> bool {
 /// FUA honoured by every base (otherwise the layer above flushes).
 pub fn all_fua(bases: &[Desc], t: IoType) -> bool {
     bases.iter().all(|d| d.entry().bdev().fua_supported(t))
+}
+
+/// Control state of live vbdevs of one kind (error injections, delay
+/// latencies) by device, for the RPC methods that change it: the registry
+/// hands out `dyn Bdev`, not the type, so a module keeps its own table.
+/// Entries go with their state (weak references).
+pub struct Live<T>(Mutex<Vec<(usize, Weak<T>)>>);
+
+impl<T> Default for Live<T> {
+    fn default() -> Live<T> {
+        Live::new()
+    }
+}
+
+impl<T> Live<T> {
+    pub const fn new() -> Live<T> {
+        Live(Mutex::new(Vec::new()))
+    }
+
+    fn key(e: &BdevEntry) -> usize {
+        Arc::as_ptr(e.bdev()) as *const () as usize
+    }
+
+    /// Remembers `state` for the bdev `e`.
+    pub fn add(&self, e: &BdevEntry, state: &Arc<T>) {
+        let mut l = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        l.retain(|(_, w)| w.strong_count() > 0);
+        l.push((Self::key(e), Arc::downgrade(state)));
+    }
+
+    /// The state of bdev `name`, which must be of `module`.
+    pub fn find(&self, reg: &Registry, name: &str, module: &str) -> Result<Arc<T>, ControlError> {
+        let e = reg
+            .get(name)
+            .filter(|e| e.info().module == module)
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let k = Self::key(&e);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(a, _)| *a == k)
+            .find_map(|(_, w)| w.upgrade())
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))
+    }
 }

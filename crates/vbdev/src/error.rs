@@ -9,7 +9,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -65,13 +65,8 @@ impl Shared {
     }
 }
 
-/// Live error bdevs by the address of their device, for
-/// [`inject`] (the registry hands out `dyn Bdev`, not the type).
-static LIVE: Mutex<Vec<(usize, Weak<Shared>)>> = Mutex::new(Vec::new());
-
-fn key(b: &Arc<dyn Bdev>) -> usize {
-    Arc::as_ptr(b) as *const () as usize
-}
+/// Live error bdevs' injection state, for [`inject`].
+static LIVE: base::Live<Shared> = base::Live::new();
 
 /// `bdev_error_create`'s parameters.
 #[derive(Deserialize, Serialize, Clone)]
@@ -175,10 +170,6 @@ impl Bdev for ErrorBdev {
     fn config_json(&self) -> Value {
         json!({"method": "bdev_error_create", "params": self.params})
     }
-    fn destruct(&self) {
-        let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-        l.retain(|(_, w)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), &*self.shared));
-    }
 }
 
 /// Creates `EE_{base_name}` over `base_name`.
@@ -193,16 +184,13 @@ pub fn create(
     let n = base[0].info().num_blocks;
     let info = base::info(&name, p.uuid, "Error Injection Disk", "error", &base, n)?;
     let shared = Arc::new(Shared::default());
-    let w = Arc::downgrade(&shared);
     let e = reg.register(Arc::new(ErrorBdev {
         info,
         base,
-        shared,
+        shared: shared.clone(),
         params: p,
     }))?;
-    let mut l = LIVE.lock().unwrap_or_else(|p| p.into_inner());
-    l.retain(|(_, w)| w.strong_count() > 0);
-    l.push((key(e.bdev()), w));
+    LIVE.add(&e, &shared);
     Ok(e)
 }
 
@@ -231,18 +219,7 @@ fn one() -> u32 {
 /// Arms (or, with io_type `clear`, disarms) injections on error bdev
 /// `p.name`.
 pub fn inject(reg: &Registry, p: InjectParams) -> Result<(), ControlError> {
-    let e = reg
-        .get(&p.name)
-        .filter(|e| e.info().module == "error")
-        .ok_or_else(|| ControlError::NotFound(p.name.clone()))?;
-    let k = key(e.bdev());
-    let shared = LIVE
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .find(|(a, _)| *a == k)
-        .and_then(|(_, w)| w.upgrade())
-        .ok_or_else(|| ControlError::NotFound(p.name.clone()))?;
+    let shared = LIVE.find(reg, &p.name, "error")?;
     let kinds: Vec<IoType> = match p.io_type.as_str() {
         "all" | "clear" => IoType::ALL.to_vec(),
         t => vec![*IoType::ALL.iter().find(|k| k.name() == t).ok_or_else(|| {

@@ -8,11 +8,13 @@
 //! - [`split`]: a base cut into equal parts (`bdev_split_create`).
 //! - [`raid`]: raid0 (strips) and concat (linear) over several bases.
 //! - [`error`]: a base with injectable failures (`bdev_error_*`).
+//! - [`delay`]: a base with added read/write latency, timed on the reactor.
 //!
 //! [`base`] holds what they share: opening and claiming a base
 //! exclusively, and following its hot-remove.
 
 pub mod base;
+pub mod delay;
 pub mod error;
 pub mod passthru;
 pub mod raid;
@@ -29,5 +31,6 @@ pub fn register(reg: &Arc<Registry>) -> Result<(), ControlError> {
     reg.add_module(Arc::new(passthru::PassthruModule(w.clone())))?;
     reg.add_module(Arc::new(split::SplitModule(w.clone())))?;
     reg.add_module(Arc::new(raid::RaidModule(w.clone())))?;
-    reg.add_module(Arc::new(error::ErrorModule(w)))
+    reg.add_module(Arc::new(error::ErrorModule(w.clone())))?;
+    reg.add_module(Arc::new(delay::DelayModule(w)))
 }

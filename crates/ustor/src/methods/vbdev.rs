@@ -1,6 +1,7 @@
 //! The virtual bdevs' RPC methods that are not a plain module create or
 //! delete by name: `bdev_raid_get_bdevs`, `bdev_split_create` (returns
-//! every part) / `bdev_split_delete` (by base), `bdev_error_inject_error`.
+//! every part) / `bdev_split_delete` (by base), `bdev_error_inject_error`,
+//! `bdev_delay_update_latency`.
 //! The plain ones (`bdev_raid_create`, `bdev_passthru_delete`, ...) come
 //! from the module table like every module's.
 
@@ -47,6 +48,10 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     })?;
     ctx.method("bdev_error_inject_error", RPC_RUNTIME, |c, p| {
         ustor_vbdev::error::inject(&c.registry, parse_params(p)?).map_err(control_err)?;
+        Ok(json!(true))
+    })?;
+    ctx.method("bdev_delay_update_latency", RPC_RUNTIME, |c, p| {
+        ustor_vbdev::delay::update_latency(&c.registry, parse_params(p)?).map_err(control_err)?;
         Ok(json!(true))
     })?;
     Ok(())
