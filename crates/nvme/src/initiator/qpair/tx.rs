@@ -115,20 +115,14 @@ fn encode_cmd(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16) -> bool {
             g.push_bytes(&crc(&c.dsm).to_le_bytes());
         }
     } else if icd > 0 {
-        let mut d = 0u32;
         // SAFETY: the command holds its I/O, whose buffers stay valid and
         // unchanged until it completes — after the controller answered, so
         // after this group was sent.
-        for (i, v) in unsafe { c.iovecs() }.iter().enumerate() {
-            unsafe { g.push_raw(v.iov_base as *const u8, v.iov_len) };
-            if dg.data {
-                let b = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
-                d = if i == 0 { crc(b) } else { crc_append(d, b) };
-            }
-        }
-        if dg.data {
-            g.push_bytes(&d.to_le_bytes());
-        }
+        let data = unsafe { c.iovecs() }
+            .iter()
+            .map(|v| (v.iov_base as *const u8, v.iov_len));
+        // SAFETY: as above.
+        unsafe { push_data(g, data, dg.data) };
     }
     g.end_pdu(false);
     true
@@ -159,18 +153,9 @@ fn encode_h2c(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16, ttag: u16, off: u32,
     let mut h = [0u8; MAX_PADDED_HDR];
     let n = encode_data_hdr_pda(&mut h, PduType::H2CData, &dh, fl, dg, cpda);
     g.push_bytes(&h[..n]);
-    let mut d = 0u32;
-    for (i, s) in segs[..k].iter().enumerate() {
-        // SAFETY: as for in-capsule data (`encode_cmd`).
-        unsafe { g.push_raw(s.ptr, s.len) };
-        if dg.data {
-            let b = unsafe { std::slice::from_raw_parts(s.ptr as *const u8, s.len) };
-            d = if i == 0 { crc(b) } else { crc_append(d, b) };
-        }
-    }
-    if dg.data {
-        g.push_bytes(&d.to_le_bytes());
-    }
+    let data = segs[..k].iter().map(|s| (s.ptr as *const u8, s.len));
+    // SAFETY: as for in-capsule data (`encode_cmd`).
+    unsafe { push_data(g, data, dg.data) };
     // The controller waits for this data: do not hold it back.
     g.end_pdu(true);
     let mut out = qp.out.borrow_mut();
@@ -180,6 +165,28 @@ fn encode_h2c(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16, ttag: u16, off: u32,
         *o += chunk as u32;
     }
     true
+}
+
+/// Appends write data to the group by pointer (no copy), then its data
+/// digest when `ddgst`.
+///
+/// # Safety
+/// Every segment must stay valid and unchanged until the group was sent.
+#[inline]
+unsafe fn push_data(g: &mut PduGroup, segs: impl Iterator<Item = (*const u8, usize)>, ddgst: bool) {
+    let mut d = 0u32;
+    for (i, (ptr, len)) in segs.enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { g.push_raw(ptr, len) };
+        if ddgst {
+            // SAFETY: as above; the bytes are readable.
+            let b = unsafe { std::slice::from_raw_parts(ptr, len) };
+            d = if i == 0 { crc(b) } else { crc_append(d, b) };
+        }
+    }
+    if ddgst {
+        g.push_bytes(&d.to_le_bytes());
+    }
 }
 
 /// Sends queued capsules and data through the coalescer.
