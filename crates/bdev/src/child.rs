@@ -17,6 +17,7 @@
 //! crossing its boundary is split here.
 
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 
 use crate::channel::IoChannel;
 use crate::error::BdevError;
@@ -50,7 +51,67 @@ impl IoHandle {
     }
 }
 
+/// What a watcher is called with when one of its children completes: its
+/// `ctx` and `tag`, the parent (to send more children to, e.g. a mirror
+/// retrying a read on another member) and the child's status; it returns
+/// the status the parent gets from this child (e.g. `Ok` for a write a
+/// mirror's other members hold). It runs on the reactor, inside the
+/// completion path: the same rules as `submit` (no block, lock, alloc).
+pub type WatchFn = fn(
+    ctx: *const (),
+    tag: u32,
+    parent: &Children,
+    status: Result<(), BdevError>,
+) -> Result<(), BdevError>;
+
+/// A watcher of child I/Os ([`Children::submit_watched`]). `ctx` must stay
+/// valid until every child submitted with it has completed.
+#[derive(Clone, Copy, Debug)]
+pub struct Watch {
+    pub f: WatchFn,
+    pub ctx: *const (),
+    pub tag: u32,
+}
+
+impl Watch {
+    pub(crate) fn call(self, parent: u32, status: Result<(), BdevError>) -> Result<(), BdevError> {
+        // The parent still counts this child, so it cannot complete while
+        // the watcher adds children; the borrowed handle must not release
+        // it (no drop).
+        let p = ManuallyDrop::new(Children {
+            idx: parent,
+            _reactor: PhantomData,
+        });
+        (self.f)(self.ctx, self.tag, &p, status)
+    }
+}
+
 impl Children {
+    /// The parent I/O's kind, range and iovecs.
+    pub fn desc(&self) -> crate::io::IoDesc {
+        crate::io::slot_desc(self.idx)
+    }
+
+    /// [`Children::submit`] with `watch` called as each child completes.
+    pub fn submit_watched(
+        &self,
+        ch: &IoChannel,
+        kind: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        parent_byte_offset: u64,
+        watch: Watch,
+    ) {
+        self.submit_with(
+            ch,
+            kind,
+            offset_blocks,
+            num_blocks,
+            parent_byte_offset,
+            Some(watch),
+        )
+    }
+
     /// Sends `kind` on `num_blocks` at `offset_blocks` of `ch`'s bdev. A
     /// data I/O uses the parent's bytes from `parent_byte_offset` on
     /// (`num_blocks` times the base's block size of them); other kinds
@@ -64,12 +125,34 @@ impl Children {
         num_blocks: u64,
         parent_byte_offset: u64,
     ) {
+        self.submit_with(
+            ch,
+            kind,
+            offset_blocks,
+            num_blocks,
+            parent_byte_offset,
+            None,
+        )
+    }
+
+    #[inline]
+    fn submit_with(
+        &self,
+        ch: &IoChannel,
+        kind: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        parent_byte_offset: u64,
+        watch: Option<Watch>,
+    ) {
         if let Err(e) = check(ch, kind, offset_blocks, num_blocks) {
             return self.fail(e);
         }
         let c = &*ch.core;
         if !kind.has_data() {
-            if let Some((child, gen)) = self.child_slot(ch, kind, offset_blocks, num_blocks, 0) {
+            if let Some((child, gen)) =
+                self.child_slot(ch, kind, offset_blocks, num_blocks, 0, watch)
+            {
                 c.driver.submit(IoHandle::from_parts(child, gen));
             }
             return;
@@ -80,7 +163,7 @@ impl Children {
             let off = offset_blocks + done;
             let n = chunk(c.max_xfer, c.boundary, off, num_blocks - done);
             let at = parent_byte_offset + done * bs;
-            let Some((child, gen)) = self.child_slot(ch, kind, off, n, at) else {
+            let Some((child, gen)) = self.child_slot(ch, kind, off, n, at, watch) else {
                 return;
             };
             c.driver.submit(IoHandle::from_parts(child, gen));
@@ -108,6 +191,7 @@ impl Children {
         offset_blocks: u64,
         n: u64,
         at: u64,
+        watch: Option<Watch>,
     ) -> Option<(u32, u32)> {
         let c = &*ch.core;
         let r = with_table(|t| {
@@ -120,6 +204,7 @@ impl Children {
             s.num_blocks.set(n);
             s.removed.set(c.entry.removed_flag());
             s.parent.set(self.idx);
+            s.watch.set(watch);
             if kind.has_data() {
                 let len = n * c.block_size as u64;
                 // SAFETY: parent and child are distinct slots of this

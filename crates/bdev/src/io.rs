@@ -106,6 +106,9 @@ pub(crate) struct Slot {
     pub(crate) bufs: RefCell<Bufs>,
     /// Set on hot-remove so completions report `Removed`.
     pub(crate) removed: Cell<*const std::sync::atomic::AtomicBool>,
+    /// A child's watcher ([`crate::child::Watch`]); set for every child
+    /// when it is filled, never read for other slots.
+    pub(crate) watch: Cell<Option<crate::child::Watch>>,
 }
 
 pub(crate) struct Table {
@@ -170,6 +173,7 @@ impl Table {
                 waker: RefCell::new(None),
                 bufs: RefCell::new(Bufs::None),
                 removed: Cell::new(std::ptr::null()),
+                watch: Cell::new(None),
             })
             .collect();
         Table {
@@ -238,8 +242,14 @@ impl Table {
         };
         let parent = s.parent.get();
         if parent != NONE {
-            // A child: free it and fold its status into the parent.
+            // A child: free it, let its watcher see (and maybe replace) its
+            // status, and fold that into the parent.
+            let watch = s.watch.get();
             self.free(i);
+            let status = match watch {
+                None => status,
+                Some(w) => w.call(parent, status),
+            };
             self.child_done(parent, status);
             return;
         }
@@ -286,6 +296,22 @@ impl Table {
     }
 }
 
+/// What a driver reads of slot `idx`.
+#[inline]
+pub(crate) fn slot_desc(idx: u32) -> IoDesc {
+    with_table(|t| {
+        let s = &t.slots[idx as usize];
+        IoDesc {
+            kind: s.kind.get(),
+            offset_blocks: s.offset_blocks.get(),
+            num_blocks: s.num_blocks.get(),
+            iov: s.iov.get() as *const libc::iovec,
+            iovcnt: s.iovcnt.get() as usize,
+            fixed: s.fixed.get(),
+        }
+    })
+}
+
 /// A driver's reference to one in-flight I/O. Not `Clone`: completing it
 /// consumes it, so an I/O completes exactly once.
 #[derive(Debug)]
@@ -330,17 +356,7 @@ impl IoHandle {
     }
 
     pub fn desc(&self) -> IoDesc {
-        with_table(|t| {
-            let s = &t.slots[self.idx as usize];
-            IoDesc {
-                kind: s.kind.get(),
-                offset_blocks: s.offset_blocks.get(),
-                num_blocks: s.num_blocks.get(),
-                iov: s.iov.get() as *const libc::iovec,
-                iovcnt: s.iovcnt.get() as usize,
-                fixed: s.fixed.get(),
-            }
-        })
+        slot_desc(self.idx)
     }
 
     /// The submitter's flags. A driver that says it supports FUA natively

@@ -31,7 +31,7 @@ pub mod stats;
 pub mod types;
 
 pub use channel::IoChannel;
-pub use child::Children;
+pub use child::{Children, Watch, WatchFn};
 pub use device::{Bdev, BdevChannel, BdevModule, Extent};
 pub use error::{BdevError, ControlError};
 pub use io::{IoDesc, IoHandle};

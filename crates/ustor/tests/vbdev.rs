@@ -1,4 +1,4 @@
-//! Virtual bdevs end to end: `ustor bench --verify` on raid0, concat, a
+//! Virtual bdevs end to end: `ustor bench --verify` on raid0, concat, raid1, a
 //! split part, a passthru, an error and a delay bdev made from a config file; a
 //! raid built over RPC (SPDK's methods) and read and written by a real NBD
 //! peer (nbdcopy) with a checksum compare; save_config recreates the
@@ -12,7 +12,7 @@ use common::*;
 use serde_json::{json, Value};
 
 fn vbdev_config() -> Value {
-    let mut calls: Vec<Value> = (0..7)
+    let mut calls: Vec<Value> = (0..9)
         .map(|i| {
             json!({"method": "bdev_malloc_create",
                 "params": {"name": format!("m{i}"), "num_blocks": (16 << 20) / 512, "block_size": 512}})
@@ -26,6 +26,8 @@ fn vbdev_config() -> Value {
         json!({"method": "bdev_split_create", "params": {"base_bdev": "m4", "split_count": 2}}),
         json!({"method": "bdev_passthru_create", "params": {"base_bdev_name": "m4p0", "name": "pt"}}),
         json!({"method": "bdev_error_create", "params": {"base_name": "m5"}}),
+        json!({"method": "bdev_raid_create", "params": {"name": "mir", "raid_level": "raid1",
+            "base_bdevs": ["m7", "m8"]}}),
         json!({"method": "bdev_delay_create", "params": {"base_bdev_name": "m6", "name": "dl",
             "avg_read_latency": 100, "p99_read_latency": 300, "avg_write_latency": 50,
             "p99_write_latency": 200}}),
@@ -38,7 +40,7 @@ fn bench_verify_passes_on_every_vbdev() {
     let dir = tmpdir("vbdev-bench");
     let cfg = dir.join("vbdev.json");
     std::fs::write(&cfg, serde_json::to_vec(&vbdev_config()).unwrap()).unwrap();
-    for b in ["r0", "c0", "m4p1", "pt", "EE_m5", "dl"] {
+    for b in ["r0", "c0", "m4p1", "pt", "EE_m5", "dl", "mir"] {
         let out = Command::new(BIN)
             .args(["bench", "--no-pin", "--json", "-c", cfg.to_str().unwrap()])
             .args([
@@ -57,6 +59,7 @@ fn bench_verify_passes_on_every_vbdev() {
         assert!(v["total"]["ios"].as_u64().unwrap() > 100, "{log}");
         assert_eq!(v["total"]["verify_errors"], 0, "{log}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn run(c: &mut Command) -> String {
@@ -76,7 +79,7 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
         return;
     }
     let dir = tmpdir("vbdev-nbd");
-    let calls: Vec<Value> = ["a", "b", "c"]
+    let calls: Vec<Value> = ["a", "b", "c", "d", "e", "f"]
         .iter()
         .map(|n| {
             json!({"method": "bdev_malloc_create",
@@ -154,6 +157,31 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
     let t = Server::start(&dir, &json!({"subsystems": bdev_only}), &[]);
     let again = t.ok("bdev_raid_get_bdevs", json!({"category": "all"}));
     assert_eq!(again, raids);
+    // raid1 over RPC: a member removed, another added and rebuilt in the
+    // background (progress in bdev_raid_get_bdevs until it is done).
+    t.ok(
+        "bdev_raid_create",
+        json!({"name": "mr", "raid_level": "raid1", "base_bdevs": ["d", "e"]}),
+    );
+    t.ok("bdev_raid_remove_base_bdev", json!({"name": "e"}));
+    t.ok(
+        "bdev_raid_add_base_bdev",
+        json!({"raid_bdev": "mr", "base_bdev": "f"}),
+    );
+    let mr = |t: &Server| {
+        t.ok("bdev_raid_get_bdevs", json!({"category": "all"}))
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "mr")
+            .cloned()
+            .unwrap()
+    };
+    testkit::wait_until("raid1 rebuild", std::time::Duration::from_secs(20), || {
+        mr(&t)["num_base_bdevs_operational"] == 2
+    });
+    assert_eq!(mr(&t)["base_bdevs_list"][1]["name"], "f");
+    t.ok("bdev_raid_delete", json!({"name": "mr"}));
     t.ok("bdev_raid_delete", json!({"name": "r"}));
     t.ok("bdev_split_delete", json!({"base_bdev": "c"}));
     t.ok("bdev_malloc_delete", json!({"name": "a"}));

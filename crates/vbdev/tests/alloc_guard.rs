@@ -1,6 +1,7 @@
 //! The composite data path allocates nothing: I/Os through raid0 over two
-//! uring files (two children per I/O, completions from the ring) and
-//! concat over malloc (I/Os crossing the member boundary), on two
+//! uring files (two children per I/O, completions from the ring), concat
+//! over malloc (I/Os crossing the member boundary) and raid1 over malloc
+//! (watched children, writes to both, balanced reads), on two
 //! reactors, under a counting global allocator, after warm-up.
 
 mod common;
@@ -76,7 +77,7 @@ async fn run(ch: &IoChannel, n: usize, mut buf: IoBuf, mut x: u64) -> (usize, Io
 }
 
 #[test]
-fn raid0_over_uring_and_concat_over_malloc_allocate_nothing_per_io() {
+fn raid0_over_uring_concat_and_raid1_over_malloc_allocate_nothing_per_io() {
     let files = [file("u0"), file("u1")];
     let rt = runtime(2);
     let reg = registry(&rt);
@@ -100,7 +101,15 @@ fn raid0_over_uring_and_concat_over_malloc_allocate_nothing_per_io() {
     ram(&reg, "m0", 1 << 20);
     ram(&reg, "m1", 1 << 20);
     raid(&reg, "cat", "concat", &["m0", "m1"], 4);
-    let names = ["r0", "cat"];
+    ram(&reg, "m2", 1 << 20);
+    ram(&reg, "m3", 1 << 20);
+    create(
+        &reg,
+        "raid",
+        serde_json::json!({"name": "mir", "raid_level": "raid1", "base_bdevs": ["m2", "m3"]}),
+    )
+    .unwrap();
+    let names = ["r0", "cat", "mir"];
     let tasks = 2 * names.len() * TASKS;
     let (ready, go) = (
         Arc::new(AtomicUsize::new(0)),

@@ -1,5 +1,6 @@
 //! The virtual bdevs' RPC methods that are not a plain module create or
-//! delete by name: `bdev_raid_get_bdevs`, `bdev_split_create` (returns
+//! delete by name: `bdev_raid_get_bdevs`, `bdev_raid_remove_base_bdev`,
+//! `bdev_raid_add_base_bdev` (starts the rebuild), `bdev_split_create` (returns
 //! every part) / `bdev_split_delete` (by base), `bdev_error_inject_error`,
 //! `bdev_delay_update_latency`.
 //! The plain ones (`bdev_raid_create`, `bdev_passthru_delete`, ...) come
@@ -24,6 +25,19 @@ fn all() -> String {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RaidAdd {
+    raid_bdev: String,
+    base_bdev: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameParam {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SplitDelete {
     base_bdev: String,
 }
@@ -34,6 +48,25 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         ustor_vbdev::raid::get_bdevs(&c.registry, &p.category)
             .map(Value::Array)
             .map_err(control_err)
+    })?;
+    ctx.method("bdev_raid_remove_base_bdev", RPC_RUNTIME, |c, p| {
+        let p: NameParam = parse_params(p)?;
+        ustor_vbdev::raid::mirror::remove_base(&c.registry, &p.name).map_err(control_err)?;
+        Ok(json!(true))
+    })?;
+    ctx.method("bdev_raid_add_base_bdev", RPC_RUNTIME, |c, p| {
+        let p: RaidAdd = parse_params(p)?;
+        let j = ustor_vbdev::raid::mirror::add_base(&c.registry, &p.raid_bdev, &p.base_bdev)
+            .map_err(control_err)?;
+        // The copy runs in the background on the first reactor; progress
+        // shows in bdev_raid_get_bdevs.
+        c.rt.send(0, move || {
+            ustor_runtime::spawn(async move {
+                let _ = ustor_vbdev::raid::mirror::rebuild(j).await;
+            });
+        })
+        .map_err(ustor_rpc::RpcError::internal)?;
+        Ok(json!(true))
     })?;
     ctx.method("bdev_split_create", RPC_RUNTIME, |c, p| {
         let weak = std::sync::Arc::downgrade(&c.registry);

@@ -1,11 +1,12 @@
 //! The raid module (`bdev_raid_create` / `bdev_raid_delete`, SPDK's names
-//! and parameters): raid0 and concat arrays over claimed members, sized
+//! and parameters): raid1 ([`mirror`]), raid0 and concat arrays over claimed members, sized
 //! as SPDK sizes them (each member used up to a whole number of strips;
 //! raid0 uses the smallest member's size on every member). The data path
 //! is in [`map`]. An array's facts (`bdev_raid_get_bdevs`) are its
 //! `driver_specific.raid` in `bdev_get_bdevs`.
 
 pub mod map;
+pub mod mirror;
 
 use std::sync::{Arc, Weak};
 
@@ -25,6 +26,7 @@ use map::{ConcatChannel, Raid0Channel};
 pub enum Level {
     Raid0,
     Concat,
+    Raid1,
 }
 
 impl Level {
@@ -32,9 +34,10 @@ impl Level {
         match s {
             "raid0" | "0" => Ok(Level::Raid0),
             "concat" => Ok(Level::Concat),
+            "raid1" | "1" => Ok(Level::Raid1),
             _ => Err(ControlError::invalid(
                 "raid_level",
-                format!("`{s}` is not supported (raid0, concat)"),
+                format!("`{s}` is not supported (raid0, concat, raid1)"),
             )),
         }
     }
@@ -42,6 +45,7 @@ impl Level {
         match self {
             Level::Raid0 => "raid0",
             Level::Concat => "concat",
+            Level::Raid1 => "raid1",
         }
     }
 }
@@ -104,7 +108,14 @@ impl RaidConfig {
         } else {
             p.strip_size
         };
-        if !strip.is_power_of_two() {
+        if level == Level::Raid1 {
+            if strip != 0 {
+                return Err(ControlError::invalid(
+                    "strip_size_kb",
+                    "raid1 has no strips (0 or absent)",
+                ));
+            }
+        } else if !strip.is_power_of_two() {
             return Err(ControlError::invalid(
                 "strip_size_kb",
                 format!("{strip} is not a power of two"),
@@ -152,6 +163,7 @@ impl Bdev for RaidBdev {
                 shift: self.shift,
                 bs,
             }),
+            Level::Raid1 => unreachable!("raid1 is a MirrorBdev"),
             Level::Concat => {
                 let mut starts = vec![0u64];
                 for u in self.used.iter() {
@@ -230,6 +242,7 @@ pub fn create(
             members.iter().map(|_| min).collect()
         }
         Level::Concat => members.iter().map(whole).collect(),
+        Level::Raid1 => unreachable!("raid1 is a MirrorBdev"),
     };
     let total = used.iter().sum();
     let info = base::info(&cfg.name, cfg.uuid, "Raid Volume", "raid", &members, total)?;
@@ -251,6 +264,9 @@ impl BdevModule for RaidModule {
     }
     fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
         let cfg = RaidConfig::from_params(parse_params(params)?)?;
+        if cfg.level == Level::Raid1 {
+            return mirror::create(reg, cfg);
+        }
         create(reg, &self.0, cfg)
     }
 }

@@ -1,0 +1,567 @@
+//! raid1: every write goes to every member that holds the array's data,
+//! reads go round-robin to one of them. A member whose child I/O fails is
+//! marked failed and the array goes on degraded: a failed read is retried
+//! on another member, a failed write succeeds while another member holds
+//! it (the child-I/O watcher, [`ustor_bdev::Watch`]). A member removed
+//! (`bdev_raid_remove_base_bdev`, hot-remove) leaves an empty slot; a
+//! member added (`bdev_raid_add_base_bdev`) is written at once and read
+//! only after a background rebuild has copied the array onto it.
+//!
+//! Member states are shared by every reactor (one relaxed load per member
+//! per I/O); membership changes bump an epoch after which each channel
+//! refetches its member channels (control path).
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use serde_json::{json, Value};
+use ustor_bdev::{
+    Bdev, BdevChannel, BdevEntry, BdevError, BdevEvent, BdevInfo, Children, ControlError, Desc,
+    IoChannel, IoDesc, IoHandle, IoType, Registry, Watch,
+};
+
+use super::{Level, RaidConfig};
+use crate::base;
+
+const ONLINE: u8 = 0;
+const FAILED: u8 = 1;
+/// Written, not read: the background copy has not reached the end.
+const REBUILDING: u8 = 2;
+
+/// A mirror's state shared by its channels, the RPC methods and the
+/// rebuild task.
+pub struct Mirror {
+    pub(super) name: String,
+    state: Box<[AtomicU8]>,
+    epoch: AtomicU64,
+    slots: Mutex<Vec<Option<Desc>>>,
+    pub(super) blocks: u64,
+    rebuild: Rebuild,
+}
+
+/// The background copy onto a member: its slot, how far it got, and the
+/// chunk being copied (writes that touch it make the copy redo it).
+#[derive(Default)]
+struct Rebuild {
+    running: AtomicBool,
+    slot: AtomicU64,
+    done: AtomicU64,
+    lo: AtomicU64,
+    hi: AtomicU64,
+    dirty: AtomicBool,
+}
+
+impl Mirror {
+    fn slots(&self) -> MutexGuard<'_, Vec<Option<Desc>>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[inline]
+    fn state(&self, i: usize) -> u8 {
+        self.state[i].load(Ordering::Relaxed)
+    }
+
+    fn online(&self) -> usize {
+        (0..self.state.len())
+            .filter(|i| self.state(*i) == ONLINE)
+            .count()
+    }
+
+    /// A member failed an I/O: stop using it.
+    fn fail(&self, i: usize, e: BdevError) {
+        if self.state[i].swap(FAILED, Ordering::AcqRel) != FAILED {
+            tracing::warn!("raid1 {}: member {i} failed ({e}); degraded", self.name);
+        }
+    }
+
+    /// A write over `[lo, hi)` overlaps the chunk being rebuilt.
+    #[inline]
+    fn touch(&self, lo: u64, hi: u64) {
+        let r = &self.rebuild;
+        if r.running.load(Ordering::Relaxed)
+            && lo < r.hi.load(Ordering::Acquire)
+            && hi > r.lo.load(Ordering::Acquire)
+        {
+            r.dirty.store(true, Ordering::Release);
+        }
+    }
+
+    /// Empties slot `i` (its claim goes with the descriptor).
+    fn clear_slot(&self, i: usize) {
+        self.state[i].store(FAILED, Ordering::Release);
+        let old = self.slots()[i].take();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        drop(old);
+    }
+}
+
+struct MirrorBdev {
+    info: BdevInfo,
+    cfg: RaidConfig,
+    m: Arc<Mirror>,
+}
+
+/// What a channel and its children's watcher share.
+struct Chan {
+    m: Arc<Mirror>,
+    members: RefCell<Vec<Option<IoChannel>>>,
+    epoch: Cell<u64>,
+    next: Cell<usize>,
+    /// Children not yet completed: their watcher points here.
+    inflight: Cell<u64>,
+}
+
+impl Chan {
+    fn refresh(&self) {
+        let e = self.m.epoch.load(Ordering::Acquire);
+        if e == self.epoch.get() {
+            return;
+        }
+        let fresh = self
+            .m
+            .slots()
+            .iter()
+            .map(|d| d.as_ref().and_then(|d| d.channel().ok()))
+            .collect();
+        *self.members.borrow_mut() = fresh;
+        self.epoch.set(e);
+    }
+
+    fn watch(&self, i: usize) -> Watch {
+        self.inflight.set(self.inflight.get() + 1);
+        Watch {
+            f: on_child,
+            ctx: self as *const Chan as *const (),
+            tag: i as u32,
+        }
+    }
+
+    /// Sends a read to the next online member other than `skip`; false
+    /// (and the parent failed) when there is none.
+    fn read(&self, kids: &Children, d: &IoDesc, skip: usize) -> bool {
+        let members = self.members.borrow();
+        let n = members.len();
+        let start = self.next.get();
+        self.next.set(start.wrapping_add(1));
+        for k in 0..n {
+            let i = (start + k) % n;
+            if i == skip || self.m.state(i) != ONLINE {
+                continue;
+            }
+            if let Some(ch) = &members[i] {
+                let w = self.watch(i);
+                kids.submit_watched(ch, d.kind, d.offset_blocks, d.num_blocks, 0, w);
+                return true;
+            }
+        }
+        kids.fail(BdevError::Io(libc::EIO));
+        false
+    }
+
+    /// Sends a write-like I/O to every member that is not failed.
+    fn write(&self, kids: &Children, d: &IoDesc) {
+        let members = self.members.borrow();
+        let mut any = false;
+        for (i, ch) in members.iter().enumerate() {
+            if let (Some(ch), false) = (ch, self.m.state(i) == FAILED) {
+                let w = self.watch(i);
+                kids.submit_watched(ch, d.kind, d.offset_blocks, d.num_blocks, 0, w);
+                any = true;
+            }
+        }
+        if !any {
+            kids.fail(BdevError::Io(libc::EIO));
+        }
+        if d.kind != IoType::Flush {
+            self.m
+                .touch(d.offset_blocks, d.offset_blocks + d.num_blocks);
+        }
+    }
+}
+
+/// A member's child completed: on failure, mark the member failed and
+/// retry a read elsewhere, or let a write succeed while another member
+/// holds it.
+fn on_child(
+    ctx: *const (),
+    tag: u32,
+    parent: &Children,
+    status: Result<(), BdevError>,
+) -> Result<(), BdevError> {
+    // SAFETY: `ctx` is the `Chan` of the channel that submitted this
+    // child; a channel dropped with children in flight leaks its `Chan`
+    // (see `Drop for MirrorChannel`), so it outlives them.
+    let c = unsafe { &*(ctx as *const Chan) };
+    c.inflight.set(c.inflight.get() - 1);
+    let d = parent.desc();
+    if d.kind == IoType::Write || d.kind == IoType::WriteZeroes || d.kind == IoType::Unmap {
+        c.m.touch(d.offset_blocks, d.offset_blocks + d.num_blocks);
+    }
+    let Err(e) = status else {
+        return Ok(());
+    };
+    c.m.fail(tag as usize, e);
+    match d.kind {
+        IoType::Read => {
+            if c.read(parent, &d, tag as usize) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+        _ if c.m.online() > 0 => Ok(()),
+        _ => Err(e),
+    }
+}
+
+struct MirrorChannel {
+    c: Rc<Chan>,
+}
+
+impl BdevChannel for MirrorChannel {
+    fn submit(&self, io: IoHandle) {
+        let c = &*self.c;
+        c.refresh();
+        let d = io.desc();
+        let kids = io.into_children();
+        match d.kind {
+            IoType::Read => {
+                c.read(&kids, &d, usize::MAX);
+            }
+            IoType::Reset => {
+                for ch in c.members.borrow().iter().flatten() {
+                    kids.submit(ch, IoType::Reset, 0, 0, 0);
+                }
+            }
+            _ => c.write(&kids, &d),
+        }
+    }
+}
+
+impl Drop for MirrorChannel {
+    fn drop(&mut self) {
+        if self.c.inflight.get() > 0 {
+            // Children still point at it (a removal with I/O in flight):
+            // keep it alive rather than let them read freed memory.
+            std::mem::forget(self.c.clone());
+        }
+    }
+}
+
+impl Bdev for MirrorBdev {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+    fn io_type_supported(&self, t: IoType) -> bool {
+        let s = self.m.slots();
+        s.iter().flatten().all(|d| d.io_type_supported(t))
+    }
+    fn fua_supported(&self, t: IoType) -> bool {
+        let s = self.m.slots();
+        s.iter()
+            .flatten()
+            .all(|d| d.entry().bdev().fua_supported(t))
+    }
+    fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
+        let c = Rc::new(Chan {
+            m: self.m.clone(),
+            members: RefCell::new(Vec::new()),
+            epoch: Cell::new(u64::MAX),
+            next: Cell::new(0),
+            inflight: Cell::new(0),
+        });
+        c.refresh();
+        Ok(Box::new(MirrorChannel { c }))
+    }
+    fn config_json(&self) -> Value {
+        let c = &self.cfg;
+        json!({"method": "bdev_raid_create", "params": {
+            "name": c.name, "raid_level": "raid1", "base_bdevs": c.members,
+            "uuid": self.info.uuid.to_string(), "superblock": false,
+        }})
+    }
+    fn driver_info(&self) -> Value {
+        let m = &self.m;
+        let slots = m.slots();
+        let list: Vec<Value> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match d {
+                Some(d) => json!({"name": d.name(), "uuid": d.info().uuid.to_string(),
+                    "is_configured": m.state(i) != FAILED, "data_offset": 0,
+                    "data_size": m.blocks}),
+                None => json!({"name": null, "uuid": null, "is_configured": false,
+                    "data_offset": 0, "data_size": 0}),
+            })
+            .collect();
+        let n = slots.len();
+        let mut v = json!({
+            "uuid": self.info.uuid.to_string(), "strip_size_kb": 0, "state": "online",
+            "raid_level": "raid1", "superblock": false, "num_base_bdevs": n,
+            "num_base_bdevs_discovered": slots.iter().flatten().count(),
+            "num_base_bdevs_operational": m.online(), "base_bdevs_list": list,
+        });
+        let r = &m.rebuild;
+        if r.running.load(Ordering::Acquire) {
+            let slot = r.slot.load(Ordering::Relaxed) as usize;
+            let done = r.done.load(Ordering::Relaxed);
+            v["process"] = json!({"type": "rebuild",
+                "target": slots.get(slot).and_then(|d| d.as_ref()).map(|d| d.name().to_string()),
+                "progress": {"blocks": done, "percent": done * 100 / m.blocks.max(1)}});
+        }
+        json!({ "raid": v })
+    }
+}
+
+/// Live mirrors, for remove/add base bdev.
+static LIVE: base::Live<Mirror> = base::Live::new();
+
+/// Opens member `name` for mirror `m`: a hot-remove empties its slot (the
+/// array goes on degraded) instead of removing the array.
+fn open_member(
+    reg: &Registry,
+    m: &Weak<Mirror>,
+    name: &str,
+    by: &str,
+) -> Result<Desc, ControlError> {
+    let (w, member) = (m.clone(), name.to_string());
+    let d = reg.open(name, true, move |ev| {
+        if let (BdevEvent::Remove, Some(m)) = (ev, w.upgrade()) {
+            let i = m
+                .slots()
+                .iter()
+                .position(|d| d.as_ref().is_some_and(|d| d.name() == member));
+            if let Some(i) = i {
+                m.clear_slot(i);
+            }
+        }
+    })?;
+    d.claim_exclusive(by)?;
+    Ok(d)
+}
+
+/// Creates a raid1 array over `cfg.members` (the smallest member's size).
+pub fn create(reg: &Registry, cfg: RaidConfig) -> Result<Arc<BdevEntry>, ControlError> {
+    base::check_free(reg, &cfg.name)?;
+    debug_assert_eq!(cfg.level, Level::Raid1);
+    let n = cfg.members.len();
+    let mut err = None;
+    let m = Arc::new_cyclic(|w: &Weak<Mirror>| {
+        let mut slots = Vec::with_capacity(n);
+        for name in &cfg.members {
+            match open_member(reg, w, name, &cfg.name) {
+                Ok(d) => slots.push(Some(d)),
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        let blocks = slots
+            .iter()
+            .flatten()
+            .map(|d| d.info().num_blocks)
+            .min()
+            .unwrap_or(0);
+        Mirror {
+            name: cfg.name.clone(),
+            state: (0..n).map(|_| AtomicU8::new(ONLINE)).collect(),
+            epoch: AtomicU64::new(0),
+            slots: Mutex::new(slots),
+            blocks,
+            rebuild: Rebuild::default(),
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let info = {
+        let slots = m.slots();
+        let descs: Vec<&Desc> = slots.iter().flatten().collect();
+        base_info(&cfg, &descs, m.blocks)?
+    };
+    let e = reg.register(Arc::new(MirrorBdev {
+        info,
+        cfg,
+        m: m.clone(),
+    }))?;
+    LIVE.add(&e, &m);
+    Ok(e)
+}
+
+fn base_info(cfg: &RaidConfig, d: &[&Desc], blocks: u64) -> Result<BdevInfo, ControlError> {
+    let bs = d[0].info().block_size;
+    if let Some(x) = d.iter().find(|x| x.info().block_size != bs) {
+        return Err(ControlError::invalid(
+            "base_bdevs",
+            format!(
+                "`{}` has block size {}, `{}` has {bs}",
+                x.name(),
+                x.info().block_size,
+                d[0].name()
+            ),
+        ));
+    }
+    Ok(BdevInfo {
+        name: cfg.name.clone(),
+        uuid: cfg.uuid.unwrap_or_else(uuid::Uuid::new_v4),
+        product_name: "Raid Volume".into(),
+        module: "raid",
+        block_size: bs,
+        num_blocks: blocks,
+        required_alignment: d
+            .iter()
+            .map(|x| x.info().required_alignment)
+            .max()
+            .unwrap_or(1),
+        max_transfer_blocks: 0,
+        optimal_boundary_blocks: 0,
+        write_cache: d.iter().any(|x| x.info().write_cache),
+        unmap_reads_zero: d.iter().all(|x| x.info().unmap_reads_zero),
+        memory_resident: d.iter().all(|x| x.info().memory_resident),
+    })
+}
+
+/// The mirror holding member `base` (by name).
+fn holding(reg: &Registry, base: &str) -> Result<(Arc<Mirror>, usize), ControlError> {
+    for e in reg.list().iter().filter(|e| e.info().module == "raid") {
+        if let Ok(m) = LIVE.find(reg, &e.info().name, "raid") {
+            let i = m
+                .slots()
+                .iter()
+                .position(|d| d.as_ref().is_some_and(|d| d.name() == base));
+            if let Some(i) = i {
+                return Ok((m, i));
+            }
+        }
+    }
+    Err(ControlError::NotFound(format!(
+        "{base} (as a raid1 member)"
+    )))
+}
+
+/// `bdev_raid_remove_base_bdev`: empties the member's slot and releases
+/// it; refused for the last member holding the data.
+pub fn remove_base(reg: &Registry, base: &str) -> Result<(), ControlError> {
+    let (m, i) = holding(reg, base)?;
+    if m.state(i) == ONLINE && m.online() == 1 {
+        return Err(ControlError::invalid(
+            "name",
+            format!("`{base}` is the last member holding {}'s data", m.name),
+        ));
+    }
+    m.clear_slot(i);
+    Ok(())
+}
+
+/// The mirror, the slot a new member goes to, and its descriptor.
+pub struct Joined {
+    pub(super) m: Arc<Mirror>,
+    pub(super) slot: usize,
+}
+
+/// `bdev_raid_add_base_bdev`: puts `base` in an empty (or failed) slot of
+/// `raid`, written from now on; the caller starts [`rebuild`].
+pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, ControlError> {
+    let m = LIVE.find(reg, raid, "raid")?;
+    if m.rebuild.running.load(Ordering::Acquire) {
+        return Err(ControlError::invalid(
+            "raid_bdev",
+            format!("{raid} is rebuilding"),
+        ));
+    }
+    let slot = {
+        let s = m.slots();
+        (0..s.len())
+            .find(|i| s[*i].is_none())
+            .or_else(|| (0..s.len()).find(|i| m.state(*i) == FAILED))
+            .ok_or_else(|| ControlError::invalid("raid_bdev", format!("{raid} has no free slot")))?
+    };
+    let d = open_member(reg, &Arc::downgrade(&m), base, raid)?;
+    let have = m
+        .slots()
+        .iter()
+        .flatten()
+        .next()
+        .map(|x| x.info().block_size);
+    if d.info().num_blocks < m.blocks || have.is_some_and(|bs| bs != d.info().block_size) {
+        return Err(ControlError::invalid(
+            "base_bdev",
+            format!("`{base}` is smaller than {raid} or of another block size"),
+        ));
+    }
+    m.clear_slot(slot);
+    m.state[slot].store(REBUILDING, Ordering::Release);
+    m.slots()[slot] = Some(d);
+    m.epoch.fetch_add(1, Ordering::AcqRel);
+    let r = &m.rebuild;
+    r.slot.store(slot as u64, Ordering::Relaxed);
+    r.done.store(0, Ordering::Relaxed);
+    r.running.store(true, Ordering::Release);
+    Ok(Joined { m, slot })
+}
+
+/// Bytes copied per rebuild step.
+const CHUNK_BLOCKS_BYTES: u64 = 256 << 10;
+
+/// The background copy onto the joined member (run on a reactor): chunk
+/// by chunk from an online member; a chunk a write touched meanwhile is
+/// copied again. The member is read from once the copy ends.
+pub async fn rebuild(j: Joined) -> Result<(), BdevError> {
+    let m = j.m;
+    let r = &m.rebuild;
+    let res = copy(&m, j.slot).await;
+    match res {
+        Ok(()) => {
+            m.state[j.slot].store(ONLINE, Ordering::Release);
+            tracing::info!("raid1 {}: rebuild of member {} done", m.name, j.slot);
+        }
+        Err(e) => {
+            m.state[j.slot].store(FAILED, Ordering::Release);
+            tracing::warn!("raid1 {}: rebuild of member {} failed: {e}", m.name, j.slot);
+        }
+    }
+    r.running.store(false, Ordering::Release);
+    res
+}
+
+async fn copy(m: &Mirror, slot: usize) -> Result<(), BdevError> {
+    let r = &m.rebuild;
+    let (src, dst) = {
+        let s = m.slots();
+        let src = (0..s.len()).find(|i| *i != slot && m.state(*i) == ONLINE && s[*i].is_some());
+        let src = src.ok_or(BdevError::Io(libc::ENODEV))?;
+        let dst = s[slot].as_ref().ok_or(BdevError::Removed)?;
+        (s[src].as_ref().unwrap().channel()?, dst.channel()?)
+    };
+    let bs = src.block_size() as u64;
+    let step = (CHUNK_BLOCKS_BYTES / bs).max(1);
+    let mut buf = ustor_runtime::IoBuf::alloc((step * bs) as usize).await;
+    let mut lba = 0;
+    while lba < m.blocks {
+        let n = step.min(m.blocks - lba);
+        r.lo.store(lba, Ordering::Release);
+        r.hi.store(lba + n, Ordering::Release);
+        loop {
+            r.dirty.store(false, Ordering::SeqCst);
+            buf.set_len((n * bs) as usize);
+            let (res, b) = src.read(lba, n, buf).await;
+            buf = b;
+            res?;
+            let (res, b) = dst.write(lba, n, buf).await;
+            buf = b;
+            res?;
+            if !r.dirty.load(Ordering::SeqCst) {
+                break;
+            }
+        }
+        lba += n;
+        r.done.store(lba, Ordering::Relaxed);
+        if m.state(slot) == FAILED {
+            return Err(BdevError::Io(libc::EIO));
+        }
+    }
+    r.hi.store(0, Ordering::Release);
+    Ok(())
+}

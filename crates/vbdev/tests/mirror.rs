@@ -1,0 +1,184 @@
+//! raid1: a member failing mid-I/O (the error bdev) degrades the array
+//! and every I/O still succeeds; reads that fail are retried on the other
+//! member; a removed member is replaced and rebuilt in the background
+//! while writes go on; then the members are compared in full.
+
+mod common;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use common::*;
+use serde_json::json;
+use ustor_bdev::Registry;
+use ustor_runtime::{IoBuf, Runtime};
+use ustor_vbdev::error::{inject, InjectParams};
+use ustor_vbdev::raid::{get_bdevs, mirror};
+
+const MIB: u64 = 1 << 20;
+
+fn arm(reg: &Registry, p: serde_json::Value) {
+    inject(reg, serde_json::from_value::<InjectParams>(p).unwrap()).unwrap();
+}
+
+/// `n` writes of 8 blocks by each of 4 tasks (each task its own region,
+/// so the last write of a block is known), all through `name`; every one
+/// must succeed. `mid` runs after the first quarter. The model gets the
+/// data written.
+fn writers(
+    rt: &Runtime,
+    reg: &Registry,
+    name: &str,
+    n: u64,
+    seed: u64,
+    model: &mut [u8],
+    mid: impl FnOnce() + Send + 'static,
+) {
+    let total = model.len() as u64 / BS;
+    let region = total / 4;
+    for t in 0..4u64 {
+        for i in 0..n {
+            let lba = t * region + (i * 8) % (region - 8);
+            for b in 0..8 {
+                let at = ((lba + b) * BS) as usize;
+                pattern(&mut model[at..at + BS as usize], lba + b, seed + i);
+            }
+        }
+    }
+    let d = reg.open(name, true, |_| {}).unwrap();
+    rt.handle()
+        .block_on(0, move || async move {
+            let ch = d.channel().unwrap();
+            let started = Rc::new(Cell::new(0u64));
+            let mut mid = Some(mid);
+            let mut tasks = Vec::new();
+            for t in 0..4u64 {
+                let (ch, started) = (ch.clone(), started.clone());
+                tasks.push(ustor_runtime::spawn(async move {
+                    let mut fails = 0;
+                    for i in 0..n {
+                        let lba = t * region + (i * 8) % (region - 8);
+                        let mut b = IoBuf::alloc(4096).await;
+                        for (k, blk) in b.chunks_mut(512).enumerate() {
+                            pattern(blk, lba + k as u64, seed + i);
+                        }
+                        started.set(started.get() + 1);
+                        fails += ch.write(lba, 8, b).await.0.is_err() as u32;
+                        // RAM completes inline: let the others (and the
+                        // rebuild) in between writes.
+                        ustor_runtime::yield_now().await;
+                    }
+                    fails
+                }));
+            }
+            while started.get() < n {
+                ustor_runtime::yield_now().await;
+            }
+            (mid.take().unwrap())();
+            let mut fails = 0;
+            for t in tasks {
+                fails += t.await;
+            }
+            assert_eq!(fails, 0, "writes failed on a degraded raid1");
+        })
+        .unwrap();
+}
+
+fn raid_state(reg: &Registry) -> serde_json::Value {
+    get_bdevs(reg, "all").unwrap()[0].clone()
+}
+
+#[test]
+fn member_failure_mid_io_degrades_then_a_new_member_is_rebuilt_and_matches() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    for n in ["a", "b", "c"] {
+        ram(&reg, n, 4 * MIB);
+    }
+    create(&reg, "error", json!({"base_name": "a"})).unwrap();
+    create(&reg, "error", json!({"base_name": "b"})).unwrap();
+    create(
+        &reg,
+        "raid",
+        json!({"name": "m", "raid_level": "raid1", "base_bdevs": ["EE_a", "EE_b"]}),
+    )
+    .unwrap();
+    assert_eq!(reg.get("m").unwrap().info().num_blocks, 4 * MIB / BS);
+    let mut model = vec![0u8; (4 * MIB) as usize];
+    // b fails one write in the middle of the load.
+    let r2 = reg.clone();
+    writers(&rt, &reg, "m", 200, 1, &mut model, move || {
+        arm(
+            &r2,
+            json!({"name": "EE_b", "io_type": "write", "error_type": "failure", "num": 1}),
+        );
+    });
+    let s = raid_state(&reg);
+    assert_eq!(s["num_base_bdevs_operational"], 1, "{s}");
+    assert_eq!(s["base_bdevs_list"][1]["is_configured"], false, "{s}");
+    assert!(
+        read_all(&rt, &reg, "m") == model,
+        "degraded array reads wrong"
+    );
+    // Degraded writes keep going to a only.
+    writers(&rt, &reg, "m", 50, 500, &mut model, || {});
+    assert!(read_all(&rt, &reg, "a") == model);
+    // The last member holding the data cannot be removed.
+    assert!(mirror::remove_base(&reg, "EE_a").is_err());
+    mirror::remove_base(&reg, "EE_b").unwrap();
+    assert!(reg.get("EE_b").unwrap().claimed_by().is_none());
+    let s = raid_state(&reg);
+    assert!(s["base_bdevs_list"][1]["name"].is_null(), "{s}");
+
+    // c joins: written at once, rebuilt in the background while writes
+    // go on, then read from.
+    let j = mirror::add_base(&reg, "m", "c").unwrap();
+    assert!(raid_state(&reg)["process"]["type"] == "rebuild");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d2 = done.clone();
+    rt.handle()
+        .send(0, move || {
+            ustor_runtime::spawn(async move {
+                mirror::rebuild(j).await.unwrap();
+                d2.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+        })
+        .unwrap();
+    writers(&rt, &reg, "m", 300, 900, &mut model, || {});
+    testkit_wait(|| done.load(std::sync::atomic::Ordering::SeqCst));
+    let s = raid_state(&reg);
+    assert_eq!(s["num_base_bdevs_operational"], 2, "{s}");
+    assert!(s.get("process").is_none(), "{s}");
+    // Full compare: both members hold exactly the model.
+    let (a, c) = (read_all(&rt, &reg, "a"), read_all(&rt, &reg, "c"));
+    assert!(a == model, "member a differs from what was written");
+    assert!(c == model, "rebuilt member c differs from what was written");
+
+    // A read failure on one member is retried on the other.
+    arm(
+        &reg,
+        json!({"name": "EE_a", "io_type": "read", "error_type": "failure", "num": 3}),
+    );
+    assert!(read_all(&rt, &reg, "m") == model);
+    assert_eq!(raid_state(&reg)["num_base_bdevs_operational"], 1);
+    // Bad parameters for raid1.
+    let e = create(
+        &reg,
+        "raid",
+        json!({"name": "m2", "raid_level": "raid1", "base_bdevs": ["b", "EE_b"], "strip_size_kb": 64}),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("no strips"), "{e}");
+}
+
+fn testkit_wait(mut cond: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(30),
+            "rebuild did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
