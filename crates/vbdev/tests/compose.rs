@@ -1,5 +1,6 @@
 //! Composition and control: passthru and split alone and stacked (a
-//! passthru over a raid0 of splits of one base), bad parameters refused
+//! passthru over a raid0 of splits of one base, a raid1 of two raid0s of
+//! splits), bad parameters refused
 //! with nothing created, claims that stop deleting a member under its
 //! parent, hot-remove of a member that removes every bdev above it.
 
@@ -185,4 +186,41 @@ fn hot_remove_of_a_member_removes_every_bdev_above_it() {
     // The surviving member is free again once the stack's descriptors go.
     drop(_watch);
     assert!(reg.get("a").unwrap().claimed_by().is_none());
+}
+
+#[test]
+fn raid1_of_two_raid0s_of_splits_keeps_both_copies_on_the_base() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "base", 8 << 20);
+    create(
+        &reg,
+        "split",
+        json!({"base_bdev": "base", "split_count": 4}),
+    )
+    .unwrap();
+    raid(&reg, "s0", "raid0", &["basep0", "basep1"], 4);
+    raid(&reg, "s1", "raid0", &["basep2", "basep3"], 4);
+    create(
+        &reg,
+        "raid",
+        json!({"name": "mir", "raid_level": "raid1", "base_bdevs": ["s0", "s1"]}),
+    )
+    .unwrap();
+    let part = (2u64 << 20) / BS;
+    let total = reg.get("mir").unwrap().info().num_blocks;
+    assert_eq!(total, 2 * part);
+    let mut model = vec![0u8; (total * BS) as usize];
+    let ranges = [(0, 9), (7, 2), (100, 333), (part - 4, 8), (total - 20, 20)];
+    write_ranges(&rt, &reg, "mir", &ranges, 6, &mut model);
+    for copy in 0..2u64 {
+        check_layout(&rt, &reg, "mir", &model, &["base"], |lba| {
+            let k = lba / 8;
+            (0, (2 * copy + k % 2) * part + k / 2 * 8 + lba % 8)
+        });
+    }
+    assert!(matches!(
+        reg.delete("s0"),
+        Err(ControlError::Claimed { .. })
+    ));
 }

@@ -1,7 +1,8 @@
 //! raid1: a member failing mid-I/O (the error bdev) degrades the array
 //! and every I/O still succeeds; reads that fail are retried on the other
 //! member; a removed member is replaced and rebuilt in the background
-//! while writes go on; then the members are compared in full.
+//! while writes go on; then the members are compared in full. A
+//! hot-removed member degrades the array instead of removing it.
 
 mod common;
 
@@ -181,4 +182,30 @@ fn testkit_wait(mut cond: impl FnMut() -> bool) {
         );
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+#[test]
+fn hot_remove_of_a_member_degrades_the_array_and_io_goes_on() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "x", MIB);
+    ram(&reg, "y", MIB);
+    create(
+        &reg,
+        "raid",
+        json!({"name": "m", "raid_level": "raid1", "base_bdevs": ["x", "y"]}),
+    )
+    .unwrap();
+    let mut model = vec![0u8; MIB as usize];
+    write_ranges(&rt, &reg, "m", &[(0, 64), (500, 300)], 1, &mut model);
+    reg.hot_remove("y").unwrap();
+    let s = raid_state(&reg);
+    assert_eq!(s["num_base_bdevs_operational"], 1, "{s}");
+    assert!(s["base_bdevs_list"][1]["name"].is_null(), "{s}");
+    write_ranges(&rt, &reg, "m", &[(100, 200)], 2, &mut model);
+    assert!(read_all(&rt, &reg, "m") == model);
+    assert!(read_all(&rt, &reg, "x") == model);
+    // The array is deleted with its last member claimed; then x is free.
+    reg.delete("m").unwrap();
+    assert!(reg.get("x").unwrap().claimed_by().is_none());
 }
