@@ -270,11 +270,12 @@ fn client_vanishing_mid_write() {
     // The torn writes never reached the device.
     assert_eq!(ok.read_n(512), vec![0; 512]);
     drop(ok);
-    for _ in 0..100 {
-        if f.server.connections() == 0 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("connections leaked: {}", f.server.connections());
+    let closed = testkit::try_wait_for(Duration::from_secs(10), || {
+        (f.server.connections() == 0).then_some(())
+    });
+    assert!(
+        closed.is_some(),
+        "connections leaked: {}",
+        f.server.connections()
+    );
 }

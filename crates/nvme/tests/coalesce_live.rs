@@ -124,25 +124,21 @@ fn qd1_pays_no_timer_and_bursts_coalesce() {
 
     // Closing the I/O queue takes it off the list; its PDUs stay counted.
     drop(q);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let st = e.target.nvmf_get_stats().unwrap();
-        let listed = st
-            .poll_groups
-            .iter()
-            .flat_map(|g| g.qpairs.iter())
-            .any(|q| q.qid == 1);
-        if !listed {
-            assert!(sum(&st) >= total, "{} < {total}", sum(&st));
-            assert!(sum(&st) >= io_pdus);
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "closed queue still listed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let st = testkit::wait_for(
+        "the closed queue to leave the stats",
+        std::time::Duration::from_secs(5),
+        || {
+            let st = e.target.nvmf_get_stats().unwrap();
+            let listed = st
+                .poll_groups
+                .iter()
+                .flat_map(|g| g.qpairs.iter())
+                .any(|q| q.qid == 1);
+            (!listed).then_some(st)
+        },
+    );
+    assert!(sum(&st) >= total, "{} < {total}", sum(&st));
+    assert!(sum(&st) >= io_pdus);
 }
 
 /// Adaptive mode on a live queue: bursts that fill groups raise the degree

@@ -80,16 +80,13 @@ fn reactor_beyond_granted_queues_gets_an_error_not_a_reset_loop() {
     round(&e, 0, &names[0], 1).expect("reactor 0 has the granted queue");
     let (rt, reg, name) = (e.rt.handle(), e.registry.clone(), names[0].clone());
     let h = std::thread::spawn(move || round_on(rt, reg, 1, &name, 2));
-    let t0 = std::time::Instant::now();
-    while !h.is_finished() {
-        // Before the fix: the refused queue reset the controller, in a loop.
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "I/O on the second reactor hangs; controller {:?}",
-            resets("NvmeFewQ")
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    // Before the fix: the refused queue reset the controller, in a loop.
+    let finished = testkit::try_wait_for(Duration::from_secs(10), || h.is_finished().then_some(()));
+    assert!(
+        finished.is_some(),
+        "I/O on the second reactor hangs; controller {:?}",
+        resets("NvmeFewQ")
+    );
     let r = h.join().unwrap();
     assert!(
         r.is_err(),

@@ -452,11 +452,11 @@ fn more_bad_pdus_and_h2c_data_errors() {
         expect_term_at(&mut q, fes_want, fei);
         drop(q);
         // Let the target retire queue 5 before it is connected again.
-        let t = std::time::Instant::now();
-        while e.target.connections() > 2 {
-            assert!(t.elapsed() < std::time::Duration::from_secs(5));
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        testkit::wait_until(
+            "the target to retire queue 5",
+            std::time::Duration::from_secs(5),
+            || e.target.connections() <= 2,
+        );
     }
     // A data digest error in H2CData fails just that command: 16 KiB data
     // (copied out of the target's staging buffer) and 64 KiB data

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -142,13 +142,10 @@ fn initiator_config(dir: &Path, port: u16) -> std::path::PathBuf {
     path
 }
 
-/// Waits for `what` (condition re-read every 20 ms), at most `limit`.
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Waits for `what`, at most `limit`.
+#[track_caller]
+fn wait_for(what: &str, limit: Duration, cond: impl FnMut() -> bool) {
+    testkit::wait_until(what, limit, cond);
 }
 
 #[test]
@@ -192,17 +189,11 @@ fn sigterm_drains_and_stops_every_target_with_io_in_flight() {
 
     // SAFETY: kill(2) on the PID of our own child.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "ustor serve did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = testkit::wait_for(
+        "ustor serve to exit after SIGTERM",
+        Duration::from_secs(20),
+        || s.child.try_wait().unwrap(),
+    );
     let mut out = String::new();
     s.child
         .stdout
