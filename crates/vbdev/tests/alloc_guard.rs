@@ -1,7 +1,8 @@
 //! The composite data path allocates nothing: I/Os through raid0 over two
 //! uring files (two children per I/O, completions from the ring), concat
 //! over malloc (I/Os crossing the member boundary) and raid1 over malloc
-//! (watched children, writes to both, balanced reads), on two
+//! (watched children, writes to both, balanced reads), passthru over a
+//! split part, the error bdev and the delay bdev (timed poller), on two
 //! reactors, under a counting global allocator, after warm-up.
 
 mod common;
@@ -109,7 +110,32 @@ fn raid0_over_uring_concat_and_raid1_over_malloc_allocate_nothing_per_io() {
         serde_json::json!({"name": "mir", "raid_level": "raid1", "base_bdevs": ["m2", "m3"]}),
     )
     .unwrap();
-    let names = ["r0", "cat", "mir"];
+    // A passthru over a split part, an error bdev (nothing armed) and a
+    // delay bdev (timed poller) each over RAM.
+    ram(&reg, "m4", 1 << 20);
+    create(
+        &reg,
+        "split",
+        serde_json::json!({"base_bdev": "m4", "split_count": 2}),
+    )
+    .unwrap();
+    create(
+        &reg,
+        "passthru",
+        serde_json::json!({"base_bdev_name": "m4p1", "name": "pt"}),
+    )
+    .unwrap();
+    ram(&reg, "m5", 1 << 20);
+    create(&reg, "error", serde_json::json!({"base_name": "m5"})).unwrap();
+    ram(&reg, "m6", 1 << 20);
+    create(
+        &reg,
+        "delay",
+        serde_json::json!({"base_bdev_name": "m6", "name": "dl", "avg_read_latency": 10,
+            "p99_read_latency": 30, "avg_write_latency": 10, "p99_write_latency": 30}),
+    )
+    .unwrap();
+    let names = ["r0", "cat", "mir", "pt", "EE_m5", "dl"];
     let tasks = 2 * names.len() * TASKS;
     let (ready, go) = (
         Arc::new(AtomicUsize::new(0)),
