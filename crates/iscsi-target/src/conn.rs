@@ -1,0 +1,102 @@
+//! One connection on its reactor: the login (under the listener's login
+//! timeout, with small buffers), then, for a normal session, the LUN table
+//! of the node opened on this reactor and the full feature phase
+//! ([`crate::session`]); a discovery session only answers Text and Logout.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use ustor_net::listener::Accepted;
+use ustor_scsi_target::{Lun, LunTable};
+
+use crate::io::{ConnError, Received, Wire};
+use crate::login::{Established, Login};
+use crate::session::Session;
+use crate::target::{NodeEntry, PortalService};
+
+/// MaxRecvDataSegmentLength during login (RFC 7143 §13.12 default).
+const LOGIN_DATA: usize = 8192;
+
+/// Serves one admitted connection until it ends.
+pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
+    let fd = conn.fd.as_raw_fd();
+    let mut wire = Wire::new(fd, LOGIN_DATA);
+    let est = match conn.handshake(login(&mut wire, &svc)).await {
+        Some(Ok(e)) => e,
+        Some(Err(e)) => {
+            tracing::debug!("iscsi: login ended: {e}");
+            return;
+        }
+        None => return,
+    };
+    let table = match &est.node {
+        Some(node) => match open_luns(node) {
+            Some(t) => Some(t),
+            None => return,
+        },
+        None => None,
+    };
+    let qd = est.node.as_ref().map_or(1, |n| n.params.queue_depth);
+    wire.header_digest = est.params.header_digest;
+    wire.data_digest = est.params.data_digest;
+    wire.set_max_recv(est.params.max_recv_data as usize);
+    let mut s = Session::new(
+        wire,
+        est.params,
+        table,
+        &*svc,
+        est.initiator.clone(),
+        est.statsn,
+        est.exp_cmdsn,
+        qd,
+    );
+    if let Err(e) = s.run().await {
+        tracing::debug!("iscsi: connection ended: {e}");
+    }
+    ustor_net::recv::shutdown(fd);
+    drop(conn);
+}
+
+async fn login(
+    wire: &mut Wire,
+    svc: &Arc<PortalService>,
+) -> Result<Established<Arc<NodeEntry>>, ConnError> {
+    let mut l = Login::new(svc.tag);
+    // Budget: each round is one request; a login that never ends is cut by
+    // the listener's timeout.
+    loop {
+        let b = match wire.recv().await? {
+            Received::Pdu(b) => b,
+            Received::BadDataDigest(_) => return Err(ConnError::Protocol("digest in login")),
+        };
+        let data = wire.data().to_vec();
+        let mut a = l.step(&**svc, &b, &data);
+        a.bhs.set_data_len(a.text.len());
+        wire.send(&a.bhs, &a.text).await?;
+        if a.failed {
+            return Err(ConnError::LoginFailed);
+        }
+        if let Some(e) = a.done {
+            return Ok(e);
+        }
+    }
+}
+
+/// The node's LUNs on this reactor's channels: one table per session.
+fn open_luns(node: &NodeEntry) -> Option<LunTable> {
+    let mut luns = Vec::with_capacity(node.luns.len());
+    for l in &node.luns {
+        match Lun::open(l.cfg.clone(), &l.desc) {
+            Ok(lu) => luns.push((l.lun_id, lu)),
+            Err(e) => {
+                tracing::warn!(
+                    "iscsi: LUN {} ({}) has no channel: {e}",
+                    l.lun_id,
+                    l.bdev_name
+                );
+                return None;
+            }
+        }
+    }
+    Some(LunTable::from_luns(luns))
+}

@@ -1,0 +1,28 @@
+//! ustor's iSCSI target (RFC 7143). Built on the connection layer
+//! (`ustor_net`: listeners with a connection cap and a login timeout, the
+//! receive helpers), the SCSI target core (`ustor_scsi_target`: the LUNs,
+//! SBC/SPC) and the iSCSI wire code shared with the initiator
+//! (`ustor_iscsi::wire`, `ustor_iscsi::chap`).
+//!
+//! - [`target`]: the control plane (portal, initiator and auth groups,
+//!   target nodes; SPDK's RPC methods as functions), [`config`] its
+//!   parameter types.
+//! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
+//!   operational keys.
+//! - [`session`]: the full feature phase, [`command`] one SCSI command's
+//!   data phase (immediate, unsolicited, R2T, Data-In with phase collapse),
+//!   [`pdu`] the target PDUs, [`io`] the socket side of a connection.
+
+pub mod command;
+pub mod config;
+mod conn;
+pub mod io;
+pub mod login;
+pub mod negotiate;
+pub mod pdu;
+pub mod session;
+pub mod target;
+
+pub use config::*;
+pub use login::Secret;
+pub use target::{IscsiError, IscsiTarget};

@@ -1,0 +1,172 @@
+//! Login without sockets: stages, CHAP one-way and mutual, failures.
+
+use super::*;
+use ustor_iscsi::wire::build;
+
+struct Cat(Access);
+
+impl Catalog for Cat {
+    type Node = u32;
+    fn node(&self, target: &str, _i: &str, _t: u32) -> Result<(u32, Access), LoginFail> {
+        if target == "iqn.t" {
+            Ok((7, self.0.clone()))
+        } else {
+            Err(LoginFail::NotFound)
+        }
+    }
+    fn discovery(&self) -> Access {
+        Access::default()
+    }
+    fn new_tsih(&self) -> u16 {
+        9
+    }
+}
+
+fn req(csg: u8, nsg: u8, transit: bool) -> Bhs {
+    build::login([0x80, 0, 0, 0, 0, 1], 0, 1, 0, 0, csg, nsg, transit)
+}
+
+fn text(pairs: &[(&str, &str)]) -> Vec<u8> {
+    encode_text(pairs)
+}
+
+fn get(a: &Answer<u32>, k: &str) -> Option<String> {
+    parse_text(&a.text)
+        .into_iter()
+        .find(|(x, _)| x == k)
+        .map(|(_, v)| v)
+}
+
+#[test]
+fn none_then_operational_then_full_feature() {
+    let cat = Cat(Access::default());
+    let mut l = Login::<Cat>::new(1);
+    let a = l.step(
+        &cat,
+        &req(0, 1, true),
+        &text(&[
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", "iqn.t"),
+            ("AuthMethod", "None"),
+        ]),
+    );
+    assert!(!a.failed);
+    assert_eq!(a.bhs.flags() & 0x80, 0x80);
+    assert_eq!(get(&a, "AuthMethod").as_deref(), Some("None"));
+    assert_eq!(get(&a, "TargetPortalGroupTag").as_deref(), Some("1"));
+    let a = l.step(
+        &cat,
+        &req(1, 3, true),
+        &text(&[
+            ("HeaderDigest", "CRC32C,None"),
+            ("MaxBurstLength", "262144"),
+            ("X-x", "1"),
+        ]),
+    );
+    let e = a.done.clone().expect("full feature");
+    assert_eq!(e.node, Some(7));
+    assert_eq!(e.tsih, 9);
+    assert!(e.params.header_digest);
+    assert_eq!(get(&a, "X-x").as_deref(), Some("NotUnderstood"));
+    assert!(get(&a, "MaxRecvDataSegmentLength").is_some());
+}
+
+fn chap_login(access: Access, mutual: Option<(&str, &str)>, secret: &str) -> bool {
+    let cat = Cat(access);
+    let mut l = Login::<Cat>::new(1);
+    let a = l.step(
+        &cat,
+        &req(0, 1, false),
+        &text(&[
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", "iqn.t"),
+            ("AuthMethod", "CHAP,None"),
+        ]),
+    );
+    if a.failed || get(&a, "AuthMethod").as_deref() != Some("CHAP") {
+        return false;
+    }
+    let a = l.step(&cat, &req(0, 1, false), &text(&[("CHAP_A", "7,5")]));
+    let id: u8 = get(&a, "CHAP_I").unwrap().parse().unwrap();
+    let c = chap::decode_binary(&get(&a, "CHAP_C").unwrap()).unwrap();
+    let r = chap::encode_hex(&chap::response(id, secret.as_bytes(), &c));
+    let mine = [5u8; 16];
+    let mut keys = vec![("CHAP_N", "user"), ("CHAP_R", r.as_str())];
+    let hex = chap::encode_hex(&mine);
+    if mutual.is_some() {
+        keys.push(("CHAP_I", "33"));
+        keys.push(("CHAP_C", hex.as_str()));
+    }
+    let a = l.step(&cat, &req(0, 1, true), &text(&keys));
+    if a.failed {
+        return false;
+    }
+    if let Some((muser, msecret)) = mutual {
+        let want = chap::encode_hex(&chap::response(33, msecret.as_bytes(), &mine));
+        assert_eq!(get(&a, "CHAP_N").as_deref(), Some(muser));
+        assert_eq!(get(&a, "CHAP_R"), Some(want));
+    }
+    a.bhs.flags() & 0x80 != 0
+}
+
+fn chap_access(mutual: bool) -> Access {
+    Access {
+        chap: ChapPolicy::Required { mutual },
+        secrets: vec![Secret {
+            user: "user".into(),
+            secret: "initiator-secret".into(),
+            muser: "tgt".into(),
+            msecret: "target-secret".into(),
+        }],
+        ..Access::default()
+    }
+}
+
+#[test]
+fn chap_one_way_and_mutual() {
+    assert!(chap_login(chap_access(false), None, "initiator-secret"));
+    assert!(!chap_login(chap_access(false), None, "wrong"));
+    assert!(chap_login(
+        chap_access(true),
+        Some(("tgt", "target-secret")),
+        "initiator-secret"
+    ));
+    // Mutual required, the initiator does not challenge: refused.
+    assert!(!chap_login(chap_access(true), None, "initiator-secret"));
+}
+
+#[test]
+fn failures() {
+    let cat = Cat(chap_access(false));
+    let mut l = Login::<Cat>::new(1);
+    let a = l.step(
+        &cat,
+        &req(0, 1, true),
+        &text(&[("InitiatorName", "iqn.i"), ("TargetName", "nope")]),
+    );
+    assert!(a.failed);
+    assert_eq!((a.bhs.u8_at(36), a.bhs.u8_at(37)), (2, 3));
+    let mut l = Login::<Cat>::new(1);
+    let a = l.step(&cat, &req(0, 1, true), &text(&[("TargetName", "iqn.t")]));
+    assert_eq!((a.bhs.u8_at(36), a.bhs.u8_at(37)), (2, 7));
+    // CHAP required, only None offered.
+    let mut l = Login::<Cat>::new(1);
+    let a = l.step(
+        &cat,
+        &req(0, 1, true),
+        &text(&[
+            ("InitiatorName", "iqn.i"),
+            ("TargetName", "iqn.t"),
+            ("AuthMethod", "None"),
+        ]),
+    );
+    assert_eq!((a.bhs.u8_at(36), a.bhs.u8_at(37)), (2, 1));
+    // Skipping security when CHAP is required.
+    let mut l = Login::<Cat>::new(1);
+    let a = l.step(
+        &cat,
+        &req(1, 3, true),
+        &text(&[("InitiatorName", "iqn.i"), ("TargetName", "iqn.t")]),
+    );
+    assert!(a.failed);
+}

@@ -1,0 +1,343 @@
+//! Full feature phase of one connection (one connection per session):
+//! the command window (ExpCmdSN/MaxCmdSN), StatSN, and each request PDU
+//! in turn — SCSI Command (executed by the SCSI target core on this
+//! reactor's LUN table, data moved by [`crate::command`]), NOP-Out, Text
+//! (SendTargets), Task Management, Logout. Anything else is rejected.
+//! Commands run one at a time in CmdSN order, each to completion.
+
+use std::collections::VecDeque;
+
+use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
+use ustor_scsi_proto::lun::decode_lun;
+use ustor_scsi_target::{Direction, LunTable, Outcome};
+
+use crate::command::{last_is_data_in, CmdInfo, WireData};
+use crate::io::{ConnError, Received, Wire};
+use crate::negotiate::Params;
+use crate::pdu::{self, reject, tmf_response, Seq};
+
+/// Sent in answer to SendTargets: the text of what an initiator may see.
+pub trait Discovery {
+    /// `TargetName=`/`TargetAddress=` pairs for `which` ("All", a name, or
+    /// "" for the session's own target).
+    fn send_targets(&self, which: &str, initiator: &str) -> Vec<(String, String)>;
+}
+
+/// The session state one connection runs.
+pub struct Session<'a, D: Discovery> {
+    pub wire: Wire,
+    pub params: Params,
+    pub table: Option<LunTable>,
+    pub discovery: &'a D,
+    pub initiator: String,
+    pub queue_depth: u32,
+    seq: Seq,
+    deferred: VecDeque<(Bhs, Vec<u8>)>,
+    next_ttt: u32,
+    /// Text left to send after a Continue (SendTargets beyond one PDU).
+    text_left: Vec<u8>,
+}
+
+/// How the loop ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum End {
+    Logout,
+    Closed,
+}
+
+impl<'a, D: Discovery> Session<'a, D> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        wire: Wire,
+        params: Params,
+        table: Option<LunTable>,
+        discovery: &'a D,
+        initiator: String,
+        statsn: u32,
+        exp_cmdsn: u32,
+        queue_depth: u32,
+    ) -> Session<'a, D> {
+        let queue_depth = queue_depth.max(1);
+        Session {
+            wire,
+            params,
+            table,
+            discovery,
+            initiator,
+            queue_depth,
+            seq: Seq {
+                statsn,
+                exp_cmdsn,
+                max_cmdsn: exp_cmdsn.wrapping_add(queue_depth - 1),
+            },
+            deferred: VecDeque::new(),
+            next_ttt: 1,
+            text_left: Vec::new(),
+        }
+    }
+
+    /// Serves requests until Logout or the connection ends.
+    pub async fn run(&mut self) -> Result<End, ConnError> {
+        loop {
+            let (b, data) = match self.deferred.pop_front() {
+                Some(p) => p,
+                None => match self.wire.recv().await {
+                    Ok(Received::Pdu(b)) => (b, Vec::new()),
+                    Ok(Received::BadDataDigest(b)) => {
+                        self.reject(&b, reject::DIGEST).await?;
+                        continue;
+                    }
+                    Err(ConnError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        return Ok(End::Closed)
+                    }
+                    Err(e) => return Err(e),
+                },
+            };
+            let data = if data.is_empty() {
+                self.wire.data().to_vec()
+            } else {
+                data
+            };
+            if !self.admit(&b) {
+                continue;
+            }
+            if let Some(end) = self.dispatch(&b, &data).await? {
+                return Ok(end);
+            }
+        }
+    }
+
+    /// CmdSN rules: a non-immediate request advances ExpCmdSN; one outside
+    /// the window is dropped (RFC 7143 §4.2.2.1).
+    fn admit(&mut self, b: &Bhs) -> bool {
+        let op = b.opcode();
+        if op == opcode::DATA_OUT || op == 0x10 {
+            return true;
+        }
+        let immediate = b.0[0] & 0x40 != 0;
+        let cmdsn = b.u32_at(24);
+        if immediate {
+            return true;
+        }
+        if cmdsn != self.seq.exp_cmdsn {
+            tracing::debug!(
+                "iscsi: CmdSN {cmdsn} outside the window (expected {})",
+                self.seq.exp_cmdsn
+            );
+            return false;
+        }
+        self.seq.exp_cmdsn = cmdsn.wrapping_add(1);
+        self.seq.max_cmdsn = self.seq.exp_cmdsn.wrapping_add(self.queue_depth - 1);
+        true
+    }
+
+    async fn dispatch(&mut self, b: &Bhs, data: &[u8]) -> Result<Option<End>, ConnError> {
+        match b.opcode() {
+            opcode::NOP_OUT => self.nop_out(b, data).await?,
+            opcode::SCSI_CMD if self.table.is_some() => self.scsi(b, data).await?,
+            opcode::TEXT_REQ => self.text(b, data).await?,
+            opcode::TMF_REQ if self.table.is_some() => self.tmf(b).await?,
+            opcode::LOGOUT_REQ => {
+                self.logout(b).await?;
+                return Ok(Some(End::Logout));
+            }
+            // A Data-Out nobody waits for: its task is gone (ERL 0 drops it).
+            opcode::DATA_OUT => {}
+            _ => self.reject(b, reject::NOT_SUPPORTED).await?,
+        }
+        Ok(None)
+    }
+
+    fn bump(&mut self) -> Seq {
+        let s = self.seq;
+        self.seq.statsn = self.seq.statsn.wrapping_add(1);
+        s
+    }
+
+    async fn reject(&mut self, b: &Bhs, reason: u8) -> Result<(), ConnError> {
+        let seq = self.bump();
+        let r = pdu::reject(reason, &seq);
+        self.wire.send(&r, &b.0[..BHS_LEN]).await
+    }
+
+    async fn nop_out(&mut self, b: &Bhs, data: &[u8]) -> Result<(), ConnError> {
+        if b.itt() == RESERVED_TAG {
+            // The answer to our ping: nothing to send.
+            return Ok(());
+        }
+        let seq = self.bump();
+        let n = data.len().min(self.params.max_send_data as usize);
+        let r = pdu::nop_in(b.lun(), b.itt(), RESERVED_TAG, n, &seq);
+        self.wire.send(&r, &data[..n]).await
+    }
+
+    async fn scsi(&mut self, b: &Bhs, data: &[u8]) -> Result<(), ConnError> {
+        let f = b.flags();
+        let (read, write) = (f & 0x40 != 0, f & 0x20 != 0);
+        let edtl = b.u32_at(20);
+        let info = CmdInfo {
+            lun: b.lun(),
+            itt: b.itt(),
+            edtl: if read || write { edtl } else { 0 },
+            dir: match (read, write) {
+                (true, false) => Direction::FromDevice,
+                (false, true) => Direction::ToDevice,
+                _ => Direction::None,
+            },
+            immediate: if write {
+                data.len().min(edtl as usize) as u32
+            } else {
+                0
+            },
+            unsolicited: write && f & 0x80 == 0,
+        };
+        if read && write {
+            // Bidirectional commands are not offered.
+            return self.reject(b, reject::NOT_SUPPORTED).await;
+        }
+        let mut cdb = [0u8; 16];
+        cdb.copy_from_slice(&b.0[32..48]);
+        let lun = decode_lun(b.lun());
+        let table = self.table.take().expect("normal session");
+        let (res, sent) = {
+            let mut wd = WireData::new(
+                &mut self.wire,
+                &mut self.deferred,
+                &mut self.seq,
+                &self.params,
+                &mut self.next_ttt,
+                info,
+                data,
+            );
+            let mut res = table.execute(lun, &cdb, &mut wd).await;
+            if res.is_ok() && info.dir == Direction::ToDevice {
+                if let Err(e) = wd.drain().await {
+                    res = Err(e);
+                }
+            }
+            (res, wd.sent())
+        };
+        self.table = Some(table);
+        let outcome = res.map_err(|_| ConnError::Protocol("data phase failed"))?;
+        self.respond(&info, outcome, sent).await
+    }
+
+    /// Status: in the last Data-In when there is one and no sense to send,
+    /// otherwise a SCSI Response (with the sense as its data).
+    async fn respond(&mut self, info: &CmdInfo, o: Outcome, sent: u32) -> Result<(), ConnError> {
+        let resid = residual(info, &o, sent);
+        let status = o.status.as_u8();
+        if let (Some(mut last), None) = (last_is_data_in(&self.wire, info.itt), o.sense) {
+            let seq = self.bump();
+            let n = last.data_len();
+            let patched = pdu::data_in(
+                info.lun,
+                info.itt,
+                true,
+                Some((status, resid)),
+                last.u32_at(36),
+                last.u32_at(40),
+                n,
+                &seq,
+            );
+            last = patched;
+            self.wire.patch_last(&last);
+            return self.wire.flush().await;
+        }
+        if let Some(mut last) = last_is_data_in(&self.wire, info.itt) {
+            last.0[1] |= 0x80;
+            self.wire.patch_last(&last);
+        }
+        let seq = self.bump();
+        let mut sense = [0u8; 2 + 18];
+        let n = match o.sense {
+            Some(s) => {
+                let mut fixed = [0u8; 18];
+                let len = s.encode_fixed(&mut fixed);
+                sense[..2].copy_from_slice(&(len as u16).to_be_bytes());
+                sense[2..2 + len].copy_from_slice(&fixed[..len]);
+                2 + len
+            }
+            None => 0,
+        };
+        let mut r = pdu::scsi_response(info.itt, status, resid, &seq);
+        r.set_data_len(n);
+        self.wire.send(&r, &sense[..n]).await
+    }
+
+    async fn text(&mut self, b: &Bhs, data: &[u8]) -> Result<(), ConnError> {
+        if b.u32_at(20) == RESERVED_TAG {
+            let pairs = ustor_iscsi::wire::parse_text(data);
+            let mut out: Vec<(String, String)> = Vec::new();
+            for (k, v) in &pairs {
+                if k == "SendTargets" {
+                    out.extend(self.discovery.send_targets(v, &self.initiator));
+                } else {
+                    out.push((k.clone(), "NotUnderstood".into()));
+                }
+            }
+            let refs: Vec<(&str, &str)> =
+                out.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            self.text_left = ustor_iscsi::wire::encode_text(&refs);
+        }
+        let max = self.params.max_send_data as usize;
+        let n = self.text_left.len().min(max);
+        let chunk: Vec<u8> = self.text_left.drain(..n).collect();
+        let more = !self.text_left.is_empty();
+        let ttt = if more { self.next_ttt } else { RESERVED_TAG };
+        let seq = self.bump();
+        let r = pdu::text(b.itt(), more, ttt, chunk.len(), &seq);
+        self.wire.send(&r, &chunk).await
+    }
+
+    async fn tmf(&mut self, b: &Bhs) -> Result<(), ConnError> {
+        let function = b.flags() & 0x7f;
+        let lun = decode_lun(b.lun());
+        let table = self.table.as_ref().expect("normal session");
+        let response = match function {
+            // Commands run to completion one at a time: the referenced task
+            // has already finished (ABORT TASK: RFC 7143 §11.5.1 answers
+            // "complete" for a task that does not exist any more).
+            1..=4 => tmf_response::COMPLETE,
+            5 => match table.get(lun) {
+                Some(lu) => {
+                    lu.set_ua(Some(ustor_scsi_proto::Sense::new(
+                        ustor_scsi_proto::SenseKey::UnitAttention,
+                        ustor_scsi_proto::sense::asc::POWER_ON_RESET,
+                    )));
+                    tmf_response::COMPLETE
+                }
+                None => tmf_response::NO_LUN,
+            },
+            6 | 7 => {
+                table.reset_all();
+                tmf_response::COMPLETE
+            }
+            8 => tmf_response::NO_REASSIGN,
+            _ => tmf_response::NOT_SUPPORTED,
+        };
+        let seq = self.bump();
+        let r = pdu::tmf(b.itt(), response, &seq);
+        self.wire.send(&r, &[]).await
+    }
+
+    async fn logout(&mut self, b: &Bhs) -> Result<(), ConnError> {
+        let seq = self.bump();
+        let r = pdu::logout(b.itt(), 0, self.params.time2wait as u16, 0, &seq);
+        self.wire.send(&r, &[]).await
+    }
+}
+
+/// The residual to report: what the command moved against what the
+/// initiator expected.
+fn residual(info: &CmdInfo, o: &Outcome, sent: u32) -> Option<(bool, u32)> {
+    if info.edtl == 0 {
+        return None;
+    }
+    let moved = match info.dir {
+        Direction::FromDevice => sent,
+        _ => info.edtl.saturating_sub(o.resid),
+    };
+    let r = info.edtl.saturating_sub(moved).max(o.resid);
+    (r > 0).then_some((false, r))
+}
