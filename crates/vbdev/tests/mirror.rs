@@ -155,6 +155,8 @@ fn member_failure_mid_io_degrades_then_a_new_member_is_rebuilt_and_matches() {
     let (a, c) = (read_all(&rt, &reg, "a"), read_all(&rt, &reg, "c"));
     assert!(a == model, "member a differs from what was written");
     assert!(c == model, "rebuilt member c differs from what was written");
+    let cfg = reg.get("m").unwrap().bdev().config_json();
+    assert_eq!(cfg["params"]["base_bdevs"], json!(["EE_a", "c"]), "{cfg}");
 
     // A read failure on one member is retried on the other.
     arm(

@@ -277,8 +277,16 @@ impl Bdev for MirrorBdev {
     }
     fn config_json(&self) -> Value {
         let c = &self.cfg;
+        // The members it has now (after removals and additions).
+        let members: Vec<String> = self
+            .m
+            .slots()
+            .iter()
+            .flatten()
+            .map(|d| d.name().to_string())
+            .collect();
         json!({"method": "bdev_raid_create", "params": {
-            "name": c.name, "raid_level": "raid1", "base_bdevs": c.members,
+            "name": c.name, "raid_level": "raid1", "base_bdevs": members,
             "uuid": self.info.uuid.to_string(), "superblock": false,
         }})
     }
