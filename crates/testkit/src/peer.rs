@@ -38,9 +38,8 @@ pub fn install_hint(program: &str) -> String {
     let (how, list) = match program {
         "tgtd" | "tgtadm" => ("apt-get install tgt", ".ci/apt/iscsi.txt"),
         "iscsi-perf" => ("apt-get install libiscsi-bin", ".ci/apt/iscsi.txt"),
-        "qemu-io" | "qemu-img" | "qemu-nbd" | "qemu-storage-daemon" => {
-            ("apt-get install qemu-utils", ".ci/apt/nbd.txt")
-        }
+        "qemu-io" | "qemu-img" | "qemu-nbd" => ("apt-get install qemu-utils", ".ci/apt/nbd.txt"),
+        "qemu-storage-daemon" => ("apt-get install qemu-system-common", ".ci/apt/testvm.txt"),
         "qemu-system-x86_64" => ("apt-get install qemu-system-x86", ".ci/apt/testvm.txt"),
         "nbdinfo" | "nbdcopy" | "nbdsh" => ("apt-get install libnbd-bin", ".ci/apt/nbd.txt"),
         "nbdkit" => ("apt-get install nbdkit", ".ci/apt/nbd.txt"),
