@@ -83,26 +83,6 @@ pub fn stop_all(targets: &[Arc<dyn Target>], budget: Duration) -> Vec<Stopped> {
         .collect()
 }
 
-/// Waits until `idle()` or `deadline`, for a target that exposes only a
-/// count (the NVMe-oF target's connections): re-checks with a growing
-/// pause (1 ms up to 20 ms), bounded, and an idle target returns at once.
-/// A target that exposes a condition (`ustor_net::ConnLimit::wait_idle`)
-/// should wait on it instead.
-fn wait_idle(deadline: Instant, idle: impl Fn() -> bool) -> bool {
-    let mut pause = Duration::from_millis(1);
-    loop {
-        if idle() {
-            return true;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(20));
-    }
-}
-
 /// The NBD server.
 pub struct NbdTarget(pub Arc<NbdServer>);
 
@@ -168,7 +148,8 @@ impl Target for NvmfTarget {
     }
     /// Every queue is closed (stop shut their sockets).
     fn drain(&self, deadline: Instant) -> bool {
-        wait_idle(deadline, || self.0.connections() == 0)
+        self.0
+            .wait_idle(deadline.saturating_duration_since(Instant::now()))
     }
     fn connections(&self) -> usize {
         self.0.connections()

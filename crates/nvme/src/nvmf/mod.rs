@@ -282,6 +282,13 @@ impl Target {
         self.shared.limit.open()
     }
 
+    /// Waits (blocking, control thread) until no connection is open or
+    /// `max_wait` passed, on the connection limit's close condition; true
+    /// when none is open.
+    pub fn wait_idle(&self, max_wait: std::time::Duration) -> bool {
+        self.shared.limit.wait_idle(max_wait)
+    }
+
     fn listen(&self, addr: &ListenAddress) -> Result<ListenAddress, NvmfError> {
         let mut ls = lock(&self.shared.listeners);
         if let Some(l) = ls.iter_mut().find(|l| l.addr.same(addr)) {
