@@ -45,6 +45,7 @@ fn driver_config() -> DriverConfig {
         max_outstanding: MAX_OUTSTANDING,
         max_outstanding_bytes: MAX_OUTSTANDING_BYTES,
         max_workers: MAX_WORKERS,
+        prespawn_workers: 0,
         staging_len: STAGING_LEN,
         rewind: Rewind::Eager,
         recv_mode: ustor_net::RecvMode::Ring,

@@ -15,6 +15,16 @@
 //! [`Protocol::apply`] a [`Staging`] filled with [`Staging::stage_bytes`]
 //! and check the [`Recv`] it answers. See `docs/writing-a-target.md`.
 //!
+//! Opt-ins for protocols with their own unit accounting (NVMe/TCP):
+//! [`Recv::Interim`] queues a reply that answers no unit yet (an R2T: the
+//! unit's answer follows later), [`Protocol::backlog`] replaces the
+//! driver's in-flight count as LANoT's input, [`Protocol::aborted`] lets a
+//! queued job be answered without executing, [`Protocol::on_close`] lets
+//! the protocol end units parked on its side, and
+//! [`DriverConfig::prespawn_workers`] starts workers before traffic so a
+//! burst never spawns (allocates). Left at their defaults they change
+//! nothing.
+//!
 //! All tasks of a connection live on one reactor and share [`Conn`] through
 //! an `Rc`: no lock, no atomic, no allocation per unit (queues, worker
 //! slots, the group and staging are allocated when the driver starts).
@@ -85,6 +95,10 @@ pub enum Recv<P: Protocol> {
     /// Queue a reply without a worker (a refused request), then
     /// [`RecvEvent::Next`].
     Reply(P::Reply),
+    /// Queue a reply that answers no unit (an R2T: the unit is answered
+    /// later, by a job or a reply of its own), then [`RecvEvent::Next`].
+    /// It takes no budget and is not counted as in flight.
+    Interim(P::Reply),
     /// Wait until [`Protocol::may_resume`] holds (rechecked whenever a
     /// reply was sent), then [`RecvEvent::Resumed`].
     Park,
@@ -102,6 +116,17 @@ pub enum IoEvent {
     Copied { bytes: usize },
     /// A group of `replies` left with `calls` `sendmsg`s.
     Sent { replies: u32, calls: u64 },
+}
+
+/// What LANoT sees of a connection whose protocol counts its own units
+/// ([`Protocol::backlog`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backlog {
+    /// Units that may still join the group being filled (the coalescer's
+    /// "others"; [`crate::coalesce::BACKLOG_UNKNOWN`] for "some").
+    pub others: u32,
+    /// The queue depth the adaptive policy is told at a flush.
+    pub depth: u32,
 }
 
 /// A protocol served by the driver. All methods run on the connection's
@@ -139,6 +164,27 @@ pub trait Protocol: Sized + 'static {
         false
     }
 
+    /// A job a worker took off the queue, before it executes: `Some` when
+    /// the protocol aborted it meanwhile (the reply is queued instead and
+    /// the job is dropped unexecuted).
+    #[inline]
+    fn aborted(&self, _job: &Self::Job) -> Option<Self::Reply> {
+        None
+    }
+
+    /// LANoT's inputs when the protocol counts its own in-flight units
+    /// (`None`: the driver's count, units received and not answered minus
+    /// those in the group). `queued`: replies not yet in the group;
+    /// `interim`: [`Recv::Interim`] replies in the group.
+    #[inline]
+    fn backlog(&self, _queued: usize, _interim: u32) -> Option<Backlog> {
+        None
+    }
+
+    /// The receiver stopped (close, EOF, error): units the protocol holds
+    /// parked on its side must now finish, or the connection never ends.
+    fn on_close(&self) {}
+
     /// Accounting hook.
     fn on_io(&self, _ev: IoEvent) {}
 }
@@ -152,6 +198,9 @@ pub struct DriverConfig {
     pub max_outstanding_bytes: u64,
     /// Worker tasks (concurrent device operations), spawned on demand.
     pub max_workers: usize,
+    /// Workers spawned when the driver starts (at most `max_workers`), so
+    /// that traffic up to that depth never spawns a task.
+    pub prespawn_workers: usize,
     pub staging_len: usize,
     pub rewind: Rewind,
     pub recv_mode: RecvMode,
@@ -173,6 +222,7 @@ impl Default for DriverConfig {
             max_outstanding: 256,
             max_outstanding_bytes: 64 << 20,
             max_workers: 128,
+            prespawn_workers: 0,
             staging_len: 128 << 10,
             rewind: Rewind::Lazy,
             recv_mode: RecvMode::Ring,
@@ -189,6 +239,8 @@ impl Default for DriverConfig {
 struct Queued<R> {
     reply: R,
     charge: u64,
+    /// It answers a unit (false: [`Recv::Interim`]).
+    unit: bool,
 }
 
 /// State shared by the tasks of one connection.
@@ -230,10 +282,12 @@ impl<P: Protocol> Conn<P> {
         self.outstanding.get()
     }
 
-    fn queue_reply(&self, reply: P::Reply, charge: u64) {
-        self.replies
-            .borrow_mut()
-            .push_back(Queued { reply, charge });
+    fn queue_reply(&self, reply: P::Reply, charge: u64, unit: bool) {
+        self.replies.borrow_mut().push_back(Queued {
+            reply,
+            charge,
+            unit,
+        });
         wake(&self.sender);
     }
 
@@ -275,10 +329,12 @@ pub async fn run<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) {
         dead: Cell::new(false),
         cfg,
     });
+    workers::prespawn(&conn);
     let sender = ustor_runtime::spawn(sender::run(conn.clone()));
     let mut st = Staging::new(conn.cfg.staging_len, conn.cfg.rewind);
     receiver::run(&conn, &mut st).await;
     conn.closing.set(true);
+    conn.proto.on_close();
     conn.workers.wake_all();
     wake(&conn.sender);
     // The sender returns once every received unit has been answered.

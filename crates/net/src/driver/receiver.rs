@@ -68,7 +68,11 @@ pub(super) async fn run<P: Protocol>(conn: &Rc<Conn<P>>, st: &mut Staging) {
             }
             Recv::Reply(r) => {
                 conn.outstanding.set(conn.outstanding.get() + 1);
-                conn.queue_reply(r, 0);
+                conn.queue_reply(r, 0, true);
+                RecvEvent::Next
+            }
+            Recv::Interim(r) => {
+                conn.queue_reply(r, 0, false);
                 RecvEvent::Next
             }
             Recv::Park => {

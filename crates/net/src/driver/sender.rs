@@ -11,7 +11,7 @@ use std::task::Poll;
 
 use ustor_runtime::timer::Sleep;
 
-use super::{Conn, IoEvent, Protocol, Queued};
+use super::{Backlog, Conn, IoEvent, Protocol, Queued};
 use crate::coalesce::Coalescer;
 use crate::group::PduGroup;
 
@@ -30,12 +30,11 @@ pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
     let mut g = PduGroup::with_capacity(cfg.group_iov, cfg.group_arena);
     let mut coal = cfg.coalesce.map(Coalescer::new);
     let mut deadline: Option<u64> = None;
-    // Replies and payload budget in the group being filled.
-    let (mut n, mut charge, mut urgent) = (0usize, 0u64, false);
+    let mut t = Tally::default();
     // Budget: each round sends a group, waits, or returns.
     loop {
         let woke = wait(&conn, deadline).await;
-        let full = fill(&conn, &mut g, &mut n, &mut charge, &mut urgent);
+        let full = fill(&conn, &mut g, &mut t);
         if g.is_empty() {
             if woke == Woke::Done {
                 return;
@@ -43,16 +42,16 @@ pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
             continue;
         }
         if let Some(c) = coal.as_mut() {
-            let others = (conn.outstanding.get() - n) as u32;
+            let b = backlog(&conn, &t);
             let fired = woke == Woke::Timer;
             let why = if woke == Woke::Done {
                 Some(crate::coalesce::Flush::Small)
             } else {
-                c.flush_reason(&g, full, fired, others, urgent, &mut deadline)
+                c.flush_reason(&g, full, fired, b.others, t.urgent, &mut deadline)
             };
             let Some(why) = why else { continue };
             deadline = None;
-            c.on_flush(why, g.pdus(), others);
+            c.on_flush(why, g.pdus(), b.depth);
         }
         let mut calls = 0;
         if conn.dead.get() {
@@ -65,42 +64,71 @@ pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
             }
         }
         conn.proto.on_io(IoEvent::Sent {
-            replies: n as u32,
+            replies: t.units as u32 + t.interim,
             calls,
         });
-        conn.finished(n, charge);
-        (n, charge, urgent) = (0, 0, false);
+        conn.finished(t.units, t.charge);
+        t = Tally::default();
     }
 }
 
+/// What the group being filled holds.
+#[derive(Default)]
+struct Tally {
+    /// Replies that answer a unit, and the payload budget they free.
+    units: usize,
+    charge: u64,
+    /// [`super::Recv::Interim`] replies.
+    interim: u32,
+    urgent: bool,
+}
+
 /// Moves queued replies into the group; true when it can take no more.
-fn fill<P: Protocol>(
-    conn: &Conn<P>,
-    g: &mut PduGroup,
-    n: &mut usize,
-    charge: &mut u64,
-    urgent: &mut bool,
-) -> bool {
+fn fill<P: Protocol>(conn: &Conn<P>, g: &mut PduGroup, t: &mut Tally) -> bool {
     let mut q = conn.replies.borrow_mut();
     // Budget: at most `max_replies` rounds.
-    while (*n as u32) < conn.cfg.max_replies {
-        let Some(Queued { reply, charge: c }) = q.pop_front() else {
+    while (t.units as u32 + t.interim) < conn.cfg.max_replies {
+        let Some(Queued {
+            reply,
+            charge: c,
+            unit,
+        }) = q.pop_front()
+        else {
             return false;
         };
-        *urgent |= conn.proto.urgent(&reply);
+        t.urgent |= conn.proto.urgent(&reply);
         match conn.proto.encode(reply, g) {
-            Ok(()) => {
-                *n += 1;
-                *charge += c;
+            Ok(()) if unit => {
+                t.units += 1;
+                t.charge += c;
             }
+            Ok(()) => t.interim += 1,
             Err(reply) => {
                 assert!(!g.is_empty(), "a reply larger than an empty group");
-                q.push_front(Queued { reply, charge: c });
+                q.push_front(Queued {
+                    reply,
+                    charge: c,
+                    unit,
+                });
                 return true;
             }
         }
     }
     true
+}
+
+/// LANoT's inputs: the protocol's own count when it keeps one, else the
+/// units received and not answered beyond those in the group.
+#[inline]
+fn backlog<P: Protocol>(conn: &Conn<P>, t: &Tally) -> Backlog {
+    let queued = conn.replies.borrow().len();
+    conn.proto.backlog(queued, t.interim).unwrap_or_else(|| {
+        let others = (conn.outstanding.get() - t.units) as u32;
+        Backlog {
+            others,
+            depth: others,
+        }
+    })
 }
 
 /// Waits for replies, the group's deadline, or the end.

@@ -1,5 +1,6 @@
 //! The driver's workers: tasks spawned on demand (at most
-//! `DriverConfig::max_workers`) and then reused, each taking jobs from the
+//! `DriverConfig::max_workers`, the first `prespawn_workers` at start) and
+//! then reused, each taking jobs from the
 //! connection's queue, running [`Protocol::execute`] and queueing the
 //! reply. Requests therefore complete and are answered out of order.
 
@@ -98,6 +99,17 @@ pub(super) fn queue_job<P: Protocol>(conn: &Rc<Conn<P>>, job: P::Job, charge: u6
     }
 }
 
+/// Spawns the configured workers before the first unit; they park at once.
+pub(super) fn prespawn<P: Protocol>(conn: &Rc<Conn<P>>) {
+    let pool = &conn.workers;
+    let n = conn.cfg.prespawn_workers.min(pool.slots.len());
+    // Budget: `n` rounds.
+    for id in 0..n {
+        ustor_runtime::spawn(worker(conn.clone(), id));
+    }
+    pool.spawned.set(n);
+}
+
 async fn worker<P: Protocol>(conn: Rc<Conn<P>>, id: usize) {
     loop {
         let job = poll_fn(|cx| {
@@ -114,7 +126,10 @@ async fn worker<P: Protocol>(conn: Rc<Conn<P>>, id: usize) {
         })
         .await;
         let Some((job, charge)) = job else { break };
-        let reply = conn.proto.execute(job).await;
-        conn.queue_reply(reply, charge);
+        let reply = match conn.proto.aborted(&job) {
+            Some(r) => r,
+            None => conn.proto.execute(job).await,
+        };
+        conn.queue_reply(reply, charge, true);
     }
 }
