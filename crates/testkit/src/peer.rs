@@ -37,7 +37,9 @@ fn is_executable(p: &Path) -> bool {
 pub fn install_hint(program: &str) -> String {
     let (how, list) = match program {
         "tgtd" | "tgtadm" => ("apt-get install tgt", ".ci/apt/iscsi.txt"),
-        "iscsi-perf" => ("apt-get install libiscsi-bin", ".ci/apt/iscsi.txt"),
+        "iscsi-perf" | "iscsi-ls" | "iscsi-inq" | "iscsi-readcapacity16" => {
+            ("apt-get install libiscsi-bin", ".ci/apt/iscsi.txt")
+        }
         "qemu-io" | "qemu-img" | "qemu-nbd" => ("apt-get install qemu-utils", ".ci/apt/nbd.txt"),
         "qemu-storage-daemon" => ("apt-get install qemu-system-common", ".ci/apt/testvm.txt"),
         "qemu-system-x86_64" => ("apt-get install qemu-system-x86", ".ci/apt/testvm.txt"),
