@@ -2,7 +2,8 @@
 //! NVMe/TCP needs), with a toy protocol over a real socket: an interim
 //! reply before the unit's answer (an R2T), a queued job aborted before it
 //! executes, a unit parked on the protocol's side that the protocol's
-//! backlog leaves out of LANoT's count and that `on_close` ends, and
+//! backlog leaves out of LANoT's count (through the protocol's own
+//! coalescer, whose counters it reads) and that `on_close` ends, and
 //! pre-spawned workers.
 //!
 //! Wire: request header `[op, tag, len u16 le]`, replies `[tag, kind, sum
@@ -16,11 +17,12 @@ use std::future::poll_fn;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use ustor_net::coalesce::{CoalesceConfig, Mode};
-use ustor_net::driver::{self, Backlog, DriverConfig, Protocol, Recv, RecvEvent, Via};
+use ustor_net::coalesce::{CoalesceConfig, CoalesceStats, Coalescer, Mode};
+use ustor_net::driver::{self, Backlog, DriverConfig, IoEvent, Protocol, Recv, RecvEvent, Via};
 use ustor_net::staging::Staging;
 use ustor_net::PduGroup;
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
@@ -39,6 +41,9 @@ struct Toy {
     busy: Cell<u32>,
     /// Report `busy` as LANoT's backlog.
     own_backlog: bool,
+    /// The protocol's own coalescer, and its counters after each send.
+    coal: Option<RefCell<Coalescer>>,
+    published: Arc<Mutex<CoalesceStats>>,
 }
 
 enum Job {
@@ -186,6 +191,16 @@ impl Protocol for Toy {
         })
     }
 
+    fn coalescer(&self) -> Option<&RefCell<Coalescer>> {
+        self.coal.as_ref()
+    }
+
+    fn on_io(&self, ev: IoEvent) {
+        if let (IoEvent::Sent { .. }, Some(c)) = (ev, &self.coal) {
+            *self.published.lock().unwrap() = c.borrow().stats();
+        }
+    }
+
     fn on_close(&self) {
         self.release();
     }
@@ -305,13 +320,16 @@ fn own_backlog_leaves_parked_units_out_and_close_ends_them() {
         timer_us: 60_000_000,
         ..CoalesceConfig::default()
     };
+    let published = Arc::new(Mutex::new(CoalesceStats::ZERO));
     let toy = Toy {
         own_backlog: true,
+        coal: Some(RefCell::new(Coalescer::new(lanot))),
+        published: published.clone(),
         ..Toy::default()
     };
     let cfg = DriverConfig {
         prespawn_workers: 4,
-        coalesce: Some(lanot),
+        coalesce: None,
         ..DriverConfig::default()
     };
     let (_rt, mut peer) = start(toy, cfg);
@@ -326,4 +344,11 @@ fn own_backlog_leaves_parked_units_out_and_close_ends_them() {
     peer.write_all(&req(b'Q', 0, &[])).unwrap();
     assert_eq!(read_reply(&mut peer), (1, b'B', 0));
     expect_eof(&mut peer);
+    // The driver decided with the protocol's coalescer: two groups, each
+    // sent at once as nothing else was in flight.
+    let s = *published.lock().unwrap();
+    assert_eq!(
+        (s.groups, s.pdus, s.small_groups, s.timer_expiries, s.degree),
+        (2, 2, 2, 0, 8)
+    );
 }

@@ -20,7 +20,8 @@
 //! unit's answer follows later), [`Protocol::backlog`] replaces the
 //! driver's in-flight count as LANoT's input, [`Protocol::aborted`] lets a
 //! queued job be answered without executing, [`Protocol::on_close`] lets
-//! the protocol end units parked on its side, and
+//! the protocol end units parked on its side, [`Protocol::coalescer`]
+//! shares the protocol's coalescer (its statistics), and
 //! [`DriverConfig::prespawn_workers`] starts workers before traffic so a
 //! burst never spawns (allocates). Left at their defaults they change
 //! nothing.
@@ -42,7 +43,7 @@ use std::task::Waker;
 
 use ustor_runtime::IoBuf;
 
-use crate::coalesce::CoalesceConfig;
+use crate::coalesce::{CoalesceConfig, Coalescer};
 use crate::group::PduGroup;
 use crate::staging::{RecvMode, Rewind, Staging};
 
@@ -178,6 +179,15 @@ pub trait Protocol: Sized + 'static {
     /// `interim`: [`Recv::Interim`] replies in the group.
     #[inline]
     fn backlog(&self, _queued: usize, _interim: u32) -> Option<Backlog> {
+        None
+    }
+
+    /// The protocol's own LANoT coalescer, used instead of one made from
+    /// [`DriverConfig::coalesce`] (which is then ignored): its counters and
+    /// current degree/timer stay readable by the protocol (per-queue
+    /// statistics). Borrowed only while the sender decides a flush.
+    #[inline]
+    fn coalescer(&self) -> Option<&RefCell<Coalescer>> {
         None
     }
 

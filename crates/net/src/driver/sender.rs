@@ -4,6 +4,7 @@
 //! that completed it; under load every reply of a pass shares a syscall);
 //! with one, LANoT decides when the group leaves.
 
+use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -28,7 +29,14 @@ enum Woke {
 pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
     let cfg = &conn.cfg;
     let mut g = PduGroup::with_capacity(cfg.group_iov, cfg.group_arena);
-    let mut coal = cfg.coalesce.map(Coalescer::new);
+    // The protocol's own coalescer (its counters are its to report) or
+    // one made from the config.
+    let shared = conn.proto.coalescer();
+    let own = match shared {
+        Some(_) => None,
+        None => cfg.coalesce.map(|c| RefCell::new(Coalescer::new(c))),
+    };
+    let coal = shared.or(own.as_ref());
     let mut deadline: Option<u64> = None;
     let mut t = Tally::default();
     // Budget: each round sends a group, waits, or returns.
@@ -41,7 +49,8 @@ pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
             }
             continue;
         }
-        if let Some(c) = coal.as_mut() {
+        if let Some(c) = coal {
+            let mut c = c.borrow_mut();
             let b = backlog(&conn, &t);
             let fired = woke == Woke::Timer;
             let why = if woke == Woke::Done {
