@@ -165,6 +165,18 @@ fn member_failure_mid_io_degrades_then_a_new_member_is_rebuilt_and_matches() {
     );
     assert!(read_all(&rt, &reg, "m") == model);
     assert_eq!(raid_state(&reg)["num_base_bdevs_operational"], 1);
+    // The failed member added back (fault cleared) is rebuilt and read again.
+    arm(
+        &reg,
+        json!({"name": "EE_a", "io_type": "clear", "error_type": "failure"}),
+    );
+    let j = mirror::add_base(&reg, "m", "EE_a").unwrap();
+    rt.handle()
+        .block_on(0, move || mirror::rebuild(j))
+        .unwrap()
+        .unwrap();
+    assert_eq!(raid_state(&reg)["num_base_bdevs_operational"], 2);
+    assert!(read_all(&rt, &reg, "a") == model);
     // Bad parameters for raid1.
     let e = create(
         &reg,

@@ -486,6 +486,12 @@ pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, Contro
             .or_else(|| (0..s.len()).find(|i| m.state(*i) == FAILED))
             .ok_or_else(|| ControlError::invalid("raid_bdev", format!("{raid} has no free slot")))?
     };
+    // A failed member added back (after the fault is fixed): its old
+    // descriptor holds the claim, so it goes first.
+    let same = m.slots()[slot].as_ref().is_some_and(|d| d.name() == base);
+    if same {
+        m.clear_slot(slot);
+    }
     let d = open_member(reg, &Arc::downgrade(&m), base, raid)?;
     let have = m
         .slots()
