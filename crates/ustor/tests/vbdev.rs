@@ -1,8 +1,10 @@
 //! Virtual bdevs end to end: `ustor bench --verify` on raid0, concat, raid1, a
 //! split part, a passthru, an error and a delay bdev made from a config file; a
-//! raid built over RPC (SPDK's methods) and read and written by a real NBD
-//! peer (nbdcopy) with a checksum compare; save_config recreates the
-//! stack; bad parameters come back as errors with nothing created.
+//! raid0, concat, raid1 and a delay over a passthru over a split part
+//! built over RPC (SPDK's methods), each written and read by a real NBD
+//! peer (nbdcopy) and compared; save_config recreates the stack; raid1
+//! remove/add/rebuild over RPC; bad parameters come back as errors with
+//! nothing created.
 
 mod common;
 
@@ -79,7 +81,7 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
         return;
     }
     let dir = tmpdir("vbdev-nbd");
-    let calls: Vec<Value> = ["a", "b", "c", "d", "e", "f"]
+    let calls: Vec<Value> = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]
         .iter()
         .map(|n| {
             json!({"method": "bdev_malloc_create",
@@ -134,7 +136,40 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
     run(Command::new("nbdcopy").arg(&uri).arg(&back));
     let got = std::fs::read(&back).unwrap();
     assert!(got == data, "data read back through raid0 over NBD differs");
-    // save_config carries the split and the raid; a fresh server rebuilds them.
+    // The other kinds through the same peer: concat, raid1, passthru over
+    // a split part, delay (4 MiB each, written and read back).
+    s.ok(
+        "bdev_raid_create",
+        json!({"name": "cc", "raid_level": "concat",
+        "base_bdevs": ["g", "h"], "strip_size_kb": 4}),
+    );
+    s.ok(
+        "bdev_raid_create",
+        json!({"name": "m1", "raid_level": "raid1", "base_bdevs": ["i", "j"]}),
+    );
+    s.ok(
+        "bdev_passthru_create",
+        json!({"base_bdev_name": "cp0", "name": "pt"}),
+    );
+    s.ok("bdev_delay_create", json!({"base_bdev_name": "pt", "name": "dl",
+        "avg_read_latency": 20, "p99_read_latency": 50, "avg_write_latency": 20, "p99_write_latency": 50}));
+    let small = dir.join("small.img");
+    std::fs::write(&small, &data[..4 << 20]).unwrap();
+    for b in ["cc", "m1", "dl"] {
+        s.ok("nbd_export_create", json!({"name": b, "bdev_name": b}));
+        let uri = format!("nbd://127.0.0.1:{port}/{b}");
+        run(Command::new("nbdcopy").arg(&small).arg(&uri));
+        run(Command::new("nbdcopy").arg(&uri).arg(&back));
+        let got = std::fs::read(&back).unwrap();
+        assert!(
+            got[..4 << 20] == data[..4 << 20],
+            "{b}: data read back over NBD differs"
+        );
+    }
+    // save_config carries the split and the raids; a fresh server rebuilds
+    // them (same members, sizes and UUIDs).
+    let all = s.ok("bdev_raid_get_bdevs", json!({"category": "all"}));
+    assert_eq!(all.as_array().unwrap().len(), 3, "{all}");
     let out = Command::new(BIN)
         .args(["save-config", "-s", s.sock.to_str().unwrap()])
         .output()
@@ -156,7 +191,7 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
         .collect();
     let t = Server::start(&dir, &json!({"subsystems": bdev_only}), &[]);
     let again = t.ok("bdev_raid_get_bdevs", json!({"category": "all"}));
-    assert_eq!(again, raids);
+    assert_eq!(again, all);
     // raid1 over RPC: a member removed, another added and rebuilt in the
     // background (progress in bdev_raid_get_bdevs until it is done).
     t.ok(
@@ -183,6 +218,12 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
     assert_eq!(mr(&t)["base_bdevs_list"][1]["name"], "f");
     t.ok("bdev_raid_delete", json!({"name": "mr"}));
     t.ok("bdev_raid_delete", json!({"name": "r"}));
+    // Claims hold across the saved stack: the split goes after what is on it.
+    assert!(t
+        .call("bdev_split_delete", json!({"base_bdev": "c"}))
+        .is_err());
+    t.ok("bdev_delay_delete", json!({"name": "dl"}));
+    t.ok("bdev_passthru_delete", json!({"name": "pt"}));
     t.ok("bdev_split_delete", json!({"base_bdev": "c"}));
     t.ok("bdev_malloc_delete", json!({"name": "a"}));
     let _ = t.stop();
