@@ -99,25 +99,30 @@ impl ErrorChannel {
             ErrorType::Pending => self.held.borrow_mut().push(io),
             ErrorType::CorruptData => {
                 let d = io.desc();
-                let (off, val) = (corrupt >> 8, corrupt as u8);
-                let off = off % (d.num_blocks * self.bs).max(1);
-                // SAFETY: the iovecs are the parent's, valid until it
-                // completes; a write's buffer is ours to read and (as
-                // SPDK's error bdev does) to corrupt before it is sent.
-                let mut pos = 0u64;
-                for v in unsafe { d.iovecs() } {
-                    if off < pos + v.iov_len as u64 {
-                        let p = unsafe { (v.iov_base as *mut u8).add((off - pos) as usize) };
-                        // SAFETY: inside the segment (checked just above).
-                        unsafe { *p ^= val.max(1) };
-                        break;
-                    }
-                    pos += v.iov_len as u64;
-                }
+                let len = d.num_blocks * self.bs;
+                corrupt_byte(&d, (corrupt >> 8) % len.max(1), (corrupt as u8).max(1));
                 return Some(io);
             }
         }
         None
+    }
+}
+
+/// XORs byte `off` of a write's data with `val` before it is sent.
+fn corrupt_byte(d: &ustor_bdev::IoDesc, off: u64, val: u8) {
+    let mut pos = 0u64;
+    // SAFETY: the iovecs are the I/O's own, valid until it completes (it
+    // has not been sent yet); a write's buffer is ours to read and, as
+    // SPDK's error bdev does, to corrupt; the byte written lies inside its
+    // segment (checked by the `if`).
+    unsafe {
+        for v in d.iovecs() {
+            if off < pos + v.iov_len as u64 {
+                *(v.iov_base as *mut u8).add((off - pos) as usize) ^= val;
+                return;
+            }
+            pos += v.iov_len as u64;
+        }
     }
 }
 
