@@ -14,14 +14,19 @@ use crate::data::{DataPath, XferError};
 use crate::lu::Lun;
 use crate::outcome::Outcome;
 
-/// The VPD pages this core answers, in order (page 0x00's list).
-const VPD_PAGES: [u8; 5] = [
+/// The VPD pages this core answers, in order (page 0x00's list); the
+/// last one, Logical Block Provisioning, only for thin LUNs.
+const VPD_PAGES: [u8; 6] = [
     inquiry::VPD_SUPPORTED,
     inquiry::VPD_SERIAL,
     inquiry::VPD_DEVICE_ID,
     inquiry::VPD_BLOCK_LIMITS,
     inquiry::VPD_BLOCK_CHARACTERISTICS,
+    VPD_PROVISIONING,
 ];
+
+/// Logical Block Provisioning VPD page (SBC-3 §6.6.4).
+const VPD_PROVISIONING: u8 = 0xb2;
 
 /// Sends `bytes` as the whole data-in; GOOD with the residual.
 pub(crate) async fn send_in<D: DataPath>(data: &mut D, bytes: &[u8]) -> Result<Outcome, XferError> {
@@ -125,8 +130,18 @@ fn vpd_page(lu: &Lun, page: u8, out: &mut [u8; 256]) -> Option<usize> {
     let cfg = &lu.cfg;
     let payload: usize = match page {
         inquiry::VPD_SUPPORTED => {
-            out[4..4 + VPD_PAGES.len()].copy_from_slice(&VPD_PAGES);
-            VPD_PAGES.len()
+            let n = VPD_PAGES.len() - usize::from(!cfg.thin);
+            out[4..4 + n].copy_from_slice(&VPD_PAGES[..n]);
+            n
+        }
+        VPD_PROVISIONING if cfg.thin => {
+            // LBPU (UNMAP), LBPWS and LBPWS10 (WRITE SAME with UNMAP),
+            // LBPRZ (unmapped blocks read zero); provisioning type thin.
+            out[4] = 0;
+            out[5] = 0x80 | 0x40 | 0x20 | 0x04;
+            out[6] = 0x02;
+            out[7] = 0;
+            4
         }
         inquiry::VPD_SERIAL => {
             let s = &cfg.serial.as_bytes()[..cfg.serial.len().min(200)];

@@ -10,7 +10,7 @@ use ustor_rpc::MethodTable;
 use ustor_runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 
 use crate::control::Control;
-use crate::targets::{self, NbdTarget, NvmfTarget, Stopped, Target};
+use crate::targets::{self, IscsiTarget, NbdTarget, NvmfTarget, Stopped, Target};
 
 /// How long shutdown lets the targets' connections drain, all together.
 pub const DRAIN_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
@@ -39,6 +39,10 @@ impl App {
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         ustor_vbdev::register(&registry).map_err(|e| std::io::Error::other(e.to_string()))?;
         let nbd = Arc::new(NbdServer::new(rt.clone()));
+        let iscsi = Arc::new(ustor_iscsi_target::IscsiTarget::new(
+            rt.clone(),
+            registry.clone(),
+        ));
         let nvmf = ustor_nvme::nvmf::Target::new(rt.clone(), registry.clone());
         let scsi = ustor_scsi::ScsiStack::new(rt.clone(), registry.clone());
         let table = MethodTable::new();
@@ -47,6 +51,7 @@ impl App {
             rt: rt.clone(),
             registry: registry.clone(),
             nbd: nbd.clone(),
+            iscsi: iscsi.clone(),
             nvmf: nvmf.clone(),
             scsi,
             table: table.clone(),
@@ -56,6 +61,7 @@ impl App {
         let targets: Vec<Arc<dyn Target>> = vec![
             Arc::new(NbdTarget(nbd.clone())),
             Arc::new(NvmfTarget(nvmf.clone())),
+            Arc::new(IscsiTarget(iscsi)),
         ];
         for t in &targets {
             t.start()?;

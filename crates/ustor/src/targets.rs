@@ -158,3 +158,29 @@ impl Target for NvmfTarget {
         self.0.config_json()
     }
 }
+
+/// The iSCSI target.
+pub struct IscsiTarget(pub Arc<ustor_iscsi_target::IscsiTarget>);
+
+impl Target for IscsiTarget {
+    fn name(&self) -> &'static str {
+        "iscsi"
+    }
+    /// Stops every portal's listener; sessions run on until they log out
+    /// or the reactors stop.
+    fn stop(&self) {
+        self.0.stop();
+    }
+    /// Idle means no connection open (a command runs to completion within
+    /// its connection).
+    fn drain(&self, deadline: Instant) -> bool {
+        self.0
+            .wait_idle(deadline.saturating_duration_since(Instant::now()))
+    }
+    fn connections(&self) -> usize {
+        self.0.connections()
+    }
+    fn config_json(&self) -> Vec<Value> {
+        self.0.config_json()
+    }
+}

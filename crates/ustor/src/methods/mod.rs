@@ -4,6 +4,7 @@
 
 pub mod bdev;
 pub mod framework;
+pub mod iscsi;
 pub mod nbd;
 pub mod nvmf;
 pub mod scsi;
@@ -25,6 +26,7 @@ pub struct Ctx {
     pub rt: RuntimeHandle,
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer>,
+    pub iscsi: Arc<ustor_iscsi_target::IscsiTarget>,
     pub nvmf: ustor_nvme::nvmf::Target,
     pub scsi: ustor_scsi::ScsiStack,
     pub table: MethodTable,
@@ -48,6 +50,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     framework::register(ctx)?;
     bdev::register(ctx)?;
     nbd::register(ctx)?;
+    iscsi::register(ctx)?;
     nvmf::register(ctx)?;
     scsi::register(ctx)?;
     vbdev::register(ctx)?;
@@ -81,6 +84,12 @@ pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::C
     let method = match c.method.as_str() {
         "bdev_nvme_attach_controller" => "bdev_nvme_detach_controller".to_string(),
         "nbd_export_create" => "nbd_export_delete".to_string(),
+        "iscsi_create_target_node" => {
+            return Some(ustor_rpc::ConfigCall::new(
+                "iscsi_delete_target_node",
+                serde_json::json!({ "target_node_name": name? }),
+            ))
+        }
         "bdev_scsi_create" => "bdev_scsi_delete".to_string(),
         "nbd_server_start" => {
             return Some(ustor_rpc::ConfigCall::new("nbd_server_stop", Value::Null))

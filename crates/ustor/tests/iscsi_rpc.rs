@@ -1,0 +1,101 @@
+//! The iscsi_* RPC methods against a real `ustor serve` process: a node
+//! created from a config file and one by RPC, seen by libiscsi's iscsi-ls
+//! and iscsi-inq; the get methods; deleting a node; the iscsi subsystem's
+//! config dump (what save_config writes) recreates the same objects.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn iscsi_config() -> Value {
+    json!({"subsystems": [
+        {"subsystem": "bdev", "config": [
+            {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 32768, "block_size": 512}},
+            {"method": "bdev_malloc_create", "params": {"name": "Malloc1", "num_blocks": 4096, "block_size": 4096}}
+        ]},
+        {"subsystem": "iscsi", "config": [
+            {"method": "iscsi_create_portal_group", "params": {"tag": 1, "portals": [{"host": "127.0.0.1", "port": "0"}]}},
+            {"method": "iscsi_create_initiator_group", "params": {"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}},
+            {"method": "iscsi_create_target_node", "params": {"name": "disk1", "alias_name": "first",
+                "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}], "luns": [{"bdev_name": "Malloc0", "lun_id": 0}],
+                "queue_depth": 32}}
+        ]}
+    ]})
+}
+
+fn port(s: &Server) -> u16 {
+    let pgs = s.ok("iscsi_get_portal_groups", Value::Null);
+    pgs[0]["portals"][0]["port"]
+        .as_str()
+        .and_then(|p| p.parse().ok())
+        .expect("a bound portal")
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(cmd).args(args).output().unwrap();
+    assert!(out.status.success(), "{cmd} {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn iscsi_methods_and_config_dump() {
+    if !have("iscsi-ls") {
+        return;
+    }
+    let dir = tmpdir("iscsi-rpc");
+    let s = Server::start(&dir, &iscsi_config(), &[]);
+    let p = port(&s);
+    let portal = format!("iscsi://127.0.0.1:{p}");
+    let out = run("iscsi-ls", &[&portal]);
+    assert!(out.contains("Target:iqn.2016-06.io.spdk:disk1"), "{out}");
+
+    s.ok(
+        "iscsi_create_target_node",
+        json!({"name": "iqn.2026-11.io.ustor:disk2", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
+               "luns": [{"bdev_name": "Malloc1", "lun_id": 3}], "queue_depth": 16}),
+    );
+    let nodes = s.ok("iscsi_get_target_nodes", Value::Null);
+    assert_eq!(nodes.as_array().unwrap().len(), 2, "{nodes}");
+    assert_eq!(nodes[0]["alias_name"], "first", "{nodes}");
+    let out = run(
+        "iscsi-inq",
+        &[&format!("{portal}/iqn.2026-11.io.ustor:disk2/3")],
+    );
+    assert!(
+        out.contains("Peripheral Device Type:DIRECT_ACCESS"),
+        "{out}"
+    );
+    let igs = s.ok("iscsi_get_initiator_groups", Value::Null);
+    assert_eq!(igs[0]["initiators"][0], "ANY");
+    let cfg = s.ok("framework_get_config", json!({"name": "iscsi"}));
+    let methods: Vec<&str> = cfg
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            "iscsi_create_portal_group",
+            "iscsi_create_initiator_group",
+            "iscsi_create_target_node",
+            "iscsi_create_target_node"
+        ],
+        "{cfg}"
+    );
+
+    s.ok(
+        "iscsi_delete_target_node",
+        json!({"target_node_name": "iqn.2026-11.io.ustor:disk2"}),
+    );
+    let out = run("iscsi-ls", &[&portal]);
+    assert!(!out.contains("disk2"), "{out}");
+    // A portal group in use by a node is not deleted.
+    assert!(s
+        .call("iscsi_delete_portal_group", json!({"tag": 1}))
+        .is_err());
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+}
