@@ -13,7 +13,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use serde_json::{json, Value};
@@ -51,7 +51,19 @@ struct Rebuild {
     lo: AtomicU64,
     hi: AtomicU64,
     dirty: AtomicBool,
+    /// Writes counted while a rebuild runs, in two generations: before
+    /// copying a chunk the copy flips the generation and waits for the
+    /// old one's children to complete, so no write that missed the chunk's
+    /// window is still in flight while it is copied.
+    gen: AtomicU32,
+    writes: [AtomicU64; 2],
 }
+
+/// Watch tag bits: the member index, whether the child is counted in
+/// `Rebuild::writes`, and in which generation.
+const MEMBER: u32 = 0xffff;
+const COUNTED: u32 = 1 << 16;
+const GEN_SHIFT: u32 = 17;
 
 impl Mirror {
     fn slots(&self) -> MutexGuard<'_, Vec<Option<Desc>>> {
@@ -80,11 +92,8 @@ impl Mirror {
     #[inline]
     fn touch(&self, lo: u64, hi: u64) {
         let r = &self.rebuild;
-        if r.running.load(Ordering::Relaxed)
-            && lo < r.hi.load(Ordering::Acquire)
-            && hi > r.lo.load(Ordering::Acquire)
-        {
-            r.dirty.store(true, Ordering::Release);
+        if lo < r.hi.load(Ordering::SeqCst) && hi > r.lo.load(Ordering::SeqCst) {
+            r.dirty.store(true, Ordering::SeqCst);
         }
     }
 
@@ -129,12 +138,12 @@ impl Chan {
         self.epoch.set(e);
     }
 
-    fn watch(&self, i: usize) -> Watch {
+    fn watch(&self, i: usize, extra: u32) -> Watch {
         self.inflight.set(self.inflight.get() + 1);
         Watch {
             f: on_child,
             ctx: self as *const Chan as *const (),
-            tag: i as u32,
+            tag: i as u32 | extra,
         }
     }
 
@@ -151,7 +160,7 @@ impl Chan {
                 continue;
             }
             if let Some(ch) = &members[i] {
-                let w = self.watch(i);
+                let w = self.watch(i, 0);
                 kids.submit_watched(ch, d.kind, d.offset_blocks, d.num_blocks, 0, w);
                 return true;
             }
@@ -160,13 +169,27 @@ impl Chan {
         false
     }
 
-    /// Sends a write-like I/O to every member that is not failed.
+    /// Sends a write-like I/O to every member that is not failed. While a
+    /// rebuild runs (only then: these are atomic read-modify-writes) its
+    /// children are counted in the rebuild's current generation, and a
+    /// write over the chunk being copied makes the copy redo it.
     fn write(&self, kids: &Children, d: &IoDesc) {
+        let r = &self.m.rebuild;
+        let counted = d.kind != IoType::Flush && r.running.load(Ordering::Relaxed);
+        let g = if counted {
+            r.gen.load(Ordering::SeqCst) & 1
+        } else {
+            0
+        };
+        let extra = if counted { COUNTED | g << GEN_SHIFT } else { 0 };
         let members = self.members.borrow();
         let mut any = false;
         for (i, ch) in members.iter().enumerate() {
             if let (Some(ch), false) = (ch, self.m.state(i) == FAILED) {
-                let w = self.watch(i);
+                if counted {
+                    r.writes[g as usize].fetch_add(1, Ordering::SeqCst);
+                }
+                let w = self.watch(i, extra);
                 kids.submit_watched(ch, d.kind, d.offset_blocks, d.num_blocks, 0, w);
                 any = true;
             }
@@ -174,7 +197,7 @@ impl Chan {
         if !any {
             kids.fail(BdevError::Io(libc::EIO));
         }
-        if d.kind != IoType::Flush {
+        if counted {
             self.m
                 .touch(d.offset_blocks, d.offset_blocks + d.num_blocks);
         }
@@ -196,16 +219,22 @@ fn on_child(
     let c = unsafe { &*(ctx as *const Chan) };
     c.inflight.set(c.inflight.get() - 1);
     let d = parent.desc();
-    if d.kind == IoType::Write || d.kind == IoType::WriteZeroes || d.kind == IoType::Unmap {
+    let r = &c.m.rebuild;
+    if tag & COUNTED != 0 {
+        r.writes[(tag >> GEN_SHIFT) as usize & 1].fetch_sub(1, Ordering::SeqCst);
+    } else if d.kind != IoType::Read && r.running.load(Ordering::Relaxed) {
+        // A write that started before the rebuild did: it may not have
+        // reached the new member, so a chunk it lands in is copied again.
         c.m.touch(d.offset_blocks, d.offset_blocks + d.num_blocks);
     }
     let Err(e) = status else {
         return Ok(());
     };
-    c.m.fail(tag as usize, e);
+    let member = (tag & MEMBER) as usize;
+    c.m.fail(member, e);
     match d.kind {
         IoType::Read => {
-            if c.read(parent, &d, tag as usize) {
+            if c.read(parent, &d, member) {
                 Ok(())
             } else {
                 Err(e)
@@ -555,10 +584,16 @@ async fn copy(m: &Mirror, slot: usize) -> Result<(), BdevError> {
     let mut lba = 0;
     while lba < m.blocks {
         let n = step.min(m.blocks - lba);
-        r.lo.store(lba, Ordering::Release);
-        r.hi.store(lba + n, Ordering::Release);
         loop {
             r.dirty.store(false, Ordering::SeqCst);
+            r.lo.store(lba, Ordering::SeqCst);
+            r.hi.store(lba + n, Ordering::SeqCst);
+            // Writes counted before the window was set may have missed it:
+            // wait until they are done (later ones see the window).
+            let old = (r.gen.fetch_add(1, Ordering::SeqCst) & 1) as usize;
+            while r.writes[old].load(Ordering::SeqCst) != 0 {
+                ustor_runtime::yield_now().await;
+            }
             buf.set_len((n * bs) as usize);
             let (res, b) = src.read(lba, n, buf).await;
             buf = b;
