@@ -87,7 +87,7 @@ fn open_luns(node: &NodeEntry) -> Option<LunTable> {
     let mut luns = Vec::with_capacity(node.luns.len());
     for l in &node.luns {
         match Lun::open(l.cfg.clone(), &l.desc) {
-            Ok(lu) => luns.push((l.lun_id, lu)),
+            Ok(lu) => luns.push((l.lun_id, lu.with_provisioning_page())),
             Err(e) => {
                 tracing::warn!(
                     "iscsi: LUN {} ({}) has no channel: {e}",

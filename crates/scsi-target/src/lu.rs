@@ -55,6 +55,8 @@ pub struct Lun {
     pub(crate) write_cache: bool,
     /// The descriptor allows writes (else MODE SENSE says write-protected).
     pub(crate) writable: bool,
+    /// Answers VPD page B2 (logical block provisioning) for a thin LUN.
+    pub(crate) provisioning_page: bool,
 }
 
 impl Lun {
@@ -66,7 +68,16 @@ impl Lun {
             ua: Cell::new(None),
             write_cache: desc.info().write_cache,
             writable: desc.writable(),
+            provisioning_page: false,
         })
+    }
+
+    /// Offers the Logical Block Provisioning VPD page (B2) when the LUN is
+    /// thin: initiators that see LBPME in READ CAPACITY(16) ask for it
+    /// (libiscsi's test suite does).
+    pub fn with_provisioning_page(mut self) -> Lun {
+        self.provisioning_page = true;
+        self
     }
 
     pub fn config(&self) -> &LuConfig {

@@ -130,11 +130,11 @@ fn vpd_page(lu: &Lun, page: u8, out: &mut [u8; 256]) -> Option<usize> {
     let cfg = &lu.cfg;
     let payload: usize = match page {
         inquiry::VPD_SUPPORTED => {
-            let n = VPD_PAGES.len() - usize::from(!cfg.thin);
+            let n = VPD_PAGES.len() - usize::from(!(cfg.thin && lu.provisioning_page));
             out[4..4 + n].copy_from_slice(&VPD_PAGES[..n]);
             n
         }
-        VPD_PROVISIONING if cfg.thin => {
+        VPD_PROVISIONING if cfg.thin && lu.provisioning_page => {
             // LBPU (UNMAP), LBPWS and LBPWS10 (WRITE SAME with UNMAP),
             // LBPRZ (unmapped blocks read zero); provisioning type thin.
             out[4] = 0;

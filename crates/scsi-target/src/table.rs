@@ -133,6 +133,12 @@ impl LunTable {
             }
             Err(_) => return Ok(Outcome::invalid_field(exp)),
         };
+        if protection_requested(cdb) {
+            // No protection information: RDPROTECT/WRPROTECT/VRPROTECT must
+            // be zero (SBC-3 §5.x, "if the logical unit does not support
+            // protection information").
+            return Ok(Outcome::invalid_field(exp));
+        }
         if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
             if let Some(ua) = lu.ua.take() {
                 return Ok(Outcome::sense(ua, exp));
@@ -176,4 +182,13 @@ impl LunTable {
         }
         spc::send_in(data, &buf[..len]).await
     }
+}
+
+/// Whether a block command's protect field (CDB byte 1, bits 7..5) is set.
+fn protection_requested(cdb: &[u8]) -> bool {
+    // READ, WRITE, VERIFY, WRITE AND VERIFY (10/12/16), WRITE SAME (10/16).
+    const OPS: [u8; 14] = [
+        0x28, 0x2a, 0x2f, 0x2e, 0xa8, 0xaa, 0xaf, 0xae, 0x88, 0x8a, 0x8f, 0x8e, 0x41, 0x93,
+    ];
+    cdb.len() > 1 && OPS.contains(&cdb[0]) && cdb[1] & 0xe0 != 0
 }
