@@ -33,6 +33,8 @@ pub mod op {
     pub const REPORT_LUNS: u8 = 0xa0;
     pub const READ_12: u8 = 0xa8;
     pub const WRITE_12: u8 = 0xaa;
+    pub const WRITE_AND_VERIFY_12: u8 = 0xae;
+    pub const VERIFY_12: u8 = 0xaf;
     /// Service action of SERVICE ACTION IN(16) for READ CAPACITY(16).
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
 }
@@ -538,6 +540,8 @@ fn parse_12(b: &[u8]) -> Result<Command, CdbError> {
             blocks,
             fua: fua_bit(b),
         },
+        op::WRITE_AND_VERIFY_12 => Command::WriteAndVerify { lba, blocks },
+        op::VERIFY_12 => verify(b, lba, blocks)?,
         o => return Err(CdbError::UnsupportedOpcode(o)),
     })
 }
