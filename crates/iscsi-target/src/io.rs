@@ -38,6 +38,8 @@ pub struct Wire {
     data: IoBuf,
     data_len: usize,
     out: IoBuf,
+    /// A one-byte buffer that stands in for a buffer an operation owns.
+    spare: Option<IoBuf>,
     /// Where the last queued header starts (for phase collapse patches).
     last_at: Option<usize>,
     pub header_digest: bool,
@@ -64,6 +66,7 @@ impl Wire {
             data: IoBuf::heap(pad4(max_recv) + 4),
             data_len: 0,
             out,
+            spare: Some(IoBuf::heap(1)),
             last_at: None,
             header_digest: false,
             data_digest: false,
@@ -81,17 +84,21 @@ impl Wire {
     }
 
     async fn exact(&mut self, into_hdr: bool, start: usize, end: usize) -> io::Result<()> {
-        let buf = if into_hdr {
-            std::mem::replace(&mut self.hdr, IoBuf::heap(1))
+        // The receive owns the buffer while it runs; an empty stand-in
+        // (no allocation) holds its place.
+        let slot = if into_hdr {
+            &mut self.hdr
         } else {
-            std::mem::replace(&mut self.data, IoBuf::heap(1))
+            &mut self.data
         };
+        let buf = std::mem::replace(slot, self.spare.take().unwrap_or_else(|| IoBuf::heap(1)));
         let (res, buf) = recv_exact(self.fd, buf, start, end).await;
-        if into_hdr {
-            self.hdr = buf;
+        let slot = if into_hdr {
+            &mut self.hdr
         } else {
-            self.data = buf;
-        }
+            &mut self.data
+        };
+        self.spare = Some(std::mem::replace(slot, buf));
         res
     }
 
@@ -212,10 +219,11 @@ impl Wire {
         if self.out.is_empty() {
             return Ok(());
         }
-        let buf = std::mem::replace(&mut self.out, IoBuf::heap(1));
+        let stand_in = self.spare.take().unwrap_or_else(|| IoBuf::heap(1));
+        let buf = std::mem::replace(&mut self.out, stand_in);
         let (res, mut buf) = send_all(self.fd, buf).await;
         buf.set_len(0);
-        self.out = buf;
+        self.spare = Some(std::mem::replace(&mut self.out, buf));
         res.map_err(ConnError::Io)
     }
 

@@ -36,6 +36,9 @@ pub struct Session<'a, D: Discovery> {
     next_ttt: u32,
     /// Text left to send after a Continue (SendTargets beyond one PDU).
     text_left: Vec<u8>,
+    /// The data segment of the request being served (reused: immediate
+    /// data and NOP/Text payloads are copied here once).
+    scratch: Vec<u8>,
 }
 
 /// How the loop ended.
@@ -73,6 +76,7 @@ impl<'a, D: Discovery> Session<'a, D> {
             deferred: VecDeque::new(),
             next_ttt: 1,
             text_left: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -93,15 +97,22 @@ impl<'a, D: Discovery> Session<'a, D> {
                     Err(e) => return Err(e),
                 },
             };
-            let data = if data.is_empty() {
-                self.wire.data().to_vec()
+            // A deferred PDU brought its data; otherwise it is in the wire's
+            // buffer, copied into the reused scratch vector.
+            let mut buf = std::mem::take(&mut self.scratch);
+            buf.clear();
+            buf.extend_from_slice(if data.is_empty() {
+                self.wire.data()
             } else {
-                data
-            };
+                &data
+            });
             if !self.admit(&b) {
+                self.scratch = buf;
                 continue;
             }
-            if let Some(end) = self.dispatch(&b, &data).await? {
+            let end = self.dispatch(&b, &buf).await;
+            self.scratch = buf;
+            if let Some(end) = end? {
                 return Ok(end);
             }
         }

@@ -170,3 +170,66 @@ fn failures() {
     );
     assert!(a.failed);
 }
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn text_strategy() -> impl Strategy<Value = Vec<u8>> {
+        let key = prop::sample::select(vec![
+            "InitiatorName",
+            "TargetName",
+            "SessionType",
+            "AuthMethod",
+            "CHAP_A",
+            "CHAP_N",
+            "CHAP_R",
+            "CHAP_I",
+            "CHAP_C",
+            "HeaderDigest",
+            "MaxBurstLength",
+            "FirstBurstLength",
+            "MaxRecvDataSegmentLength",
+            "InitialR2T",
+            "X-junk",
+        ]);
+        let pair = (key, "[ -~]{0,40}").prop_map(|(k, v)| format!("{k}={v}\0").into_bytes());
+        prop_oneof![
+            prop::collection::vec(pair, 0..8).prop_map(|v| v.concat()),
+            prop::collection::vec(any::<u8>(), 0..512),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of login requests, well-formed keys or garbage,
+        /// gets an answer (or a failure), never a panic.
+        #[test]
+        fn login_never_panics(
+            reqs in prop::collection::vec((any::<[u8; 48]>(), text_strategy()), 1..6),
+        ) {
+            let cat = Cat(chap_access(true));
+            let mut l = Login::<Cat>::new(1);
+            for (mut h, t) in reqs {
+                h[0] = (h[0] & 0x40) | opcode::LOGIN_REQ;
+                let a = l.step(&cat, &Bhs(h), &t);
+                if a.failed || a.done.is_some() {
+                    break;
+                }
+            }
+        }
+
+        /// Operational keys with any value.
+        #[test]
+        fn keys_never_panic(k in "[A-Za-z]{1,30}", v in "[ -~]{0,64}") {
+            let offer = Offer::default();
+            let mut p = negotiate::Params::defaults(&offer);
+            let mut out = Vec::new();
+            let _ = negotiate::answer(&k, &v, &offer, &mut p, &mut out);
+            for key in ["MaxBurstLength", "FirstBurstLength", "HeaderDigest", "DefaultTime2Wait"] {
+                let _ = negotiate::answer(key, &v, &offer, &mut p, &mut out);
+            }
+            negotiate::finish(&mut p);
+            prop_assert!(p.first_burst <= p.max_burst);
+        }
+    }
+}
