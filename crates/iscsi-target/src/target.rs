@@ -82,6 +82,7 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) conns: Arc<ConnLimit>,
     tsih: AtomicU16,
+    login_timeout: Mutex<Duration>,
 }
 
 impl Shared {
@@ -240,6 +241,7 @@ impl IscsiTarget {
                 state: Mutex::new(State::default()),
                 conns: ConnLimit::new(DEFAULT_MAX_CONNECTIONS),
                 tsih: AtomicU16::new(1),
+                login_timeout: Mutex::new(LOGIN_TIMEOUT),
             }),
             registry,
             services: Mutex::new(BTreeMap::new()),
@@ -278,7 +280,11 @@ impl IscsiTarget {
                 .parse()
                 .map_err(|_| IscsiError::Invalid("portal", text.clone()))?;
             let mut cfg = ListenerConfig::new("iscsi", self.shared.conns.clone());
-            cfg.handshake_timeout = LOGIN_TIMEOUT;
+            cfg.handshake_timeout = *self
+                .shared
+                .login_timeout
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let l = Listener::bind(&self.shared.rt, addr, cfg, placement.clone(), &svc)
                 .map_err(|e| IscsiError::Listen(text, e))?;
             bound.push(l.local_addr());
@@ -583,6 +589,16 @@ impl IscsiTarget {
     /// Connections open now.
     pub fn connections(&self) -> usize {
         self.shared.conns.open()
+    }
+
+    /// Time a connection has to finish its login, for portal groups
+    /// created from now on.
+    pub fn set_login_timeout(&self, t: Duration) {
+        *self
+            .shared
+            .login_timeout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = t;
     }
 
     /// Sets the connection cap.

@@ -45,6 +45,16 @@ pub fn node_params(name: &str, bdev: &str) -> TargetNodeParams {
 /// A target with `Malloc0` (`size` bytes of `block` byte blocks) as LUN 0
 /// of node `disk1`; `node` may change the node before it is created.
 pub fn start_with(size: u64, block: u32, node: impl FnOnce(&mut TargetNodeParams)) -> Fixture {
+    start_full(size, block, node, |_| {})
+}
+
+/// [`start_with`], `setup` running on the target before its portal opens.
+pub fn start_full(
+    size: u64,
+    block: u32,
+    node: impl FnOnce(&mut TargetNodeParams),
+    setup: impl FnOnce(&IscsiTarget),
+) -> Fixture {
     let rt = Runtime::start(RuntimeConfig {
         cores: vec![0, 1],
         pin: false,
@@ -65,6 +75,7 @@ pub fn start_with(size: u64, block: u32, node: impl FnOnce(&mut TargetNodeParams
     )
     .expect("malloc");
     let target = IscsiTarget::new(rt.handle(), registry.clone());
+    setup(&target);
     target
         .create_portal_group(&PortalGroupParams {
             tag: 1,
