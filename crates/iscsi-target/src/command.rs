@@ -229,6 +229,10 @@ impl DataPath for WireData<'_> {
         self.info.edtl
     }
 
+    fn residuals(&self) -> bool {
+        true
+    }
+
     async fn data_out(&mut self, offset: u32, dst: &mut [u8]) -> Result<usize, XferError> {
         if offset != self.out.have {
             return Err(XferError::Io(libc::EPROTO));

@@ -228,15 +228,28 @@ impl<'a, D: Discovery> Session<'a, D> {
             }
             (res, wd.sent())
         };
+        let want = wanted_len(&table, lun, &cdb);
         self.table = Some(table);
         let outcome = res.map_err(|_| ConnError::Protocol("data phase failed"))?;
-        self.respond(&info, outcome, sent).await
+        self.respond(&info, outcome, sent, want).await
     }
 
     /// Status: in the last Data-In when there is one and no sense to send,
     /// otherwise a SCSI Response (with the sense as its data).
-    async fn respond(&mut self, info: &CmdInfo, o: Outcome, sent: u32) -> Result<(), ConnError> {
-        let resid = residual(info, &o, sent);
+    async fn respond(
+        &mut self,
+        info: &CmdInfo,
+        o: Outcome,
+        sent: u32,
+        want: Option<u64>,
+    ) -> Result<(), ConnError> {
+        let resid = match want {
+            // A read that wanted more than the initiator expected: overflow.
+            Some(w) if o.status.is_good() && w > info.edtl as u64 => {
+                Some((true, (w - info.edtl as u64).min(u32::MAX as u64) as u32))
+            }
+            _ => residual(info, &o, sent),
+        };
         let status = o.status.as_u8();
         if let (Some(mut last), None) = (last_is_data_in(&self.wire, info.itt), o.sense) {
             let seq = self.bump();
@@ -336,6 +349,16 @@ impl<'a, D: Discovery> Session<'a, D> {
         let seq = self.bump();
         let r = pdu::logout(b.itt(), 0, self.params.time2wait as u16, 0, &seq);
         self.wire.send(&r, &[]).await
+    }
+}
+
+/// Bytes a READ asks for (for its overflow residual); `None` for others.
+fn wanted_len(table: &LunTable, lun: u64, cdb: &[u8; 16]) -> Option<u64> {
+    use ustor_scsi_proto::cdb::Command;
+    let lu = table.get(lun)?;
+    match Command::parse(cdb).ok()? {
+        c @ Command::Read { .. } => Some(c.transfer_len(lu.channel().block_size())),
+        _ => None,
     }
 }
 

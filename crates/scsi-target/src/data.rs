@@ -56,6 +56,13 @@ pub trait DataPath {
         offset: u32,
         src: &[u8],
     ) -> impl Future<Output = Result<usize, XferError>>;
+
+    /// The transport reports residuals (iSCSI): a READ whose transfer
+    /// length differs from [`DataPath::expected_len`] moves what both
+    /// allow and ends GOOD with the residual, instead of being refused.
+    fn residuals(&self) -> bool {
+        false
+    }
 }
 
 /// Plain buffers: data-out is `out`, data-in is appended to `input` up to

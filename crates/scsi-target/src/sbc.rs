@@ -74,6 +74,12 @@ fn check_xfer<D: DataPath>(
         return Some(Outcome::out_of_range(exp));
     }
     let want = blocks * lu.block_size() as u64;
+    // A transport with residuals reads what the initiator takes.
+    let residual_read =
+        data.residuals() && dir == Direction::FromDevice && (data.direction() == dir || exp == 0);
+    if residual_read {
+        return None;
+    }
     if want != exp as u64 || (blocks > 0 && data.direction() != dir) {
         return Some(Outcome::invalid_field(exp));
     }
