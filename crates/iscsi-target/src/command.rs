@@ -40,6 +40,8 @@ struct OutState {
     burst_open: bool,
     ttt: u32,
     r2tsn: u32,
+    /// DataSN the next Data-Out of the burst must carry (0 at each burst).
+    datasn: u32,
     /// Data of the current Data-Out not yet copied out: [from, to).
     carry: Option<(usize, usize)>,
 }
@@ -136,11 +138,14 @@ impl<'a> WireData<'a> {
             let len = b.data_len() as u32;
             if itt != self.info.itt
                 || ttt != self.out.ttt
+                || b.u32_at(36) != self.out.datasn
                 || off != self.out.have
                 || off + len > self.out.burst_end
             {
+                // ERL 0: a sequence error ends the connection.
                 return Err(XferError::Io(libc::EPROTO));
             }
+            self.out.datasn += 1;
             if b.final_bit() {
                 self.out.burst_open = false;
             }
@@ -164,6 +169,7 @@ impl<'a> WireData<'a> {
             self.seq,
         );
         self.out.r2tsn += 1;
+        self.out.datasn = 0;
         self.out.ttt = ttt;
         self.out.burst_end = self.out.have + len;
         self.out.burst_open = true;
