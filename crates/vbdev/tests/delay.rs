@@ -10,47 +10,58 @@ use common::*;
 use serde_json::json;
 use ustor_runtime::IoBuf;
 
-/// Mean latency of `n` QD1 reads and writes of 4 KiB (after checking the
-/// data of each write reads back).
+/// The latencies of `n` QD1 reads and writes of 4 KiB, sorted (after
+/// checking the data of each write reads back).
 fn measure(
     rt: &ustor_runtime::Runtime,
     reg: &ustor_bdev::Registry,
     n: u64,
-) -> (Duration, Duration) {
+) -> (Vec<Duration>, Vec<Duration>) {
     let d = reg.open("d", true, |_| {}).unwrap();
     rt.handle()
         .block_on(0, move || async move {
             let ch = d.channel().unwrap();
-            let (mut r, mut w) = (Duration::ZERO, Duration::ZERO);
+            let (mut r, mut w) = (Vec::new(), Vec::new());
             for i in 0..n {
                 let mut b = IoBuf::alloc(4096).await;
                 pattern(&mut b, i, 7);
                 let want = b[..].to_vec();
                 let t = Instant::now();
                 ch.write(i * 8, 8, b).await.0.unwrap();
-                w += t.elapsed();
+                w.push(t.elapsed());
                 let t = Instant::now();
                 let (res, got) = ch.read(i * 8, 8, IoBuf::alloc(4096).await).await;
-                r += t.elapsed();
+                r.push(t.elapsed());
                 res.unwrap();
                 assert!(got[..] == want[..], "block {i} read back wrong");
             }
-            // Not delayed: flush and unmap complete at once.
-            let t = Instant::now();
-            ch.flush(0, 8).await.unwrap();
-            ch.unmap(0, 8).await.unwrap();
-            assert!(t.elapsed() < Duration::from_millis(1), "{:?}", t.elapsed());
-            (r / n as u32, w / n as u32)
+            // Not delayed: flush and unmap complete at once. The fastest
+            // of several, so a preempted reactor does not fail the check.
+            let mut fastest = Duration::MAX;
+            for _ in 0..8 {
+                let t = Instant::now();
+                ch.flush(0, 8).await.unwrap();
+                ch.unmap(0, 8).await.unwrap();
+                fastest = fastest.min(t.elapsed());
+            }
+            assert!(fastest < Duration::from_millis(1), "{fastest:?}");
+            r.sort();
+            w.sort();
+            (r, w)
         })
         .unwrap()
 }
 
-fn within(got: Duration, us: u64) {
+/// Every sample took at least the set latency, and the median not much
+/// more. The median, not the mean: on a loaded machine a few samples wait
+/// for the CPU, which says nothing about the delay the bdev adds.
+fn within(sorted: &[Duration], us: u64) {
     let want = Duration::from_micros(us);
-    assert!(got >= want, "{got:?} is less than the set {want:?}");
+    let (least, median) = (sorted[0], sorted[sorted.len() / 2]);
+    assert!(least >= want, "{least:?} is less than the set {want:?}");
     assert!(
-        got <= want + want / 4 + Duration::from_micros(300),
-        "{got:?} is well over the set {want:?}"
+        median <= want + want / 4 + Duration::from_micros(300),
+        "median {median:?} is well over the set {want:?}"
     );
 }
 
@@ -67,8 +78,8 @@ fn reads_and_writes_take_their_latency_and_updates_apply() {
     )
     .unwrap();
     let (r, w) = measure(&rt, &reg, 20);
-    within(r, 2000);
-    within(w, 1000);
+    within(&r, 2000);
+    within(&w, 1000);
     for (t, us) in [
         ("avg_read", 500),
         ("p99_read", 500),
@@ -85,8 +96,8 @@ fn reads_and_writes_take_their_latency_and_updates_apply() {
         .unwrap();
     }
     let (r, w) = measure(&rt, &reg, 20);
-    within(r, 500);
-    within(w, 300);
+    within(&r, 500);
+    within(&w, 300);
     let cfg = reg.get("d").unwrap().bdev().config_json();
     assert_eq!(cfg["params"]["avg_read_latency"], 500, "{cfg}");
     let e = create(
