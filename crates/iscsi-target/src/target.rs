@@ -430,6 +430,13 @@ impl IscsiTarget {
         let thin = desc.info().unmap_reads_zero;
         let mut cfg = LuConfig::disk("ustor iSCSI disk", id, thin);
         cfg.serial = format!("{:.16}", l.bdev_name);
+        if thin {
+            // What one UNMAP may carry (the core's limit), so initiators
+            // split longer lists instead of losing descriptors.
+            cfg.limits.max_unmap_descriptors = ustor_scsi_target::MAX_UNMAP_DESCRIPTORS as u32;
+            cfg.limits.max_unmap_blocks = u32::MAX;
+            cfg.limits.unmap_granularity_blocks = 1;
+        }
         Ok(Arc::new(LunEntry {
             lun_id: l.lun_id,
             bdev_name: l.bdev_name.clone(),

@@ -240,6 +240,20 @@ async fn unmap<D: DataPath>(lu: &Lun, param_len: u16, data: &mut D) -> Result<Ou
     let mut p = [0u8; 8 + 16 * MAX_UNMAP_DESCRIPTORS];
     let want = (param_len as usize).min(p.len()).min(exp as usize);
     let n = data.data_out(0, &mut p[..want]).await?;
+    // More descriptors than we take (VPD B0 says how many) is refused, not
+    // cut short: the initiator would believe the rest unmapped.
+    let listed = if n >= 8 {
+        u16::from_be_bytes([p[2], p[3]]) as usize / 16
+    } else {
+        0
+    };
+    if listed > MAX_UNMAP_DESCRIPTORS {
+        return Ok(Outcome::check(
+            SenseKey::IllegalRequest,
+            asc::INVALID_FIELD_IN_PARAM_LIST,
+            0,
+        ));
+    }
     let mut ranges = [(0u64, 0u32); MAX_UNMAP_DESCRIPTORS];
     let mut k = 0;
     parse_unmap_param(&p[..n], ranges.len(), |l, b| {
