@@ -6,8 +6,7 @@
 mod common;
 mod stripe;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,32 +15,8 @@ use ustor_bdev::modules::{malloc, uring, RamOpts};
 use ustor_bdev::IoFlags;
 use ustor_runtime::IoBuf;
 
-struct Counting;
-
-static WINDOW: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(p, l, n)
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static ALLOC: testkit::CountingAlloc = testkit::CountingAlloc::new();
 
 const TASKS_PER_BDEV: usize = 4;
 const TOTAL_IOS: usize = 100_000;
@@ -163,19 +138,19 @@ fn steady_state_io_allocates_nothing() {
     testkit::wait_until("the warm-up to finish", Duration::from_secs(60), || {
         ready.load(Ordering::SeqCst) == tasks
     });
-    ALLOCS.store(0, Ordering::SeqCst);
-    WINDOW.store(true, Ordering::SeqCst);
+    ALLOC.reset();
+    ALLOC.set_window(true);
     go.store(true, Ordering::SeqCst);
     // Polling allocates nothing, so it can run inside the window.
     let finished = testkit::try_wait_for(Duration::from_secs(120), || {
         (done.load(Ordering::SeqCst) == tasks).then_some(())
     });
     if finished.is_none() {
-        WINDOW.store(false, Ordering::SeqCst);
+        ALLOC.set_window(false);
         panic!("measured phase did not finish");
     }
-    WINDOW.store(false, Ordering::SeqCst);
-    let n = ALLOCS.load(Ordering::SeqCst);
+    ALLOC.set_window(false);
+    let n = ALLOC.allocations();
     assert_eq!(
         ios.load(Ordering::SeqCst),
         per_task * tasks,

@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::Thread;
 
@@ -18,32 +17,8 @@ use ustor_bdev::remote::{Completer, RemoteCompletions, RemoteIo};
 use ustor_bdev::{Bdev, BdevChannel, BdevError, BdevInfo, IoHandle, IoType, Registry};
 use ustor_runtime::IoBuf;
 
-struct Counting;
-
-static WINDOW: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(p, l, n)
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static ALLOC: testkit::CountingAlloc = testkit::CountingAlloc::new();
 
 const BS: usize = 512;
 const BLOCKS: u64 = 4096;
@@ -276,7 +251,7 @@ fn foreign_thread_completions_verified_and_allocation_free() {
             // Warm this task's own path once, then count.
             let _ = ch.write(0, 8, w).await;
             w = IoBuf::alloc(8 * BS).await;
-            WINDOW.store(true, Ordering::SeqCst);
+            ALLOC.set_window(true);
             let mut res = Ok(());
             for round in 0..2000u64 {
                 pattern(&mut w, 0, round);
@@ -290,14 +265,14 @@ fn foreign_thread_completions_verified_and_allocation_free() {
                     break;
                 }
             }
-            WINDOW.store(false, Ordering::SeqCst);
+            ALLOC.set_window(false);
             let _ = tx.try_send(res);
         });
     })
     .unwrap();
     rx.recv().unwrap().unwrap();
     assert_eq!(
-        ALLOCS.load(Ordering::SeqCst),
+        ALLOC.allocations(),
         0,
         "foreign-thread completion allocated on the I/O path"
     );

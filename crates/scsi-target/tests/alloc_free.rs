@@ -4,41 +4,14 @@
 //! checked, under a counting global allocator with zero allocations (on
 //! any thread) once warmed up.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
 use ustor_bdev::modules::{malloc, RamOpts};
 use ustor_bdev::Registry;
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 use ustor_scsi_proto::cdb::Cdb;
 use ustor_scsi_target::{Direction, IovecData, LuConfig, Lun, LunTable, Outcome};
 
-struct Counting;
-
-static WINDOW: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(p, l, n)
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static ALLOC: testkit::CountingAlloc = testkit::CountingAlloc::new();
 
 const BS: u32 = 512;
 
@@ -125,16 +98,12 @@ fn read_write_through_the_core_allocate_nothing() {
             let mut w = IoBuf::alloc(65536).await;
             let mut r = IoBuf::alloc(65536).await;
             rounds(&t, &mut w, &mut r, 100).await?;
-            WINDOW.store(true, Ordering::SeqCst);
+            ALLOC.set_window(true);
             let res = rounds(&t, &mut w, &mut r, 10_000).await;
-            WINDOW.store(false, Ordering::SeqCst);
+            ALLOC.set_window(false);
             res
         })
         .unwrap();
     res.unwrap();
-    assert_eq!(
-        ALLOCS.load(Ordering::SeqCst),
-        0,
-        "the core allocated per command"
-    );
+    assert_eq!(ALLOC.allocations(), 0, "the core allocated per command");
 }

@@ -7,11 +7,16 @@
 //!   `SKIPPED:` and returns; under `CI=true` it fails, saying what is
 //!   missing and how to install it.
 //!
+//! - [`alloc`]: a counting global allocator for the zero-allocation
+//!   data-path tests.
+//!
 //! It sits at the bottom of the workspace (no ustor dependency) so that any
 //! crate, the runtime included, can use it as a dev-dependency.
 
+pub mod alloc;
 pub mod peer;
 pub mod wait;
 
+pub use alloc::CountingAlloc;
 pub use peer::{install_hint, missing, need, on_ci, program, SkipReturn};
 pub use wait::{try_wait_for, wait_for, wait_until, wait_until_async};

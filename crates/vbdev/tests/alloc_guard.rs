@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,32 +16,8 @@ use ustor_bdev::modules::uring;
 use ustor_bdev::IoChannel;
 use ustor_runtime::IoBuf;
 
-struct Counting;
-
-static WINDOW: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if WINDOW.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        System.realloc(p, l, n)
-    }
-}
-
 #[global_allocator]
-static A: Counting = Counting;
+static ALLOC: testkit::CountingAlloc = testkit::CountingAlloc::new();
 
 const TASKS: usize = 4;
 const IOS_PER_TASK: usize = 3000;
@@ -179,18 +154,18 @@ fn raid0_over_uring_concat_and_raid1_over_malloc_allocate_nothing_per_io() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    ALLOCS.store(0, Ordering::SeqCst);
-    WINDOW.store(true, Ordering::SeqCst);
+    ALLOC.reset();
+    ALLOC.set_window(true);
     go.store(true, Ordering::SeqCst);
     while done.load(Ordering::SeqCst) < tasks {
         if t0.elapsed() > Duration::from_secs(120) {
-            WINDOW.store(false, Ordering::SeqCst);
+            ALLOC.set_window(false);
             panic!("measured phase did not finish");
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    WINDOW.store(false, Ordering::SeqCst);
-    let n = ALLOCS.load(Ordering::SeqCst);
+    ALLOC.set_window(false);
+    let n = ALLOC.allocations();
     assert_eq!(
         ok.load(Ordering::SeqCst),
         IOS_PER_TASK * tasks,
