@@ -31,6 +31,9 @@ pub struct ServeArgs {
     /// NVMe/TCP port of the embedded default config.
     #[arg(long, default_value_t = 4420)]
     nvmf_port: u16,
+    /// iSCSI port of the embedded default config.
+    #[arg(long, default_value_t = 3260)]
+    iscsi_port: u16,
     /// Size of the default malloc bdev in MiB.
     #[arg(long, default_value_t = 1024)]
     default_size_mib: u64,
@@ -62,6 +65,8 @@ fn wait_signal(set: &libc::sigset_t) -> i32 {
 
 /// NQN of the default config's NVMe-oF subsystem.
 const DEFAULT_NQN: &str = "nqn.2026-11.io.ustor:malloc0";
+/// IQN of the default config's iSCSI target node.
+const DEFAULT_IQN: &str = "iqn.2026-11.io.ustor:malloc0";
 
 fn default_config(app: &App, a: &ServeArgs) -> Result<(), String> {
     let t = Duration::from_secs(30);
@@ -97,7 +102,60 @@ fn default_config(app: &App, a: &ServeArgs) -> Result<(), String> {
         "nvmf_subsystem_add_listener",
         json!({"nqn": DEFAULT_NQN, "listen_address": listen}),
     )?;
+    call(
+        "iscsi_create_portal_group",
+        json!({"tag": 1, "portals": [{"host": "127.0.0.1", "port": a.iscsi_port.to_string()}]}),
+    )?;
+    call(
+        "iscsi_create_initiator_group",
+        json!({"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}),
+    )?;
+    call(
+        "iscsi_create_target_node",
+        json!({"name": DEFAULT_IQN, "alias_name": "ustor malloc0",
+               "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
+               "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 64}),
+    )?;
     Ok(())
+}
+
+/// The iSCSI target nodes and the portals they are reached on, from the
+/// target's own RPC answers (the bound ports, so `--iscsi-port 0` shows the
+/// port the kernel chose).
+fn print_iscsi(app: &App) {
+    let get = |m: &str| {
+        app.table
+            .call_blocking(m, serde_json::Value::Null, Duration::from_secs(5))
+            .unwrap_or_default()
+    };
+    let (groups, nodes) = (
+        get("iscsi_get_portal_groups"),
+        get("iscsi_get_target_nodes"),
+    );
+    let portals = |tag: &serde_json::Value| -> Vec<String> {
+        let g = groups.as_array().into_iter().flatten();
+        g.filter(|g| &g["tag"] == tag)
+            .flat_map(|g| g["portals"].as_array().cloned().unwrap_or_default())
+            .map(|p| {
+                format!(
+                    "{}:{}",
+                    p["host"].as_str().unwrap_or(""),
+                    p["port"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    for n in nodes.as_array().into_iter().flatten() {
+        let name = n["name"].as_str().unwrap_or("");
+        for m in n["pg_ig_maps"].as_array().into_iter().flatten() {
+            for p in portals(&m["pg_tag"]) {
+                println!("  iSCSI target {name} on {p}");
+                println!("    iscsi-ls -s iscsi://{p}");
+                println!("    iscsi-inq iscsi://{p}/{name}/0");
+                println!("    iscsiadm -m discovery -t st -p {p}");
+            }
+        }
+    }
 }
 
 fn print_banner(app: &App, a: &ServeArgs) {
@@ -151,6 +209,7 @@ fn print_banner(app: &App, a: &ServeArgs) {
             }
         }
     }
+    print_iscsi(app);
     println!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");
 }
 
