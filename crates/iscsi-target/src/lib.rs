@@ -6,7 +6,7 @@
 //!
 //! - [`target`]: the control plane (portal, initiator and auth groups,
 //!   target nodes; SPDK's RPC methods as functions), [`config`] its
-//!   parameter types.
+//!   parameter types, [`options`] the target-wide options.
 //! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
 //!   operational keys.
 //! - [`session`]: the full feature phase, [`command`] one SCSI command's
@@ -19,10 +19,12 @@ mod conn;
 pub mod io;
 pub mod login;
 pub mod negotiate;
+pub mod options;
 pub mod pdu;
 pub mod session;
 pub mod target;
 
 pub use config::*;
 pub use login::Secret;
-pub use target::{IscsiError, IscsiTarget};
+pub use options::IscsiOptions;
+pub use target::{IscsiError, IscsiStats, IscsiTarget};

@@ -17,6 +17,7 @@ use ustor_scsi_target::LuConfig;
 use crate::config::*;
 use crate::login::{Access, Catalog, ChapPolicy, LoginFail, Secret};
 use crate::negotiate::{DigestRule, Offer};
+use crate::options::IscsiOptions;
 use crate::session::Discovery;
 
 /// Default cap on connections over all portals.
@@ -83,11 +84,16 @@ pub(crate) struct Shared {
     pub(crate) conns: Arc<ConnLimit>,
     tsih: AtomicU16,
     login_timeout: Mutex<Duration>,
+    options: Mutex<IscsiOptions>,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn options(&self) -> MutexGuard<'_, IscsiOptions> {
+        self.options.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -117,7 +123,7 @@ fn initiator_allowed(ig: &InitiatorGroupParams, initiator: &str) -> bool {
     allowed
 }
 
-fn access(node: &NodeEntry, auth: &BTreeMap<u32, AuthGroupParams>) -> Access {
+fn access(node: &NodeEntry, auth: &BTreeMap<u32, AuthGroupParams>, o: &IscsiOptions) -> Access {
     let p = &node.params;
     let chap = if p.disable_chap {
         ChapPolicy::Disabled
@@ -146,6 +152,8 @@ fn access(node: &NodeEntry, auth: &BTreeMap<u32, AuthGroupParams>) -> Access {
         offer: Offer {
             header_digest: digest(p.header_digest),
             data_digest: digest(p.data_digest),
+            first_burst: o.first_burst_length,
+            immediate_data: o.immediate_data,
             ..Offer::default()
         },
         alias: (!p.alias_name.is_empty()).then(|| p.alias_name.clone()),
@@ -173,7 +181,8 @@ impl Catalog for PortalService {
         if !allowed {
             return Err(LoginFail::Authorization);
         }
-        Ok((node.clone(), access(node, &st.auth_groups)))
+        let opts = self.shared.options();
+        Ok((node.clone(), access(node, &st.auth_groups, &opts)))
     }
 
     fn discovery(&self) -> Access {
@@ -224,6 +233,15 @@ impl Discovery for PortalService {
     }
 }
 
+/// `iscsi_get_stats`: connections by state, SPDK's fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IscsiStats {
+    pub invalid: u64,
+    pub running: u64,
+    pub exiting: u64,
+    pub exited: u64,
+}
+
 /// The iSCSI target: control-plane entry points (SPDK's RPCs as methods).
 pub struct IscsiTarget {
     shared: Arc<Shared>,
@@ -242,6 +260,7 @@ impl IscsiTarget {
                 conns: ConnLimit::new(DEFAULT_MAX_CONNECTIONS),
                 tsih: AtomicU16::new(1),
                 login_timeout: Mutex::new(LOGIN_TIMEOUT),
+                options: Mutex::new(IscsiOptions::default()),
             }),
             registry,
             services: Mutex::new(BTreeMap::new()),
@@ -606,6 +625,27 @@ impl IscsiTarget {
             .login_timeout
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = t;
+    }
+
+    /// `iscsi_set_options`: checked, then in force for logins from now on.
+    pub fn set_options(&self, o: IscsiOptions) -> Result<(), IscsiError> {
+        o.check().map_err(|e| IscsiError::Invalid("options", e))?;
+        *self.shared.options() = o;
+        Ok(())
+    }
+
+    /// `iscsi_get_options`.
+    pub fn get_options(&self) -> IscsiOptions {
+        self.shared.options().clone()
+    }
+
+    /// `iscsi_get_stats`: every open connection is running (there is no
+    /// exiting state a caller could see).
+    pub fn get_stats(&self) -> IscsiStats {
+        IscsiStats {
+            running: self.connections() as u64,
+            ..IscsiStats::default()
+        }
     }
 
     /// Sets the connection cap.

@@ -99,3 +99,75 @@ fn iscsi_methods_and_config_dump() {
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
 }
+
+/// Polls `f` until it holds (a condition, not a sleep), for at most 10 s.
+fn until(mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn iscsi_options_and_stats() {
+    if !have("iscsi-inq") {
+        return;
+    }
+    let dir = tmpdir("iscsi-opts");
+    let mut cfg = iscsi_config();
+    // Options set from the config file, before the portal group.
+    cfg["subsystems"][1]["config"]
+        .as_array_mut()
+        .unwrap()
+        .insert(
+            0,
+            json!({"method": "iscsi_set_options",
+                   "params": {"first_burst_length": 16384, "immediate_data": false,
+                              "max_sessions": 64}}),
+        );
+    let s = Server::start(&dir, &cfg, &[]);
+    let o = s.ok("iscsi_get_options", Value::Null);
+    assert_eq!(o["first_burst_length"], 16384, "{o}");
+    assert_eq!(o["immediate_data"], false, "{o}");
+    assert_eq!(o["max_sessions"], 64, "{o}");
+    assert_eq!(o["node_base"], "iqn.2016-06.io.spdk", "{o}");
+    assert_eq!(o["max_connections_per_session"], 2, "{o}");
+    // Out-of-range values are refused with EINVAL and change nothing.
+    let e = s
+        .call("iscsi_set_options", json!({"first_burst_length": 100}))
+        .unwrap_err();
+    assert_eq!(e.code, -libc::EINVAL, "{e:?}");
+    assert!(s
+        .call("iscsi_set_options", json!({"no_such_option": 1}))
+        .is_err());
+    assert_eq!(s.ok("iscsi_get_options", Value::Null), o);
+
+    // A login under those options still serves the LUN.
+    let p = port(&s);
+    let out = run(
+        "iscsi-inq",
+        &[&format!(
+            "iscsi://127.0.0.1:{p}/iqn.2016-06.io.spdk:disk1/0"
+        )],
+    );
+    assert!(out.contains("DIRECT_ACCESS"), "{out}");
+
+    // A connection open on the portal shows as running, and goes.
+    let stats = || s.ok("iscsi_get_stats", Value::Null);
+    assert!(until(|| stats()["running"] == 0), "{}", stats());
+    let held = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+    assert!(until(|| stats()["running"] == 1), "{}", stats());
+    let st = stats();
+    assert_eq!(
+        (&st["invalid"], &st["exiting"], &st["exited"]),
+        (&json!(0), &json!(0), &json!(0))
+    );
+    drop(held);
+    assert!(until(|| stats()["running"] == 0), "{}", stats());
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+}

@@ -6,10 +6,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use ustor_bdev::ControlError;
 use ustor_iscsi_target::{
-    AddLunParams, AuthGroupParams, InitiatorGroupParams, IscsiError, NodeNameParams,
+    AddLunParams, AuthGroupParams, InitiatorGroupParams, IscsiError, IscsiOptions, NodeNameParams,
     PortalGroupParams, Secret, TagParams, TargetNodeParams,
 };
-use ustor_rpc::{no_params, parse_params, Replier, RpcError, RPC_RUNTIME};
+use ustor_rpc::{no_params, parse_params, Replier, RpcError, RPC_ANY_STATE, RPC_RUNTIME};
 
 use super::Ctx;
 
@@ -107,6 +107,21 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     ctx.method("iscsi_get_target_nodes", RPC_RUNTIME, |c, p| {
         no_params("iscsi_get_target_nodes", &p)?;
         Ok(serde_json::to_value(c.iscsi.get_target_nodes()).unwrap_or(Value::Null))
+    })?;
+    // SPDK takes options only before init; here they hold for logins
+    // from the call on, so a config file's call works too.
+    ctx.method("iscsi_set_options", RPC_ANY_STATE, |c, p| {
+        let p: IscsiOptions = parse_params(p)?;
+        c.iscsi.set_options(p).map_err(err)?;
+        Ok(json!(true))
+    })?;
+    ctx.method("iscsi_get_options", RPC_ANY_STATE, |c, p| {
+        no_params("iscsi_get_options", &p)?;
+        Ok(serde_json::to_value(c.iscsi.get_options()).unwrap_or(Value::Null))
+    })?;
+    ctx.method("iscsi_get_stats", RPC_RUNTIME, |c, p| {
+        no_params("iscsi_get_stats", &p)?;
+        Ok(serde_json::to_value(c.iscsi.get_stats()).unwrap_or(Value::Null))
     })?;
     let iscsi = ctx.iscsi.clone();
     ctx.table
