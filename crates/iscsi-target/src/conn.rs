@@ -10,6 +10,7 @@ use ustor_net::listener::Accepted;
 use ustor_scsi_target::{Lun, LunTable};
 
 use crate::io::{ConnError, Received, Wire};
+use crate::live::ConnInfo;
 use crate::login::{Established, Login};
 use crate::session::Session;
 use crate::target::{NodeEntry, PortalService};
@@ -36,6 +37,19 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         },
         None => None,
     };
+    let (initiator_addr, target_addr) = crate::live::addrs(&conn.fd);
+    let _live = svc.shared.live.add(ConnInfo {
+        id: 0,
+        cid: est.cid,
+        tsih: est.tsih,
+        initiator_name: est.initiator.clone(),
+        initiator_addr,
+        target_addr,
+        target_node_name: est
+            .node
+            .as_ref()
+            .map_or(String::new(), |n| n.full_name.clone()),
+    });
     let qd = est.node.as_ref().map_or(1, |n| n.params.queue_depth);
     wire.header_digest = est.params.header_digest;
     wire.data_digest = est.params.data_digest;

@@ -6,7 +6,8 @@
 //!
 //! - [`target`]: the control plane (portal, initiator and auth groups,
 //!   target nodes; SPDK's RPC methods as functions), [`config`] its
-//!   parameter types, [`options`] the target-wide options.
+//!   parameter types, [`options`] the target-wide options; `live` the
+//!   connections past login.
 //! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
 //!   operational keys.
 //! - [`session`]: the full feature phase, [`command`] one SCSI command's
@@ -17,6 +18,7 @@ pub mod command;
 pub mod config;
 mod conn;
 pub mod io;
+mod live;
 pub mod login;
 pub mod negotiate;
 pub mod options;
@@ -25,6 +27,7 @@ pub mod session;
 pub mod target;
 
 pub use config::*;
+pub use live::ConnInfo;
 pub use login::Secret;
 pub use options::IscsiOptions;
 pub use target::{IscsiError, IscsiStats, IscsiTarget};

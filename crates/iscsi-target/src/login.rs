@@ -112,6 +112,8 @@ pub struct Established<N> {
     pub initiator: String,
     pub isid: [u8; 6],
     pub tsih: u16,
+    /// The connection's CID (from the final login request).
+    pub cid: u16,
     pub params: Params,
     /// StatSN of the next response.
     pub statsn: u32,
@@ -279,6 +281,7 @@ impl<C: Catalog> Login<C> {
                     initiator: self.initiator.clone().unwrap_or_default(),
                     isid: self.isid,
                     tsih,
+                    cid: req.u16_at(20),
                     params: self.params,
                     statsn: self.statsn,
                     exp_cmdsn: req.u32_at(24),

@@ -15,6 +15,7 @@ use ustor_runtime::RuntimeHandle;
 use ustor_scsi_target::LuConfig;
 
 use crate::config::*;
+use crate::live::{ConnInfo, Live};
 use crate::login::{Access, Catalog, ChapPolicy, LoginFail, Secret};
 use crate::negotiate::{DigestRule, Offer};
 use crate::options::IscsiOptions;
@@ -85,6 +86,7 @@ pub(crate) struct Shared {
     tsih: AtomicU16,
     login_timeout: Mutex<Duration>,
     options: Mutex<IscsiOptions>,
+    pub(crate) live: Arc<Live>,
 }
 
 impl Shared {
@@ -261,6 +263,7 @@ impl IscsiTarget {
                 tsih: AtomicU16::new(1),
                 login_timeout: Mutex::new(LOGIN_TIMEOUT),
                 options: Mutex::new(IscsiOptions::default()),
+                live: Arc::default(),
             }),
             registry,
             services: Mutex::new(BTreeMap::new()),
@@ -646,6 +649,11 @@ impl IscsiTarget {
             running: self.connections() as u64,
             ..IscsiStats::default()
         }
+    }
+
+    /// `iscsi_get_connections`: the connections past login.
+    pub fn get_connections(&self) -> Vec<ConnInfo> {
+        self.shared.live.list()
     }
 
     /// Sets the connection cap.

@@ -171,3 +171,38 @@ fn iscsi_options_and_stats() {
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
 }
+
+/// A libiscsi session (iscsi-perf runs until killed) shows in
+/// `iscsi_get_connections` with its addresses and names, and leaves it.
+#[test]
+fn iscsi_get_connections_lists_a_live_session() {
+    if !have("iscsi-perf") {
+        return;
+    }
+    let dir = tmpdir("iscsi-conns");
+    let s = Server::start(&dir, &iscsi_config(), &[]);
+    let p = port(&s);
+    assert_eq!(s.ok("iscsi_get_connections", Value::Null), json!([]));
+    let mut perf = std::process::Command::new("iscsi-perf")
+        .args(["-i", "iqn.2026-11.io.ustor:perf", "-m", "1"])
+        .arg(format!("iscsi://127.0.0.1:{p}/iqn.2016-06.io.spdk:disk1/0"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let conns = || s.ok("iscsi_get_connections", Value::Null);
+    let seen = until(|| conns().as_array().is_some_and(|a| !a.is_empty()));
+    let c = conns();
+    perf.kill().unwrap();
+    perf.wait().unwrap();
+    assert!(seen, "{c}");
+    let c = &c[0];
+    assert_eq!(c["target_node_name"], "iqn.2016-06.io.spdk:disk1", "{c}");
+    assert_eq!(c["initiator_name"], "iqn.2026-11.io.ustor:perf", "{c}");
+    assert_eq!(c["initiator_addr"], "127.0.0.1", "{c}");
+    assert_eq!(c["target_addr"], "127.0.0.1", "{c}");
+    assert_ne!(c["tsih"], 0, "{c}");
+    assert!(until(|| conns() == json!([])), "{}", conns());
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+}

@@ -123,6 +123,10 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         no_params("iscsi_get_stats", &p)?;
         Ok(serde_json::to_value(c.iscsi.get_stats()).unwrap_or(Value::Null))
     })?;
+    ctx.method("iscsi_get_connections", RPC_RUNTIME, |c, p| {
+        no_params("iscsi_get_connections", &p)?;
+        Ok(serde_json::to_value(c.iscsi.get_connections()).unwrap_or(Value::Null))
+    })?;
     let iscsi = ctx.iscsi.clone();
     ctx.table
         .add_subsystem("iscsi", &["bdev"], move |reply: Replier| {
