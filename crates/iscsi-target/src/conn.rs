@@ -22,7 +22,8 @@ const LOGIN_DATA: usize = 8192;
 pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
     let fd = conn.fd.as_raw_fd();
     let mut wire = Wire::new(fd, LOGIN_DATA);
-    let est = match conn.handshake(login(&mut wire, &svc)).await {
+    let peer = crate::live::peer_ip(&conn.fd);
+    let est = match conn.handshake(login(&mut wire, &svc, peer)).await {
         Some(Ok(e)) => e,
         Some(Err(e)) => {
             tracing::debug!("iscsi: login ended: {e}");
@@ -74,8 +75,12 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
 async fn login(
     wire: &mut Wire,
     svc: &Arc<PortalService>,
+    peer: Option<std::net::IpAddr>,
 ) -> Result<Established<Arc<NodeEntry>>, ConnError> {
     let mut l = Login::new(svc.tag);
+    if let Some(peer) = peer {
+        l = l.with_peer(peer);
+    }
     // Budget: each round is one request; a login that never ends is cut by
     // the listener's timeout.
     loop {

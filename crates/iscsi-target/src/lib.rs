@@ -7,7 +7,7 @@
 //! - [`target`]: the control plane (portal, initiator and auth groups,
 //!   target nodes; SPDK's RPC methods as functions), [`config`] its
 //!   parameter types, [`options`] the target-wide options; `live` the
-//!   connections past login.
+//!   connections past login, [`netmask`] initiator-group netmasks.
 //! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
 //!   operational keys.
 //! - [`session`]: the full feature phase, [`command`] one SCSI command's
@@ -21,6 +21,7 @@ pub mod io;
 mod live;
 pub mod login;
 pub mod negotiate;
+pub mod netmask;
 pub mod options;
 pub mod pdu;
 pub mod session;

@@ -49,6 +49,12 @@ pub(crate) fn addrs(fd: &OwnedFd) -> (String, String) {
     }
 }
 
+/// The initiator's address, for netmasks (`None` if the socket has none).
+pub(crate) fn peer_ip(fd: &OwnedFd) -> Option<std::net::IpAddr> {
+    let s = TcpStream::from(fd.try_clone().ok()?);
+    s.peer_addr().ok().map(|a| a.ip())
+}
+
 impl Live {
     fn lock(&self) -> std::sync::MutexGuard<'_, (u64, BTreeMap<u64, ConnInfo>)> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())

@@ -6,6 +6,8 @@
 //! mutual, `ustor_iscsi::chap`) or None by the node's policy, and
 //! negotiates the operational keys ([`crate::negotiate`]).
 
+use std::net::IpAddr;
+
 use ustor_iscsi::chap::{self, MutualChallenge, ALG_MD5};
 use ustor_iscsi::wire::{encode_text, opcode, parse_text, Bhs};
 
@@ -91,12 +93,14 @@ pub struct Access {
 /// Resolves names to nodes during login.
 pub trait Catalog {
     type Node: Clone;
-    /// The node `target` for `initiator` arriving on portal group `tag`.
+    /// The node `target` for `initiator` arriving on portal group `tag`
+    /// from address `peer` (`None`: unknown, a socketless test).
     fn node(
         &self,
         target: &str,
         initiator: &str,
         tag: u32,
+        peer: Option<IpAddr>,
     ) -> Result<(Self::Node, Access), LoginFail>;
     /// Access rules of discovery sessions.
     fn discovery(&self) -> Access;
@@ -141,6 +145,7 @@ enum Chap {
 /// Login state of one connection.
 pub struct Login<C: Catalog> {
     tag: u32,
+    peer: Option<IpAddr>,
     stage: u8,
     first: bool,
     chap: Chap,
@@ -161,10 +166,17 @@ fn key<'a>(pairs: &'a [(String, String)], k: &str) -> Option<&'a str> {
 }
 
 impl<C: Catalog> Login<C> {
+    /// The initiator's address, checked against initiator-group netmasks.
+    pub fn with_peer(mut self, peer: IpAddr) -> Login<C> {
+        self.peer = Some(peer);
+        self
+    }
+
     /// A connection that arrived on portal group `tag`.
     pub fn new(tag: u32) -> Login<C> {
         Login {
             tag,
+            peer: None,
             stage: SECURITY,
             first: true,
             chap: Chap::Idle,
@@ -324,7 +336,7 @@ impl<C: Catalog> Login<C> {
             }
             "Normal" => {
                 let target = key(pairs, "TargetName").ok_or(LoginFail::Missing)?;
-                let (node, access) = cat.node(target, initiator, self.tag)?;
+                let (node, access) = cat.node(target, initiator, self.tag, self.peer)?;
                 if let Some(a) = &access.alias {
                     out.push(("TargetAlias".into(), a.clone()));
                 }

@@ -170,15 +170,15 @@ impl Catalog for PortalService {
         target: &str,
         initiator: &str,
         tag: u32,
+        peer: Option<std::net::IpAddr>,
     ) -> Result<(Arc<NodeEntry>, Access), LoginFail> {
         let st = self.shared.lock();
         let node = st.nodes.get(target).ok_or(LoginFail::NotFound)?;
         let allowed = node.params.pg_ig_maps.iter().any(|m| {
             m.pg_tag == tag
-                && st
-                    .initiator_groups
-                    .get(&m.ig_tag)
-                    .is_some_and(|ig| initiator_allowed(ig, initiator))
+                && st.initiator_groups.get(&m.ig_tag).is_some_and(|ig| {
+                    initiator_allowed(ig, initiator) && crate::netmask::allowed(&ig.netmasks, peer)
+                })
         });
         if !allowed {
             return Err(LoginFail::Authorization);

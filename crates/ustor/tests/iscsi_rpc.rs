@@ -206,3 +206,48 @@ fn iscsi_get_connections_lists_a_live_session() {
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
 }
+
+/// Initiator-group netmasks: a login from 127.0.0.1 to a node whose group
+/// admits only 10.0.0.0/8 is refused (status 0x0202, authorization
+/// failure), one whose group admits 127.0.0.0/8 is served.
+#[test]
+fn iscsi_netmasks_refuse_and_admit() {
+    if !have("iscsi-inq") {
+        return;
+    }
+    let dir = tmpdir("iscsi-netmask");
+    let s = Server::start(&dir, &iscsi_config(), &[]);
+    let p = port(&s);
+    s.ok(
+        "bdev_malloc_create",
+        json!({"name": "Malloc2", "num_blocks": 1024, "block_size": 512}),
+    );
+    let groups = [
+        (2, "10.0.0.0/8", "outside", "Malloc2"),
+        (3, "127.0.0.0/8", "inside", "Malloc1"),
+    ];
+    for (tag, mask, node, bdev) in groups {
+        s.ok(
+            "iscsi_create_initiator_group",
+            json!({"tag": tag, "initiators": ["ANY"], "netmasks": [mask]}),
+        );
+        s.ok(
+            "iscsi_create_target_node",
+            json!({"name": node, "pg_ig_maps": [{"pg_tag": 1, "ig_tag": tag}],
+                   "luns": [{"bdev_name": bdev, "lun_id": 0}],
+                   "queue_depth": 8}),
+        );
+    }
+    let url = |n: &str| format!("iscsi://127.0.0.1:{p}/iqn.2016-06.io.spdk:{n}/0");
+    let out = std::process::Command::new("iscsi-inq")
+        .arg(url("outside"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Authorization failure"), "{err}");
+    let out = run("iscsi-inq", &[&url("inside")]);
+    assert!(out.contains("DIRECT_ACCESS"), "{out}");
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+}

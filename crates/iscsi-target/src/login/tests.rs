@@ -7,7 +7,13 @@ struct Cat(Access);
 
 impl Catalog for Cat {
     type Node = u32;
-    fn node(&self, target: &str, _i: &str, _t: u32) -> Result<(u32, Access), LoginFail> {
+    fn node(
+        &self,
+        target: &str,
+        _i: &str,
+        _t: u32,
+        _p: Option<std::net::IpAddr>,
+    ) -> Result<(u32, Access), LoginFail> {
         if target == "iqn.t" {
             Ok((7, self.0.clone()))
         } else {
