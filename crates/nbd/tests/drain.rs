@@ -1,6 +1,7 @@
-//! `NbdServer::drain`: it stops accepting, then returns once every request
-//! received so far has been answered (here a read the device holds back),
-//! while the connection stays open for more.
+//! `NbdServer::drain`: it stops accepting, answers requests that arrive
+//! after it began with `ESHUTDOWN` (never executing them), returns once
+//! every request received before has been answered (here a read the device
+//! holds back), and closes the connections then.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::client::Client;
 use common::start_slow_reads;
-use ustor_nbd::wire::cmd;
+use ustor_nbd::wire::{cmd, NbdErrno};
 
 #[test]
 fn drain_waits_for_the_request_in_flight() {
@@ -33,9 +34,22 @@ fn drain_waits_for_the_request_in_flight() {
         let t = Instant::now();
         (server.drain(Duration::from_secs(10)), t.elapsed())
     });
-    let r = c.reply();
+    // Once the listener is gone the drain has begun: a write sent now is
+    // refused with ESHUTDOWN and never reaches the device.
+    let t0 = Instant::now();
+    while f.server.local_addr().is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "drain never began");
+        std::thread::yield_now();
+    }
+    let writes = common::fault::Probe::get(&probe.writes);
+    let late: Vec<u8> = vec![0xa5; 4096];
+    c.write(0, 4096, &late, 4);
+    let mut replies = [c.reply(), c.reply()];
+    replies.sort_by_key(|r| r.cookie);
+    let [r, w] = replies;
     assert_eq!((r.cookie, r.error), (2, 0));
     assert_eq!(r.data, data, "read data");
+    assert_eq!((w.cookie, w.error), (4, NbdErrno::Shutdown.code()));
     let (r, took) = drained.join().unwrap();
     assert!(r.expect("drain"), "drained in time");
     // The read was held for DELAY from when it reached the device.
@@ -53,8 +67,13 @@ fn drain_waits_for_the_request_in_flight() {
         })
         .unwrap_or(true);
     assert!(refused, "a new connection was served after drain");
-    assert_eq!(c.read_ok(0, 4096, 3), data);
-    // Nothing in flight: drain returns at once.
+    // The drained connection was closed by the server.
+    assert!(c.closed(), "the connection stayed open after drain");
+    assert_eq!(
+        common::fault::Probe::get(&probe.writes),
+        writes,
+        "a write was executed after drain began"
+    );
+    // Nothing in flight, nothing open: drain returns at once.
     assert!(f.server.drain(Duration::from_millis(1)).unwrap());
-    c.disconnect();
 }

@@ -8,8 +8,10 @@
 //! and the transmission staging buffer, queues and reply group come with
 //! the driver.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ustor_net::driver::{self, DriverConfig};
@@ -57,19 +59,67 @@ fn driver_config() -> DriverConfig {
     }
 }
 
+thread_local! {
+    // Sockets of the connections open on this reactor, with their server
+    // (its `Shared` address), so a drain can end their reading. Touched
+    // when a connection opens and closes, never per request.
+    static OPEN: RefCell<Vec<(usize, RawFd)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A connection's entry in [`OPEN`], removed when dropped (while its
+/// socket is still open, so a reused descriptor is never shut by mistake).
+struct Registered(usize, RawFd);
+
+impl Registered {
+    fn new(server: usize, fd: RawFd) -> Registered {
+        OPEN.with(|o| o.borrow_mut().push((server, fd)));
+        Registered(server, fd)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        let me = (self.0, self.1);
+        OPEN.with(|o| o.borrow_mut().retain(|e| *e != me));
+    }
+}
+
+/// Ends reading on this reactor's connections of `server` (drain): each
+/// answers what it already holds (requests still buffered get
+/// `ESHUTDOWN`), sends its replies, and closes. Returns how many.
+pub(crate) fn shut_reading(server: usize) -> usize {
+    OPEN.with(|o| {
+        let o = o.borrow();
+        let mine = o.iter().filter(|(s, _)| *s == server);
+        for &(_, fd) in mine.clone() {
+            // SAFETY: shutdown(2) on a socket registered as open (entries
+            // leave before their descriptor is closed).
+            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        }
+        mine.count()
+    })
+}
+
 /// Serves one admitted socket until it closes.
 pub(crate) async fn serve(conn: Accepted, shared: Arc<Shared>) {
     bump(|c| inc(&c.connections_served, 1));
     let fd = conn.fd.as_raw_fd();
+    let registered = Registered::new(Arc::as_ptr(&shared) as usize, fd);
+    if shared.draining.load(Ordering::SeqCst) {
+        // Accepted just before the drain stopped the listener.
+        bump(|c| inc(&c.connections_closed, 1));
+        return;
+    }
     match conn.handshake(handshake(fd, &shared)).await {
         Some(Ok(Some((entry, params)))) => match entry.source.channel() {
             Ok(channel) => {
-                let proto = Nbd::new(channel, params, entry.features());
+                let proto = Nbd::new(channel, params, entry.features())
+                    .draining_on(shared.draining.clone());
                 // The entry (and its bdev claim) lives as long as the
                 // connection serving it.
                 let Accepted { fd, guard, .. } = conn;
                 driver::run(fd, proto, driver_config()).await;
-                drop((entry, guard));
+                drop((registered, entry, guard));
             }
             Err(e) => tracing::warn!("nbd: export {} has no channel: {e}", entry.name),
         },

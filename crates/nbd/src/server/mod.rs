@@ -19,6 +19,7 @@ mod stats;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -151,6 +152,9 @@ pub(crate) struct Shared {
     conns: Arc<ConnLimit>,
     /// Time a client has to finish option haggling.
     handshake_timeout: Mutex<Duration>,
+    /// Set by `drain`: requests are answered `ESHUTDOWN`, new connections
+    /// closed.
+    draining: Arc<AtomicBool>,
 }
 
 impl ExportCatalog for Shared {
@@ -212,6 +216,7 @@ impl NbdServer {
                 exports: Mutex::new(BTreeMap::new()),
                 conns: ConnLimit::new(default_max_connections()),
                 handshake_timeout: Mutex::new(ustor_net::listener::DEFAULT_HANDSHAKE_TIMEOUT),
+                draining: Arc::new(AtomicBool::new(false)),
             }),
             listener: Mutex::new(None),
         }
@@ -237,6 +242,7 @@ impl NbdServer {
             .parse()
             .map_err(|_| NbdServerError::BadAddress(text.clone()))?;
         self.shared.conns.set_max(params.max_connections);
+        self.shared.draining.store(false, Ordering::SeqCst);
         let mut cfg = ListenerConfig::new("nbd", self.shared.conns.clone());
         cfg.handshake_timeout = *self
             .shared
@@ -279,21 +285,44 @@ impl NbdServer {
         }
     }
 
-    /// Stops accepting, then waits until every request received so far has
-    /// been answered, at most `max_wait`; true when none is left in flight.
-    /// Connections stay open (clients decide when to leave).
+    /// Ends the server's service without losing an acknowledged request:
+    /// stops accepting; from now on every request is answered with NBD's
+    /// `ESHUTDOWN` instead of executed; waits until every request received
+    /// before has been answered; then ends reading on every connection, so
+    /// each sends its last replies and closes. At most `max_wait` in all;
+    /// true when nothing was left in flight and every connection closed.
     pub fn drain(&self, max_wait: Duration) -> Result<bool, NbdServerError> {
+        // Before the reactor round-trips below, which order it against
+        // the requests each reactor counts in flight.
+        self.shared.draining.store(true, Ordering::SeqCst);
         self.stop();
         let end = Instant::now() + max_wait;
-        // Budget: bounded by `end`; each round asks every reactor once.
-        loop {
-            let in_flight: u64 = self
+        let idle = self.wait_until(end, || {
+            Ok(self
                 .shared
                 .rt
                 .call_all(|_| stats::in_flight())?
                 .iter()
-                .sum();
-            if in_flight == 0 {
+                .sum::<u64>()
+                == 0)
+        })?;
+        let server = Arc::as_ptr(&self.shared) as usize;
+        self.shared
+            .rt
+            .call_all(move |_| conn::shut_reading(server))?;
+        let closed = self.wait_until(end, || Ok(self.shared.conns.open() == 0))?;
+        Ok(idle && closed)
+    }
+
+    /// Polls `cond` until it holds (true) or `end` passes (false).
+    fn wait_until(
+        &self,
+        end: Instant,
+        mut cond: impl FnMut() -> Result<bool, NbdServerError>,
+    ) -> Result<bool, NbdServerError> {
+        // Budget: bounded by `end`; each round asks every reactor once.
+        loop {
+            if cond()? {
                 return Ok(true);
             }
             if Instant::now() >= end {

@@ -13,6 +13,8 @@
 //! at once. Replies carry read data in the buffer the device filled.
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use ustor_net::driver::{IoEvent, Protocol, Recv, RecvEvent, Via};
 use ustor_net::{PduGroup, Staging, COPY_MAX};
@@ -66,6 +68,10 @@ pub(crate) struct Nbd {
     exact: Cell<bool>,
     /// Block-status chunks are encoded here (no allocation per request).
     scratch: RefCell<Vec<u8>>,
+    /// The server is draining: requests are answered `ESHUTDOWN` instead
+    /// of executed (one relaxed load per request; the drain's reactor
+    /// round-trip orders it against the in-flight count).
+    draining: Arc<AtomicBool>,
 }
 
 impl Nbd {
@@ -83,7 +89,14 @@ impl Nbd {
             scratch: RefCell::new(Vec::with_capacity(
                 wire::CHUNK_HEADER_LEN + 4 + MAX_EXTENTS * wire::BLOCK_DESCRIPTOR_LEN,
             )),
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Watches the server's drain flag (see `NbdServer::drain`).
+    pub(crate) fn draining_on(mut self, flag: Arc<AtomicBool>) -> Nbd {
+        self.draining = flag;
+        self
     }
 
     /// A decoded header: what to receive or run next.
@@ -192,7 +205,14 @@ impl Protocol for Nbd {
     type Reply = OutReply;
 
     fn apply(&self, ev: RecvEvent, st: &mut Staging) -> Recv<Self> {
-        let r = self.step(ev, st);
+        let mut r = self.step(ev, st);
+        if let Recv::Dispatch(job) = &r {
+            // A request complete after drain began is refused, never
+            // executed: the final flush must cover every acknowledged write.
+            if self.draining.load(Ordering::Relaxed) {
+                r = self.refused(job.cookie, NbdErrno::Shutdown);
+            }
+        }
         if matches!(r, Recv::Dispatch(_) | Recv::Reply(_)) {
             in_flight_add(1);
         }
