@@ -1,6 +1,7 @@
 //! The connection limits of the NVMe/TCP transport (`max_connections`,
 //! `icreq_timeout_ms`), with real sockets: a peer that connects and sends
-//! no ICReq is closed after the timeout; a connection over the cap is
+//! no ICReq is closed after the timeout, and so is one that sends ICReq
+//! but never a Fabrics Connect; a connection over the cap is
 //! closed as it is accepted, and one is admitted again once another closes.
 
 mod common;
@@ -80,6 +81,36 @@ fn a_silent_peer_is_closed_after_the_icreq_timeout() {
         Duration::from_secs(5),
         || e.target.connections() == 1,
     );
+}
+
+#[test]
+fn a_peer_that_never_connects_is_closed_after_the_icreq_timeout() {
+    let e = env_opts(
+        1024,
+        TransportOpts {
+            icreq_timeout_ms: 300,
+            ..TransportOpts::default()
+        },
+    );
+    let mut mute = tcp(e.port);
+    ic_exchange(&mut mute).expect("ICReq answered");
+    let t0 = Instant::now();
+    // A host that connects in time is left alone past the timeout.
+    let (mut admin, _) = Client::admin(e.port, Digests::default());
+    let got = read_to_close(&mut mute);
+    let waited = t0.elapsed();
+    assert!(got.is_empty(), "nothing is sent to a queue without Connect");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "closed after {waited:?}, before the timeout"
+    );
+    assert_eq!(admin.prop_get(prop::CSTS, false) & 1, 1, "CSTS.RDY");
+    wait_until(
+        "the mute connection uncounted",
+        Duration::from_secs(5),
+        || e.target.connections() == 1,
+    );
+    assert_eq!(admin.prop_get(prop::CSTS, false) & 1, 1, "CSTS.RDY");
 }
 
 #[test]

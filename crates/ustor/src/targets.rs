@@ -93,8 +93,9 @@ impl Target for NbdTarget {
     fn stop(&self) {
         self.0.stop();
     }
-    /// Every request received is answered (the clients keep their
-    /// connections until the reactors stop).
+    /// Every request received before the drain is answered; later ones
+    /// get `ESHUTDOWN` unexecuted (so the bdev flush that follows covers
+    /// every acknowledged write); then every connection is closed.
     fn drain(&self, deadline: Instant) -> bool {
         let left = deadline.saturating_duration_since(Instant::now());
         self.0.drain(left).unwrap_or_else(|e| {

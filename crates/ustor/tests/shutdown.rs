@@ -121,14 +121,18 @@ fn nbd_writer(mut s: TcpStream, stop: Arc<AtomicBool>) {
     }
 }
 
-/// Collects the cookies of successful write replies until EOF.
-fn nbd_reader(mut s: TcpStream, acked: Arc<Mutex<Vec<u64>>>) {
+/// Collects the cookies of successful write replies until EOF; returns
+/// the errors of the others.
+fn nbd_reader(mut s: TcpStream, acked: Arc<Mutex<Vec<u64>>>) -> Vec<u32> {
     let mut r = [0u8; 16];
+    let mut errors = Vec::new();
     while s.read_exact(&mut r).is_ok() {
-        if u32::from_be_bytes(r[4..8].try_into().unwrap()) == 0 {
-            acked.lock().unwrap().push(be64(&r[8..]));
+        match u32::from_be_bytes(r[4..8].try_into().unwrap()) {
+            0 => acked.lock().unwrap().push(be64(&r[8..])),
+            e => errors.push(e),
         }
     }
+    errors
 }
 
 fn initiator_config(dir: &Path, port: u16) -> std::path::PathBuf {
@@ -215,7 +219,13 @@ fn sigterm_drains_and_stops_every_target_with_io_in_flight() {
 
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
-    reader.join().unwrap();
+    let errors = reader.join().unwrap();
+    // Writes that arrived after the drain began were refused with NBD's
+    // ESHUTDOWN (108), never executed; nothing else failed.
+    assert!(
+        errors.iter().all(|&e| e == 108),
+        "writes failed otherwise: {errors:?}"
+    );
     // SAFETY: kill(2) on the PID of our own child.
     unsafe { libc::kill(bench.id() as i32, libc::SIGKILL) };
     let _ = bench.wait();
@@ -224,8 +234,9 @@ fn sigterm_drains_and_stops_every_target_with_io_in_flight() {
     let data = std::fs::read(&f0).unwrap();
     let acked = acked.lock().unwrap();
     eprintln!(
-        "{} NBD writes acknowledged, {acked_before} before SIGTERM",
-        acked.len()
+        "{} NBD writes acknowledged, {acked_before} before SIGTERM, {} refused (ESHUTDOWN)",
+        acked.len(),
+        errors.len()
     );
     assert!(acked_before < SLOTS, "every write was done before SIGTERM");
     let bad: Vec<u64> = acked

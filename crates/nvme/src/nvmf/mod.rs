@@ -12,7 +12,9 @@
 //! connection each) spread over the reactors; every queue then lives on its
 //! reactor with its own bdev channels. The connections of all listeners
 //! count against one cap (`max_connections`), and a connection that sends
-//! no ICReq within `icreq_timeout_ms` is closed. The subsystem table is
+//! no ICReq within `icreq_timeout_ms` is closed, and so is one with no
+//! successful Fabrics Connect within the same time after its ICResp. The
+//! subsystem table is
 //! control-plane state behind a mutex.
 
 pub mod admin;
@@ -119,7 +121,8 @@ pub struct TransportOpts {
     /// at once over all listeners; one more is closed as it is accepted.
     pub max_connections: u32,
     /// ustor extension: milliseconds a new connection has to complete its
-    /// ICReq/ICResp exchange before it is closed.
+    /// ICReq/ICResp exchange before it is closed, and then again to
+    /// complete a Fabrics Connect (keep-alive starts only there).
     pub icreq_timeout_ms: u32,
 }
 

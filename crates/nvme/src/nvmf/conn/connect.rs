@@ -1,8 +1,9 @@
 //! Fabrics Connect: the admin queue's creates the controller (and starts
 //! its keep-alive watch); an I/O queue's joins an enabled controller of the
-//! same host.
+//! same host. Until Connect succeeds the queue runs under the handshake
+//! timeout (`icreq_timeout_ms`) again ([`connect_watch`]).
 
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,4 +159,26 @@ async fn kato_watch(conn: Rc<Conn>, ctrl: Arc<Ctrl>) {
             return;
         }
     }
+}
+
+/// Closes a queue whose host sent its ICReq but no successful Fabrics
+/// Connect within `limit` (the handshake timeout, `icreq_timeout_ms`):
+/// keep-alive only starts at Connect, so nothing else would ever end it.
+/// Holds the queue weakly, so a queue that closed meanwhile is freed (and
+/// uncounted) at once.
+pub(super) async fn connect_watch(conn: Weak<Conn>, limit: Duration) {
+    ustor_runtime::sleep(limit).await;
+    let Some(conn) = conn.upgrade() else {
+        return;
+    };
+    // `closing` is set before the driver drops the socket, so the
+    // descriptor is still this queue's when it is not.
+    if conn.qid.get().is_some() || conn.closing.get() {
+        return;
+    }
+    tracing::info!(
+        "nvmf: no Fabrics Connect within {} ms of ICReq; closing",
+        limit.as_millis()
+    );
+    ustor_net::recv::shutdown(conn.raw());
 }

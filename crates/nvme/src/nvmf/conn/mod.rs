@@ -147,8 +147,11 @@ pub(crate) async fn serve(acc: Accepted, shared: Arc<Shared>, listen: ListenAddr
     let Some(Ok(ic)) = ic else {
         return;
     };
+    let limit = acc.handshake_timeout();
     let Accepted { fd, guard, .. } = acc;
     let conn = Rc::new(Conn::new(fd.as_raw_fd(), guard, shared, listen, opts));
+    // Keep-alive starts at Connect: until then the handshake timeout runs.
+    ustor_runtime::spawn(connect::connect_watch(Rc::downgrade(&conn), limit));
     conn.dg.set(ic.digests);
     conn.hpda.set(ic.hpda);
     let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
