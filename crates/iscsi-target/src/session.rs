@@ -278,6 +278,9 @@ impl<'a, D: Discovery> Session<'a, D> {
             Some(s) => {
                 let mut fixed = [0u8; 18];
                 let len = s.encode_fixed(&mut fixed);
+                if let Some(f) = o.field {
+                    f.encode(&mut fixed);
+                }
                 sense[..2].copy_from_slice(&(len as u16).to_be_bytes());
                 sense[2..2 + len].copy_from_slice(&fixed[..len]);
                 2 + len

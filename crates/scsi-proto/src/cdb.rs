@@ -31,12 +31,15 @@ pub mod op {
     pub const WRITE_SAME_16: u8 = 0x93;
     pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
     pub const REPORT_LUNS: u8 = 0xa0;
+    pub const MAINTENANCE_IN: u8 = 0xa3;
     pub const READ_12: u8 = 0xa8;
     pub const WRITE_12: u8 = 0xaa;
     pub const WRITE_AND_VERIFY_12: u8 = 0xae;
     pub const VERIFY_12: u8 = 0xaf;
     /// Service action of SERVICE ACTION IN(16) for READ CAPACITY(16).
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
+    /// Service action of MAINTENANCE IN for REPORT SUPPORTED OPERATION CODES.
+    pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0c;
 }
 
 /// Bytes of the UNMAP parameter list with one block descriptor.
@@ -324,6 +327,16 @@ pub enum Command {
         lba: u64,
         blocks: u32,
     },
+    /// REPORT SUPPORTED OPERATION CODES (SPC-4 §6.35).
+    ReportSupportedOpcodes {
+        /// Return command timeouts descriptors.
+        rctd: bool,
+        /// Reporting options: 0 all commands, 1-3 one command.
+        options: u8,
+        opcode: u8,
+        service_action: u16,
+        alloc_len: u32,
+    },
 }
 
 /// Why a CDB was refused; a target answers ILLEGAL REQUEST.
@@ -530,6 +543,16 @@ fn parse_12(b: &[u8]) -> Result<Command, CdbError> {
             select: b[2],
             alloc_len: be32(b, 6),
         },
+        op::MAINTENANCE_IN if b[1] & 0x1f == op::SA_REPORT_SUPPORTED_OPCODES => {
+            Command::ReportSupportedOpcodes {
+                rctd: b[2] & 0x80 != 0,
+                options: b[2] & 0x07,
+                opcode: b[3],
+                service_action: be16(b, 4),
+                alloc_len: be32(b, 6),
+            }
+        }
+        op::MAINTENANCE_IN => return Err(CdbError::InvalidField(1)),
         op::READ_12 => Command::Read {
             lba,
             blocks,

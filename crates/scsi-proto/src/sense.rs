@@ -115,6 +115,23 @@ pub struct Sense {
     pub info: Option<u64>,
 }
 
+/// The sense-key specific field pointer of ILLEGAL REQUEST (SPC-4
+/// §4.5.2.4.2): which CDB byte (and bit) was invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldPointer {
+    pub byte: u16,
+    pub bit: Option<u8>,
+}
+
+impl FieldPointer {
+    /// Writes SKSV, C/D (in the CDB), BPV and the pointer into bytes
+    /// 15..18 of fixed sense from [`Sense::encode_fixed`].
+    pub fn encode(&self, fixed: &mut [u8; 18]) {
+        fixed[15] = 0x80 | 0x40 | self.bit.map_or(0, |b| 0x08 | (b & 7));
+        fixed[16..18].copy_from_slice(&self.byte.to_be_bytes());
+    }
+}
+
 /// Why sense bytes could not be decoded at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SenseError {

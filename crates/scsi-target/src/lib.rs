@@ -10,7 +10,8 @@
 //!   state ([`Lun`]: bdev channel, pending unit attention).
 //! - [`table`]: the LUN table and dispatch (REPORT LUNS, missing LUNs, unit
 //!   attentions).
-//! - `spc`, `sbc`: the command executors.
+//! - `spc`, `sbc`: the command executors; `opcodes` REPORT SUPPORTED
+//!   OPERATION CODES.
 //! - [`outcome`]: status + sense + residual; bdev errors mapped to sense.
 //!
 //! SCSI failures are CHECK CONDITION with sense, never panics or Rust
@@ -21,6 +22,7 @@ pub mod data;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod lu;
+mod opcodes;
 pub mod outcome;
 mod sbc;
 mod spc;

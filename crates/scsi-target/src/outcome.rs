@@ -3,7 +3,7 @@
 //! of this type, never Rust errors or panics.
 
 use ustor_bdev::BdevError;
-use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::sense::{asc, FieldPointer};
 use ustor_scsi_proto::{ScsiStatus, Sense, SenseKey};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,6 +13,8 @@ pub struct Outcome {
     pub sense: Option<Sense>,
     /// Bytes of the expected data phase not transferred.
     pub resid: u32,
+    /// The invalid CDB field, for ILLEGAL REQUEST (sense-key specific).
+    pub field: Option<FieldPointer>,
 }
 
 impl Outcome {
@@ -21,6 +23,7 @@ impl Outcome {
             status: ScsiStatus::Good,
             sense: None,
             resid,
+            field: None,
         }
     }
 
@@ -33,12 +36,21 @@ impl Outcome {
             status: ScsiStatus::CheckCondition,
             sense: Some(s),
             resid,
+            field: None,
         }
     }
 
     /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
     pub const fn invalid_field(resid: u32) -> Outcome {
         Outcome::check(SenseKey::IllegalRequest, asc::INVALID_FIELD_IN_CDB, resid)
+    }
+
+    /// ILLEGAL REQUEST, INVALID FIELD IN CDB, pointing at CDB `byte`
+    /// (and `bit`).
+    pub const fn invalid_field_at(byte: u16, bit: Option<u8>, resid: u32) -> Outcome {
+        let mut o = Outcome::invalid_field(resid);
+        o.field = Some(FieldPointer { byte, bit });
+        o
     }
 
     /// ILLEGAL REQUEST, LOGICAL BLOCK ADDRESS OUT OF RANGE.

@@ -1,6 +1,7 @@
 //! Primary commands (SPC-4) and the capacity and mode data of SBC-3:
 //! TEST UNIT READY, REQUEST SENSE, INQUIRY with its VPD pages, READ
-//! CAPACITY(10/16), MODE SENSE(6/10), START STOP UNIT.
+//! CAPACITY(10/16), MODE SENSE(6/10), START STOP UNIT, REPORT SUPPORTED
+//! OPERATION CODES ([`crate::opcodes`]).
 
 use ustor_scsi_proto::capacity::{Capacity, READ_CAPACITY_16_LEN};
 use ustor_scsi_proto::cdb::Command;
@@ -87,6 +88,21 @@ pub(crate) async fn execute<D: DataPath>(
             subpage,
             alloc_len,
         } => mode_sense(lu, long, dbd, pc, (page, subpage), alloc_len, data).await,
+        Command::ReportSupportedOpcodes {
+            rctd,
+            options,
+            opcode,
+            service_action,
+            alloc_len,
+        } => {
+            let mut b = [0u8; crate::opcodes::MAX_LEN];
+            match crate::opcodes::report(rctd, options, opcode, service_action, &mut b) {
+                Some(n) => reply(data, &b[..n], alloc_len).await,
+                // The reporting options (byte 2, bits 2..0) do not fit the
+                // opcode: a field pointer tells it from an unknown command.
+                None => Ok(Outcome::invalid_field_at(2, Some(2), exp)),
+            }
+        }
         // The table answers REPORT LUNS and routes block commands to sbc.
         _ => Ok(Outcome::invalid_field(exp)),
     }
