@@ -64,7 +64,7 @@ fn builtin_modules_create_and_delete_from_json() {
     assert!(n.inline_spec(&reg, "lots", 512).is_err());
     // One module per name.
     assert!(matches!(
-        reg.add_module(Arc::new(ustor_bdev::modules::null::NullModule)),
+        reg.add_module(Arc::new(ustor_bdev::modules::null::module())),
         Err(ControlError::Exists(_))
     ));
 }

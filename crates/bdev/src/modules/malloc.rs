@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{check_block_size, copy_iov, parse_params, ram_spec, RamOpts, RamParams};
-use crate::device::{Bdev, BdevChannel, BdevModule};
+use super::{check_block_size, copy_iov, RamOpts};
+use crate::device::{Bdev, BdevChannel};
 use crate::error::{BdevError, ControlError};
 use crate::io::IoHandle;
 use crate::registry::{BdevEntry, Registry};
@@ -188,25 +188,11 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
 
 /// The malloc module: `bdev_malloc_create` / `bdev_malloc_delete`, and
 /// `malloc:SIZE` for `ustor bench`.
-pub struct MallocModule;
-
-impl BdevModule for MallocModule {
-    fn name(&self) -> &'static str {
-        "malloc"
-    }
-    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
-        let p: RamParams = parse_params(params)?;
-        create(reg, p.into_opts(reg, "Malloc")?)
-    }
-    fn inline_spec_syntax(&self) -> Option<&'static str> {
-        Some("malloc:SIZE")
-    }
-    fn inline_spec(
-        &self,
-        reg: &Registry,
-        arg: &str,
-        block_size: u32,
-    ) -> Result<Arc<BdevEntry>, ControlError> {
-        ram_spec("Malloc0", "malloc", arg, block_size).and_then(|o| create(reg, o))
+pub fn module() -> super::RamModule {
+    super::RamModule {
+        name: "malloc",
+        prefix: "Malloc",
+        spec: "malloc:SIZE",
+        make: create,
     }
 }

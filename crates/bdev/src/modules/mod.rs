@@ -13,13 +13,47 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ControlError;
-use crate::registry::Registry;
+use crate::registry::{BdevEntry, Registry};
+use crate::BdevModule;
 
 /// Registers ustor's own modules (malloc, null, uring) in `reg`'s table.
 pub fn register_builtin(reg: &Registry) -> Result<(), ControlError> {
-    reg.add_module(Arc::new(malloc::MallocModule))?;
-    reg.add_module(Arc::new(null::NullModule))?;
+    reg.add_module(Arc::new(malloc::module()))?;
+    reg.add_module(Arc::new(null::module()))?;
     reg.add_module(Arc::new(uring::UringModule))
+}
+
+/// A module whose bdevs are RAM-shaped (malloc, null): SPDK's
+/// `bdev_<name>_create` params ([`RamParams`]) and a `<name>:SIZE` inline
+/// spec; only the driver's create function differs.
+pub struct RamModule {
+    pub(crate) name: &'static str,
+    /// Default name stem (`Malloc` -> `Malloc0`, `Malloc1`, ...).
+    pub(crate) prefix: &'static str,
+    pub(crate) spec: &'static str,
+    pub(crate) make: fn(&Registry, RamOpts) -> Result<Arc<BdevEntry>, ControlError>,
+}
+
+impl BdevModule for RamModule {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
+        let p: RamParams = parse_params(params)?;
+        (self.make)(reg, p.into_opts(reg, self.prefix)?)
+    }
+    fn inline_spec_syntax(&self) -> Option<&'static str> {
+        Some(self.spec)
+    }
+    fn inline_spec(
+        &self,
+        reg: &Registry,
+        arg: &str,
+        block_size: u32,
+    ) -> Result<Arc<BdevEntry>, ControlError> {
+        let name = format!("{}0", self.prefix);
+        ram_spec(&name, self.name, arg, block_size).and_then(|o| (self.make)(reg, o))
+    }
 }
 
 /// Decodes a module's create parameters (`null` is `{}`: SPDK's client

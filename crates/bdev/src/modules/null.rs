@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{check_block_size, parse_params, ram_spec, RamOpts, RamParams};
-use crate::device::{Bdev, BdevChannel, BdevModule};
+use super::{check_block_size, RamOpts};
+use crate::device::{Bdev, BdevChannel};
 use crate::error::{BdevError, ControlError};
 use crate::io::IoHandle;
 use crate::registry::{BdevEntry, Registry};
@@ -73,25 +73,11 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
 
 /// The null module: `bdev_null_create` / `bdev_null_delete`, and
 /// `null:SIZE` for `ustor bench`.
-pub struct NullModule;
-
-impl BdevModule for NullModule {
-    fn name(&self) -> &'static str {
-        "null"
-    }
-    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
-        let p: RamParams = parse_params(params)?;
-        create(reg, p.into_opts(reg, "Null")?)
-    }
-    fn inline_spec_syntax(&self) -> Option<&'static str> {
-        Some("null:SIZE")
-    }
-    fn inline_spec(
-        &self,
-        reg: &Registry,
-        arg: &str,
-        block_size: u32,
-    ) -> Result<Arc<BdevEntry>, ControlError> {
-        ram_spec("Null0", "null", arg, block_size).and_then(|o| create(reg, o))
+pub fn module() -> super::RamModule {
+    super::RamModule {
+        name: "null",
+        prefix: "Null",
+        spec: "null:SIZE",
+        make: create,
     }
 }
