@@ -7,6 +7,7 @@ pub mod framework;
 pub mod iscsi;
 pub mod nbd;
 pub mod nvmf;
+pub mod rbd;
 pub mod scsi;
 pub mod vbdev;
 
@@ -48,6 +49,9 @@ impl Ctx {
 
 pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     framework::register(ctx)?;
+    // Before bdev: it adds the rbd module, whose create/delete methods
+    // bdev::register makes from the module table.
+    rbd::register(ctx)?;
     bdev::register(ctx)?;
     nbd::register(ctx)?;
     iscsi::register(ctx)?;
@@ -91,6 +95,7 @@ pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::C
             ))
         }
         "bdev_scsi_create" => "bdev_scsi_delete".to_string(),
+        "bdev_rbd_register_cluster" => "bdev_rbd_unregister_cluster".to_string(),
         "nbd_server_start" => {
             return Some(ustor_rpc::ConfigCall::new("nbd_server_stop", Value::Null))
         }
@@ -109,5 +114,6 @@ pub fn undo_call(c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::ConfigCall> {
     let reg = Registry::new(None);
     ustor_bdev::modules::register_builtin(&reg).ok()?;
     ustor_vbdev::register(&reg).ok()?;
+    ustor_rbd::register(&reg, None).ok()?;
     undo_in(&reg, c)
 }

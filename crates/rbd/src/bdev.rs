@@ -1,0 +1,435 @@
+//! The `rbd` bdev: one open librbd image per bdev, shared by the channels of
+//! every reactor, with I/O through `rbd_aio_*`.
+//!
+//! Completions: librbd calls back on its own finisher thread; the callback
+//! hands the result to the owning reactor through [`ustor_bdev::remote`]
+//! (a lock-free ring and at most one message per burst), so the reactor
+//! never takes a lock per I/O and never blocks on librbd. One image handle
+//! per bdev rather than per reactor: several handles of one image would
+//! pass its exclusive lock back and forth on every write.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, Weak};
+
+use libc::c_void;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use ustor_bdev::io::TABLE_SLOTS;
+use ustor_bdev::remote::{Completer, RemoteCompletions, RemoteIo};
+use ustor_bdev::{
+    Bdev, BdevChannel, BdevEntry, BdevError, BdevInfo, BdevModule, ControlError, IoHandle, IoType,
+    Registry,
+};
+use ustor_runtime::RuntimeHandle;
+
+use crate::cluster::{check, Cluster, ClusterOpts, Clusters};
+use crate::{ffi, RbdError};
+
+/// `bdev_rbd_create` parameters (SPDK's).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RbdOpts {
+    /// Default: the first free `Ceph{i}` (SPDK's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub pool_name: String,
+    pub rbd_name: String,
+    pub block_size: u32,
+    /// With `config`, a connection of this bdev's own (no `cluster_name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<BTreeMap<String, String>>,
+    /// A cluster from `bdev_rbd_register_cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<uuid::Uuid>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// An open image and the io context it lives in.
+pub struct Image {
+    handle: ffi::rbd_image_t,
+    ioctx: ffi::rados_ioctx_t,
+    pub cluster: Arc<Cluster>,
+}
+
+// SAFETY: librbd image handles take aio calls from any thread (librbd
+// serialises internally); close happens once, in Drop.
+unsafe impl Send for Image {}
+// SAFETY: as above.
+unsafe impl Sync for Image {}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        // SAFETY: handles from rbd_open/rados_ioctx_create, closed once;
+        // no I/O is in flight (every channel, which holds an Arc, is gone).
+        unsafe {
+            if !self.handle.is_null() {
+                ffi::rbd_close(self.handle);
+            }
+            ffi::rados_ioctx_destroy(self.ioctx);
+        }
+    }
+}
+
+impl Image {
+    /// Opens `pool/name` (blocking; the control thread's business).
+    pub fn open(
+        cluster: Arc<Cluster>,
+        pool: &str,
+        name: &str,
+        ro: bool,
+    ) -> Result<Image, RbdError> {
+        let cs = |p, s: &str| {
+            CString::new(s).map_err(|_| RbdError::Invalid {
+                param: p,
+                why: "contains a NUL byte".into(),
+            })
+        };
+        let (pc, nc) = (cs("pool_name", pool)?, cs("rbd_name", name)?);
+        let mut ioctx = std::ptr::null_mut();
+        // SAFETY: a connected cluster handle; ioctx is written on success.
+        let r = unsafe { ffi::rados_ioctx_create(cluster.handle(), pc.as_ptr(), &mut ioctx) };
+        if r == -libc::ENOENT {
+            return Err(RbdError::NoPool(pool.into()));
+        }
+        check(r, || format!("opening pool `{pool}`"))?;
+        let mut img = Image {
+            handle: std::ptr::null_mut(),
+            ioctx,
+            cluster,
+        };
+        let r = img.cluster.clone().placed(|| {
+            // SAFETY: a valid ioctx and C strings; the handle is written on
+            // success and closed by Drop.
+            unsafe {
+                if ro {
+                    ffi::rbd_open_read_only(ioctx, nc.as_ptr(), &mut img.handle, std::ptr::null())
+                } else {
+                    ffi::rbd_open(ioctx, nc.as_ptr(), &mut img.handle, std::ptr::null())
+                }
+            }
+        });
+        if r == -libc::ENOENT {
+            return Err(RbdError::NoImage(format!("{pool}/{name}")));
+        }
+        check(r, || format!("opening image `{pool}/{name}`"))?;
+        Ok(img)
+    }
+
+    pub fn size(&self) -> Result<u64, RbdError> {
+        let mut s = 0u64;
+        // SAFETY: an open image; writes the size.
+        check(unsafe { ffi::rbd_get_size(self.handle, &mut s) }, || {
+            "reading the image size".into()
+        })?;
+        Ok(s)
+    }
+
+    pub fn resize(&self, bytes: u64) -> Result<(), RbdError> {
+        // SAFETY: an open image.
+        check(unsafe { ffi::rbd_resize(self.handle, bytes) }, || {
+            format!("resizing the image to {bytes} bytes")
+        })
+    }
+}
+
+pub struct RbdBdev {
+    info: BdevInfo,
+    opts: RbdOpts,
+    image: Arc<Image>,
+    rt: RuntimeHandle,
+}
+
+impl Bdev for RbdBdev {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+    fn io_type_supported(&self, t: IoType) -> bool {
+        !matches!(t, IoType::Reset)
+    }
+    /// Without the client cache (ustor's default) a write completes once
+    /// the OSDs have it on stable storage.
+    fn fua_supported(&self, _t: IoType) -> bool {
+        !self.info.write_cache
+    }
+    fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
+        let rc = RemoteCompletions::new(self.rt.clone(), TABLE_SLOTS);
+        Ok(Box::new(RbdChannel {
+            image: self.image.clone(),
+            completer: rc.completer(),
+            rc,
+            bs: self.info.block_size as u64,
+        }))
+    }
+    fn config_json(&self) -> Value {
+        json!({"method": "bdev_rbd_create", "params": self.opts})
+    }
+    fn driver_info(&self) -> Value {
+        json!({"rbd": {
+            "pool_name": self.opts.pool_name,
+            "rbd_name": self.opts.rbd_name,
+            "cluster_name": self.opts.cluster_name,
+            "image_size": self.image.size().ok(),
+            "read_only": self.opts.read_only,
+        }})
+    }
+}
+
+/// What the librbd callback needs: where to complete, and what.
+struct Pending {
+    completer: Completer,
+    io: RemoteIo,
+    /// Bytes a read must return (0 for other kinds).
+    want: u64,
+}
+
+/// librbd's completion callback (its finisher thread).
+unsafe extern "C" fn on_complete(c: ffi::rbd_completion_t, arg: *mut c_void) {
+    // SAFETY: `arg` is the Box leaked in `submit` for this completion,
+    // which librbd calls back exactly once; `c` is that completion.
+    let p = unsafe { Box::from_raw(arg.cast::<Pending>()) };
+    let r = unsafe { ffi::rbd_aio_get_return_value(c) };
+    unsafe { ffi::rbd_aio_release(c) };
+    let status = if r < 0 {
+        Err(errno_err(-r as i32))
+    } else if p.want != 0 && r as u64 != p.want {
+        Err(BdevError::Io(libc::EIO))
+    } else {
+        Ok(())
+    };
+    p.completer.complete(p.io, status);
+}
+
+fn errno_err(e: i32) -> BdevError {
+    match e {
+        libc::EOPNOTSUPP => BdevError::NotSupported,
+        libc::EROFS | libc::EPERM => BdevError::ReadOnly,
+        e => BdevError::Io(e),
+    }
+}
+
+struct RbdChannel {
+    image: Arc<Image>,
+    rc: RemoteCompletions,
+    completer: Completer,
+    bs: u64,
+}
+
+impl RbdChannel {
+    /// Starts the librbd call for `kind`; a negative errno if librbd refused.
+    ///
+    /// # Safety
+    /// `c` is a fresh completion; `iov`/`iovcnt` are the I/O's segments,
+    /// valid until it completes.
+    unsafe fn start(
+        &self,
+        kind: IoType,
+        off: u64,
+        len: u64,
+        iov: *const libc::iovec,
+        iovcnt: usize,
+        c: ffi::rbd_completion_t,
+    ) -> i32 {
+        let img = self.image.handle;
+        match kind {
+            IoType::Read => ffi::rbd_aio_readv(img, iov, iovcnt as i32, off, c),
+            IoType::Write => ffi::rbd_aio_writev(img, iov, iovcnt as i32, off, c),
+            IoType::Flush => ffi::rbd_aio_flush(img, c),
+            IoType::Unmap => ffi::rbd_aio_discard(img, off, len, c),
+            IoType::WriteZeroes => ffi::rbd_aio_write_zeroes(img, off, len as usize, c, 0, 0),
+            IoType::Reset => -libc::EOPNOTSUPP,
+        }
+    }
+}
+
+impl BdevChannel for RbdChannel {
+    fn submit(&self, io: IoHandle) {
+        let d = io.desc();
+        let (off, len) = (d.offset_blocks * self.bs, d.num_blocks * self.bs);
+        let io = match self.rc.send_off(io) {
+            Ok(r) => r,
+            Err(io) => return io.complete(Err(BdevError::Io(libc::EAGAIN))),
+        };
+        let want = if d.kind == IoType::Read { len } else { 0 };
+        // librbd allocates its own completion per I/O as well; this box is
+        // what its callback gets back.
+        let p = Box::into_raw(Box::new(Pending {
+            completer: self.completer.clone(),
+            io,
+            want,
+        }));
+        let mut c: ffi::rbd_completion_t = std::ptr::null_mut();
+        // SAFETY: `p` is handed to librbd, which gives it back to
+        // `on_complete` once; the iovecs stay in the I/O's slot until it
+        // completes.
+        let mut r = unsafe { ffi::rbd_aio_create_completion(p.cast(), Some(on_complete), &mut c) };
+        if r >= 0 {
+            r = unsafe { self.start(d.kind, off, len, d.iov, d.iovcnt, c) };
+        }
+        if r < 0 {
+            // Refused at once: no callback will come; complete it here.
+            // SAFETY: librbd took neither the completion nor `p`.
+            unsafe {
+                if !c.is_null() {
+                    ffi::rbd_aio_release(c);
+                }
+                let p = Box::from_raw(p);
+                p.completer.complete(p.io, Err(errno_err(-r)));
+            }
+        }
+    }
+
+    fn outstanding(&self) -> usize {
+        self.rc.outstanding()
+    }
+}
+
+/// The rbd module: clusters, `bdev_rbd_create` / `bdev_rbd_delete`, and
+/// the cluster registrations in the config dump.
+pub struct RbdModule {
+    pub clusters: Arc<Clusters>,
+    rt: Option<RuntimeHandle>,
+    /// Open images by bdev name (for `bdev_rbd_resize`).
+    images: Mutex<BTreeMap<String, Weak<Image>>>,
+}
+
+impl RbdModule {
+    pub fn new(rt: Option<RuntimeHandle>) -> RbdModule {
+        let cores = rt
+            .as_ref()
+            .map(|h| (0..h.num_reactors()).filter_map(|i| h.core_of(i)).collect())
+            .unwrap_or_default();
+        RbdModule {
+            clusters: Arc::new(Clusters::new(cores)),
+            rt,
+            images: Mutex::default(),
+        }
+    }
+
+    /// `bdev_rbd_create`.
+    pub fn create_bdev(&self, reg: &Registry, mut o: RbdOpts) -> Result<Arc<BdevEntry>, RbdError> {
+        let rt = self.rt.clone().ok_or(RbdError::NoRuntime)?;
+        let bs = o.block_size;
+        if !(512..=65536).contains(&bs) || !bs.is_power_of_two() {
+            return Err(RbdError::Invalid {
+                param: "block_size",
+                why: format!("{bs} is not a power of two in 512..=65536"),
+            });
+        }
+        let name = match &o.name {
+            Some(n) => n.clone(),
+            None => (0..)
+                .map(|i| format!("Ceph{i}"))
+                .find(|n| reg.get(n).is_none())
+                .unwrap_or_default(),
+        };
+        if reg.get(&name).is_some() {
+            return Err(RbdError::Exists(name));
+        }
+        let cluster = match &o.cluster_name {
+            Some(c) => self.clusters.get(c)?,
+            None => {
+                let co = ClusterOpts {
+                    name: format!("{name} (own connection)"),
+                    user_id: o.user_id.clone(),
+                    config_param: o.config.clone(),
+                    ..Default::default()
+                };
+                Cluster::connect(co, &self.clusters.reactor_cores)?
+            }
+        };
+        let image = Arc::new(Image::open(
+            cluster,
+            &o.pool_name,
+            &o.rbd_name,
+            o.read_only,
+        )?);
+        let size = image.size()?;
+        let num_blocks = size / bs as u64;
+        if num_blocks == 0 {
+            return Err(RbdError::Invalid {
+                param: "rbd_name",
+                why: format!("image of {size} bytes is smaller than one block"),
+            });
+        }
+        o.name = Some(name.clone());
+        let uuid = *o.uuid.get_or_insert_with(uuid::Uuid::new_v4);
+        let write_cache = o
+            .config
+            .as_ref()
+            .and_then(|c| c.get("rbd_cache"))
+            .or_else(|| image.cluster.opts.config_param.as_ref()?.get("rbd_cache"))
+            .is_some_and(|v| v == "true");
+        let info = BdevInfo {
+            name: name.clone(),
+            uuid,
+            product_name: "Ceph Rbd Disk".into(),
+            module: "rbd",
+            block_size: bs,
+            num_blocks,
+            required_alignment: 1,
+            max_transfer_blocks: 0,
+            optimal_boundary_blocks: 0,
+            write_cache,
+            // Partial discards may leave data (rbd_skip_partial_discard).
+            unmap_reads_zero: false,
+            memory_resident: false,
+        };
+        let b = RbdBdev {
+            info,
+            opts: o,
+            image: image.clone(),
+            rt,
+        };
+        let e = reg.register(Arc::new(b)).map_err(RbdError::Control)?;
+        self.images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, Arc::downgrade(&image));
+        Ok(e)
+    }
+
+    /// `bdev_rbd_resize`: grows or shrinks the image (`new_size` in MiB,
+    /// SPDK's unit); returns the new size in bytes.
+    pub fn resize(&self, name: &str, new_size_mib: u64) -> Result<u64, RbdError> {
+        let img = self
+            .images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| RbdError::Control(ControlError::NotFound(name.into())))?;
+        let bytes = new_size_mib.checked_mul(1 << 20).ok_or(RbdError::Invalid {
+            param: "new_size",
+            why: "too large".into(),
+        })?;
+        img.resize(bytes)?;
+        img.size()
+    }
+}
+
+impl BdevModule for RbdModule {
+    fn name(&self) -> &'static str {
+        "rbd"
+    }
+    fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
+        let o: RbdOpts = ustor_bdev::modules::parse_params(params)?;
+        self.create_bdev(reg, o).map_err(RbdError::into_control)
+    }
+    fn delete(&self, reg: &Registry, name: &str) -> Result<(), ControlError> {
+        reg.delete(name)?;
+        self.images
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        Ok(())
+    }
+    fn config_json(&self) -> Vec<Value> {
+        self.clusters.config_json()
+    }
+}
