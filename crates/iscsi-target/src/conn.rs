@@ -33,7 +33,10 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
     };
     let table = match &est.node {
         Some(node) => match open_luns(node) {
-            Some(t) => Some(t),
+            Some(mut t) => {
+                t.set_nexus(&nexus_name(&est.initiator, &est.isid));
+                Some(t)
+            }
             None => return,
         },
         None => None,
@@ -101,12 +104,23 @@ async fn login(
     }
 }
 
+/// The I_T nexus of a session: the initiator port name `name,i,0xISID`
+/// (RFC 7143 §10.1.1), also its TransportID in PERSISTENT RESERVE IN.
+fn nexus_name(initiator: &str, isid: &[u8; 6]) -> String {
+    let mut id = 0u64;
+    isid.iter().for_each(|b| id = id << 8 | *b as u64);
+    format!("{initiator},i,0x{id:012x}")
+}
+
 /// The node's LUNs on this reactor's channels: one table per session.
 fn open_luns(node: &NodeEntry) -> Option<LunTable> {
     let mut luns = Vec::with_capacity(node.luns.len());
     for l in &node.luns {
         match Lun::open(l.cfg.clone(), &l.desc) {
-            Ok(lu) => luns.push((l.lun_id, lu.with_provisioning_page())),
+            Ok(lu) => {
+                let lu = lu.with_provisioning_page().with_reservations(l.pr.clone());
+                luns.push((l.lun_id, lu));
+            }
             Err(e) => {
                 tracing::warn!(
                     "iscsi: LUN {} ({}) has no channel: {e}",

@@ -243,10 +243,15 @@ impl<'a, D: Discovery> Session<'a, D> {
         sent: u32,
         want: Option<u64>,
     ) -> Result<(), ConnError> {
+        let edtl = info.edtl as u64;
         let resid = match want {
-            // A read that wanted more than the initiator expected: overflow.
-            Some(w) if o.status.is_good() && w > info.edtl as u64 => {
-                Some((true, (w - info.edtl as u64).min(u32::MAX as u64) as u32))
+            // The command wanted more than the initiator expected: overflow.
+            Some(w) if o.status.is_good() && w > edtl => {
+                Some((true, (w - edtl).min(u32::MAX as u64) as u32))
+            }
+            // A write that wanted less: underflow.
+            Some(w) if o.status.is_good() && w < edtl && info.dir == Direction::ToDevice => {
+                Some((false, (edtl - w) as u32))
             }
             _ => residual(info, &o, sent),
         };
@@ -326,16 +331,8 @@ impl<'a, D: Discovery> Session<'a, D> {
             // has already finished (ABORT TASK: RFC 7143 §11.5.1 answers
             // "complete" for a task that does not exist any more).
             1..=4 => tmf_response::COMPLETE,
-            5 => match table.get(lun) {
-                Some(lu) => {
-                    lu.set_ua(Some(ustor_scsi_proto::Sense::new(
-                        ustor_scsi_proto::SenseKey::UnitAttention,
-                        ustor_scsi_proto::sense::asc::POWER_ON_RESET,
-                    )));
-                    tmf_response::COMPLETE
-                }
-                None => tmf_response::NO_LUN,
-            },
+            5 if table.reset_lun(lun) => tmf_response::COMPLETE,
+            5 => tmf_response::NO_LUN,
             6 | 7 => {
                 table.reset_all();
                 tmf_response::COMPLETE
@@ -355,12 +352,15 @@ impl<'a, D: Discovery> Session<'a, D> {
     }
 }
 
-/// Bytes a READ asks for (for its overflow residual); `None` for others.
+/// Bytes a READ or WRITE moves by its CDB (for its residual); `None` for
+/// other commands.
 fn wanted_len(table: &LunTable, lun: u64, cdb: &[u8; 16]) -> Option<u64> {
     use ustor_scsi_proto::cdb::Command;
     let lu = table.get(lun)?;
     match Command::parse(cdb).ok()? {
-        c @ Command::Read { .. } => Some(c.transfer_len(lu.channel().block_size())),
+        c @ (Command::Read { .. } | Command::Write { .. } | Command::WriteAndVerify { .. }) => {
+            Some(c.transfer_len(lu.channel().block_size()))
+        }
         _ => None,
     }
 }

@@ -49,6 +49,8 @@ pub struct LunEntry {
     pub bdev_name: String,
     pub desc: Desc,
     pub cfg: LuConfig,
+    /// Reservations, shared by every session's table of this LUN.
+    pub pr: Arc<ustor_scsi_target::Reservations>,
 }
 
 impl Drop for LunEntry {
@@ -464,6 +466,7 @@ impl IscsiTarget {
             bdev_name: l.bdev_name.clone(),
             desc,
             cfg,
+            pr: ustor_scsi_target::Reservations::new(),
         }))
     }
 

@@ -13,20 +13,30 @@ pub mod op {
     pub const WRITE_6: u8 = 0x0a;
     pub const INQUIRY: u8 = 0x12;
     pub const MODE_SENSE_6: u8 = 0x1a;
+    pub const RESERVE_6: u8 = 0x16;
+    pub const RELEASE_6: u8 = 0x17;
     pub const START_STOP_UNIT: u8 = 0x1b;
     pub const READ_CAPACITY_10: u8 = 0x25;
     pub const READ_10: u8 = 0x28;
     pub const WRITE_10: u8 = 0x2a;
     pub const WRITE_AND_VERIFY_10: u8 = 0x2e;
     pub const VERIFY_10: u8 = 0x2f;
+    pub const PRE_FETCH_10: u8 = 0x34;
     pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
     pub const WRITE_SAME_10: u8 = 0x41;
     pub const UNMAP: u8 = 0x42;
+    pub const RESERVE_10: u8 = 0x56;
+    pub const RELEASE_10: u8 = 0x57;
     pub const MODE_SENSE_10: u8 = 0x5a;
+    pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
+    pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
     pub const READ_16: u8 = 0x88;
+    pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8a;
+    pub const ORWRITE_16: u8 = 0x8b;
     pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
     pub const VERIFY_16: u8 = 0x8f;
+    pub const PRE_FETCH_16: u8 = 0x90;
     pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
     pub const WRITE_SAME_16: u8 = 0x93;
     pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
@@ -38,6 +48,8 @@ pub mod op {
     pub const VERIFY_12: u8 = 0xaf;
     /// Service action of SERVICE ACTION IN(16) for READ CAPACITY(16).
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
+    /// Service action of SERVICE ACTION IN(16) for GET LBA STATUS.
+    pub const SA_GET_LBA_STATUS: u8 = 0x12;
     /// Service action of MAINTENANCE IN for REPORT SUPPORTED OPERATION CODES.
     pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0c;
 }
@@ -337,6 +349,43 @@ pub enum Command {
         service_action: u16,
         alloc_len: u32,
     },
+    /// PERSISTENT RESERVE IN (SPC-4 §6.13).
+    PersistentReserveIn {
+        service_action: u8,
+        alloc_len: u16,
+    },
+    /// PERSISTENT RESERVE OUT (SPC-4 §6.14): a parameter list follows.
+    PersistentReserveOut {
+        service_action: u8,
+        scope: u8,
+        pr_type: u8,
+        param_len: u32,
+    },
+    /// RESERVE(6/10) (SPC-2): the whole logical unit, third-party off.
+    Reserve,
+    /// RELEASE(6/10) (SPC-2).
+    Release,
+    /// PRE-FETCH(10/16).
+    PreFetch {
+        lba: u64,
+        blocks: u32,
+        immed: bool,
+    },
+    /// ORWRITE(16): data-out ORed into the blocks.
+    OrWrite {
+        lba: u64,
+        blocks: u32,
+    },
+    /// COMPARE AND WRITE: `blocks` of compare data, then as many to write.
+    CompareAndWrite {
+        lba: u64,
+        blocks: u8,
+    },
+    /// GET LBA STATUS (SBC-3 §5.6).
+    GetLbaStatus {
+        lba: u64,
+        alloc_len: u32,
+    },
 }
 
 /// Why a CDB was refused; a target answers ILLEGAL REQUEST.
@@ -406,9 +455,13 @@ impl Command {
             Command::Inquiry { alloc_len, .. } | Command::RequestSense { alloc_len } => {
                 alloc_len as u64
             }
-            Command::ReadCapacity16 { alloc_len } | Command::ReportLuns { alloc_len, .. } => {
-                alloc_len as u64
-            }
+            Command::ReadCapacity16 { alloc_len }
+            | Command::ReportLuns { alloc_len, .. }
+            | Command::GetLbaStatus { alloc_len, .. } => alloc_len as u64,
+            Command::PersistentReserveIn { alloc_len, .. } => alloc_len as u64,
+            Command::PersistentReserveOut { param_len, .. } => param_len as u64,
+            Command::OrWrite { blocks, .. } => blocks as u64 * bs,
+            Command::CompareAndWrite { blocks, .. } => 2 * blocks as u64 * bs,
             _ => 0,
         }
     }
@@ -456,6 +509,8 @@ fn parse_6(b: &[u8]) -> Result<Command, CdbError> {
             subpage: b[3],
             alloc_len: b[4] as u16,
         },
+        op::RESERVE_6 => Command::Reserve,
+        op::RELEASE_6 => Command::Release,
         op::START_STOP_UNIT => Command::StartStopUnit {
             start: b[4] & 0x01 != 0,
             load_eject: b[4] & 0x02 != 0,
@@ -482,6 +537,23 @@ fn parse_10(b: &[u8]) -> Result<Command, CdbError> {
         op::WRITE_AND_VERIFY_10 => Command::WriteAndVerify { lba, blocks },
         op::VERIFY_10 => verify(b, lba, blocks)?,
         op::SYNCHRONIZE_CACHE_10 => Command::SynchronizeCache { lba, blocks },
+        op::PRE_FETCH_10 => Command::PreFetch {
+            lba,
+            blocks,
+            immed: b[1] & 0x02 != 0,
+        },
+        op::RESERVE_10 => Command::Reserve,
+        op::RELEASE_10 => Command::Release,
+        op::PERSISTENT_RESERVE_IN => Command::PersistentReserveIn {
+            service_action: b[1] & 0x1f,
+            alloc_len: be16(b, 7),
+        },
+        op::PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut {
+            service_action: b[1] & 0x1f,
+            scope: b[2] >> 4,
+            pr_type: b[2] & 0x0f,
+            param_len: be32(b, 5),
+        },
         op::WRITE_SAME_10 => Command::WriteSame10 {
             lba,
             blocks,
@@ -511,7 +583,18 @@ fn parse_16(b: &[u8]) -> Result<Command, CdbError> {
                 alloc_len: be32(b, 10),
             }
         }
+        op::SERVICE_ACTION_IN_16 if b[1] & 0x1f == op::SA_GET_LBA_STATUS => Command::GetLbaStatus {
+            lba,
+            alloc_len: be32(b, 10),
+        },
         op::SERVICE_ACTION_IN_16 => return Err(CdbError::InvalidField(1)),
+        op::PRE_FETCH_16 => Command::PreFetch {
+            lba,
+            blocks,
+            immed: b[1] & 0x02 != 0,
+        },
+        op::ORWRITE_16 => Command::OrWrite { lba, blocks },
+        op::COMPARE_AND_WRITE => Command::CompareAndWrite { lba, blocks: b[13] },
         op::READ_16 => Command::Read {
             lba,
             blocks,

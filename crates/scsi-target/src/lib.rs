@@ -13,6 +13,8 @@
 //! - `spc`, `sbc`: the command executors; `opcodes` REPORT SUPPORTED
 //!   OPERATION CODES.
 //! - [`outcome`]: status + sense + residual; bdev errors mapped to sense.
+//! - [`pr`]: a unit's reservations (persistent and RESERVE(6)), shared by
+//!   its I_T nexuses; `rmw` COMPARE AND WRITE and ORWRITE.
 //!
 //! SCSI failures are CHECK CONDITION with sense, never panics or Rust
 //! errors; a Rust error ([`XferError`]) means the transport failed moving
@@ -24,6 +26,8 @@ pub mod fuzz;
 pub mod lu;
 mod opcodes;
 pub mod outcome;
+pub mod pr;
+mod rmw;
 mod sbc;
 mod spc;
 pub mod table;
@@ -31,6 +35,7 @@ pub mod table;
 pub use data::{BufData, DataPath, Direction, IovecData, XferError};
 pub use lu::{LuConfig, Lun};
 pub use outcome::Outcome;
+pub use pr::Reservations;
 pub use sbc::{CHUNK_BYTES, MAX_UNMAP_DESCRIPTORS};
 pub use table::{LunTable, TableError, MAX_LUNS};
 
@@ -62,3 +67,5 @@ pub(crate) mod test_util {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_pr;

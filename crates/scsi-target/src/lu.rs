@@ -3,10 +3,13 @@
 //! attention.
 
 use std::cell::Cell;
+use std::sync::Arc;
 
 use ustor_bdev::{BdevError, Desc, IoChannel, IoType};
 use ustor_scsi_proto::inquiry::{BlockLimits, DeviceType};
 use ustor_scsi_proto::Sense;
+
+use crate::pr::Reservations;
 
 /// What a logical unit says about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,7 +42,11 @@ impl LuConfig {
             serial: format!("USTOR{id:08x}"),
             naa,
             thin,
-            limits: BlockLimits::default(),
+            // COMPARE AND WRITE of up to 255 blocks (its CDB's limit).
+            limits: BlockLimits {
+                max_compare_write_blocks: 255,
+                ..BlockLimits::default()
+            },
         }
     }
 }
@@ -57,6 +64,9 @@ pub struct Lun {
     pub(crate) writable: bool,
     /// Answers VPD page B2 (logical block provisioning) for a thin LUN.
     pub(crate) provisioning_page: bool,
+    /// Reservations, shared with the unit's other nexuses (a private
+    /// state unless [`Lun::with_reservations`] shares one).
+    pub(crate) pr: Arc<Reservations>,
 }
 
 impl Lun {
@@ -69,6 +79,7 @@ impl Lun {
             write_cache: desc.info().write_cache,
             writable: desc.writable(),
             provisioning_page: false,
+            pr: Reservations::new(),
         })
     }
 
@@ -77,6 +88,13 @@ impl Lun {
     /// (libiscsi's test suite does).
     pub fn with_provisioning_page(mut self) -> Lun {
         self.provisioning_page = true;
+        self
+    }
+
+    /// Shares the unit's reservation state with the tables of its other
+    /// I_T nexuses (the transport keeps one per logical unit).
+    pub fn with_reservations(mut self, pr: Arc<Reservations>) -> Lun {
+        self.pr = pr;
         self
     }
 

@@ -40,6 +40,16 @@ impl Outcome {
         }
     }
 
+    /// RESERVATION CONFLICT (no sense).
+    pub const fn conflict(resid: u32) -> Outcome {
+        Outcome {
+            status: ScsiStatus::ReservationConflict,
+            sense: None,
+            resid,
+            field: None,
+        }
+    }
+
     /// ILLEGAL REQUEST, INVALID FIELD IN CDB.
     pub const fn invalid_field(resid: u32) -> Outcome {
         Outcome::check(SenseKey::IllegalRequest, asc::INVALID_FIELD_IN_CDB, resid)

@@ -45,12 +45,30 @@ pub(crate) async fn execute<D: DataPath>(
         } => verify(lu, lba, blocks as u64, bytchk, data).await,
         Command::SynchronizeCache { lba, blocks } => sync_cache(lu, lba, blocks as u64, exp).await,
         Command::Unmap { param_len } => unmap(lu, param_len, data).await,
-        Command::WriteSame10 { lba, blocks, .. } => {
-            write_same(lu, lba, blocks as u64, false, data).await
+        Command::WriteSame10 { lba, blocks, unmap } => {
+            write_same(lu, lba, blocks as u64, (unmap, false), data).await
         }
         Command::WriteSame16 {
-            lba, blocks, ndob, ..
-        } => write_same(lu, lba, blocks as u64, ndob, data).await,
+            lba,
+            blocks,
+            unmap,
+            ndob,
+        } => write_same(lu, lba, blocks as u64, (unmap, ndob), data).await,
+        Command::PreFetch { lba, blocks, .. } => {
+            // Nothing to stage: the bdev serves reads as fast as a cache.
+            Ok(if lu.in_range(lba, blocks as u64) {
+                Outcome::good(exp)
+            } else {
+                Outcome::out_of_range(exp)
+            })
+        }
+        Command::OrWrite { lba, blocks } => {
+            crate::rmw::or_write(lu, lba, blocks as u64, data).await
+        }
+        Command::CompareAndWrite { lba, blocks } => {
+            crate::rmw::compare_and_write(lu, lba, blocks, data).await
+        }
+        Command::GetLbaStatus { lba, alloc_len } => lba_status(lu, lba, alloc_len, data).await,
         _ => Ok(Outcome::invalid_field(exp)),
     }
 }
@@ -61,29 +79,36 @@ fn chunk_blocks(lu: &Lun) -> u64 {
 }
 
 /// Checks a data transfer of `blocks` at `lba` in direction `dir`: on the
-/// medium, and exactly what the initiator expects to move.
+/// medium, and what the initiator expects to move. Returns the blocks to
+/// move: all of them, or for a transport with residuals those the
+/// initiator's buffer holds whole (the transport reports the over- or
+/// underflow, RFC 7143 §11.4.5.1).
 fn check_xfer<D: DataPath>(
     lu: &Lun,
     lba: u64,
     blocks: u64,
     dir: Direction,
     data: &D,
-) -> Option<Outcome> {
+) -> Result<u64, Outcome> {
     let exp = data.expected_len();
     if !lu.in_range(lba, blocks) {
-        return Some(Outcome::out_of_range(exp));
+        return Err(Outcome::out_of_range(exp));
     }
-    let want = blocks * lu.block_size() as u64;
-    // A transport with residuals reads what the initiator takes.
-    let residual_read =
-        data.residuals() && dir == Direction::FromDevice && (data.direction() == dir || exp == 0);
-    if residual_read {
-        return None;
+    let bs = lu.block_size() as u64;
+    if data.residuals() {
+        // A data phase the other way moves nothing (libiscsi's
+        // Read10Invalid: a READ flagged as a write ends GOOD).
+        let room = if data.direction() == dir {
+            exp as u64
+        } else {
+            0
+        };
+        return Ok(blocks.min(room / bs));
     }
-    if want != exp as u64 || (blocks > 0 && data.direction() != dir) {
-        return Some(Outcome::invalid_field(exp));
+    if blocks * bs != exp as u64 || (blocks > 0 && data.direction() != dir) {
+        return Err(Outcome::invalid_field(exp));
     }
-    None
+    Ok(blocks)
 }
 
 async fn chunk_buf(lu: &Lun, blocks: u64) -> IoBuf {
@@ -97,10 +122,13 @@ async fn read<D: DataPath>(
     blocks: u64,
     data: &mut D,
 ) -> Result<Outcome, XferError> {
-    if let Some(o) = check_xfer(lu, lba, blocks, Direction::FromDevice, data) {
-        return Ok(o);
-    }
     let exp = data.expected_len();
+    let blocks = match check_xfer(lu, lba, blocks, Direction::FromDevice, data) {
+        // A partial last block still goes out, cut at the buffer's end.
+        Ok(n) if data.direction() == Direction::FromDevice && n < blocks => n + 1,
+        Ok(n) => n,
+        Err(o) => return Ok(o),
+    };
     let bs = lu.block_size() as u64;
     let mut buf = chunk_buf(lu, blocks).await;
     let (mut done, mut sent) = (0u64, 0u32);
@@ -126,9 +154,10 @@ async fn write<D: DataPath>(
     flags: IoFlags,
     data: &mut D,
 ) -> Result<Outcome, XferError> {
-    if let Some(o) = check_xfer(lu, lba, blocks, Direction::ToDevice, data) {
-        return Ok(o);
-    }
+    let blocks = match check_xfer(lu, lba, blocks, Direction::ToDevice, data) {
+        Ok(n) => n,
+        Err(o) => return Ok(o),
+    };
     let exp = data.expected_len();
     let bs = lu.block_size() as u64;
     let mut buf = chunk_buf(lu, blocks).await;
@@ -276,19 +305,58 @@ async fn unmap<D: DataPath>(lu: &Lun, param_len: u16, data: &mut D) -> Result<Ou
     Ok(Outcome::good(exp.saturating_sub(n as u32)))
 }
 
+/// GET LBA STATUS: one descriptor, the range from `lba` to the end
+/// mapped (the bdev does not say which blocks an UNMAP deallocated).
+async fn lba_status<D: DataPath>(
+    lu: &Lun,
+    lba: u64,
+    alloc_len: u32,
+    data: &mut D,
+) -> Result<Outcome, XferError> {
+    if lba >= lu.num_blocks() {
+        return Ok(Outcome::out_of_range(data.expected_len()));
+    }
+    let mut b = [0u8; 24];
+    b[0..4].copy_from_slice(&20u32.to_be_bytes());
+    b[8..16].copy_from_slice(&lba.to_be_bytes());
+    let n = (lu.num_blocks() - lba).min(u32::MAX as u64) as u32;
+    b[16..20].copy_from_slice(&n.to_be_bytes());
+    let len = (alloc_len as usize).min(b.len());
+    crate::spc::send_in(data, &b[..len]).await
+}
+
 /// WRITE SAME: one block of data-out (zeroes with NDOB) written over the
-/// range; an all-zero block becomes the bdev's write-zeroes.
+/// range; an all-zero block becomes the bdev's write-zeroes. A length of
+/// 0 runs to the end of the medium (VPD B0's WSNZ is 0). With UNMAP on a
+/// thin unit the range is unmapped (it then reads zero: LBPRZ).
 async fn write_same<D: DataPath>(
     lu: &Lun,
     lba: u64,
     blocks: u64,
-    ndob: bool,
+    (unmap, ndob): (bool, bool),
     data: &mut D,
 ) -> Result<Outcome, XferError> {
     let exp = data.expected_len();
     let bs = lu.block_size() as usize;
+    let blocks = if blocks == 0 {
+        lu.num_blocks().saturating_sub(lba)
+    } else {
+        blocks
+    };
     if !lu.in_range(lba, blocks) {
         return Ok(Outcome::out_of_range(exp));
+    }
+    if unmap && lu.cfg.thin {
+        let mut one = [0u8; 1];
+        if !ndob && data.data_out(0, &mut one).await? != 1 {
+            return Ok(Outcome::invalid_field(exp));
+        }
+        let r = if lu.ch.supports(IoType::Unmap) {
+            lu.ch.unmap(lba, blocks).await
+        } else {
+            lu.ch.write_zeroes(lba, blocks).await
+        };
+        return Ok(r.map_or_else(|e| Outcome::from_bdev(e, true, 0), |_| Outcome::good(0)));
     }
     let mut buf = chunk_buf(lu, blocks).await;
     buf.set_len(bs);

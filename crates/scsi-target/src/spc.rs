@@ -26,6 +26,9 @@ const VPD_PAGES: [u8; 6] = [
     VPD_PROVISIONING,
 ];
 
+/// Standard INQUIRY data with its version descriptors.
+const STD_INQUIRY_FULL: usize = 96;
+
 /// Logical Block Provisioning VPD page (SBC-3 §6.6.4).
 const VPD_PROVISIONING: u8 = 0xb2;
 
@@ -131,7 +134,13 @@ async fn inquiry<D: DataPath>(
             }
             .encode(&mut b);
             out[..b.len()].copy_from_slice(&b);
-            b.len()
+            // Version descriptors (bytes 58..): SAM-5, SPC-4, SBC-3, so
+            // initiators know which page formats to expect.
+            for (i, v) in [0x00a0u16, 0x0460, 0x04c0].iter().enumerate() {
+                out[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
+            }
+            out[4] = (STD_INQUIRY_FULL - 5) as u8;
+            STD_INQUIRY_FULL
         }
         Some(p) => match vpd_page(lu, p, &mut out) {
             Some(n) => n,

@@ -10,7 +10,8 @@ use ustor_scsi_proto::{Sense, SenseKey};
 use crate::data::{DataPath, XferError};
 use crate::lu::Lun;
 use crate::outcome::Outcome;
-use crate::{sbc, spc};
+use crate::pr::{Access, Nexus};
+use crate::{pr, sbc, spc};
 
 /// Most LUNs one table holds (bounds REPORT LUNS data).
 pub const MAX_LUNS: usize = 256;
@@ -19,6 +20,8 @@ pub const MAX_LUNS: usize = 256;
 #[derive(Default)]
 pub struct LunTable {
     luns: Vec<(u64, Lun)>,
+    /// The I_T nexus this table serves (reservations are per nexus).
+    nexus: Nexus,
 }
 
 /// Why a LUN could not be added.
@@ -47,6 +50,16 @@ impl LunTable {
             }
         }
         t
+    }
+
+    /// Names the I_T nexus this table serves (iSCSI: initiator name and
+    /// ISID) and attaches it to each unit's reservations; when the table
+    /// is dropped the nexus is gone (its RESERVE(6) reservation with it).
+    pub fn set_nexus(&mut self, nexus: &str) {
+        self.nexus = Nexus::from(nexus);
+        for (_, lu) in &self.luns {
+            lu.pr.attach(&self.nexus);
+        }
     }
 
     /// Adds a LUN; the others get REPORTED LUNS DATA HAS CHANGED.
@@ -86,14 +99,25 @@ impl LunTable {
         self.luns.iter().map(|(l, lu)| (*l, lu))
     }
 
-    /// A reset: every LUN reports POWER ON, RESET next.
+    /// A target reset: every LUN is reset.
     pub fn reset_all(&self) {
         for (_, lu) in &self.luns {
-            lu.set_ua(Some(Sense::new(
-                SenseKey::UnitAttention,
-                asc::POWER_ON_RESET,
-            )));
+            self.reset_unit(lu);
         }
+    }
+
+    /// A LUN reset; `false` if there is no such LUN.
+    pub fn reset_lun(&self, lun: u64) -> bool {
+        self.get(lun).map(|lu| self.reset_unit(lu)).is_some()
+    }
+
+    /// POWER ON, RESET for every nexus of the unit; RESERVE(6) released.
+    fn reset_unit(&self, lu: &Lun) {
+        lu.pr.reset(&self.nexus);
+        lu.set_ua(Some(Sense::new(
+            SenseKey::UnitAttention,
+            asc::POWER_ON_RESET,
+        )));
     }
 
     /// Executes one CDB addressed to `lun`. SCSI failures come back as an
@@ -133,18 +157,37 @@ impl LunTable {
             }
             Err(_) => return Ok(Outcome::invalid_field(exp)),
         };
-        if protection_requested(cdb) {
+        if protection_requested(cdb) || anchor_requested(cdb) {
             // No protection information: RDPROTECT/WRPROTECT/VRPROTECT must
             // be zero (SBC-3 §5.x, "if the logical unit does not support
             // protection information").
             return Ok(Outcome::invalid_field(exp));
         }
         if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
-            if let Some(ua) = lu.ua.take() {
+            if let Some(ua) = lu.ua.take().or_else(|| lu.pr.take_ua(&self.nexus)) {
                 return Ok(Outcome::sense(ua, exp));
             }
         }
+        if lu.pr.conflicts(&self.nexus, access(&c)) {
+            return Ok(Outcome::conflict(exp));
+        }
         match c {
+            Command::PersistentReserveIn {
+                service_action,
+                alloc_len,
+            } => pr::execute_in(lu, service_action, alloc_len, data).await,
+            Command::PersistentReserveOut {
+                service_action,
+                scope,
+                pr_type,
+                param_len,
+            } => {
+                let sa = (service_action, scope, pr_type);
+                pr::execute_out(lu, &self.nexus, sa, param_len, data).await
+            }
+            Command::Reserve if !lu.pr.reserve6(&self.nexus) => Ok(Outcome::conflict(exp)),
+            Command::Release if !lu.pr.release6(&self.nexus) => Ok(Outcome::conflict(exp)),
+            Command::Reserve | Command::Release => Ok(Outcome::good(exp)),
             Command::Read { .. }
             | Command::Write { .. }
             | Command::WriteAndVerify { .. }
@@ -152,7 +195,11 @@ impl LunTable {
             | Command::SynchronizeCache { .. }
             | Command::Unmap { .. }
             | Command::WriteSame10 { .. }
-            | Command::WriteSame16 { .. } => sbc::execute(lu, c, data).await,
+            | Command::WriteSame16 { .. }
+            | Command::PreFetch { .. }
+            | Command::OrWrite { .. }
+            | Command::CompareAndWrite { .. }
+            | Command::GetLbaStatus { .. } => sbc::execute(lu, c, data).await,
             _ => spc::execute(lu, c, data).await,
         }
     }
@@ -184,11 +231,49 @@ impl LunTable {
     }
 }
 
+impl Drop for LunTable {
+    fn drop(&mut self) {
+        for (_, lu) in &self.luns {
+            lu.pr.detach(&self.nexus);
+        }
+    }
+}
+
+/// How a command touches the medium, for reservation conflicts (SPC-4
+/// table 185; RESERVE/RELEASE check their own).
+fn access(c: &Command) -> Access {
+    use Command::*;
+    match c {
+        Inquiry { .. }
+        | RequestSense { .. }
+        | ReportLuns { .. }
+        | ReportSupportedOpcodes { .. }
+        | TestUnitReady
+        | ReadCapacity10
+        | ReadCapacity16 { .. }
+        | Reserve
+        | Release => Access::Always,
+        PersistentReserveIn { .. } | PersistentReserveOut { .. } => Access::Persistent,
+        Read { .. } | Verify { .. } | PreFetch { .. } | GetLbaStatus { .. } | ModeSense { .. } => {
+            Access::Read
+        }
+        _ => Access::Write,
+    }
+}
+
+/// Whether WRITE SAME asks for anchored blocks (ANCHOR, byte 1 bit 4):
+/// not offered (VPD B2 says ANC_SUP 0).
+fn anchor_requested(cdb: &[u8]) -> bool {
+    cdb.len() > 1 && matches!(cdb[0], 0x41 | 0x93) && cdb[1] & 0x10 != 0
+}
+
 /// Whether a block command's protect field (CDB byte 1, bits 7..5) is set.
 fn protection_requested(cdb: &[u8]) -> bool {
     // READ, WRITE, VERIFY, WRITE AND VERIFY (10/12/16), WRITE SAME (10/16).
-    const OPS: [u8; 14] = [
-        0x28, 0x2a, 0x2f, 0x2e, 0xa8, 0xaa, 0xaf, 0xae, 0x88, 0x8a, 0x8f, 0x8e, 0x41, 0x93,
+    // ORWRITE(16), COMPARE AND WRITE.
+    const OPS: [u8; 16] = [
+        0x28, 0x2a, 0x2f, 0x2e, 0xa8, 0xaa, 0xaf, 0xae, 0x88, 0x8a, 0x8f, 0x8e, 0x41, 0x93, 0x8b,
+        0x89,
     ];
     cdb.len() > 1 && OPS.contains(&cdb[0]) && cdb[1] & 0xe0 != 0
 }

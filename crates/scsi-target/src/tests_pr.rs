@@ -1,0 +1,233 @@
+//! Reservations between two I_T nexuses (two tables over one unit sharing
+//! its [`Reservations`]), and the read-then-write commands.
+
+use std::sync::Arc;
+
+use ustor_bdev::modules::{malloc, RamOpts};
+use ustor_bdev::Registry;
+use ustor_scsi_proto::cdb::op;
+use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::{ScsiStatus, SenseKey};
+
+use crate::pr::{EXCLUSIVE_ACCESS, WRITE_EXCLUSIVE_AR};
+use crate::test_util::ready;
+use crate::*;
+
+const BS: u32 = 512;
+
+struct Two {
+    _reg: Arc<Registry>,
+    a: LunTable,
+    b: Option<LunTable>,
+}
+
+fn two() -> Two {
+    let reg = Registry::new(None);
+    let name = format!(
+        "pr-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    );
+    let opts = RamOpts {
+        name: name.clone(),
+        num_blocks: 1024,
+        block_size: BS,
+        uuid: None,
+        optimal_io_boundary: 0,
+        max_transfer_blocks: 0,
+    };
+    malloc::create(&reg, opts).unwrap();
+    let d = reg.open(&name, true, |_| {}).unwrap();
+    let pr = Reservations::new();
+    let table = |nexus: &str| {
+        let lu = Lun::open(LuConfig::disk("PR DISK", 1, false), &d).unwrap();
+        let mut t = LunTable::from_luns([(0, lu.with_reservations(pr.clone()))]);
+        t.set_nexus(nexus);
+        t
+    };
+    let (a, b) = (table("iqn.a,i,0x1"), table("iqn.b,i,0x2"));
+    Two {
+        _reg: reg,
+        a,
+        b: Some(b),
+    }
+}
+
+fn run(t: &LunTable, cdb: &[u8], d: &mut BufData) -> Outcome {
+    ready(t.execute(0, cdb, d)).expect("no transport error")
+}
+
+fn prout(t: &LunTable, sa: u8, ty: u8, key: u64, sa_key: u64) -> ScsiStatus {
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    let cdb = [op::PERSISTENT_RESERVE_OUT, sa, ty, 0, 0, 0, 0, 0, 24, 0];
+    run(t, &cdb, &mut BufData::write(p)).status
+}
+
+fn prin(t: &LunTable, sa: u8) -> Vec<u8> {
+    let cdb = [op::PERSISTENT_RESERVE_IN, sa, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let mut d = BufData::read(4096);
+    assert_eq!(run(t, &cdb, &mut d).status, ScsiStatus::Good);
+    d.input
+}
+
+fn rw(t: &LunTable, write: bool) -> ScsiStatus {
+    let cdb = ustor_scsi_proto::cdb::Cdb::rw(write, 1, 1);
+    let mut d = if write {
+        BufData::write(vec![7; BS as usize])
+    } else {
+        BufData::read(BS)
+    };
+    run(t, cdb.as_bytes(), &mut d).status
+}
+
+const GOOD: ScsiStatus = ScsiStatus::Good;
+const CONFLICT: ScsiStatus = ScsiStatus::ReservationConflict;
+
+#[test]
+fn exclusive_access_shuts_out_the_other_nexus() {
+    let r = two();
+    let b = r.b.as_ref().unwrap();
+    assert_eq!(prout(&r.a, 6, 0, 0, 0xaa), GOOD);
+    assert_eq!(prout(b, 6, 0, 0, 0xbb), GOOD);
+    // REGISTER with a wrong key: conflict; RESERVE with another's key too.
+    assert_eq!(prout(&r.a, 0, 0, 0x1, 0xcc), CONFLICT);
+    assert_eq!(prout(&r.a, 1, EXCLUSIVE_ACCESS, 0xbb, 0), CONFLICT);
+    assert_eq!(prout(&r.a, 1, EXCLUSIVE_ACCESS, 0xaa, 0), GOOD);
+    let rr = prin(&r.a, 1);
+    assert_eq!(&rr[4..16], &[0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0xaa]);
+    assert_eq!(rr[21], EXCLUSIVE_ACCESS);
+    assert_eq!((rw(&r.a, false), rw(&r.a, true)), (GOOD, GOOD));
+    assert_eq!((rw(b, false), rw(b, true)), (CONFLICT, CONFLICT));
+    // Another type may not be reserved over it, nor released by type.
+    assert_eq!(prout(b, 1, EXCLUSIVE_ACCESS, 0xbb, 0), CONFLICT);
+    let rel = prout(&r.a, 2, WRITE_EXCLUSIVE_AR, 0xaa, 0);
+    assert_eq!(rel, ScsiStatus::CheckCondition);
+    // Unregistering the holder releases the reservation.
+    assert_eq!(prout(&r.a, 0, 0, 0xaa, 0), GOOD);
+    assert_eq!(&prin(&r.a, 1)[4..8], &[0; 4]);
+    assert_eq!((rw(b, false), rw(b, true)), (GOOD, GOOD));
+    let keys = prin(b, 0);
+    // Generation: 2 registrations + 1 unregistration; one key left.
+    assert_eq!(
+        &keys[..16],
+        &[0, 0, 0, 3, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0xbb]
+    );
+}
+
+#[test]
+fn all_registrants_and_preempt() {
+    let r = two();
+    let b = r.b.as_ref().unwrap();
+    assert_eq!(prout(&r.a, 6, 0, 0, 1), GOOD);
+    assert_eq!(prout(b, 6, 0, 0, 2), GOOD);
+    assert_eq!(prout(&r.a, 1, WRITE_EXCLUSIVE_AR, 1, 0), GOOD);
+    assert_eq!(rw(b, true), GOOD, "every registrant holds it");
+    assert_eq!(&prin(b, 1)[8..16], &[0; 8], "key 0 for all registrants");
+    // B preempts A's registration: A is told, its key is gone.
+    assert_eq!(prout(b, 4, WRITE_EXCLUSIVE_AR, 2, 1), GOOD);
+    let o = run(&r.a, &[0; 6], &mut BufData::none());
+    let s = o.sense.expect("unit attention");
+    assert_eq!((s.key, s.code()), (SenseKey::UnitAttention, (0x2a, 0x05)));
+    assert_eq!(rw(&r.a, true), CONFLICT);
+    assert_eq!(&prin(&r.a, 0)[4..8], &[0, 0, 0, 8]);
+    // REPORT CAPABILITIES: 8 bytes, TMV, the six types.
+    assert_eq!(prin(&r.a, 2), vec![0, 8, 0x10, 0x80, 0xea, 0x01, 0, 0]);
+    // READ FULL STATUS names B's port as its TransportID.
+    let full = prin(&r.a, 3);
+    assert!(full.windows(11).any(|w| w == b"iqn.b,i,0x2"));
+    // Unknown service actions and a short parameter list.
+    let cdb = [op::PERSISTENT_RESERVE_IN, 4, 0, 0, 0, 0, 0, 0x10, 0, 0];
+    let o = run(&r.a, &cdb, &mut BufData::read(4096));
+    assert_eq!(o.sense.map(|s| s.code()), Some(asc::INVALID_FIELD_IN_CDB));
+    let cdb = [op::PERSISTENT_RESERVE_OUT, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+    let o = run(&r.a, &cdb, &mut BufData::write(vec![0; 8]));
+    assert_eq!(
+        o.sense.map(|s| s.code()),
+        Some(asc::PARAM_LIST_LENGTH_ERROR)
+    );
+    // CLEAR by B: nothing left.
+    assert_eq!(prout(b, 3, 0, 2, 0), GOOD);
+    assert_eq!(&prin(b, 0)[4..8], &[0; 4]);
+}
+
+#[test]
+fn reserve6_is_per_nexus_and_ends_with_it() {
+    let mut r = two();
+    let reserve = [op::RESERVE_6, 0, 0, 0, 0, 0];
+    let release = [op::RELEASE_6, 0, 0, 0, 0, 0];
+    let ms = [op::MODE_SENSE_6, 0, 0x3f, 0, 0xff, 0];
+    let none = &mut BufData::none();
+    assert_eq!(run(&r.a, &reserve, none).status, GOOD);
+    assert_eq!(run(&r.a, &reserve, none).status, GOOD);
+    {
+        let b = r.b.as_ref().unwrap();
+        assert_eq!(run(b, &reserve, none).status, CONFLICT);
+        // Another's RELEASE is GOOD and changes nothing.
+        assert_eq!(run(b, &release, none).status, GOOD);
+        assert_eq!(run(b, &ms, &mut BufData::read(255)).status, CONFLICT);
+        assert_eq!(run(&r.a, &ms, &mut BufData::read(255)).status, GOOD);
+        assert_eq!(prout(b, 6, 0, 0, 5), CONFLICT);
+    }
+    // A LUN reset releases it and tells the other nexus.
+    assert!(r.a.reset_lun(0));
+    let b = r.b.take().unwrap();
+    let s = run(&b, &reserve, none).sense.expect("reset attention");
+    assert_eq!(s.code(), asc::POWER_ON_RESET);
+    assert_eq!(run(&b, &reserve, none).status, GOOD);
+    // The nexus goes away: its reservation with it.
+    drop(b);
+    run(&r.a, &[0; 6], none);
+    assert_eq!(run(&r.a, &reserve, none).status, GOOD);
+}
+
+fn cdb16(opc: u8, lba: u64, n: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = opc;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+#[test]
+fn compare_and_write_orwrite_prefetch_lba_status() {
+    let r = two();
+    let t = &r.a;
+    let blk = |v: u8| vec![v; BS as usize];
+    let w = ustor_scsi_proto::cdb::Cdb::rw(true, 8, 1);
+    assert_eq!(
+        run(t, w.as_bytes(), &mut BufData::write(blk(0x11))).status,
+        GOOD
+    );
+    // COMPARE AND WRITE: byte 5 differs, the miscompare says so.
+    let mut caw = cdb16(op::COMPARE_AND_WRITE, 8, 0);
+    caw[13] = 1;
+    let mut bad = blk(0x11);
+    bad[5] = 0;
+    bad.extend(blk(0x22));
+    let o = run(t, &caw, &mut BufData::write(bad));
+    let s = o.sense.expect("miscompare");
+    assert_eq!((s.key, s.info), (SenseKey::Miscompare, Some(5)));
+    let mut good = blk(0x11);
+    good.extend(blk(0x22));
+    assert_eq!(run(t, &caw, &mut BufData::write(good)).status, GOOD);
+    // ORWRITE ORs 0x44 into 0x22.
+    let or = cdb16(op::ORWRITE_16, 8, 1);
+    assert_eq!(run(t, &or, &mut BufData::write(blk(0x44))).status, GOOD);
+    let mut d = BufData::read(BS);
+    let rd = ustor_scsi_proto::cdb::Cdb::rw(false, 8, 1);
+    assert_eq!(run(t, rd.as_bytes(), &mut d).status, GOOD);
+    assert_eq!(d.input, blk(0x66));
+    // PRE-FETCH: in range GOOD, beyond the end out of range.
+    let o = run(t, &cdb16(op::PRE_FETCH_16, 1000, 24), &mut BufData::none());
+    assert_eq!(o.status, GOOD);
+    let o = run(t, &cdb16(op::PRE_FETCH_16, 1000, 25), &mut BufData::none());
+    assert_eq!(o.sense.map(|s| s.code()), Some(asc::LBA_OUT_OF_RANGE));
+    // GET LBA STATUS: one descriptor from the LBA to the end, mapped.
+    let mut gls = cdb16(op::SERVICE_ACTION_IN_16, 1000, 24);
+    gls[1] = op::SA_GET_LBA_STATUS;
+    let mut d = BufData::read(24);
+    assert_eq!(run(t, &gls, &mut d).status, GOOD);
+    assert_eq!(&d.input[16..21], &[0, 0, 0, 24, 0]);
+}
