@@ -6,7 +6,7 @@
 //! caller's buffers by value and give them back with the result; once
 //! submitted, the buffers live in the I/O's slot (see [`crate::io`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -19,6 +19,7 @@ use crate::child::{chunk, sub_iov};
 use crate::device::BdevChannel;
 use crate::error::BdevError;
 use crate::io::{with_table, Bufs, IoHandle, State, MAX_SEGMENTS};
+use crate::qos::{QosLocal, QosWait};
 use crate::registry::BdevEntry;
 use crate::stats::{ChannelStats, IoStat};
 use crate::types::{IoFlags, IoType};
@@ -48,6 +49,10 @@ pub(crate) struct ChannelCore {
     outstanding: Cell<u64>,
     last_done: Cell<u64>,
     last_latency: Cell<u64>,
+    /// The bdev has QoS limits and this reactor holds a share of them
+    /// (`qos`): the one test an I/O of an unlimited bdev pays.
+    pub(crate) qos_on: Cell<bool>,
+    pub(crate) qos: RefCell<Option<Rc<QosLocal>>>,
 }
 
 impl ChannelCore {
@@ -76,11 +81,21 @@ impl ChannelCore {
             outstanding: Cell::new(0),
             last_done: Cell::new(0),
             last_latency: Cell::new(0),
+            qos_on: Cell::new(false),
+            qos: RefCell::new(None),
         }
     }
 
     pub(crate) fn snapshot(&self) -> IoStat {
         self.stats.snapshot()
+    }
+}
+
+impl Drop for ChannelCore {
+    fn drop(&mut self) {
+        if let Some(q) = self.qos.get_mut().take() {
+            q.stop();
+        }
     }
 }
 
@@ -399,6 +414,12 @@ impl IoChannel {
                 let n = bufs.segments();
                 return (Err(BdevError::TooManySegments(n)), P::from_bufs(bufs));
             }
+            if self.core.qos_on.get() {
+                let bytes = num_blocks * self.core.block_size as u64;
+                if let Err(e) = self.qos_wait(kind == IoType::Read, bytes).await {
+                    return (Err(e), P::from_bufs(bufs));
+                }
+            }
             if !self.aligned(&bufs) {
                 let (r, b) = self
                     .bounced(kind, offset_blocks, num_blocks, bufs, flags)
@@ -415,6 +436,24 @@ impl IoChannel {
         };
         self.done(kind, bytes, t0, r.is_ok());
         (r, P::from_bufs(bufs))
+    }
+
+    /// Waits for this reactor's QoS share to let a read or write of
+    /// `bytes` pass (see [`crate::qos`]); a bdev deleted meanwhile fails it.
+    async fn qos_wait(&self, read: bool, bytes: u64) -> Result<(), BdevError> {
+        let q = self.core.qos.borrow().clone();
+        if let Some(q) = q {
+            QosWait::new(&q, read, bytes).await;
+        }
+        if self.core.entry.is_removed() {
+            return Err(BdevError::Removed);
+        }
+        Ok(())
+    }
+
+    /// I/Os of this bdev waiting for QoS tokens on this reactor.
+    pub fn qos_queued(&self) -> usize {
+        self.core.qos_queued()
     }
 
     fn done(&self, kind: IoType, bytes: u64, t0: u64, ok: bool) {

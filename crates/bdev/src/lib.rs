@@ -9,6 +9,8 @@
 //! - [`io`]: the per-reactor table of in-flight I/O that drivers complete.
 //! - [`child`]: child I/O of virtual bdevs on the parent's own buffers.
 //! - [`modules`]: malloc, null and uring drivers.
+//! - [`qos`]: rate limits on any bdev, shared by the reactors without a
+//!   lock or atomic per I/O.
 //!
 //! # No lock, atomic RMW or allocation per I/O
 //! A channel is `!Send` and lives in a thread-local cache on its reactor; the
@@ -25,6 +27,7 @@ pub mod device;
 pub mod error;
 pub mod io;
 pub mod modules;
+pub mod qos;
 pub mod registry;
 pub mod remote;
 pub mod stats;
@@ -35,6 +38,7 @@ pub use child::{Children, Watch, WatchFn};
 pub use device::{Bdev, BdevChannel, BdevModule, Extent};
 pub use error::{BdevError, ControlError};
 pub use io::{IoDesc, IoHandle};
+pub use qos::{QosLimits, QosUpdate};
 pub use registry::{BdevEntry, Desc, Registry};
 pub use stats::IoStat;
 pub use types::{BdevEvent, BdevInfo, IoFlags, IoType};

@@ -16,6 +16,7 @@ use ustor_runtime::RuntimeHandle;
 use crate::channel::{ChannelCore, IoChannel};
 use crate::device::{Bdev, BdevModule};
 use crate::error::{BdevError, ControlError};
+use crate::qos::{QosLimits, QosShared, QosUpdate};
 use crate::stats::IoStat;
 use crate::types::{BdevEvent, BdevInfo};
 
@@ -46,6 +47,8 @@ struct EntryState {
     aliases: Vec<String>,
     claims: Vec<Claim>,
     openers: Vec<(u64, EventFn)>,
+    /// QoS limits, when any is set (see [`crate::qos`]).
+    qos: Option<Arc<QosShared>>,
 }
 
 impl BdevEntry {
@@ -101,6 +104,19 @@ impl BdevEntry {
     pub fn open_count(&self) -> usize {
         self.lock().openers.len()
     }
+
+    /// The QoS limits set (all 0: none), SPDK's `assigned_rate_limits`.
+    pub fn qos_limits(&self) -> QosLimits {
+        self.lock()
+            .qos
+            .as_ref()
+            .map(|q| q.limits())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn qos_shared(&self) -> Option<Arc<QosShared>> {
+        self.lock().qos.clone()
+    }
 }
 
 impl Drop for BdevEntry {
@@ -150,6 +166,7 @@ impl Desc {
             None => {
                 let driver = self.entry.bdev.create_channel()?;
                 let core = Rc::new(ChannelCore::new(self.entry.clone(), driver));
+                core.sync_qos();
                 let first = CHANNELS.with(|c| {
                     let mut c = c.borrow_mut();
                     c.insert(id, core.clone());
@@ -400,6 +417,57 @@ impl Registry {
         }
     }
 
+    /// SPDK's `bdev_set_qos_limit`: sets, changes or (all 0) removes the
+    /// bdev's QoS limits; every reactor's channel takes up or drops its
+    /// share before this returns (from a control thread) or soon after
+    /// (from a reactor). Queued I/O of removed limits is released.
+    pub fn set_qos_limits(&self, name: &str, u: &QosUpdate) -> Result<QosLimits, ControlError> {
+        let e = self
+            .get(name)
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let (limits, changed) = {
+            let mut s = e.lock();
+            let old = s.qos.as_ref().map(|q| q.limits()).unwrap_or_default();
+            let new = old.updated(u)?;
+            match (&s.qos, new.is_unlimited()) {
+                (Some(q), false) => {
+                    q.set_limits(new);
+                    (new, false)
+                }
+                (None, false) => {
+                    s.qos = Some(Arc::new(QosShared::new(new)));
+                    (new, true)
+                }
+                (Some(_), true) => {
+                    s.qos = None;
+                    (new, true)
+                }
+                (None, true) => (new, false),
+            }
+        };
+        if changed {
+            let id = e.id;
+            let sync = move || {
+                let ch = CHANNELS.with(|c| c.borrow().get(&id).cloned());
+                if let Some(ch) = ch {
+                    ch.sync_qos();
+                }
+            };
+            if let Some(rt) = &self.runtime {
+                if ustor_runtime::is_reactor_thread() {
+                    let _ = rt.for_each_reactor(Arc::new(sync), || {});
+                } else {
+                    rt.call_all(move |_| sync())
+                        .map_err(|err| ControlError::Os {
+                            what: "applying QoS limits".into(),
+                            err: std::io::Error::other(err),
+                        })?;
+                }
+            }
+        }
+        Ok(limits)
+    }
+
     /// Merged iostat of one bdev over every reactor.
     pub fn iostat(&self, name: &str) -> Result<IoStat, ControlError> {
         let e = self
@@ -424,5 +492,10 @@ impl Registry {
 
 fn drop_channel(id: u64) {
     let ch = CHANNELS.with(|c| c.borrow_mut().remove(&id));
+    // I/O still queued for QoS tokens goes now (and fails: removed); the
+    // core itself lives on while those I/Os hold it.
+    if let Some(ch) = &ch {
+        ch.sync_qos();
+    }
     drop(ch);
 }

@@ -229,3 +229,77 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
     let _ = t.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bdev_set_qos_limit` end to end: from a config file, `ustor bench` on
+/// two reactors measures the limit (±10%); over RPC the limits show in
+/// `bdev_get_bdevs`, bad ones are refused with nothing changed, save_config
+/// carries them to a fresh server, and 0 removes them.
+#[test]
+fn qos_limit_from_config_and_rpc() {
+    let dir = tmpdir("vbdev-qos");
+    let cfg = dir.join("qos.json");
+    let calls = json!({"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_null_create", "params": {"name": "n0", "num_blocks": 1 << 20, "block_size": 512}},
+        {"method": "bdev_set_qos_limit", "params": {"name": "n0", "rw_ios_per_sec": 5000}},
+    ]}]});
+    std::fs::write(&cfg, serde_json::to_vec(&calls).unwrap()).unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "--no-pin", "--json", "--cores", "0,1", "-c"])
+        .arg(&cfg)
+        .args(["-b", "n0", "-w", "randread", "--qd", "16", "-t", "1.5"])
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect(&log);
+    let iops = v["total"]["iops"].as_f64().unwrap();
+    assert!(
+        (iops - 5000.0).abs() <= 500.0,
+        "{iops} IOPS under a 5000 limit: {log}"
+    );
+    assert_eq!(v["per_core"].as_array().unwrap().len(), 2, "{log}");
+
+    let s = Server::start(&dir, &calls, &[]);
+    let limits = |s: &Server| {
+        s.ok("bdev_get_bdevs", json!({"name": "n0"}))[0]["assigned_rate_limits"].clone()
+    };
+    assert_eq!(
+        limits(&s),
+        json!({"rw_ios_per_sec": 5000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0})
+    );
+    for bad in [
+        json!({"name": "n0", "rw_ios_per_sec": 1500}),
+        json!({"name": "n0"}),
+        json!({"name": "nx", "rw_ios_per_sec": 1000}),
+        json!({"name": "n0", "iops": 1000}),
+    ] {
+        assert!(s.call("bdev_set_qos_limit", bad.clone()).is_err(), "{bad}");
+    }
+    s.ok(
+        "bdev_set_qos_limit",
+        json!({"name": "n0", "w_mbytes_per_sec": 10}),
+    );
+    let want = json!({"rw_ios_per_sec": 5000, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 10});
+    assert_eq!(limits(&s), want);
+    let out = Command::new(BIN)
+        .args(["save-config", "-s", s.sock.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let saved: Value = serde_json::from_slice(&out.stdout).unwrap();
+    drop(s);
+    let t = Server::start(&dir, &saved, &[]);
+    assert_eq!(limits(&t), want);
+    t.ok(
+        "bdev_set_qos_limit",
+        json!({"name": "n0", "rw_ios_per_sec": 0, "w_mbytes_per_sec": 0}),
+    );
+    assert_eq!(limits(&t)["rw_ios_per_sec"], 0);
+    assert_eq!(limits(&t)["w_mbytes_per_sec"], 0);
+    drop(t);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,10 +1,10 @@
 //! bdev_* methods: create/delete for every module in the registry's table
-//! (malloc, null, uring); bdev_get_bdevs; bdev_get_iostat; and the bdev
-//! subsystem's config dump.
+//! (malloc, null, uring); bdev_get_bdevs; bdev_get_iostat;
+//! bdev_set_qos_limit; and the bdev subsystem's config dump.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use ustor_bdev::{BdevEntry, BdevModule, IoType};
+use ustor_bdev::{BdevEntry, BdevModule, IoType, QosUpdate};
 use ustor_rpc::{parse_params, Replier, RpcError, RPC_RUNTIME};
 
 use super::{control_err, Ctx};
@@ -64,7 +64,7 @@ pub fn bdev_json(e: &BdevEntry) -> Value {
         "block_size": i.block_size,
         "num_blocks": i.num_blocks,
         "uuid": i.uuid.to_string(),
-        "assigned_rate_limits": {"rw_ios_per_sec": 0, "rw_mbytes_per_sec": 0, "r_mbytes_per_sec": 0, "w_mbytes_per_sec": 0},
+        "assigned_rate_limits": e.qos_limits(),
         "claimed": claim.is_some(),
         // SPDK's names: a virtual bdev's claim is exclusive; targets share.
         "claim_type": match (&claim, e.claimed_exclusive()) {
@@ -89,6 +89,17 @@ pub fn bdev_json(e: &BdevEntry) -> Value {
         "driver_specific": b.driver_info(),
         "module": i.module,
     })
+}
+
+/// The `bdev_set_qos_limit` call that restores a bdev's limits, if any.
+fn qos_config(e: &BdevEntry) -> Option<Value> {
+    let l = e.qos_limits();
+    if l.is_unlimited() {
+        return None;
+    }
+    let mut p = serde_json::to_value(l).ok()?;
+    p["name"] = json!(e.info().name);
+    Some(json!({"method": "bdev_set_qos_limit", "params": p}))
 }
 
 pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
@@ -155,6 +166,28 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         e.set_histograms(p.enable);
         Ok(json!(true))
     })?;
+    ctx.method("bdev_set_qos_limit", RPC_RUNTIME, |c, params| {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            name: String,
+            rw_ios_per_sec: Option<u64>,
+            rw_mbytes_per_sec: Option<u64>,
+            r_mbytes_per_sec: Option<u64>,
+            w_mbytes_per_sec: Option<u64>,
+        }
+        let p: P = parse_params(params)?;
+        let u = QosUpdate {
+            rw_ios_per_sec: p.rw_ios_per_sec,
+            rw_mbytes_per_sec: p.rw_mbytes_per_sec,
+            r_mbytes_per_sec: p.r_mbytes_per_sec,
+            w_mbytes_per_sec: p.w_mbytes_per_sec,
+        };
+        c.registry
+            .set_qos_limits(&p.name, &u)
+            .map_err(control_err)?;
+        Ok(json!(true))
+    })?;
     nvme_initiator(ctx)?;
     let reg = ctx.registry.clone();
     ctx.table
@@ -172,6 +205,8 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
                     .map(|e| e.bdev().config_json())
                     .filter(|c| !c.is_null()),
             );
+            // Limits after the bdevs they apply to.
+            calls.extend(reg.list().iter().filter_map(|e| qos_config(e)));
             calls.extend(ustor_nvme::initiator::config_json());
             reply.ok(Value::Array(calls));
         })?;
