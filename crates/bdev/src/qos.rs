@@ -375,12 +375,11 @@ impl QosLocal {
         {
             let mut b = self.shared.lock();
             b.refill(ticks::now());
-            let mut on = [false; 4];
-            for i in 0..4 {
-                on[i] = b.rate[i] != 0;
+            let on = b.rate.map(|r| r != 0);
+            for (i, &set) in on.iter().enumerate() {
                 let t = self.tokens[i].get();
                 let used = self.used[i].replace(0);
-                if !on[i] {
+                if !set {
                     self.tokens[i].set(0);
                     continue;
                 }
