@@ -48,6 +48,8 @@ pub fn install_hint(program: &str) -> String {
         "fio" => ("apt-get install fio", ".ci/apt/nbd.txt"),
         "spdk-rpc" => ("python3 -m pip install spdk", ".ci/pip.txt"),
         "python3" => ("apt-get install python3", ".ci/apt/iscsi.txt"),
+        "tmux" => ("apt-get install tmux", ".ci/apt/operating.txt"),
+        "prometheus" | "promtool" => ("apt-get install prometheus", ".ci/apt/operating.txt"),
         other => return format!("install `{other}`, and list its package in .ci/apt/"),
     };
     format!("{how}; listed in {list}, which scripts/test.sh installs")

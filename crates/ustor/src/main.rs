@@ -1,13 +1,16 @@
 //! The `ustor` command: `serve` (the target), `rpc` / `save-config` /
-//! `load-config` (the control client), `bench` (the in-process benchmark).
+//! `load-config` (the control client), `bench` (the in-process benchmark),
+//! `top` (the live view).
 
 mod app;
 mod bench_cmd;
 mod control;
 mod methods;
+mod metrics;
 mod rpc_cmd;
 mod serve;
 mod targets;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -34,6 +37,8 @@ enum Cmd {
     LoadConfig(rpc_cmd::LoadArgs),
     /// Benchmark a bdev from inside the reactors (like SPDK's bdevperf).
     Bench(bench_cmd::BenchArgs),
+    /// Live view of a running server: reactors, bdevs, targets (like spdk_top).
+    Top(top::TopArgs),
 }
 
 fn main() {
@@ -44,6 +49,7 @@ fn main() {
         Cmd::SaveConfig(a) => rpc_cmd::save(a),
         Cmd::LoadConfig(a) => rpc_cmd::load(a),
         Cmd::Bench(a) => bench_cmd::run(a),
+        Cmd::Top(a) => top::run(a),
     };
     std::process::exit(code);
 }

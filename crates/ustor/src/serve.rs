@@ -37,6 +37,9 @@ pub struct ServeArgs {
     /// Size of the default malloc bdev in MiB.
     #[arg(long, default_value_t = 1024)]
     default_size_mib: u64,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9100); off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]
     rt: RuntimeArgs,
 }
@@ -158,7 +161,7 @@ fn print_iscsi(app: &App) {
     }
 }
 
-fn print_banner(app: &App, a: &ServeArgs) {
+fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>) {
     println!(
         "ustor {} serving on reactors {:?} ({} mode)",
         env!("CARGO_PKG_VERSION"),
@@ -210,6 +213,12 @@ fn print_banner(app: &App, a: &ServeArgs) {
         }
     }
     print_iscsi(app);
+    if let Some(m) = metrics {
+        println!(
+            "  Prometheus metrics on http://{m}/metrics   (ustor top -s {} for a live view)",
+            a.socket.display()
+        );
+    }
     println!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");
 }
 
@@ -289,7 +298,23 @@ pub fn run(a: ServeArgs) -> i32 {
             }
         },
     };
-    print_banner(&app, &a);
+    let mut metrics = None;
+    if let Some(addr) = a.metrics {
+        let src = crate::metrics::Sources {
+            table: app.table.clone(),
+            registry: app.registry.clone(),
+        };
+        match crate::metrics::MetricsServer::start(addr, src) {
+            Ok(m) => metrics = Some(m),
+            Err(e) => {
+                eprintln!("ustor serve: metrics listener on {addr}: {e}");
+                server.shutdown();
+                app.shutdown();
+                return 1;
+            }
+        }
+    }
+    print_banner(&app, &a, metrics.as_ref().map(|m| m.local_addr()));
     let sig = wait_signal(&sigs);
     tracing::info!("signal {sig}: shutting down (send another to force exit)");
     // A second signal during the graceful shutdown forces exit.
@@ -298,6 +323,9 @@ pub fn run(a: ServeArgs) -> i32 {
         eprintln!("signal {s} during shutdown: forcing exit");
         std::process::exit(130);
     });
+    if let Some(mut m) = metrics {
+        m.shutdown();
+    }
     server.shutdown();
     for t in app.shutdown() {
         let how = if t.drained {
