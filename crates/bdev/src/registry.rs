@@ -97,6 +97,12 @@ impl BdevEntry {
         })
     }
 
+    /// Who holds claims on the bdev, one name per claim (a virtual bdev's
+    /// claim names the virtual bdev).
+    pub fn claimers(&self) -> Vec<String> {
+        self.lock().claims.iter().map(|c| c.by.clone()).collect()
+    }
+
     /// Whether an exclusive claim is held.
     pub fn claimed_exclusive(&self) -> bool {
         self.lock().claims.iter().any(|c| c.exclusive)

@@ -54,6 +54,32 @@ pub fn check_distinct(names: &[String]) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// Refuses `base` as a new base of the existing virtual bdev `top` when
+/// `base` is `top` itself or is built on it (claims it, directly or through
+/// other virtual bdevs): `top`'s I/O would come back to it without end.
+pub fn check_no_cycle(reg: &Registry, top: &str, base: &str) -> Result<(), ControlError> {
+    let Some(b) = reg.get(base) else {
+        return Ok(()); // Opening it will say it is unknown.
+    };
+    let mut todo = vec![top.to_string()];
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(n) = todo.pop() {
+        if seen.contains(&n) {
+            continue;
+        }
+        let Some(e) = reg.get(&n) else { continue };
+        if Arc::ptr_eq(&e, &b) {
+            return Err(ControlError::invalid(
+                "base_bdev",
+                format!("`{base}` is `{top}` or built on it (a cycle)"),
+            ));
+        }
+        todo.extend(e.claimers());
+        seen.push(n);
+    }
+    Ok(())
+}
+
 /// The info of a virtual bdev over `bases`: their common block size, the
 /// strictest alignment, a write cache if any has one; `num_blocks` and the
 /// naming come from the caller. Refuses bases of different block sizes.

@@ -1,8 +1,8 @@
 //! Composition and control: passthru and split alone and stacked (a
 //! passthru over a raid0 of splits of one base, a raid1 of two raid0s of
 //! splits), bad parameters refused
-//! with nothing created, claims that stop deleting a member under its
-//! parent, hot-remove of a member that removes every bdev above it.
+//! with nothing created (a raid1 member that would close a cycle too),
+//! claims that stop deleting a member under its parent, hot-remove of a member that removes every bdev above it.
 
 mod common;
 
@@ -158,6 +158,46 @@ fn bad_parameters_are_refused_and_nothing_is_created_or_claimed() {
     assert!(e.to_string().contains("exceed"), "{e}");
     assert!(reg.get("ap0").is_none());
     assert!(reg.get("a").unwrap().claimed_by().is_none());
+}
+
+#[test]
+fn adding_a_raid1_member_built_on_the_raid_is_refused() {
+    use ustor_vbdev::raid::mirror;
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    for n in ["a", "b"] {
+        ram(&reg, n, 1 << 20);
+    }
+    raid(&reg, "m", "raid1", &["a", "b"], 0);
+    mirror::remove_base(&reg, "b").unwrap();
+    // The array itself (by name and by UUID), then a passthru over it and
+    // a passthru over that: each would send the array's I/O back to it.
+    let uuid = reg.get("m").unwrap().info().uuid.to_string();
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "m", "name": "p1"}),
+    )
+    .unwrap();
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "p1", "name": "p2"}),
+    )
+    .unwrap();
+    for cyc in ["m", uuid.as_str(), "p1", "p2"] {
+        let e = mirror::add_base(&reg, "m", cyc).map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("cycle"), "{cyc}: {e}");
+    }
+    // Nothing changed: the slot is still free, p2 unclaimed, one member.
+    assert!(reg.get("p2").unwrap().claimed_by().is_none());
+    let raids = ustor_vbdev::raid::get_bdevs(&reg, "all").unwrap();
+    assert_eq!(raids[0]["num_base_bdevs_discovered"], 1, "{raids:?}");
+    let j = mirror::add_base(&reg, "m", "b").unwrap();
+    rt.handle()
+        .block_on(0, move || async move { mirror::rebuild(j).await })
+        .unwrap()
+        .unwrap();
 }
 
 #[test]

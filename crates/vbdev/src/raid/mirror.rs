@@ -502,6 +502,7 @@ pub struct Joined {
 /// `raid`, written from now on; the caller starts [`rebuild`].
 pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, ControlError> {
     let m = LIVE.find(reg, raid, "raid")?;
+    crate::base::check_no_cycle(reg, raid, base)?;
     if m.rebuild.running.load(Ordering::Acquire) {
         return Err(ControlError::invalid(
             "raid_bdev",
