@@ -50,6 +50,10 @@ pub fn install_hint(program: &str) -> String {
         "python3" => ("apt-get install python3", ".ci/apt/iscsi.txt"),
         "tmux" => ("apt-get install tmux", ".ci/apt/operating.txt"),
         "prometheus" | "promtool" => ("apt-get install prometheus", ".ci/apt/operating.txt"),
+        "ceph-mon" | "ceph-osd" | "ceph" | "rbd" | "rados" => (
+            "apt-get install --no-install-recommends ceph-mon ceph-osd ceph-common",
+            ".ci/apt/ceph.txt",
+        ),
         other => return format!("install `{other}`, and list its package in .ci/apt/"),
     };
     format!("{how}; listed in {list}, which scripts/test.sh installs")

@@ -1,0 +1,414 @@
+//! The rbd bdev against a real one-node Ceph cluster (one mon, one memstore
+//! OSD, cephx) that this test binary starts once with
+//! `scripts/ceph-cluster.sh` and stops at exit: `ustor bench --verify` on
+//! RBD images (two images on two reactors at once); an image exported over
+//! NBD, written by qemu-img and read back with `rbd export` (checksums);
+//! resize; cluster info, placement and save_config; and bad cluster names,
+//! pools, images and keys answered with clear errors and nothing
+//! half-created.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The cluster this binary shares, or why there is none.
+struct Ceph {
+    dir: PathBuf,
+}
+
+static CEPH: OnceLock<Option<Ceph>> = OnceLock::new();
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
+}
+
+extern "C" fn stop_cluster() {
+    if let Some(Some(c)) = CEPH.get() {
+        let _ = Command::new(script()).arg("stop").arg(&c.dir).status();
+    }
+}
+
+/// The shared cluster (started on first use), or `None` after a skip.
+fn ceph() -> Option<&'static Ceph> {
+    CEPH.get_or_init(|| {
+        for p in ["ceph-mon", "ceph-osd", "ceph", "rbd", "rados", "python3"] {
+            if !have(p) {
+                return None;
+            }
+        }
+        let dir = tmpdir("ceph");
+        let out = Command::new(script())
+            .arg("start")
+            .arg(&dir)
+            .args(["--auth", "cephx"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ceph-cluster.sh start: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // SAFETY: registers a plain function to run at process exit.
+        unsafe { libc::atexit(stop_cluster) };
+        Some(Ceph { dir })
+    })
+    .as_ref()
+}
+
+impl Ceph {
+    fn conf(&self) -> String {
+        self.dir.join("ceph.conf").display().to_string()
+    }
+
+    /// Runs `rbd -c CONF args...` (under a timeout) and returns stdout.
+    fn rbd(&self, args: &[&str]) -> Vec<u8> {
+        let out = Command::new("timeout")
+            .args(["30", "rbd", "-c", &self.conf()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rbd {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    fn create_image(&self, name: &str, mib: u64) {
+        self.rbd(&[
+            "create",
+            "--size",
+            &format!("{mib}M"),
+            &format!("rbd/{name}"),
+        ]);
+    }
+
+    fn register(&self, name: &str) -> Value {
+        json!({"method": "bdev_rbd_register_cluster",
+               "params": {"name": name, "config_file": self.conf()}})
+    }
+}
+
+fn rbd_bdev(name: &str, image: &str) -> Value {
+    json!({"method": "bdev_rbd_create", "params": {"name": name, "cluster_name": "c1",
+        "pool_name": "rbd", "rbd_name": image, "block_size": 4096}})
+}
+
+fn bdev_config(calls: Vec<Value>) -> Value {
+    json!({"subsystems": [{"subsystem": "bdev", "config": calls}]})
+}
+
+fn bench(cfg: &Path, args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new("timeout")
+        .args(["60", BIN, "bench", "--no-pin", "--json", "-c"])
+        .arg(cfg)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let v = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let log = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), v, log)
+}
+
+#[test]
+fn bench_verify_on_two_images_on_two_reactors() {
+    let Some(c) = ceph() else { return };
+    c.create_image("bench0", 32);
+    c.create_image("bench1", 32);
+    let dir = tmpdir("rbd-bench");
+    let cfg = dir.join("cfg.json");
+    let conf = bdev_config(vec![
+        c.register("c1"),
+        rbd_bdev("r0", "bench0"),
+        rbd_bdev("r1", "bench1"),
+    ]);
+    std::fs::write(&cfg, conf.to_string()).unwrap();
+    // Both images at once, each from its own reactor (two bench processes
+    // would not share the connection; one process, two runs in parallel
+    // threads of the test, each on two reactors).
+    let runs: Vec<_> = ["r0", "r1"]
+        .into_iter()
+        .map(|b| {
+            let cfg = cfg.clone();
+            std::thread::spawn(move || {
+                bench(
+                    &cfg,
+                    &[
+                        "-b", b, "-w", "randrw", "--qd", "8", "-t", "1.5", "--verify", "--cores",
+                        "0,1",
+                    ],
+                )
+            })
+        })
+        .collect();
+    for r in runs {
+        let (code, v, log) = r.join().unwrap();
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(v["total"]["verify_errors"], 0, "{log}");
+        assert_eq!(v["total"]["errors"], 0, "{log}");
+        assert_eq!(v["per_core"].as_array().unwrap().len(), 2, "{log}");
+        for pc in v["per_core"].as_array().unwrap() {
+            assert!(pc["ios"].as_u64().unwrap() > 50, "{log}");
+        }
+    }
+}
+
+fn sha256(data: &[u8]) -> String {
+    let mut child = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)[..64].to_string()
+}
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn nbd_export_written_by_qemu_img_reads_back_with_rbd_export() {
+    let Some(c) = ceph() else { return };
+    if !have("qemu-img") {
+        return;
+    }
+    c.create_image("nbd0", 16);
+    let dir = tmpdir("rbd-nbd");
+    let cfg = json!({"subsystems": [
+        {"subsystem": "bdev", "config": [c.register("c1"), rbd_bdev("r0", "nbd0")]},
+        {"subsystem": "nbd", "config": [
+            {"method": "nbd_server_start", "params": {"listen_address": {"traddr": "127.0.0.1", "trsvcid": "0"}}},
+            {"method": "nbd_export_create", "params": {"name": "r0", "bdev_name": "r0"}}
+        ]}
+    ]});
+    let s = Server::start(&dir, &cfg, &[]);
+    let data = pseudo_random(16 << 20, 0x5eed);
+    let src = dir.join("src.img");
+    std::fs::write(&src, &data).unwrap();
+    let url = format!("nbd://127.0.0.1:{}/r0", s.nbd_port());
+    let out = Command::new("timeout")
+        .args(["60", "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&src)
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What Ceph holds, read by Ceph's own client.
+    let exported = c.rbd(&["export", "rbd/nbd0", "-"]);
+    assert_eq!(exported.len(), data.len());
+    assert_eq!(sha256(&exported), sha256(&data));
+    // And what ustor reads back through NBD.
+    let back = dir.join("back.img");
+    let out = Command::new("timeout")
+        .args(["60", "qemu-img", "convert", "-f", "raw", "-O", "raw", &url])
+        .arg(&back)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sha256(&std::fs::read(&back).unwrap()), sha256(&data));
+    s.stop();
+}
+
+fn err_msg(r: Result<Value, ustor_rpc::RpcError>) -> String {
+    match r {
+        Ok(v) => panic!("expected an error, got {v}"),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+#[test]
+fn bad_cluster_pool_image_and_key_fail_cleanly() {
+    let Some(c) = ceph() else { return };
+    c.create_image("bad0", 8);
+    let dir = tmpdir("rbd-bad");
+    let s = Server::start(&dir, &empty_config(), &[]);
+    let create = |cluster: &str, pool: &str, image: &str| {
+        s.call(
+            "bdev_rbd_create",
+            json!({"name": "x", "cluster_name": cluster, "pool_name": pool,
+                   "rbd_name": image, "block_size": 4096}),
+        )
+    };
+    let e = err_msg(create("nope", "rbd", "bad0"));
+    assert!(e.contains("cluster `nope` is not registered"), "{e}");
+    // A key that is not client.admin's: cephx refuses the connection.
+    let bad_key = dir.join("bad.keyring");
+    std::fs::write(
+        &bad_key,
+        "[client.admin]\n\tkey = AQBHrjtnAAAAABAAeVPfpUVX8WwHFyZ3Ta8c5Q==\n",
+    )
+    .unwrap();
+    let e = err_msg(s.call(
+        "bdev_rbd_register_cluster",
+        json!({"name": "k", "config_file": c.conf(), "key_file": bad_key}),
+    ));
+    assert!(e.contains("connecting to cluster `k`"), "{e}");
+    let e = err_msg(s.call(
+        "bdev_rbd_register_cluster",
+        json!({"name": "f", "config_file": dir.join("missing.conf")}),
+    ));
+    assert!(e.contains("reading config file"), "{e}");
+    let e = err_msg(s.call(
+        "bdev_rbd_register_cluster",
+        json!({"name": "m", "config_file": c.conf(), "core_mask": "0x10000000000"}),
+    ));
+    assert!(e.contains("core_mask"), "{e}");
+    // None of them was registered.
+    assert_eq!(s.ok("bdev_rbd_get_clusters_info", json!({})), json!([]));
+    s.ok(
+        "bdev_rbd_register_cluster",
+        c.register("c1")["params"].clone(),
+    );
+    let e = err_msg(create("c1", "nopool", "bad0"));
+    assert!(e.contains("pool `nopool` does not exist"), "{e}");
+    let e = err_msg(create("c1", "rbd", "noimage"));
+    assert!(e.contains("image `rbd/noimage` does not exist"), "{e}");
+    let e = err_msg(s.call(
+        "bdev_rbd_create",
+        json!({"cluster_name": "c1", "pool_name": "rbd", "rbd_name": "bad0", "block_size": 1000}),
+    ));
+    assert!(e.contains("block_size"), "{e}");
+    assert_eq!(s.ok("bdev_get_bdevs", json!({})), json!([]));
+    // Nothing holds the cluster: it goes.
+    assert_eq!(
+        s.ok("bdev_rbd_unregister_cluster", json!({"name": "c1"})),
+        json!(true)
+    );
+    s.stop();
+}
+
+#[test]
+fn clusters_info_placement_resize_and_save_config() {
+    let Some(c) = ceph() else { return };
+    c.create_image("cfg0", 8);
+    let dir = tmpdir("rbd-cfg");
+    let cfg = bdev_config(vec![
+        json!({"method": "bdev_rbd_register_cluster", "params": {"name": "c1",
+            "config_file": c.conf(), "core_mask": "0x1",
+            "config_param": {"rados_osd_op_timeout": "20"}}}),
+        rbd_bdev("r0", "cfg0"),
+    ]);
+    let s = Server::start(&dir, &cfg, &[]);
+    let info = s.ok("bdev_rbd_get_clusters_info", json!({"name": "c1"}));
+    assert_eq!(info["cluster_name"], "c1", "{info}");
+    assert_eq!(info["core_mask"], "0x1", "{info}");
+    assert_eq!(info["cores"], json!([0]), "{info}");
+    assert!(info["threads"].as_u64().unwrap() > 0, "{info}");
+    // Every thread librados made runs on core 0 only.
+    let pid = s.child.id();
+    let pinned = ceph_threads_affinity(pid);
+    assert!(!pinned.is_empty(), "no librados threads found");
+    for (name, mask) in &pinned {
+        assert_eq!(mask, "0", "thread {name} runs on {mask}");
+    }
+    // In use: the cluster stays.
+    let e = err_msg(s.call("bdev_rbd_unregister_cluster", json!({"name": "c1"})));
+    assert!(e.contains("used by 1 bdev"), "{e}");
+    // Resize: Ceph sees the new size, and so does the bdev's driver info.
+    assert_eq!(
+        s.ok("bdev_rbd_resize", json!({"name": "r0", "new_size": 16})),
+        json!(true)
+    );
+    let i: Value =
+        serde_json::from_slice(&c.rbd(&["info", "--format", "json", "rbd/cfg0"])).unwrap();
+    assert_eq!(i["size"], 16u64 << 20, "{i}");
+    let b = s.ok("bdev_get_bdevs", json!({"name": "r0"}));
+    assert_eq!(
+        b[0]["driver_specific"]["rbd"]["image_size"],
+        16u64 << 20,
+        "{b}"
+    );
+    assert_eq!(b[0]["product_name"], "Ceph Rbd Disk");
+    // save_config: the cluster first, then the bdev, with what was given.
+    let saved = s.ok("framework_get_config", json!({"name": "bdev"}));
+    let calls = saved.as_array().unwrap();
+    let pos = |m: &str| calls.iter().position(|c| c["method"] == m).unwrap();
+    assert!(
+        pos("bdev_rbd_register_cluster") < pos("bdev_rbd_create"),
+        "{saved}"
+    );
+    let reg = &calls[pos("bdev_rbd_register_cluster")]["params"];
+    assert_eq!(reg["config_param"]["rados_osd_op_timeout"], "20", "{saved}");
+    let cr = &calls[pos("bdev_rbd_create")]["params"];
+    assert_eq!(cr["rbd_name"], "cfg0");
+    assert!(cr["uuid"].is_string(), "{saved}");
+    // The saved config brings the same bdev back in a new process.
+    s.stop();
+    let s2 = Server::start(
+        &dir,
+        &json!({"subsystems": [{"subsystem": "bdev", "config": saved}]}),
+        &[],
+    );
+    let b2 = s2.ok("bdev_get_bdevs", json!({"name": "r0"}));
+    assert_eq!(b2[0]["uuid"], b[0]["uuid"]);
+    assert_eq!(b2[0]["num_blocks"], (16u64 << 20) / 4096);
+    s2.ok("bdev_rbd_delete", json!({"name": "r0"}));
+    s2.ok("bdev_rbd_unregister_cluster", json!({"name": "c1"}));
+    s2.stop();
+}
+
+/// (name, cpus) of the threads of `pid` that librados/librbd made (their
+/// names: msgr-worker-*, ms_dispatch, io_context_pool, fn_anonymous, ...).
+fn ceph_threads_affinity(pid: u32) -> Vec<(String, String)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let base = e.path();
+        let name = std::fs::read_to_string(base.join("comm")).unwrap_or_default();
+        let name = name.trim().to_string();
+        let ceph_made = [
+            "msgr-worker",
+            "ms_dispatch",
+            "io_context_pool",
+            "ceph_timer",
+            "safe_timer",
+            "fn_anonymous",
+            "finisher",
+            "taskfin_librbd",
+            "service",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p));
+        if !ceph_made {
+            continue;
+        }
+        let status = std::fs::read_to_string(base.join("status")).unwrap_or_default();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or("")
+            .trim()
+            .to_string();
+        v.push((name, cpus));
+    }
+    v
+}
