@@ -20,6 +20,9 @@ use crate::reactor;
 /// Alignment of every buffer: enough for O_DIRECT on any block device.
 pub const BUF_ALIGN: usize = 4096;
 const HEAP_CLASS: u8 = u8::MAX;
+/// Memory the buffer does not own (guest memory a vhost-user frontend
+/// shared): never freed, never a fixed buffer.
+const BORROWED_CLASS: u8 = u8::MAX - 1;
 
 /// Size and shape of one reactor's pool.
 #[derive(Clone, Debug)]
@@ -215,6 +218,25 @@ impl IoBuf {
         }
     }
 
+    /// A buffer over `len` bytes at `ptr` that it does not own: dropping it
+    /// frees nothing. This is how a target hands memory it does not allocate
+    /// (a VM's memory, shared by a vhost-user frontend) to the bdev layer
+    /// without a copy.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes until the
+    /// buffer (and every I/O it is part of) is dropped, and nothing else may
+    /// create Rust references to those bytes meanwhile.
+    pub unsafe fn borrowed(ptr: NonNull<u8>, len: u32) -> IoBuf {
+        IoBuf {
+            ptr,
+            len,
+            cap: len,
+            class: BORROWED_CLASS,
+            _not_send: PhantomData,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len as usize
     }
@@ -241,10 +263,10 @@ impl IoBuf {
     }
     /// Index of the io_uring fixed buffer that holds this buffer, if any.
     pub fn fixed_index(&self) -> Option<u16> {
-        (self.class != HEAP_CLASS).then_some(0)
+        self.is_pooled().then_some(0)
     }
     pub fn is_pooled(&self) -> bool {
-        self.class != HEAP_CLASS
+        self.class != HEAP_CLASS && self.class != BORROWED_CLASS
     }
     /// The whole capacity as a slice (for receiving past `len`).
     pub fn spare_mut(&mut self) -> &mut [u8] {
@@ -282,6 +304,9 @@ impl std::fmt::Debug for IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
+        if self.class == BORROWED_CLASS {
+            return;
+        }
         if self.class == HEAP_CLASS {
             let layout = std::alloc::Layout::from_size_align(self.cap as usize, BUF_ALIGN)
                 .expect("layout was valid at allocation");

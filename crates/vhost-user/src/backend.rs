@@ -1,0 +1,387 @@
+//! The vhost-user control state of one connected frontend: what the
+//! messages set (features, memory table, ring addresses, eventfds) and
+//! when a ring starts and stops on its reactor.
+//!
+//! `vhost`'s `BackendReqHandler` decodes each message and calls these
+//! methods; they run on the controller's control thread, never on a
+//! reactor. A ring runs once it has memory, addresses, a kick eventfd and
+//! is enabled (or, without VHOST_USER_F_PROTOCOL_FEATURES, once kicked);
+//! changing any of those stops it first, and GET_VRING_BASE stops it and
+//! answers where it stopped.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use ustor_runtime::RuntimeHandle;
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserConfigFlags, VhostUserInflight,
+    VhostUserLog, VhostUserMemoryRegion, VhostUserProtocolFeatures, VhostUserShMemConfig,
+    VhostUserSharedMsg, VhostUserSingleMemoryRegion, VhostUserVringAddrFlags, VhostUserVringState,
+};
+use vhost::vhost_user::{
+    Error as VuError, GpuBackend, Result as VuResult, VhostUserBackendReqHandlerMut,
+};
+use vhost::VhostUserMemoryRegionBase;
+
+use crate::blk::feature;
+use crate::device::BlkDevice;
+use crate::memory::{MemTable, RegionDesc, MAX_SLOTS};
+use crate::vring::{self, VringStart};
+
+/// Longest queue the frontend may ask for.
+pub const QUEUE_SIZE_MAX: u16 = 1024;
+/// How long a stopping ring may take to finish its requests in flight.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct VringCtl {
+    size: u16,
+    /// Frontend virtual addresses (translated when the ring starts).
+    addrs: Option<(u64, u64, u64)>,
+    base: u16,
+    kick: Option<Arc<File>>,
+    call: Option<Arc<File>>,
+    enabled: bool,
+    running: Option<Running>,
+}
+
+struct Running {
+    stop: Arc<AtomicBool>,
+    kick: Arc<File>,
+    done: mpsc::Receiver<(u16, u16)>,
+}
+
+/// One frontend connection's state.
+pub struct BlkBackend {
+    dev: Arc<BlkDevice>,
+    rt: RuntimeHandle,
+    reactors: Vec<usize>,
+    acked: u64,
+    protocol: u64,
+    mem: MemTable,
+    vrings: Vec<VringCtl>,
+}
+
+fn internal(why: &'static str) -> VuError {
+    VuError::InvalidOperation(why)
+}
+
+impl BlkBackend {
+    pub fn new(dev: Arc<BlkDevice>, rt: RuntimeHandle, reactors: Vec<usize>) -> BlkBackend {
+        let n = dev.geometry.num_queues as usize;
+        BlkBackend {
+            dev,
+            rt,
+            reactors,
+            acked: 0,
+            protocol: 0,
+            mem: MemTable::default(),
+            vrings: (0..n).map(|_| VringCtl::default()).collect(),
+        }
+    }
+
+    fn vring(&mut self, index: u32) -> VuResult<&mut VringCtl> {
+        self.vrings
+            .get_mut(index as usize)
+            .ok_or(VuError::InvalidParam)
+    }
+
+    fn protocol_features_acked(&self) -> bool {
+        self.acked & feature::PROTOCOL_FEATURES != 0
+    }
+
+    /// Starts ring `i` when it has everything it needs and is not running.
+    fn maybe_start(&mut self, i: usize) -> VuResult<()> {
+        let pf = self.protocol_features_acked();
+        let v = &self.vrings[i];
+        if v.running.is_some() || self.mem.is_empty() || v.size == 0 {
+            return Ok(());
+        }
+        let (Some(kick), Some((d, a, u))) = (v.kick.clone(), v.addrs) else {
+            return Ok(());
+        };
+        if pf && !v.enabled {
+            return Ok(());
+        }
+        let tr = |va| self.mem.va_to_gpa(va).ok_or(VuError::InvalidParam);
+        let (desc, avail, used) = (tr(d)?, tr(a)?, tr(u)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let start = VringStart {
+            index: i as u16,
+            size: v.size,
+            desc,
+            avail,
+            used,
+            next_avail: v.base,
+            event_idx: self.acked & feature::EVENT_IDX != 0,
+            kick: kick.clone(),
+            call: v.call.clone(),
+            mem: self.mem.atomic(),
+            dev: self.dev.clone(),
+            stop: stop.clone(),
+            done: tx,
+        };
+        let reactor = self.reactors[i % self.reactors.len()];
+        self.rt
+            .spawn_on(reactor, move || vring::run(start))
+            .map_err(|_| internal("reactor gone"))?;
+        self.vrings[i].running = Some(Running {
+            stop,
+            kick,
+            done: rx,
+        });
+        Ok(())
+    }
+
+    /// Stops ring `i` (waiting for its requests in flight) and keeps where
+    /// it stopped as its base.
+    fn stop(&mut self, i: usize) -> VuResult<()> {
+        let Some(r) = self.vrings[i].running.take() else {
+            return Ok(());
+        };
+        r.stop.store(true, Ordering::Release);
+        vring::kick(&r.kick);
+        let (avail, _used) = r
+            .done
+            .recv_timeout(STOP_TIMEOUT)
+            .map_err(|_| internal("ring did not stop"))?;
+        self.vrings[i].base = avail;
+        Ok(())
+    }
+
+    /// Restarts ring `i` after a change to what it runs with.
+    fn restart(&mut self, i: usize) -> VuResult<()> {
+        self.stop(i)?;
+        self.maybe_start(i)
+    }
+
+    /// Stops every ring and forgets the frontend (disconnect).
+    pub fn reset(&mut self) {
+        for i in 0..self.vrings.len() {
+            let _ = self.stop(i);
+            self.vrings[i] = VringCtl::default();
+        }
+        self.mem.clear();
+        self.acked = 0;
+        self.protocol = 0;
+    }
+
+    fn restart_all(&mut self) -> VuResult<()> {
+        for i in 0..self.vrings.len() {
+            if self.vrings[i].running.is_some() {
+                self.restart(i)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn region(r: &VhostUserMemoryRegion) -> RegionDesc {
+    RegionDesc {
+        guest_phys_addr: r.guest_phys_addr,
+        size: r.memory_size,
+        user_addr: r.user_addr,
+        mmap_offset: r.mmap_offset,
+    }
+}
+
+fn mem_err(e: crate::memory::MemError) -> VuError {
+    tracing::warn!("vhost: memory region refused: {e}");
+    VuError::InvalidParam
+}
+
+impl VhostUserBackendReqHandlerMut for BlkBackend {
+    fn set_owner(&mut self) -> VuResult<()> {
+        Ok(())
+    }
+    fn reset_owner(&mut self) -> VuResult<()> {
+        self.reset();
+        Ok(())
+    }
+    fn reset_device(&mut self) -> VuResult<()> {
+        self.reset();
+        Ok(())
+    }
+    fn get_features(&mut self) -> VuResult<u64> {
+        Ok(self.dev.geometry.features())
+    }
+    fn set_features(&mut self, features: u64) -> VuResult<()> {
+        if features & !self.dev.geometry.features() != 0 {
+            return Err(VuError::InvalidParam);
+        }
+        self.acked = features;
+        Ok(())
+    }
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy: Option<bool>,
+    ) -> VuResult<Option<Vec<VhostUserMemoryRegionBase>>> {
+        let regions = ctx.iter().map(region).zip(files).collect();
+        self.mem.set(regions).map_err(mem_err)?;
+        self.restart_all()?;
+        Ok(None)
+    }
+    fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
+        if num == 0 || num > QUEUE_SIZE_MAX as u32 || !num.is_power_of_two() {
+            return Err(VuError::InvalidParam);
+        }
+        self.vring(index)?.size = num as u16;
+        Ok(())
+    }
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> VuResult<()> {
+        self.vring(index)?.addrs = Some((descriptor, available, used));
+        self.restart(index as usize)
+    }
+    fn set_vring_base(&mut self, index: u32, base: u32) -> VuResult<()> {
+        let v = self.vring(index)?;
+        if v.running.is_some() {
+            return Err(internal("SET_VRING_BASE on a running ring"));
+        }
+        v.base = base as u16;
+        Ok(())
+    }
+    fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
+        self.vring(index)?;
+        self.stop(index as usize)?;
+        let v = &mut self.vrings[index as usize];
+        let base = v.base;
+        v.kick = None;
+        v.call = None;
+        v.enabled = false;
+        Ok(VhostUserVringState::new(index, base as u32))
+    }
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        self.vring(index as u32)?.kick = fd.map(Arc::new);
+        self.restart(index as usize)
+    }
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
+        self.vring(index as u32)?.call = fd.map(Arc::new);
+        if self.vrings[index as usize].running.is_some() {
+            self.restart(index as usize)?;
+        }
+        Ok(())
+    }
+    fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VuResult<()> {
+        self.vring(index as u32)?;
+        Ok(())
+    }
+    fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::RESET_DEVICE)
+    }
+    fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
+        self.protocol = features;
+        Ok(())
+    }
+    fn get_queue_num(&mut self) -> VuResult<u64> {
+        Ok(self.vrings.len() as u64)
+    }
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> VuResult<()> {
+        self.vring(index)?.enabled = enable;
+        if enable {
+            self.maybe_start(index as usize)
+        } else {
+            self.stop(index as usize)
+        }
+    }
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> VuResult<Vec<u8>> {
+        // Answered at the size asked, zero-padded past the real config
+        // (SPDK's frontend asks 256 bytes).
+        if offset as u64 + size as u64 > 4096 {
+            return Err(VuError::InvalidParam);
+        }
+        let cfg = self
+            .dev
+            .geometry
+            .config(self.dev.writeback.load(Ordering::Relaxed));
+        let mut out = vec![0u8; size as usize];
+        let start = (offset as usize).min(cfg.len());
+        let end = (offset as usize + size as usize).min(cfg.len());
+        out[..end - start].copy_from_slice(&cfg[start..end]);
+        Ok(out)
+    }
+    fn set_config(
+        &mut self,
+        offset: u32,
+        buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> VuResult<()> {
+        // Only the cache mode is writable (CONFIG_WCE).
+        if offset == 32 && buf.len() == 1 && self.acked & feature::CONFIG_WCE != 0 {
+            self.dev.writeback.store(buf[0] != 0, Ordering::Relaxed);
+            return Ok(());
+        }
+        Err(VuError::InvalidParam)
+    }
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> VuResult<()> {
+        Err(internal("not a GPU"))
+    }
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> VuResult<File> {
+        Err(internal("no shared objects"))
+    }
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> VuResult<(VhostUserInflight, File)> {
+        Err(internal("no inflight tracking"))
+    }
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VuResult<()> {
+        Err(internal("no inflight tracking"))
+    }
+    fn get_max_mem_slots(&mut self) -> VuResult<u64> {
+        Ok(MAX_SLOTS as u64)
+    }
+    fn add_mem_region(
+        &mut self,
+        r: &VhostUserSingleMemoryRegion,
+        fd: File,
+        _postcopy: Option<bool>,
+    ) -> VuResult<Option<VhostUserMemoryRegionBase>> {
+        self.mem.add(region(r), fd).map_err(mem_err)?;
+        // Rings waiting for memory may start now.
+        for i in 0..self.vrings.len() {
+            self.maybe_start(i)?;
+        }
+        Ok(None)
+    }
+    fn remove_mem_region(&mut self, r: &VhostUserSingleMemoryRegion) -> VuResult<()> {
+        self.mem.remove(&region(r)).map_err(mem_err)
+    }
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> VuResult<Option<File>> {
+        Err(internal("no device state transfer"))
+    }
+    fn check_device_state(&mut self) -> VuResult<()> {
+        Err(internal("no device state transfer"))
+    }
+    fn get_shmem_config(&mut self) -> VuResult<VhostUserShMemConfig> {
+        Err(internal("no shared memory regions"))
+    }
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> VuResult<()> {
+        Err(internal("no dirty log"))
+    }
+}

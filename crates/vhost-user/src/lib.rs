@@ -1,0 +1,37 @@
+//! vhost-user-blk backend on the ustor reactors.
+//!
+//! A controller ([`controller::BlkController`]) listens on a Unix socket;
+//! a frontend (QEMU, libblkio, SPDK's virtio-user) connects and hands over
+//! its memory (file descriptors, mapped once) and its virtqueues. The
+//! vhost-user messages are decoded by rust-vmm's `vhost` crate
+//! (`BackendReqHandler`) on the controller's control thread
+//! ([`backend`]); each ring runs as a task on one of the controller's
+//! reactors ([`vring`]), polling its avail index while busy and sleeping on
+//! its kick eventfd when idle, and its I/O goes to the bdev with buffers
+//! pointing into guest memory ([`blk`] validates every chain first).
+//!
+//! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
+//! [`memory`] (memory table), [`device`] (the served bdev), [`backend`]
+//! (message handling), [`vring`] (the data path), [`controller`] (socket,
+//! thread, lifecycle).
+
+pub mod backend;
+pub mod blk;
+pub mod controller;
+pub mod device;
+pub mod memory;
+pub mod vring;
+
+pub use controller::{BlkController, BlkControllerConfig};
+
+/// Errors of the vhost layer (control path; the data path answers the
+/// driver with virtio-blk status bytes).
+#[derive(Debug, thiserror::Error)]
+pub enum VhostError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Bdev(#[from] ustor_bdev::ControlError),
+    #[error("socket: {0}")]
+    Socket(std::io::Error),
+}
