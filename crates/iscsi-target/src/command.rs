@@ -59,6 +59,8 @@ pub struct WireData<'a> {
     out: OutState,
     datasn: u32,
     sent: u32,
+    /// A Data-Out came with the wrong DataSN: the data phase stops short.
+    seq_error: bool,
 }
 
 impl<'a> WireData<'a> {
@@ -95,7 +97,13 @@ impl<'a> WireData<'a> {
             out,
             datasn: 0,
             sent: 0,
+            seq_error: false,
         }
+    }
+
+    /// Whether a Data-Out broke the DataSN order.
+    pub fn sequence_error(&self) -> bool {
+        self.seq_error
     }
 
     /// Bytes sent as Data-In.
@@ -138,13 +146,16 @@ impl<'a> WireData<'a> {
             let len = b.data_len() as u32;
             if itt != self.info.itt
                 || ttt != self.out.ttt
-                || b.u32_at(36) != self.out.datasn
                 || off != self.out.have
                 || off + len > self.out.burst_end
             {
-                // ERL 0: a sequence error ends the connection.
+                // ERL 0: a PDU that does not fit the burst ends the
+                // connection.
                 return Err(XferError::Io(libc::EPROTO));
             }
+            // A wrong DataSN on a PDU that otherwise fits: the command
+            // fails, the rest of its burst is still read (and dropped).
+            self.seq_error |= b.u32_at(36) != self.out.datasn;
             self.out.datasn += 1;
             if b.final_bit() {
                 self.out.burst_open = false;
@@ -254,6 +265,10 @@ impl DataPath for WireData<'_> {
                 self.send_r2t().await?;
             }
             self.next_data_out().await?;
+            if self.seq_error {
+                // Nothing of this chunk counts: the core stops short.
+                return Ok(0);
+            }
             got += self.take_carry(&mut dst[got..want]);
         }
         Ok(got)

@@ -104,6 +104,9 @@ async fn login(
     }
 }
 
+/// The physical block size LUNs report (READ CAPACITY(16) LBPPBE).
+const PHYSICAL_BLOCK: u32 = 4096;
+
 /// The I_T nexus of a session: the initiator port name `name,i,0xISID`
 /// (RFC 7143 §10.1.1), also its TransportID in PERSISTENT RESERVE IN.
 fn nexus_name(initiator: &str, isid: &[u8; 6]) -> String {
@@ -118,7 +121,12 @@ fn open_luns(node: &NodeEntry) -> Option<LunTable> {
     for l in &node.luns {
         match Lun::open(l.cfg.clone(), &l.desc) {
             Ok(lu) => {
-                let lu = lu.with_provisioning_page().with_reservations(l.pr.clone());
+                // 4 KiB physical blocks (the page size the bdevs' buffers
+                // and host caches work in) for LUNs of smaller blocks.
+                let lu = lu
+                    .with_provisioning_page()
+                    .with_reservations(l.pr.clone())
+                    .with_physical_block(PHYSICAL_BLOCK);
                 luns.push((l.lun_id, lu));
             }
             Err(e) => {

@@ -210,7 +210,7 @@ impl<'a, D: Discovery> Session<'a, D> {
         cdb.copy_from_slice(&b.0[32..48]);
         let lun = decode_lun(b.lun());
         let table = self.table.take().expect("normal session");
-        let (res, sent) = {
+        let (res, sent, seq_error) = {
             let mut wd = WireData::new(
                 &mut self.wire,
                 &mut self.deferred,
@@ -226,11 +226,20 @@ impl<'a, D: Discovery> Session<'a, D> {
                     res = Err(e);
                 }
             }
-            (res, wd.sent())
+            (res, wd.sent(), wd.sequence_error())
         };
         let want = wanted_len(&table, lun, &cdb);
         self.table = Some(table);
-        let outcome = res.map_err(|_| ConnError::Protocol("data phase failed"))?;
+        let mut outcome = res.map_err(|_| ConnError::Protocol("data phase failed"))?;
+        if seq_error {
+            // A Data-Out out of DataSN order: the command ends ABORTED
+            // COMMAND (nothing of its data written), the session goes on.
+            outcome = Outcome::check(
+                ustor_scsi_proto::SenseKey::AbortedCommand,
+                DATA_PHASE_ERROR,
+                info.edtl,
+            );
+        }
         self.respond(&info, outcome, sent, want).await
     }
 
@@ -327,10 +336,21 @@ impl<'a, D: Discovery> Session<'a, D> {
         let lun = decode_lun(b.lun());
         let table = self.table.as_ref().expect("normal session");
         let response = match function {
-            // Commands run to completion one at a time: the referenced task
-            // has already finished (ABORT TASK: RFC 7143 §11.5.1 answers
-            // "complete" for a task that does not exist any more).
-            1..=4 => tmf_response::COMPLETE,
+            // Commands run to completion one at a time, so the referenced
+            // task is never running: RFC 7143 §11.5.1 answers "complete"
+            // when its RefCmdSN is still in the window (not received yet),
+            // "task does not exist" when it is behind (it completed).
+            1 => {
+                let ref_cmdsn = b.u32_at(32);
+                let ahead = ref_cmdsn.wrapping_sub(self.seq.exp_cmdsn);
+                let window = self.seq.max_cmdsn.wrapping_sub(self.seq.exp_cmdsn);
+                if ahead <= window {
+                    tmf_response::COMPLETE
+                } else {
+                    tmf_response::NO_TASK
+                }
+            }
+            2..=4 => tmf_response::COMPLETE,
             5 if table.reset_lun(lun) => tmf_response::COMPLETE,
             5 => tmf_response::NO_LUN,
             6 | 7 => {
@@ -351,6 +371,9 @@ impl<'a, D: Discovery> Session<'a, D> {
         self.wire.send(&r, &[]).await
     }
 }
+
+/// DATA PHASE ERROR (ASC, ASCQ).
+const DATA_PHASE_ERROR: (u8, u8) = (0x4b, 0x00);
 
 /// Bytes a READ or WRITE moves by its CDB (for its residual); `None` for
 /// other commands.

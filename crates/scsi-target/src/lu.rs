@@ -67,6 +67,8 @@ pub struct Lun {
     /// Reservations, shared with the unit's other nexuses (a private
     /// state unless [`Lun::with_reservations`] shares one).
     pub(crate) pr: Arc<Reservations>,
+    /// Logical blocks per physical block exponent (READ CAPACITY(16)).
+    pub(crate) lbppbe: u8,
 }
 
 impl Lun {
@@ -80,6 +82,7 @@ impl Lun {
             writable: desc.writable(),
             provisioning_page: false,
             pr: Reservations::new(),
+            lbppbe: 0,
         })
     }
 
@@ -95,6 +98,17 @@ impl Lun {
     /// I_T nexuses (the transport keeps one per logical unit).
     pub fn with_reservations(mut self, pr: Arc<Reservations>) -> Lun {
         self.pr = pr;
+        self
+    }
+
+    /// Reports physical blocks of `bytes` (a power of two of at least
+    /// the block size; anything else is ignored): initiators align their
+    /// I/O to it.
+    pub fn with_physical_block(mut self, bytes: u32) -> Lun {
+        let bs = self.block_size();
+        if bytes.is_power_of_two() && bytes >= bs && bs > 0 {
+            self.lbppbe = (bytes / bs).trailing_zeros() as u8;
+        }
         self
     }
 

@@ -346,6 +346,11 @@ async fn write_same<D: DataPath>(
     if !lu.in_range(lba, blocks) {
         return Ok(Outcome::out_of_range(exp));
     }
+    // Data-out is exactly one block (none with NDOB).
+    let want = if ndob { 0 } else { bs as u32 };
+    if exp != want || (want > 0 && data.direction() != Direction::ToDevice) {
+        return Ok(Outcome::invalid_field(exp));
+    }
     if unmap && lu.cfg.thin {
         let mut one = [0u8; 1];
         if !ndob && data.data_out(0, &mut one).await? != 1 {

@@ -76,7 +76,7 @@ pub(crate) async fn execute<D: DataPath>(
             Capacity {
                 num_blocks: lu.num_blocks(),
                 block_size: lu.block_size(),
-                lbppbe: 0,
+                lbppbe: lu.lbppbe,
                 lbpme: lu.cfg.thin,
                 lbprz: lu.cfg.thin,
             }
