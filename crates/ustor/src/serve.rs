@@ -304,7 +304,7 @@ pub fn run(a: ServeArgs) -> i32 {
             table: app.table.clone(),
             registry: app.registry.clone(),
         };
-        match crate::metrics::MetricsServer::start(addr, src) {
+        match crate::metrics::MetricsServer::start(addr, src, Default::default()) {
             Ok(m) => metrics = Some(m),
             Err(e) => {
                 eprintln!("ustor serve: metrics listener on {addr}: {e}");

@@ -3,7 +3,8 @@
 //! captured), `ustor top --once --json` against known I/O counts, and
 //! `serve --metrics` checked by `promtool check metrics` and scraped by a
 //! real Prometheus server whose query API must report the I/O done.
-//! Load and known I/O come from qemu-io / qemu-img bench over NBD.
+//! Load and known I/O come from qemu-io / qemu-img bench over NBD and from
+//! `ustor bench` through ustor's NVMe/TCP initiator in another process.
 
 mod common;
 
@@ -16,18 +17,57 @@ use std::time::Duration;
 use common::{Server, BIN};
 use serde_json::{json, Value};
 
-/// Two malloc bdevs exported by NBD: `hot` gets load, `cold` none.
-fn two_bdevs() -> Value {
+const NQN: &str = "nqn.2026-11.io.ustor:cold";
+
+/// Two malloc bdevs exported by NBD: `hot` gets load, `cold` none (or,
+/// with `nvmf`, load through NVMe/TCP, where it is also exported).
+fn two_bdevs(nvmf: bool) -> Value {
     let malloc = |n: &str| json!({"method": "bdev_malloc_create", "params": {"name": n, "num_blocks": 8192, "block_size": 512}});
     let export =
         |n: &str| json!({"method": "nbd_export_create", "params": {"name": n, "bdev_name": n}});
-    json!({"subsystems": [
-        {"subsystem": "bdev", "config": [malloc("hot"), malloc("cold")]},
-        {"subsystem": "nbd", "config": [
+    let mut subsystems = vec![
+        json!({"subsystem": "bdev", "config": [malloc("hot"), malloc("cold")]}),
+        json!({"subsystem": "nbd", "config": [
             {"method": "nbd_server_start", "params": {"listen_address": {"traddr": "127.0.0.1", "trsvcid": "0"}}},
             export("hot"), export("cold")
-        ]}
-    ]})
+        ]}),
+    ];
+    if nvmf {
+        subsystems.push(json!({"subsystem": "nvmf", "config": [
+            {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
+            {"method": "nvmf_create_subsystem", "params": {"nqn": NQN, "allow_any_host": true}},
+            {"method": "nvmf_subsystem_add_ns", "params": {"nqn": NQN, "namespace": {"bdev_name": "cold"}}},
+            {"method": "nvmf_subsystem_add_listener", "params": {"nqn": NQN,
+                "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"}}}
+        ]}));
+    }
+    json!({ "subsystems": subsystems })
+}
+
+/// `ustor bench` reading `cold` through ustor's NVMe/TCP initiator (a
+/// second process) until dropped.
+fn nvmf_load(s: &Server, dir: &Path) -> Proc {
+    let subs = s.ok("nvmf_get_subsystems", json!({"nqn": NQN}));
+    let port = subs[0]["listen_addresses"][0]["trsvcid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [
+        {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "TCP",
+            "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port, "subnqn": NQN}}
+    ]}]});
+    let path = dir.join("initiator.json");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let child = Command::new(BIN)
+        .args([
+            "bench", "--no-pin", "--cores", "0", "-b", "Nvme0n1", "-q", "4", "-t", "60", "-c",
+        ])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc(child)
 }
 
 /// Runs qemu-io commands against an NBD export and checks they succeeded.
@@ -89,7 +129,7 @@ fn top_once_json_reports_known_io() {
         return;
     }
     let dir = common::tmpdir("top-json");
-    let s = Server::start(&dir, &two_bdevs(), &[]);
+    let s = Server::start(&dir, &two_bdevs(true), &[]);
     let port = s.nbd_port();
     qemu_io(
         port,
@@ -102,6 +142,18 @@ fn top_once_json_reports_known_io() {
             "read 128k 4k",
         ],
     );
+    // NVMe/TCP load on `cold` from another process, its queues connected.
+    let _load = nvmf_load(&s, &dir);
+    testkit::wait_until(
+        "the initiator's queues and reads on cold",
+        Duration::from_secs(20),
+        || {
+            let st = s.ok("nvmf_get_stats", Value::Null);
+            let io = s.ok("bdev_get_iostat", json!({"name": "cold"}));
+            st["connections"]["open"].as_u64() >= Some(2)
+                && io["bdevs"][0]["num_read_ops"].as_u64() > Some(0)
+        },
+    );
     let out = Command::new(BIN)
         .args([
             "top",
@@ -110,7 +162,7 @@ fn top_once_json_reports_known_io() {
             "--once",
             "--json",
             "-d",
-            "0.2",
+            "0.5",
         ])
         .output()
         .unwrap();
@@ -120,33 +172,43 @@ fn top_once_json_reports_known_io() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let bdev = |n: &str| {
-        v["bdevs"]
-            .as_array()
+    let find = |k: &str, n: &str| {
+        v[k].as_array()
             .unwrap()
             .iter()
             .find(|b| b["name"] == n)
             .cloned()
             .unwrap()
     };
-    let hot = bdev("hot");
+    let hot = find("bdevs", "hot");
     assert_eq!(hot["num_write_ops"], 2, "{v:#}");
     assert_eq!(hot["bytes_written"], 128 << 10);
     assert_eq!(hot["num_read_ops"], 3);
     assert_eq!(hot["bytes_read"], 12 << 10);
-    assert_eq!(bdev("cold")["num_read_ops"], 0);
-    // Nothing ran in the interval: rates are zero, not garbage.
+    // Nothing ran on hot in the interval: its rates are zero, not garbage.
     assert_eq!(hot["iops"], 0.0);
-    assert!(v["interval_s"].as_f64().unwrap() >= 0.2);
+    let cold = find("bdevs", "cold");
+    assert!(cold["read_iops"].as_f64().unwrap() > 0.0, "{v:#}");
+    assert_eq!(cold["num_write_ops"], 0);
+    assert!(v["interval_s"].as_f64().unwrap() >= 0.5);
     assert_eq!(v["reactors"].as_array().unwrap().len(), 1);
-    let nbd = v["targets"]
-        .as_array()
-        .unwrap()
+    assert_eq!(
+        find("targets", "nbd")["connections"],
+        0,
+        "qemu-io has disconnected: {v:#}"
+    );
+    let nvmf = find("targets", "nvmf");
+    assert!(
+        nvmf["connections"].as_u64() >= Some(2) && nvmf["iops"].as_f64() > Some(0.0),
+        "{v:#}"
+    );
+    // The initiator's I/O queue is listed, its traffic counted.
+    let conns = v["connections"].as_array().unwrap();
+    let io_q = conns
         .iter()
-        .find(|t| t["name"] == "nbd")
-        .cloned()
-        .unwrap();
-    assert_eq!(nbd["connections"], 0, "qemu-io has disconnected: {v:#}");
+        .find(|c| c["target"] == "nvmf" && c["pdus_per_s"].as_f64() > Some(0.0))
+        .unwrap_or_else(|| panic!("no busy NVMe-oF queue: {v:#}"));
+    assert!(io_q["peer"].as_str().unwrap().starts_with("nqn."), "{io_q}");
     // Bad arguments are refused with a message, not a hang.
     let bad = Command::new(BIN)
         .args(["top", "-s", s.sock.to_str().unwrap(), "--once", "-d", "0"])
@@ -206,7 +268,7 @@ fn top_in_tmux_shows_load_sorts_and_quits() {
         return;
     }
     let dir = common::tmpdir("top-tmux");
-    let s = Server::start(&dir, &two_bdevs(), &[]);
+    let s = Server::start(&dir, &two_bdevs(false), &[]);
     let _load = load(s.nbd_port(), "hot");
     let tmux = Tmux {
         sock: dir.join("tmux.sock"),
@@ -349,7 +411,7 @@ fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
         }
     }
     let dir = common::tmpdir("metrics");
-    let mut s = Server::start(&dir, &two_bdevs(), &["--metrics", "127.0.0.1:0"]);
+    let mut s = Server::start(&dir, &two_bdevs(false), &["--metrics", "127.0.0.1:0"]);
     let addr = metrics_addr(&mut s);
     s.ok(
         "bdev_enable_histogram",

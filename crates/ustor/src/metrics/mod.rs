@@ -21,10 +21,23 @@ use serde_json::Value;
 use ustor_bdev::Registry;
 use ustor_rpc::MethodTable;
 
-/// Connections served at once; more are answered 503 and closed.
-pub const MAX_CONNECTIONS: usize = 16;
-/// How long a client has to send its whole request.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The listener's bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// How long a client has to send its whole request (then 408).
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 16,
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
 /// Longest request head accepted.
 const MAX_REQUEST: usize = 8192;
 
@@ -66,14 +79,14 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    pub fn start(addr: SocketAddr, src: Sources) -> std::io::Result<MetricsServer> {
+    pub fn start(addr: SocketAddr, src: Sources, lim: Limits) -> std::io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let accept = std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || accept_loop(listener, src, st))?;
+            .spawn(move || accept_loop(listener, src, st, lim))?;
         Ok(MetricsServer {
             addr,
             stop,
@@ -112,14 +125,14 @@ impl Drop for Slot {
     }
 }
 
-fn accept_loop(listener: TcpListener, src: Sources, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: TcpListener, src: Sources, stop: Arc<AtomicBool>, lim: Limits) {
     let open = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         if stop.load(Ordering::SeqCst) {
             return;
         }
         let Ok(mut conn) = conn else { continue };
-        if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+        if open.fetch_add(1, Ordering::SeqCst) >= lim.max_connections {
             open.fetch_sub(1, Ordering::SeqCst);
             let _ = conn.set_write_timeout(Some(Duration::from_secs(1)));
             let _ = respond(
@@ -137,7 +150,7 @@ fn accept_loop(listener: TcpListener, src: Sources, stop: Arc<AtomicBool>) {
             .name("metrics-conn".into())
             .spawn(move || {
                 let _slot = slot;
-                serve_one(conn, &src);
+                serve_one(conn, &src, lim.request_timeout);
             });
         if let Err(e) = spawned {
             tracing::warn!("metrics: cannot start a connection thread: {e}");
@@ -177,10 +190,10 @@ pub fn parse(buf: &[u8]) -> Request {
     }
 }
 
-/// Reads the request head within [`REQUEST_TIMEOUT`], answers, closes.
-fn serve_one(mut conn: TcpStream, src: &Sources) {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
-    let _ = conn.set_write_timeout(Some(REQUEST_TIMEOUT));
+/// Reads the request head within `timeout`, answers, closes.
+fn serve_one(mut conn: TcpStream, src: &Sources, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let _ = conn.set_write_timeout(Some(timeout));
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     let req = loop {
@@ -294,5 +307,62 @@ mod tests {
         assert_eq!(parse(b"\x16\x03\x01\x02\x00\x01\x00"), Request::Malformed);
         assert_eq!(parse(b"GET /metrics HTTP/9.9\r\n\r\n"), Request::Malformed);
         assert_eq!(parse(b"GET\r\n\r\n"), Request::Malformed);
+    }
+
+    /// An answer's status code (the connection is closed after it).
+    fn status(c: &mut TcpStream) -> u16 {
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn connection_cap_and_request_timeout() {
+        let src = Sources {
+            table: MethodTable::new(),
+            registry: Registry::new(None),
+        };
+        let lim = Limits {
+            max_connections: 2,
+            request_timeout: Duration::from_millis(300),
+        };
+        let m = MetricsServer::start("127.0.0.1:0".parse().unwrap(), src, lim).unwrap();
+        let addr = m.local_addr();
+        // Two silent clients hold both places: a third is refused at once.
+        let mut silent: Vec<TcpStream> =
+            (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        testkit::wait_until(
+            "503 for a connection over the cap",
+            Duration::from_secs(10),
+            || status(&mut TcpStream::connect(addr).unwrap()) == 503,
+        );
+        // The silent ones time out with 408, which frees their places.
+        for c in &mut silent {
+            assert_eq!(status(c), 408);
+        }
+        testkit::wait_until(
+            "a place freed for a real request",
+            Duration::from_secs(10),
+            || {
+                let mut c = TcpStream::connect(addr).unwrap();
+                c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+                status(&mut c) == 200
+            },
+        );
+    }
+
+    proptest::proptest! {
+        /// Any bytes: an answer, never a panic; a complete well-formed
+        /// GET keeps its path whatever follows it.
+        #[test]
+        fn any_bytes_get_an_answer(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse(&bytes);
+            let mut req = b"GET /metrics HTTP/1.1\r\n\r\n".to_vec();
+            req.extend_from_slice(&bytes);
+            proptest::prop_assert_eq!(parse(&req), Request::Get { path: "/metrics".into(), head: false });
+        }
     }
 }

@@ -52,7 +52,7 @@ pub struct ConnRaw {
     pub peer: String,
     pub queue: String,
     pub outstanding: Option<u64>,
-    /// Response PDUs sent, when the target counts them per connection.
+    /// PDUs sent, when the target counts them per connection.
     pub pdus: Option<u64>,
 }
 
@@ -243,8 +243,8 @@ pub struct ConnRow {
     pub peer: String,
     pub queue: String,
     pub outstanding: Option<u64>,
-    /// Responses sent per second (one per completed command).
-    pub resp_per_s: Option<f64>,
+    /// PDUs sent per second (responses and data: the queue's traffic).
+    pub pdus_per_s: Option<f64>,
 }
 
 /// The rates between two samples.
@@ -326,7 +326,7 @@ impl View {
                     peer: c.peer.clone(),
                     queue: c.queue.clone(),
                     outstanding: c.outstanding,
-                    resp_per_s: c.pdus.map(|n| rate(before, n, secs)),
+                    pdus_per_s: c.pdus.map(|n| rate(before, n, secs)),
                 }
             })
             .collect();
@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(d.num_read_ops, 5000);
         let nbd = v.targets.iter().find(|t| t.name == "nbd").unwrap();
         assert_eq!((nbd.connections, nbd.iops), (2, Some(2000.0)));
-        assert_eq!(v.connections[0].resp_per_s, Some(100.0));
+        assert_eq!(v.connections[0].pdus_per_s, Some(100.0));
         assert_eq!(v.connections[0].outstanding, Some(4));
         // iSCSI did not answer: no row for it.
         assert!(v.targets.iter().all(|t| t.name != "iscsi"));
@@ -419,7 +419,7 @@ mod tests {
         let b = sample(2.0, 10, 950, 5);
         let v = View::between(&a, &b);
         assert_eq!(v.bdevs[0].read_iops, 0.0);
-        assert_eq!(v.connections[0].resp_per_s, Some(0.0));
+        assert_eq!(v.connections[0].pdus_per_s, Some(0.0));
         let empty = Sample::default();
         let v = View::between(&empty, &b);
         assert_eq!(v.bdevs[0].num_read_ops, 10);

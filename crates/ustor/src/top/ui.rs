@@ -120,8 +120,8 @@ fn sort_conns(rows: &mut [ConnRow], k: SortKey, reverse: bool) {
             SortKey::Name => (&a.target, &a.peer, &a.queue).cmp(&(&b.target, &b.peer, &b.queue)),
             SortKey::QueueDepth => b.outstanding.cmp(&a.outstanding),
             _ => b
-                .resp_per_s
-                .partial_cmp(&a.resp_per_s)
+                .pdus_per_s
+                .partial_cmp(&a.pdus_per_s)
                 .unwrap_or(Ordering::Equal),
         };
         if reverse {
@@ -297,7 +297,7 @@ fn conn_table(f: &mut Frame, a: Rect, conns: &[ConnRow], s: &Screen) {
             c.outstanding
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
-            opt(c.resp_per_s, 0),
+            opt(c.pdus_per_s, 0),
         ])
     });
     let w = [
@@ -312,7 +312,7 @@ fn conn_table(f: &mut Frame, a: Rect, conns: &[ConnRow], s: &Screen) {
         ("peer", None),
         ("queue", None),
         ("QD", Some(SortKey::QueueDepth)),
-        ("resp/s", Some(SortKey::Iops)),
+        ("PDU/s", Some(SortKey::Iops)),
     ];
     let t = Table::new(rows, w)
         .header(header(&cols, s))
