@@ -164,6 +164,13 @@ fn live(src: &mut Source, mut screen: Screen) -> Result<(), String> {
     let io_err = |e: io::Error| e.to_string();
     terminal::enable_raw_mode().map_err(io_err)?;
     let _guard = TermGuard;
+    // Release builds abort on panic (no unwinding, so no guard): restore
+    // the terminal before the message is printed.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        drop(TermGuard);
+        default_hook(info);
+    }));
     crossterm::execute!(io::stdout(), EnterAlternateScreen).map_err(io_err)?;
     let mut term = Terminal::new(CrosstermBackend::new(io::stdout())).map_err(io_err)?;
     let mut prev: Option<Sample> = None;
