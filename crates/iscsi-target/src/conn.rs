@@ -125,7 +125,7 @@ fn open_luns(node: &NodeEntry) -> Option<LunTable> {
                 // and host caches work in) for LUNs of smaller blocks.
                 let lu = lu
                     .with_provisioning_page()
-                    .with_reservations(l.pr.clone())
+                    .with_shared(l.shared.clone())
                     .with_physical_block(PHYSICAL_BLOCK);
                 luns.push((l.lun_id, lu));
             }

@@ -287,8 +287,15 @@ impl<'a, D: Discovery> Session<'a, D> {
             self.wire.patch_last(&last);
         }
         let seq = self.bump();
-        let mut sense = [0u8; 2 + 18];
+        let mut sense = [0u8; 2 + ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
         let n = match o.sense {
+            Some(s) if s.descriptor => {
+                let mut d = [0u8; ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
+                let len = s.encode_descriptor(o.field, &mut d);
+                sense[..2].copy_from_slice(&(len as u16).to_be_bytes());
+                sense[2..2 + len].copy_from_slice(&d[..len]);
+                2 + len
+            }
             Some(s) => {
                 let mut fixed = [0u8; 18];
                 let len = s.encode_fixed(&mut fixed);

@@ -49,8 +49,9 @@ pub struct LunEntry {
     pub bdev_name: String,
     pub desc: Desc,
     pub cfg: LuConfig,
-    /// Reservations, shared by every session's table of this LUN.
-    pub pr: Arc<ustor_scsi_target::Reservations>,
+    /// Reservations and mode parameters, shared by every session's
+    /// table of this LUN.
+    pub shared: Arc<ustor_scsi_target::LuShared>,
 }
 
 impl Drop for LunEntry {
@@ -466,7 +467,7 @@ impl IscsiTarget {
             bdev_name: l.bdev_name.clone(),
             desc,
             cfg,
-            pr: ustor_scsi_target::Reservations::new(),
+            shared: ustor_scsi_target::LuShared::new(),
         }))
     }
 

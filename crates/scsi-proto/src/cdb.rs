@@ -12,6 +12,7 @@ pub mod op {
     pub const READ_6: u8 = 0x08;
     pub const WRITE_6: u8 = 0x0a;
     pub const INQUIRY: u8 = 0x12;
+    pub const MODE_SELECT_6: u8 = 0x15;
     pub const MODE_SENSE_6: u8 = 0x1a;
     pub const RESERVE_6: u8 = 0x16;
     pub const RELEASE_6: u8 = 0x17;
@@ -22,11 +23,13 @@ pub mod op {
     pub const WRITE_AND_VERIFY_10: u8 = 0x2e;
     pub const VERIFY_10: u8 = 0x2f;
     pub const PRE_FETCH_10: u8 = 0x34;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
     pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
     pub const WRITE_SAME_10: u8 = 0x41;
     pub const UNMAP: u8 = 0x42;
     pub const RESERVE_10: u8 = 0x56;
     pub const RELEASE_10: u8 = 0x57;
+    pub const MODE_SELECT_10: u8 = 0x55;
     pub const MODE_SENSE_10: u8 = 0x5a;
     pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
@@ -46,6 +49,7 @@ pub mod op {
     pub const WRITE_12: u8 = 0xaa;
     pub const WRITE_AND_VERIFY_12: u8 = 0xae;
     pub const VERIFY_12: u8 = 0xaf;
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
     /// Service action of SERVICE ACTION IN(16) for READ CAPACITY(16).
     pub const SA_READ_CAPACITY_16: u8 = 0x10;
     /// Service action of SERVICE ACTION IN(16) for GET LBA STATUS.
@@ -349,6 +353,22 @@ pub enum Command {
         service_action: u16,
         alloc_len: u32,
     },
+    /// MODE SELECT(6) (`long: false`) or (10).
+    ModeSelect {
+        long: bool,
+        /// Page format (PF).
+        pf: bool,
+        /// Save pages (SP).
+        sp: bool,
+        param_len: u16,
+    },
+    /// READ DEFECT DATA(10) (`long: false`) or (12).
+    ReadDefectData {
+        long: bool,
+        /// Byte of REQ_PLIST, REQ_GLIST and the defect list format.
+        lists: u8,
+        alloc_len: u32,
+    },
     /// PERSISTENT RESERVE IN (SPC-4 §6.13).
     PersistentReserveIn {
         service_action: u8,
@@ -461,6 +481,8 @@ impl Command {
             Command::PersistentReserveIn { alloc_len, .. } => alloc_len as u64,
             Command::PersistentReserveOut { param_len, .. } => param_len as u64,
             Command::OrWrite { blocks, .. } => blocks as u64 * bs,
+            Command::ModeSelect { param_len, .. } => param_len as u64,
+            Command::ReadDefectData { alloc_len, .. } => alloc_len as u64,
             Command::CompareAndWrite { blocks, .. } => 2 * blocks as u64 * bs,
             _ => 0,
         }
@@ -509,6 +531,12 @@ fn parse_6(b: &[u8]) -> Result<Command, CdbError> {
             subpage: b[3],
             alloc_len: b[4] as u16,
         },
+        op::MODE_SELECT_6 => Command::ModeSelect {
+            long: false,
+            pf: b[1] & 0x10 != 0,
+            sp: b[1] & 0x01 != 0,
+            param_len: b[4] as u16,
+        },
         op::RESERVE_6 => Command::Reserve,
         op::RELEASE_6 => Command::Release,
         op::START_STOP_UNIT => Command::StartStopUnit {
@@ -541,6 +569,17 @@ fn parse_10(b: &[u8]) -> Result<Command, CdbError> {
             lba,
             blocks,
             immed: b[1] & 0x02 != 0,
+        },
+        op::MODE_SELECT_10 => Command::ModeSelect {
+            long: true,
+            pf: b[1] & 0x10 != 0,
+            sp: b[1] & 0x01 != 0,
+            param_len: be16(b, 7),
+        },
+        op::READ_DEFECT_DATA_10 => Command::ReadDefectData {
+            long: false,
+            lists: b[2] & 0x1f,
+            alloc_len: be16(b, 7) as u32,
         },
         op::RESERVE_10 => Command::Reserve,
         op::RELEASE_10 => Command::Release,
@@ -636,6 +675,11 @@ fn parse_12(b: &[u8]) -> Result<Command, CdbError> {
             }
         }
         op::MAINTENANCE_IN => return Err(CdbError::InvalidField(1)),
+        op::READ_DEFECT_DATA_12 => Command::ReadDefectData {
+            long: true,
+            lists: b[1] & 0x1f,
+            alloc_len: be32(b, 6),
+        },
         op::READ_12 => Command::Read {
             lba,
             blocks,

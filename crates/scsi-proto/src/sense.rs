@@ -210,6 +210,42 @@ impl Sense {
     }
 }
 
+/// Bytes of descriptor-format sense with an INFORMATION and a sense-key
+/// specific descriptor.
+pub const DESCRIPTOR_SENSE_MAX: usize = 8 + 12 + 8;
+
+impl Sense {
+    /// Encodes as descriptor-format sense (SPC-4 §4.5.2): the INFORMATION
+    /// descriptor when there is one, a field pointer as a sense-key
+    /// specific descriptor; returns the length.
+    pub fn encode_descriptor(
+        &self,
+        field: Option<FieldPointer>,
+        out: &mut [u8; DESCRIPTOR_SENSE_MAX],
+    ) -> usize {
+        *out = [0; DESCRIPTOR_SENSE_MAX];
+        out[0] = if self.deferred { 0x73 } else { 0x72 };
+        out[1] = self.key.as_u8();
+        out[2] = self.asc;
+        out[3] = self.ascq;
+        let mut at = 8;
+        if let Some(info) = self.info {
+            out[at..at + 4].copy_from_slice(&[0x00, 0x0a, 0x80, 0]);
+            out[at + 4..at + 12].copy_from_slice(&info.to_be_bytes());
+            at += 12;
+        }
+        if let Some(f) = field {
+            let mut fixed = [0u8; 18];
+            f.encode(&mut fixed);
+            out[at..at + 4].copy_from_slice(&[0x02, 0x06, 0, 0]);
+            out[at + 4..at + 7].copy_from_slice(&fixed[15..18]);
+            at += 8;
+        }
+        out[7] = (at - 8) as u8;
+        at
+    }
+}
+
 /// The INFORMATION descriptor (type 0) of descriptor-format sense, if any.
 fn descriptor_info(b: &[u8]) -> Option<u64> {
     let end = (8 + *b.get(7)? as usize).min(b.len());
@@ -231,6 +267,30 @@ fn descriptor_info(b: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn descriptor_sense_round_trips() {
+        let s = Sense {
+            info: Some(0x0102_0304_0506),
+            ..Sense::new(SenseKey::Miscompare, asc::MISCOMPARE_DURING_VERIFY)
+        };
+        let mut b = [0u8; DESCRIPTOR_SENSE_MAX];
+        let f = FieldPointer {
+            byte: 13,
+            bit: None,
+        };
+        let n = s.encode_descriptor(Some(f), &mut b);
+        assert_eq!((n, b[0], b[7]), (28, 0x72, 20));
+        assert_eq!(&b[20..28], &[0x02, 0x06, 0, 0, 0xc0, 0, 13, 0]);
+        let back = Sense::decode(&b[..n]).unwrap();
+        assert_eq!(
+            back,
+            Sense {
+                descriptor: true,
+                ..s
+            }
+        );
+    }
 
     #[test]
     fn fixed_sense_round_trips() {

@@ -24,6 +24,7 @@ pub mod data;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod lu;
+mod mode;
 mod opcodes;
 pub mod outcome;
 pub mod pr;
@@ -33,9 +34,8 @@ mod spc;
 pub mod table;
 
 pub use data::{BufData, DataPath, Direction, IovecData, XferError};
-pub use lu::{LuConfig, Lun};
+pub use lu::{LuConfig, LuShared, Lun};
 pub use outcome::Outcome;
-pub use pr::Reservations;
 pub use sbc::{CHUNK_BYTES, MAX_UNMAP_DESCRIPTORS};
 pub use table::{LunTable, TableError, MAX_LUNS};
 

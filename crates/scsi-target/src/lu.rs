@@ -9,6 +9,7 @@ use ustor_bdev::{BdevError, Desc, IoChannel, IoType};
 use ustor_scsi_proto::inquiry::{BlockLimits, DeviceType};
 use ustor_scsi_proto::Sense;
 
+use crate::mode::ModeParams;
 use crate::pr::Reservations;
 
 /// What a logical unit says about itself.
@@ -51,6 +52,21 @@ impl LuConfig {
     }
 }
 
+/// What every I_T nexus of a logical unit sees alike: its reservations
+/// and its changeable mode parameters. The transport keeps one per unit
+/// and hands it to each session's [`Lun`].
+#[derive(Default)]
+pub struct LuShared {
+    pub(crate) pr: Reservations,
+    pub(crate) mode: ModeParams,
+}
+
+impl LuShared {
+    pub fn new() -> Arc<LuShared> {
+        Arc::new(LuShared::default())
+    }
+}
+
 /// One logical unit on one reactor (`!Send`: it holds the reactor's channel).
 pub struct Lun {
     pub(crate) cfg: LuConfig,
@@ -64,9 +80,9 @@ pub struct Lun {
     pub(crate) writable: bool,
     /// Answers VPD page B2 (logical block provisioning) for a thin LUN.
     pub(crate) provisioning_page: bool,
-    /// Reservations, shared with the unit's other nexuses (a private
-    /// state unless [`Lun::with_reservations`] shares one).
-    pub(crate) pr: Arc<Reservations>,
+    /// State shared with the unit's other nexuses (a private one unless
+    /// [`Lun::with_shared`] shares one).
+    pub(crate) shared: Arc<LuShared>,
     /// Logical blocks per physical block exponent (READ CAPACITY(16)).
     pub(crate) lbppbe: u8,
 }
@@ -81,7 +97,7 @@ impl Lun {
             write_cache: desc.info().write_cache,
             writable: desc.writable(),
             provisioning_page: false,
-            pr: Reservations::new(),
+            shared: LuShared::new(),
             lbppbe: 0,
         })
     }
@@ -96,8 +112,8 @@ impl Lun {
 
     /// Shares the unit's reservation state with the tables of its other
     /// I_T nexuses (the transport keeps one per logical unit).
-    pub fn with_reservations(mut self, pr: Arc<Reservations>) -> Lun {
-        self.pr = pr;
+    pub fn with_shared(mut self, shared: Arc<LuShared>) -> Lun {
+        self.shared = shared;
         self
     }
 

@@ -30,12 +30,13 @@ const fn sa(opcode: u8, service_action: u8, cdb_len: u8) -> Supported {
 }
 
 /// Every command `Command::parse` accepts, in opcode order.
-const SUPPORTED: [Supported; 49] = [
+const SUPPORTED: [Supported; 53] = [
     cmd(op::TEST_UNIT_READY, 6),
     cmd(op::REQUEST_SENSE, 6),
     cmd(op::READ_6, 6),
     cmd(op::WRITE_6, 6),
     cmd(op::INQUIRY, 6),
+    cmd(op::MODE_SELECT_6, 6),
     cmd(op::RESERVE_6, 6),
     cmd(op::RELEASE_6, 6),
     cmd(op::MODE_SENSE_6, 6),
@@ -47,8 +48,10 @@ const SUPPORTED: [Supported; 49] = [
     cmd(op::VERIFY_10, 10),
     cmd(op::PRE_FETCH_10, 10),
     cmd(op::SYNCHRONIZE_CACHE_10, 10),
+    cmd(op::READ_DEFECT_DATA_10, 10),
     cmd(op::WRITE_SAME_10, 10),
     cmd(op::UNMAP, 10),
+    cmd(op::MODE_SELECT_10, 10),
     cmd(op::RESERVE_10, 10),
     cmd(op::RELEASE_10, 10),
     cmd(op::MODE_SENSE_10, 10),
@@ -80,6 +83,7 @@ const SUPPORTED: [Supported; 49] = [
     cmd(op::WRITE_12, 12),
     cmd(op::WRITE_AND_VERIFY_12, 12),
     cmd(op::VERIFY_12, 12),
+    cmd(op::READ_DEFECT_DATA_12, 12),
 ];
 
 /// Bytes of one command timeouts descriptor.

@@ -135,10 +135,6 @@ pub struct Reservations {
 }
 
 impl Reservations {
-    pub fn new() -> Arc<Reservations> {
-        Arc::new(Reservations::default())
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere cannot leave the state half-updated: every
         // operation is a few assignments. Go on with it.
@@ -176,6 +172,18 @@ impl Reservations {
             .cloned()
             .collect();
         others.iter().for_each(|o| st.owe(o, asc::POWER_ON_RESET));
+    }
+
+    /// Owes `code` to every attached nexus but `by`.
+    pub(crate) fn tell_others(&self, by: &str, code: (u8, u8)) {
+        let mut st = self.lock();
+        let others: Vec<Nexus> = st
+            .attached
+            .iter()
+            .filter(|x| &***x != by)
+            .cloned()
+            .collect();
+        others.iter().for_each(|o| st.owe(o, code));
     }
 
     pub(crate) fn take_ua(&self, n: &str) -> Option<Sense> {
@@ -424,7 +432,7 @@ pub(crate) async fn execute_in<D: DataPath>(
     data: &mut D,
 ) -> Result<Outcome, XferError> {
     let mut b = Vec::with_capacity(64);
-    if lu.pr.read(sa, &mut b).is_none() {
+    if lu.shared.pr.read(sa, &mut b).is_none() {
         return Ok(Outcome::invalid_field_at(1, Some(4), data.expected_len()));
     }
     b.truncate(alloc_len as usize);
@@ -471,19 +479,21 @@ pub(crate) async fn execute_out<D: DataPath>(
     }
     let key = u64::from_be_bytes(p[0..8].try_into().unwrap_or_default());
     let sa_key = u64::from_be_bytes(p[8..16].try_into().unwrap_or_default());
-    Ok(match lu.pr.out(nexus, sa, (scope, ty), key, sa_key) {
-        Ok(()) => Outcome::good(resid),
-        Err(PrError::Conflict) => Outcome::conflict(resid),
-        Err(PrError::InvalidCdb) => Outcome::invalid_field(resid),
-        Err(PrError::InvalidParam) => Outcome::check(
-            SenseKey::IllegalRequest,
-            asc::INVALID_FIELD_IN_PARAM_LIST,
-            resid,
-        ),
-        Err(PrError::InvalidRelease) => {
-            Outcome::check(SenseKey::IllegalRequest, INVALID_RELEASE, resid)
-        }
-    })
+    Ok(
+        match lu.shared.pr.out(nexus, sa, (scope, ty), key, sa_key) {
+            Ok(()) => Outcome::good(resid),
+            Err(PrError::Conflict) => Outcome::conflict(resid),
+            Err(PrError::InvalidCdb) => Outcome::invalid_field(resid),
+            Err(PrError::InvalidParam) => Outcome::check(
+                SenseKey::IllegalRequest,
+                asc::INVALID_FIELD_IN_PARAM_LIST,
+                resid,
+            ),
+            Err(PrError::InvalidRelease) => {
+                Outcome::check(SenseKey::IllegalRequest, INVALID_RELEASE, resid)
+            }
+        },
+    )
 }
 
 /// INVALID RELEASE OF PERSISTENT RESERVATION.

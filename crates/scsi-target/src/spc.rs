@@ -106,6 +106,18 @@ pub(crate) async fn execute<D: DataPath>(
                 None => Ok(Outcome::invalid_field_at(2, Some(2), exp)),
             }
         }
+        Command::ReadDefectData {
+            long,
+            lists,
+            alloc_len,
+        } => {
+            // A bdev has no defect lists to show: the header alone, the
+            // requested format echoed, PLISTV and GLISTV clear.
+            let mut b = [0u8; 8];
+            b[1] = lists & 0x07;
+            let len = if long { 8 } else { 4 };
+            reply(data, &b[..len], alloc_len).await
+        }
         // The table answers REPORT LUNS and routes block commands to sbc.
         _ => Ok(Outcome::invalid_field(exp)),
     }
@@ -203,8 +215,7 @@ fn vpd_page(lu: &Lun, page: u8, out: &mut [u8; 256]) -> Option<usize> {
 }
 
 /// Mode pages this core reports.
-const PAGE_CACHING: u8 = 0x08;
-const PAGE_CONTROL: u8 = 0x0a;
+use crate::mode::{PAGE_CACHING, PAGE_CONTROL};
 const PAGE_ALL: u8 = 0x3f;
 
 async fn mode_sense<D: DataPath>(
@@ -239,21 +250,22 @@ async fn mode_sense<D: DataPath>(
     }
     let changeable = pc == 1;
     if matches!(page, PAGE_CACHING | PAGE_ALL) {
-        // WCE mirrors the bdev's volatile cache; nothing is changeable.
-        out[at] = PAGE_CACHING;
-        out[at + 1] = 0x12;
-        if lu.can_flush() && lu.write_cache && !changeable {
-            out[at + 2] = 0x04;
-        }
-        at += 20;
+        let p = crate::mode::caching_page(lu, changeable);
+        out[at..at + p.len()].copy_from_slice(&p);
+        at += p.len();
     }
     if matches!(page, PAGE_CONTROL | PAGE_ALL) {
-        out[at] = PAGE_CONTROL;
-        out[at + 1] = 0x0a;
-        at += 12;
+        let p = crate::mode::control_page(lu, changeable);
+        out[at..at + p.len()].copy_from_slice(&p);
+        at += p.len();
     }
-    // Device-specific: WP when read-only, DPOFUA (FUA is honoured).
-    let dev = if lu.writable { 0x10 } else { 0x90 };
+    // Device-specific: WP when read-only or SWP is set, DPOFUA (FUA is
+    // honoured).
+    let dev = if lu.writable && !lu.shared.mode.swp() {
+        0x10
+    } else {
+        0x90
+    };
     if long {
         out[0..2].copy_from_slice(&((at - 2) as u16).to_be_bytes());
         out[3] = dev;

@@ -58,7 +58,7 @@ impl LunTable {
     pub fn set_nexus(&mut self, nexus: &str) {
         self.nexus = Nexus::from(nexus);
         for (_, lu) in &self.luns {
-            lu.pr.attach(&self.nexus);
+            lu.shared.pr.attach(&self.nexus);
         }
     }
 
@@ -113,7 +113,7 @@ impl LunTable {
 
     /// POWER ON, RESET for every nexus of the unit; RESERVE(6) released.
     fn reset_unit(&self, lu: &Lun) {
-        lu.pr.reset(&self.nexus);
+        lu.shared.pr.reset(&self.nexus);
         lu.set_ua(Some(Sense::new(
             SenseKey::UnitAttention,
             asc::POWER_ON_RESET,
@@ -121,8 +121,22 @@ impl LunTable {
     }
 
     /// Executes one CDB addressed to `lun`. SCSI failures come back as an
-    /// [`Outcome`] with sense; only a transport failure is an error.
+    /// [`Outcome`] with sense (descriptor format when the unit's D_SENSE
+    /// is set); only a transport failure is an error.
     pub async fn execute<D: DataPath>(
+        &self,
+        lun: u64,
+        cdb: &[u8],
+        data: &mut D,
+    ) -> Result<Outcome, XferError> {
+        let mut o = self.dispatch(lun, cdb, data).await?;
+        if let (Some(s), Some(lu)) = (o.sense.as_mut(), self.get(lun)) {
+            s.descriptor = lu.shared.mode.d_sense();
+        }
+        Ok(o)
+    }
+
+    async fn dispatch<D: DataPath>(
         &self,
         lun: u64,
         cdb: &[u8],
@@ -164,12 +178,19 @@ impl LunTable {
             return Ok(Outcome::invalid_field(exp));
         }
         if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
-            if let Some(ua) = lu.ua.take().or_else(|| lu.pr.take_ua(&self.nexus)) {
+            if let Some(ua) = lu.ua.take().or_else(|| lu.shared.pr.take_ua(&self.nexus)) {
                 return Ok(Outcome::sense(ua, exp));
             }
         }
-        if lu.pr.conflicts(&self.nexus, access(&c)) {
+        if lu.shared.pr.conflicts(&self.nexus, access(&c)) {
             return Ok(Outcome::conflict(exp));
+        }
+        if lu.shared.mode.swp() && writes_medium(&c) {
+            return Ok(Outcome::check(
+                SenseKey::DataProtect,
+                SOFTWARE_WRITE_PROTECTED,
+                exp,
+            ));
         }
         match c {
             Command::PersistentReserveIn {
@@ -185,8 +206,14 @@ impl LunTable {
                 let sa = (service_action, scope, pr_type);
                 pr::execute_out(lu, &self.nexus, sa, param_len, data).await
             }
-            Command::Reserve if !lu.pr.reserve6(&self.nexus) => Ok(Outcome::conflict(exp)),
-            Command::Release if !lu.pr.release6(&self.nexus) => Ok(Outcome::conflict(exp)),
+            Command::ModeSelect {
+                long,
+                pf,
+                sp,
+                param_len,
+            } => crate::mode::select(lu, &self.nexus, (long, pf, sp), param_len, data).await,
+            Command::Reserve if !lu.shared.pr.reserve6(&self.nexus) => Ok(Outcome::conflict(exp)),
+            Command::Release if !lu.shared.pr.release6(&self.nexus) => Ok(Outcome::conflict(exp)),
             Command::Reserve | Command::Release => Ok(Outcome::good(exp)),
             Command::Read { .. }
             | Command::Write { .. }
@@ -234,9 +261,27 @@ impl LunTable {
 impl Drop for LunTable {
     fn drop(&mut self) {
         for (_, lu) in &self.luns {
-            lu.pr.detach(&self.nexus);
+            lu.shared.pr.detach(&self.nexus);
         }
     }
+}
+
+/// LOGICAL UNIT SOFTWARE WRITE PROTECTED (SWP in the control page).
+const SOFTWARE_WRITE_PROTECTED: (u8, u8) = (0x27, 0x02);
+
+/// Whether a command changes the medium (refused while SWP is set).
+fn writes_medium(c: &Command) -> bool {
+    use Command::*;
+    matches!(
+        c,
+        Write { .. }
+            | WriteAndVerify { .. }
+            | WriteSame10 { .. }
+            | WriteSame16 { .. }
+            | Unmap { .. }
+            | OrWrite { .. }
+            | CompareAndWrite { .. }
+    )
 }
 
 /// How a command touches the medium, for reservation conflicts (SPC-4
@@ -254,9 +299,12 @@ fn access(c: &Command) -> Access {
         | Reserve
         | Release => Access::Always,
         PersistentReserveIn { .. } | PersistentReserveOut { .. } => Access::Persistent,
-        Read { .. } | Verify { .. } | PreFetch { .. } | GetLbaStatus { .. } | ModeSense { .. } => {
-            Access::Read
-        }
+        Read { .. }
+        | Verify { .. }
+        | PreFetch { .. }
+        | GetLbaStatus { .. }
+        | ModeSense { .. }
+        | ReadDefectData { .. } => Access::Read,
         _ => Access::Write,
     }
 }

@@ -1,5 +1,5 @@
 //! Reservations between two I_T nexuses (two tables over one unit sharing
-//! its [`Reservations`]), and the read-then-write commands.
+//! its [`LuShared`]), and the read-then-write commands.
 
 use std::sync::Arc;
 
@@ -38,10 +38,10 @@ fn two() -> Two {
     };
     malloc::create(&reg, opts).unwrap();
     let d = reg.open(&name, true, |_| {}).unwrap();
-    let pr = Reservations::new();
+    let shared = LuShared::new();
     let table = |nexus: &str| {
         let lu = Lun::open(LuConfig::disk("PR DISK", 1, false), &d).unwrap();
-        let mut t = LunTable::from_luns([(0, lu.with_reservations(pr.clone()))]);
+        let mut t = LunTable::from_luns([(0, lu.with_shared(shared.clone()))]);
         t.set_nexus(nexus);
         t
     };
@@ -230,4 +230,64 @@ fn compare_and_write_orwrite_prefetch_lba_status() {
     let mut d = BufData::read(24);
     assert_eq!(run(t, &gls, &mut d).status, GOOD);
     assert_eq!(&d.input[16..21], &[0, 0, 0, 24, 0]);
+}
+
+#[test]
+fn mode_select_swp_d_sense_and_defect_data() {
+    let r = two();
+    let b = r.b.as_ref().unwrap();
+    let sense6 = |t: &LunTable, pc: u8| {
+        let mut d = BufData::read(255);
+        let cdb = [op::MODE_SENSE_6, 0x08, pc << 6 | 0x0a, 0, 255, 0];
+        assert_eq!(run(t, &cdb, &mut d).status, GOOD);
+        d.input
+    };
+    // Changeable: D_SENSE and SWP; current: neither.
+    let ch = sense6(&r.a, 1);
+    assert_eq!((ch[4 + 2], ch[4 + 4]), (0x04, 0x08));
+    let mut page = sense6(&r.a, 0);
+    assert_eq!((page[4 + 2], page[4 + 4]), (0, 0));
+    // MODE SELECT(6) of the control page with both set.
+    page[0] = 0;
+    page[4 + 2] |= 0x04;
+    page[4 + 4] |= 0x08;
+    let sel = [op::MODE_SELECT_6, 0x10, 0, 0, page.len() as u8, 0];
+    assert_eq!(
+        run(&r.a, &sel, &mut BufData::write(page.clone())).status,
+        GOOD
+    );
+    // The other nexus is told, then writes are refused with descriptor
+    // sense; reads go on.
+    let s = run(b, &[0; 6], &mut BufData::none()).sense.unwrap();
+    assert_eq!(s.code(), (0x2a, 0x01));
+    let o = run(
+        b,
+        ustor_scsi_proto::cdb::Cdb::rw(true, 0, 1).as_bytes(),
+        &mut BufData::write(vec![0; 512]),
+    );
+    let s = o.sense.unwrap_or_else(|| panic!("write protected: {o:?}"));
+    assert_eq!(
+        (s.key, s.code(), s.descriptor),
+        (SenseKey::DataProtect, (0x27, 0x02), true)
+    );
+    assert_eq!(rw(b, false), GOOD);
+    assert_eq!(sense6(b, 0)[2] & 0x80, 0x80, "WP in the header");
+    // A field we do not let change: refused.
+    let mut bad = page.clone();
+    bad[4 + 3] = 0x10;
+    let o = run(&r.a, &sel, &mut BufData::write(bad));
+    assert_eq!(
+        o.sense.map(|s| s.code()),
+        Some(asc::INVALID_FIELD_IN_PARAM_LIST)
+    );
+    // Clear both again.
+    page[4 + 2] &= !0x04;
+    page[4 + 4] &= !0x08;
+    assert_eq!(run(&r.a, &sel, &mut BufData::write(page)).status, GOOD);
+    assert_eq!(rw(&r.a, true), GOOD);
+    // READ DEFECT DATA(10): the header alone, no lists.
+    let mut d = BufData::read(32);
+    let cdb = [op::READ_DEFECT_DATA_10, 0, 0x1d, 0, 0, 0, 0, 0, 32, 0];
+    assert_eq!(run(&r.a, &cdb, &mut d).status, GOOD);
+    assert_eq!(d.input, vec![0, 0x05, 0, 0]);
 }
