@@ -86,6 +86,15 @@ impl State {
         }
     }
 
+    /// Registered nexuses other than `n`.
+    fn others(&self, n: &str) -> Vec<Nexus> {
+        self.regs
+            .iter()
+            .filter(|r| &*r.0 != n)
+            .map(|r| r.0.clone())
+            .collect()
+    }
+
     fn owe(&mut self, n: &Nexus, code: (u8, u8)) {
         let s = Sense::new(SenseKey::UnitAttention, code);
         if !self.ua.iter().any(|(x, u)| x == n && *u == s) {
@@ -259,17 +268,7 @@ impl Reservations {
                 if sa == 0 && key != mine.unwrap_or(0) {
                     return Err(PrError::Conflict);
                 }
-                match (mine, sa_key) {
-                    (None, 0) => return Ok(()),
-                    (None, k) => st.regs.push((n.clone(), k)),
-                    (Some(_), 0) => st.unregister(n),
-                    (Some(_), k) => st
-                        .regs
-                        .iter_mut()
-                        .filter(|r| r.0 == *n)
-                        .for_each(|r| r.1 = k),
-                }
-                st.generation = st.generation.wrapping_add(1);
+                register(&mut st, n, mine, sa_key);
                 Ok(())
             }
             1..=5 if mine != Some(key) => Err(PrError::Conflict),
@@ -284,34 +283,10 @@ impl Reservations {
                 Some((_, t)) if *t == ty && st.is_holder(n) => Ok(()),
                 Some(_) => Err(PrError::Conflict),
             },
-            // RELEASE.
-            2 => match st.resv.clone() {
-                Some((_, t)) if st.is_holder(n) => {
-                    if t != ty {
-                        return Err(PrError::InvalidRelease);
-                    }
-                    st.resv = None;
-                    if t != WRITE_EXCLUSIVE && t != EXCLUSIVE_ACCESS {
-                        let others: Vec<Nexus> = st
-                            .regs
-                            .iter()
-                            .filter(|r| r.0 != *n)
-                            .map(|r| r.0.clone())
-                            .collect();
-                        others.iter().for_each(|o| st.owe(o, RESV_RELEASED));
-                    }
-                    Ok(())
-                }
-                _ => Ok(()),
-            },
+            2 => release(&mut st, n, ty),
             // CLEAR.
             3 => {
-                let others: Vec<Nexus> = st
-                    .regs
-                    .iter()
-                    .filter(|r| r.0 != *n)
-                    .map(|r| r.0.clone())
-                    .collect();
+                let others = st.others(n);
                 others.iter().for_each(|o| st.owe(o, RESV_PREEMPTED));
                 st.regs.clear();
                 st.resv = None;
@@ -379,6 +354,41 @@ impl Reservations {
     }
 }
 
+/// REGISTER (and IGNORE EXISTING KEY) once the key checked out: a new
+/// registration, a changed key, or (key 0) an unregistration.
+fn register(st: &mut State, n: &Nexus, mine: Option<u64>, sa_key: u64) {
+    match (mine, sa_key) {
+        (None, 0) => return,
+        (None, k) => st.regs.push((n.clone(), k)),
+        (Some(_), 0) => st.unregister(n),
+        (Some(_), k) => st
+            .regs
+            .iter_mut()
+            .filter(|r| r.0 == *n)
+            .for_each(|r| r.1 = k),
+    }
+    st.generation = st.generation.wrapping_add(1);
+}
+
+/// RELEASE by a registered nexus: nothing unless it holds the reservation;
+/// the type must be the one held. Registrants of a shared type are told.
+fn release(st: &mut State, n: &Nexus, ty: u8) -> Result<(), PrError> {
+    match st.resv.clone() {
+        Some((_, t)) if st.is_holder(n) => {
+            if t != ty {
+                return Err(PrError::InvalidRelease);
+            }
+            st.resv = None;
+            if t != WRITE_EXCLUSIVE && t != EXCLUSIVE_ACCESS {
+                let others = st.others(n);
+                others.iter().for_each(|o| st.owe(o, RESV_RELEASED));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 fn preempt(st: &mut State, n: &Nexus, ty: u8, sa_key: u64) -> Result<(), PrError> {
     let held = st.resv.clone();
     let holder_key = match &held {
@@ -389,12 +399,7 @@ fn preempt(st: &mut State, n: &Nexus, ty: u8, sa_key: u64) -> Result<(), PrError
     if holder_key == Some(sa_key) {
         // Preempting the reservation: it moves to `n` with the new type.
         if sa_key == 0 {
-            let others: Vec<Nexus> = st
-                .regs
-                .iter()
-                .filter(|r| r.0 != *n)
-                .map(|r| r.0.clone())
-                .collect();
+            let others = st.others(n);
             st.regs.retain(|r| r.0 == *n);
             others.iter().for_each(|o| st.owe(o, REGS_PREEMPTED));
         } else {
