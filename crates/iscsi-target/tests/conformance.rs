@@ -13,7 +13,7 @@ use common::*;
 /// command we do not offer counts as passed, as CUnit counts it). The
 /// reservation suites log in a second initiator (iscsi-test-cu's default
 /// `-I` name).
-const SUITES: [&str; 38] = [
+const SUITES: [&str; 40] = [
     "ALL.TestUnitReady",
     "ALL.ReadCapacity10",
     "ALL.ReadCapacity16",
@@ -52,6 +52,8 @@ const SUITES: [&str; 38] = [
     "ALL.iSCSIdatasn",
     "ALL.iSCSITMF",
     "ALL.ReportSupportedOpcodes",
+    "ALL.ExtendedCopy",
+    "ALL.ReceiveCopyResults",
 ];
 
 /// Suites that sleep (3 s per test after a reset or a lost nexus): run

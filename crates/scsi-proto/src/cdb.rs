@@ -33,6 +33,8 @@ pub mod op {
     pub const MODE_SENSE_10: u8 = 0x5a;
     pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+    pub const EXTENDED_COPY: u8 = 0x83;
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8a;
@@ -369,6 +371,17 @@ pub enum Command {
         lists: u8,
         alloc_len: u32,
     },
+    /// EXTENDED COPY (service action 0: LID1).
+    ExtendedCopy {
+        service_action: u8,
+        param_len: u32,
+    },
+    /// RECEIVE COPY RESULTS (LID1 service actions).
+    ReceiveCopyResults {
+        service_action: u8,
+        list_id: u8,
+        alloc_len: u32,
+    },
     /// PERSISTENT RESERVE IN (SPC-4 §6.13).
     PersistentReserveIn {
         service_action: u8,
@@ -482,7 +495,9 @@ impl Command {
             Command::PersistentReserveOut { param_len, .. } => param_len as u64,
             Command::OrWrite { blocks, .. } => blocks as u64 * bs,
             Command::ModeSelect { param_len, .. } => param_len as u64,
-            Command::ReadDefectData { alloc_len, .. } => alloc_len as u64,
+            Command::ReadDefectData { alloc_len, .. }
+            | Command::ReceiveCopyResults { alloc_len, .. } => alloc_len as u64,
+            Command::ExtendedCopy { param_len, .. } => param_len as u64,
             Command::CompareAndWrite { blocks, .. } => 2 * blocks as u64 * bs,
             _ => 0,
         }
@@ -633,6 +648,15 @@ fn parse_16(b: &[u8]) -> Result<Command, CdbError> {
             immed: b[1] & 0x02 != 0,
         },
         op::ORWRITE_16 => Command::OrWrite { lba, blocks },
+        op::EXTENDED_COPY => Command::ExtendedCopy {
+            service_action: b[1] & 0x1f,
+            param_len: be32(b, 10),
+        },
+        op::RECEIVE_COPY_RESULTS => Command::ReceiveCopyResults {
+            service_action: b[1] & 0x1f,
+            list_id: b[2],
+            alloc_len: be32(b, 10),
+        },
         op::COMPARE_AND_WRITE => Command::CompareAndWrite { lba, blocks: b[13] },
         op::READ_16 => Command::Read {
             lba,

@@ -14,7 +14,8 @@
 //!   OPERATION CODES.
 //! - [`outcome`]: status + sense + residual; bdev errors mapped to sense.
 //! - [`pr`]: a unit's reservations (persistent and RESERVE(6)), shared by
-//!   its I_T nexuses; `rmw` COMPARE AND WRITE and ORWRITE.
+//!   its I_T nexuses; `rmw` COMPARE AND WRITE and ORWRITE; `xcopy`
+//!   EXTENDED COPY within a unit; `mode` MODE SELECT.
 //!
 //! SCSI failures are CHECK CONDITION with sense, never panics or Rust
 //! errors; a Rust error ([`XferError`]) means the transport failed moving
@@ -32,6 +33,7 @@ mod rmw;
 mod sbc;
 mod spc;
 pub mod table;
+mod xcopy;
 
 pub use data::{BufData, DataPath, Direction, IovecData, XferError};
 pub use lu::{LuConfig, LuShared, Lun};

@@ -59,6 +59,8 @@ impl LuConfig {
 pub struct LuShared {
     pub(crate) pr: Reservations,
     pub(crate) mode: ModeParams,
+    /// EXTENDED COPY results held for RECEIVE COPY RESULTS.
+    pub(crate) copies: crate::xcopy::Held,
 }
 
 impl LuShared {

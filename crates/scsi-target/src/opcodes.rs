@@ -30,7 +30,7 @@ const fn sa(opcode: u8, service_action: u8, cdb_len: u8) -> Supported {
 }
 
 /// Every command `Command::parse` accepts, in opcode order.
-const SUPPORTED: [Supported; 53] = [
+const SUPPORTED: [Supported; 56] = [
     cmd(op::TEST_UNIT_READY, 6),
     cmd(op::REQUEST_SENSE, 6),
     cmd(op::READ_6, 6),
@@ -66,6 +66,9 @@ const SUPPORTED: [Supported; 53] = [
     sa(op::PERSISTENT_RESERVE_OUT, 4, 10),
     sa(op::PERSISTENT_RESERVE_OUT, 5, 10),
     sa(op::PERSISTENT_RESERVE_OUT, 6, 10),
+    sa(op::EXTENDED_COPY, 0, 16),
+    sa(op::RECEIVE_COPY_RESULTS, 0, 16),
+    sa(op::RECEIVE_COPY_RESULTS, 3, 16),
     cmd(op::READ_16, 16),
     cmd(op::COMPARE_AND_WRITE, 16),
     cmd(op::WRITE_16, 16),

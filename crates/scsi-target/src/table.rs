@@ -212,6 +212,19 @@ impl LunTable {
                 sp,
                 param_len,
             } => crate::mode::select(lu, &self.nexus, (long, pf, sp), param_len, data).await,
+            Command::ExtendedCopy {
+                service_action: 0,
+                param_len,
+            } => crate::xcopy::extended_copy(lu, &self.nexus, param_len, data).await,
+            Command::ExtendedCopy { .. } => Ok(Outcome::invalid_field_at(1, Some(4), exp)),
+            Command::ReceiveCopyResults {
+                service_action,
+                list_id,
+                alloc_len,
+            } => {
+                let sa = (service_action, list_id);
+                crate::xcopy::receive_results(lu, &self.nexus, sa, alloc_len, data).await
+            }
             Command::Reserve if !lu.shared.pr.reserve6(&self.nexus) => Ok(Outcome::conflict(exp)),
             Command::Release if !lu.shared.pr.release6(&self.nexus) => Ok(Outcome::conflict(exp)),
             Command::Reserve | Command::Release => Ok(Outcome::good(exp)),
@@ -262,6 +275,7 @@ impl Drop for LunTable {
     fn drop(&mut self) {
         for (_, lu) in &self.luns {
             lu.shared.pr.detach(&self.nexus);
+            lu.shared.copies.forget(&self.nexus);
         }
     }
 }
@@ -281,6 +295,7 @@ fn writes_medium(c: &Command) -> bool {
             | Unmap { .. }
             | OrWrite { .. }
             | CompareAndWrite { .. }
+            | ExtendedCopy { .. }
     )
 }
 
@@ -304,7 +319,8 @@ fn access(c: &Command) -> Access {
         | PreFetch { .. }
         | GetLbaStatus { .. }
         | ModeSense { .. }
-        | ReadDefectData { .. } => Access::Read,
+        | ReadDefectData { .. }
+        | ReceiveCopyResults { .. } => Access::Read,
         _ => Access::Write,
     }
 }

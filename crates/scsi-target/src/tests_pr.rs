@@ -291,3 +291,66 @@ fn mode_select_swp_d_sense_and_defect_data() {
     assert_eq!(run(&r.a, &cdb, &mut d).status, GOOD);
     assert_eq!(d.input, vec![0, 0x05, 0, 0]);
 }
+
+/// An EXTENDED COPY parameter list: one identification target descriptor
+/// naming the unit by `naa`, one block-to-block segment.
+fn xcopy_list(naa: &[u8; 8], list_id: u8, blocks: u16, from: u64, to: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 16 + 32 + 28];
+    p[0] = list_id;
+    p[3] = 32;
+    p[11] = 28;
+    let t = &mut p[16..48];
+    t[0] = 0xe4;
+    t[4] = 1;
+    t[5] = 3;
+    t[7] = 8;
+    t[8..16].copy_from_slice(naa);
+    t[29..32].copy_from_slice(&BS.to_be_bytes()[1..]);
+    let s = &mut p[48..76];
+    s[0] = 0x02;
+    s[3] = 0x18;
+    s[10..12].copy_from_slice(&blocks.to_be_bytes());
+    s[12..20].copy_from_slice(&from.to_be_bytes());
+    s[20..28].copy_from_slice(&to.to_be_bytes());
+    p
+}
+
+#[test]
+fn extended_copy_within_the_unit() {
+    let r = two();
+    let t = &r.a;
+    let naa = t.get(0).unwrap().config().naa;
+    let data: Vec<u8> = (0..8 * BS).map(|i| (i * 7 % 251) as u8).collect();
+    let w = ustor_scsi_proto::cdb::Cdb::rw(true, 0, 8);
+    assert_eq!(
+        run(t, w.as_bytes(), &mut BufData::write(data.clone())).status,
+        GOOD
+    );
+    let p = xcopy_list(&naa, 5, 8, 0, 500);
+    let mut cdb = [0u8; 16];
+    cdb[0] = op::EXTENDED_COPY;
+    cdb[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
+    assert_eq!(run(t, &cdb, &mut BufData::write(p)).status, GOOD);
+    let mut d = BufData::read(8 * BS);
+    let rd = ustor_scsi_proto::cdb::Cdb::rw(false, 500, 8);
+    assert_eq!(run(t, rd.as_bytes(), &mut d).status, GOOD);
+    assert_eq!(d.input, data);
+    // Its results are held for this nexus only.
+    let mut rcr = [0u8; 16];
+    rcr[0] = op::RECEIVE_COPY_RESULTS;
+    rcr[2] = 5;
+    rcr[13] = 64;
+    let mut d = BufData::read(64);
+    assert_eq!(run(t, &rcr, &mut d).status, GOOD);
+    assert_eq!(&d.input[4..12], &[1, 0, 1, 0, 0, 0, 0x10, 0]);
+    let o = run(r.b.as_ref().unwrap(), &rcr, &mut BufData::read(64));
+    assert_eq!(o.sense.map(|s| s.code()), Some(asc::INVALID_FIELD_IN_CDB));
+    // Another unit's designator, or beyond the end: COPY ABORTED.
+    for p in [
+        xcopy_list(&[9; 8], 6, 8, 0, 500),
+        xcopy_list(&naa, 6, 8, 0, 1020),
+    ] {
+        let o = run(t, &cdb, &mut BufData::write(p));
+        assert_eq!(o.sense.map(|s| s.key), Some(SenseKey::CopyAborted));
+    }
+}
