@@ -22,7 +22,7 @@
 //! binned 0.1 µs steps into 65536 bins: every sample above 6553.5 µs landed
 //! in the last bin, which is why p99 read "6553.5" whenever more than 1% of
 //! the samples were slower). Paced runs also report how late the pacer's
-//! timer fired (`pace_late_*`), and every run the reactors' sleeps per I/O:
+//! timer fired (`pace_late_*`), and every run the reactors' sleeps per I/O and the target's busy time, task polls, loop passes and ring submits per I/O:
 //! the two things a low-rate latency depends on besides the I/O itself.
 
 use std::cell::RefCell;
@@ -257,9 +257,24 @@ fn main() {
             .map(|r| r.handle().stats().map(|s| s[0].sleeps).unwrap_or(0))
             .collect()
     };
+    // What each reactor did (busy time, task polls, passes), for the
+    // per-I/O cost of the target's task structure.
+    let rstats = || -> Vec<ustor_runtime::ReactorStats> {
+        [&trt, &irt]
+            .iter()
+            .map(|r| {
+                r.handle()
+                    .stats()
+                    .map(|mut s| s.swap_remove(0))
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let r0 = rstats();
     let z0 = sleeps();
     let (n, (avg, p50, p99), (late_avg, _, late_p99)) = h.block_on(0, run(secs)).unwrap();
     let z1 = sleeps();
+    let r1 = rstats();
     let c1: Vec<u64> = tids.iter().map(|t| cpu_ns(*t)).collect();
     let isend = isends() - s0;
     let t1s = tstats(&t);
@@ -288,7 +303,8 @@ fn main() {
         .unwrap_or_default();
     println!(
         "mode={mode:?} poll={poll_mode} rw={} bs={bs} queues={queues} qd={qd} rate={rate} iops={:.0} avg_lat_us={avg:.1} p50_lat_us={p50:.1} p99_lat_us={p99:.1} \
-         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_copies_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={} tgt_degree={} tgt_timer_us={}",
+         pace_late_avg_us={late_avg:.1} pace_late_p99_us={late_p99:.1} tgt_sleeps_per_io={:.2} ini_sleeps_per_io={:.2} ini_sendmsg_per_io={:.3} tgt_sendmsg_per_io={:.3} tgt_recv_per_io={:.3} tgt_copies_per_io={:.3} tgt_cpu_ns_per_io={:.0} ini_cpu_ns_per_io={:.0} ini_degree={} ini_timer_us={} tgt_degree={} tgt_timer_us={} \
+         tgt_busy_ns_per_io={:.0} ini_busy_ns_per_io={:.0} tgt_polls_per_io={:.2} tgt_loops_per_io={:.3} tgt_submits_per_io={:.3}",
         if write { "randwrite" } else { "randread" },
         n as f64 / secs as f64,
         (z1[0] - z0[0]) as f64 / n1,
@@ -303,6 +319,11 @@ fn main() {
         cs.timer_us,
         ts.degree,
         ts.timer_us,
+        (r1[0].busy_ns - r0[0].busy_ns) as f64 / n1,
+        (r1[1].busy_ns - r0[1].busy_ns) as f64 / n1,
+        (r1[0].tasks_polled - r0[0].tasks_polled) as f64 / n1,
+        (r1[0].loops - r0[0].loops) as f64 / n1,
+        (r1[0].submits - r0[0].submits) as f64 / n1,
     );
     std::process::exit(0);
 }

@@ -107,6 +107,11 @@ impl Executor {
         n
     }
 
+    /// Task polls since the reactor started.
+    pub(crate) fn polled(&self) -> u64 {
+        self.polled.get()
+    }
+
     pub(crate) fn task_count(&self) -> usize {
         self.live.borrow().iter().filter(|l| **l).count()
     }

@@ -257,7 +257,7 @@ impl RuntimeHandle {
                 naps: r.nap.borrow().naps,
                 naps_early: r.nap.borrow().early,
                 tasks: r.exec.task_count(),
-                tasks_polled: 0,
+                tasks_polled: r.exec.polled(),
                 submits: r.ring.submits.get(),
                 completions: r.ring.cqes.get(),
                 ops_in_flight: r.ring.inflight(),
