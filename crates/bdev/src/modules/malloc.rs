@@ -1,39 +1,26 @@
 //! The malloc bdev: a RAM disk in an anonymous mapping (transparent huge
-//! pages when the kernel offers them; no hugetlbfs), faulted in whole at
-//! creation so that no I/O ever waits on a page fault.
+//! pages when the kernel offers them; no hugetlbfs), faulted in 2 MiB at a
+//! time on first write by a populator thread, so that memory is used only
+//! as the disk is written and no reactor ever takes an allocating page
+//! fault (see `lazy_mem`).
 //!
 //! Channels on several reactors copy to and from the same mapping without a
 //! lock, as SPDK's malloc bdev does: ordering of overlapping writes is the
 //! initiator's business, exactly as on a real disk.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::lazy_mem::{self, Mem, Resident};
 use super::{check_block_size, copy_iov, RamOpts};
 use crate::device::{Bdev, BdevChannel};
 use crate::error::{BdevError, ControlError};
 use crate::io::IoHandle;
 use crate::registry::{BdevEntry, Registry};
 use crate::types::{BdevInfo, IoType};
-
-struct Mem {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain memory valid for the bdev's life; concurrent
-// access from several reactors is to disjoint or initiator-ordered ranges,
-// with raw copies only (no references are formed across threads).
-unsafe impl Send for Mem {}
-unsafe impl Sync for Mem {}
-
-impl Drop for Mem {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len come from our mmap.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
 
 pub struct MallocBdev {
     info: BdevInfo,
@@ -44,6 +31,40 @@ pub struct MallocBdev {
 struct MallocChannel {
     mem: Arc<Mem>,
     bs: usize,
+    /// Writes waiting for the populator (for drain and reset).
+    waiting: Rc<Cell<usize>>,
+}
+
+impl MallocChannel {
+    /// A write that reaches an extent not yet populated: the populator
+    /// thread faults it in, then this reactor copies and completes. Off a
+    /// reactor (no executor to wait on) it populates in place.
+    fn write_after_populate(&self, io: IoHandle, off: usize, len: usize) {
+        if !ustor_runtime::is_reactor_thread() {
+            let r = self.mem.populate(off, len);
+            return finish_write(&self.mem, io, off, r);
+        }
+        let wait = lazy_mem::request(self.mem.clone(), off, len);
+        let (mem, waiting) = (self.mem.clone(), self.waiting.clone());
+        waiting.set(waiting.get() + 1);
+        drop(ustor_runtime::spawn(async move {
+            let r = wait.await;
+            waiting.set(waiting.get() - 1);
+            finish_write(&mem, io, off, r);
+        }));
+    }
+}
+
+/// Copies a write's data into populated memory and completes it.
+fn finish_write(mem: &Mem, io: IoHandle, off: usize, populated: std::io::Result<()>) {
+    if let Err(e) = populated {
+        return io.complete(Err(BdevError::Io(e.raw_os_error().unwrap_or(libc::ENOMEM))));
+    }
+    let d = io.desc();
+    // SAFETY: range checked by the generic layer and now populated; the
+    // iovecs are valid until the completion below.
+    unsafe { copy_iov(mem.ptr, off, d.iovecs(), true) };
+    io.complete(Ok(()));
 }
 
 impl BdevChannel for MallocChannel {
@@ -53,17 +74,30 @@ impl BdevChannel for MallocChannel {
         let len = d.num_blocks as usize * self.bs;
         debug_assert!(off + len <= self.mem.len, "generic layer checked the range");
         match d.kind {
-            // SAFETY: range checked by the generic layer; iovecs valid until
-            // completion, which happens right here.
-            IoType::Read => unsafe { copy_iov(self.mem.ptr, off, d.iovecs(), false) },
+            IoType::Read => match self.mem.resident(off, len) {
+                // Never written: zeros, without faulting the mapping in.
+                // SAFETY: iovecs valid until completion, which is right here.
+                Resident::None => unsafe { lazy_mem::zero_iov(d.iovecs()) },
+                // Extents never written map the shared zero page on read
+                // (no allocation, so no compaction).
+                // SAFETY: range checked by the generic layer; iovecs valid
+                // until completion, which happens right here.
+                _ => unsafe { copy_iov(self.mem.ptr, off, d.iovecs(), false) },
+            },
+            IoType::Write if self.mem.resident(off, len) != Resident::All => {
+                return self.write_after_populate(io, off, len);
+            }
+            // SAFETY: as for reads; every extent of the range is populated.
             IoType::Write => unsafe { copy_iov(self.mem.ptr, off, d.iovecs(), true) },
             // SAFETY: [off, off+len) lies inside the mapping.
-            IoType::Unmap | IoType::WriteZeroes => unsafe {
-                std::ptr::write_bytes(self.mem.ptr.add(off), 0, len)
-            },
+            IoType::Unmap | IoType::WriteZeroes => unsafe { self.mem.zero(off, len) },
             IoType::Flush | IoType::Reset => {}
         }
         io.complete(Ok(()));
+    }
+
+    fn outstanding(&self) -> usize {
+        self.waiting.get()
     }
 }
 
@@ -82,40 +116,16 @@ impl Bdev for MallocBdev {
         Ok(Box::new(MallocChannel {
             mem: self.mem.clone(),
             bs: self.info.block_size as usize,
+            waiting: Rc::default(),
         }))
     }
     fn config_json(&self) -> Value {
         json!({"method": "bdev_malloc_create", "params": self.opts})
     }
-}
-
-/// Linux 5.14's MADV_POPULATE_WRITE (not in every libc crate release).
-const MADV_POPULATE_WRITE: libc::c_int = 23;
-
-/// Faults the whole RAM disk in now, as SPDK's zeroed allocation does.
-/// Left lazy, each first write to a 2 MiB extent faults on a reactor, and
-/// with THP that fault may run direct compaction: stalls of 40 ms to over
-/// a second were seen mid-I/O (NVMe/TCP randwrite QD128, an RPC waiting on
-/// a reactor under NBD load). Up front, a disk larger than free memory
-/// also fails at creation with ENOMEM instead of the OOM killer later.
-fn populate(p: *mut libc::c_void, len: usize) -> std::io::Result<()> {
-    // SAFETY: advice on a private anonymous mapping of `len` bytes that we
-    // own; the kernel only faults pages in.
-    if unsafe { libc::madvise(p, len, MADV_POPULATE_WRITE) } == 0 {
-        return Ok(());
+    /// How much of the disk is in memory so far (it grows as it is written).
+    fn driver_info(&self) -> Value {
+        json!({"malloc": {"resident_bytes": self.mem.resident_bytes()}})
     }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() != Some(libc::EINVAL) {
-        return Err(err);
-    }
-    // Older kernel: touch one byte per page (the mapping is zero-filled, so
-    // writing zero changes nothing but residency).
-    let page = 4096;
-    for off in (0..len).step_by(page) {
-        // SAFETY: `off < len`, inside the writable mapping made above.
-        unsafe { std::ptr::write_volatile(p.cast::<u8>().add(off), 0) };
-    }
-    Ok(())
 }
 
 /// `bdev_malloc_create`.
@@ -132,37 +142,10 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
     if reg.get(&opts.name).is_some() {
         return Err(ControlError::Exists(opts.name.clone()));
     }
-    // SAFETY: anonymous private mapping, checked below; populated up front
-    // (see `populate`).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(ControlError::Os {
-            what: format!("mapping {len} bytes for {}", opts.name),
-            err: std::io::Error::last_os_error(),
-        });
-    }
-    // Transparent huge pages where the kernel offers them (no hugetlbfs, no
-    // reservation): random 4 KiB I/O over a large disk otherwise pays a
-    // TLB miss on nearly every copy. Advice only: failure is harmless.
-    // SAFETY: advice on the mapping just made; no memory is accessed.
-    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
-    if let Err(err) = populate(p, len) {
-        // SAFETY: unmapping the mapping made above, which nothing else uses.
-        unsafe { libc::munmap(p, len) };
-        return Err(ControlError::Os {
-            what: format!("populating {len} bytes of RAM for {}", opts.name),
-            err,
-        });
-    }
+    let mem = Mem::map(len).map_err(|err| ControlError::Os {
+        what: format!("mapping {len} bytes for {}", opts.name),
+        err,
+    })?;
     let uuid = *opts.uuid.get_or_insert_with(uuid::Uuid::new_v4);
     let info = BdevInfo {
         name: opts.name.clone(),
@@ -182,7 +165,7 @@ pub fn create(reg: &Registry, mut opts: RamOpts) -> Result<Arc<BdevEntry>, Contr
     reg.register(Arc::new(MallocBdev {
         info,
         opts,
-        mem: Arc::new(Mem { ptr: p.cast(), len }),
+        mem: Arc::new(mem),
     }))
 }
 

@@ -2,6 +2,7 @@
 //! (RAM), `uring` (files and block devices through io_uring), each with its
 //! [`crate::BdevModule`] for the registry's module table.
 
+mod lazy_mem;
 pub mod malloc;
 pub mod null;
 pub mod uring;
