@@ -313,6 +313,7 @@ impl Registry {
         });
         g.by_name.insert(name.clone(), entry.clone());
         g.by_name.insert(uuid, entry.clone());
+        tracing::info!(bdev = %name, module = entry.info().module, "bdev {name} created ({})", entry.info().module);
         g.order.push(name);
         drop(g);
         // Outside the lock: a module's examine opens and claims bdevs.
@@ -406,6 +407,7 @@ impl Registry {
             let name = &e.info().name;
             g.order.retain(|n| n != name);
         }
+        tracing::info!(bdev = %e.info().name, "bdev {} removed", e.info().name);
         let openers: Vec<EventFn> = e.lock().openers.iter().map(|(_, f)| f.clone()).collect();
         for f in openers {
             f(BdevEvent::Remove);

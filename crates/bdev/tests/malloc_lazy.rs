@@ -63,7 +63,10 @@ fn malloc_populates_extents_on_first_write() {
 
     // A 4 KiB write inside extent 1 populates extent 1 only; one spanning
     // extents 3 and 4 populates both. Both read back.
-    let writes = [((4 * MIB - 4096) / BS, 8u64, 1u64), ((8 * MIB - 2048) / BS, 8, 2)];
+    let writes = [
+        ((4 * MIB - 4096) / BS, 8u64, 1u64),
+        ((8 * MIB - 2048) / BS, 8, 2),
+    ];
     for (i, (lba, n, seed)) in writes.into_iter().enumerate() {
         let d = desc.clone();
         h.block_on(i % 2, move || async move {
@@ -116,7 +119,9 @@ fn malloc_populates_extents_on_first_write() {
             ch.write_zeroes(0, 10 * MIB / BS).await.unwrap();
             let mut all = true;
             for m in 0..10 {
-                let (r, b) = ch.read(m * MIB / BS, MIB / BS, IoBuf::alloc(1 << 20).await).await;
+                let (r, b) = ch
+                    .read(m * MIB / BS, MIB / BS, IoBuf::alloc(1 << 20).await)
+                    .await;
                 r.unwrap();
                 all &= b.iter().all(|x| *x == 0);
             }
@@ -145,9 +150,11 @@ fn malloc_populates_extents_on_first_write() {
         })
         .unwrap();
     }
-    testkit::wait_until("both reactors' first writes", Duration::from_secs(30), || {
-        done.load(Ordering::SeqCst) == 2
-    });
+    testkit::wait_until(
+        "both reactors' first writes",
+        Duration::from_secs(30),
+        || done.load(Ordering::SeqCst) == 2,
+    );
     assert_eq!(resident(&reg), 8 * MIB, "extent 6 added");
     let d = desc.clone();
     let bad = h

@@ -109,7 +109,11 @@ impl Mem {
 
     /// Bytes populated so far (for `driver_specific`).
     pub(crate) fn resident_bytes(&self) -> u64 {
-        let n: u32 = self.populated.iter().map(|w| w.load(Ordering::Relaxed).count_ones()).sum();
+        let n: u32 = self
+            .populated
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed).count_ones())
+            .sum();
         (n as u64 * EXTENT as u64).min(self.len as u64)
     }
 
@@ -247,7 +251,8 @@ pub(crate) fn request(mem: Arc<Mem>, off: usize, len: usize) -> Populated {
     if let Err(mpsc::SendError(j)) = tx.send(job) {
         // The thread is gone (it never exits while the sender lives, so
         // this is unreachable in practice); populate here rather than hang.
-        *done.state.lock().unwrap_or_else(|e| e.into_inner()) = (Some(j.mem.populate(j.off, j.len)), None);
+        *done.state.lock().unwrap_or_else(|e| e.into_inner()) =
+            (Some(j.mem.populate(j.off, j.len)), None);
     }
     Populated(done)
 }
