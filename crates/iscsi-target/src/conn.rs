@@ -42,6 +42,17 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         None => None,
     };
     let (initiator_addr, target_addr) = crate::live::addrs(&conn.fd);
+    let node = est
+        .node
+        .as_ref()
+        .map_or("(discovery)", |n| n.full_name.as_str());
+    tracing::info!(
+        initiator = %est.initiator,
+        node,
+        peer = %initiator_addr,
+        "iscsi: {} logged in to {node} from {initiator_addr}",
+        est.initiator
+    );
     let _live = svc.shared.live.add(ConnInfo {
         id: 0,
         cid: est.cid,

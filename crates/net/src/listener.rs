@@ -120,7 +120,7 @@ impl ConnLimit {
             return None;
         }
         self.accepted.fetch_add(1, Ordering::Relaxed);
-        Some(ConnGuard(self.clone()))
+        Some(ConnGuard(self.clone(), None))
     }
 
     /// Waits (blocking, control thread) until no connection is open or
@@ -145,10 +145,27 @@ impl ConnLimit {
 }
 
 /// Keeps one connection counted against its [`ConnLimit`] until dropped.
-pub struct ConnGuard(Arc<ConnLimit>);
+pub struct ConnGuard(Arc<ConnLimit>, Option<ConnLog>);
+
+/// What the close of an accepted connection is logged with.
+struct ConnLog {
+    listener: &'static str,
+    peer: SocketAddr,
+    since: Instant,
+}
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
+        if let Some(l) = &self.1 {
+            tracing::info!(
+                listener = l.listener,
+                peer = %l.peer,
+                secs = l.since.elapsed().as_secs_f64(),
+                "{}: connection from {} closed",
+                l.listener,
+                l.peer
+            );
+        }
         let prev = self.0.open.fetch_sub(1, Ordering::AcqRel);
         debug_assert!(prev > 0, "connection count underflow");
         let (m, cv) = &self.0.closed;
@@ -162,7 +179,17 @@ pub struct Accepted {
     pub fd: OwnedFd,
     /// Drop it (with the connection) to free its place under the cap.
     pub guard: ConnGuard,
+    /// The client's address (`None` if the socket could not say).
+    pub peer: Option<SocketAddr>,
     handshake_timeout: Duration,
+}
+
+/// The peer of a connected TCP socket (control path: one `getpeername`).
+pub fn peer_addr(fd: std::os::fd::RawFd) -> Option<SocketAddr> {
+    // SAFETY: the stream borrows `fd` only for `peer_addr` and is never
+    // dropped (ManuallyDrop), so the caller's descriptor stays open.
+    let s = std::mem::ManuallyDrop::new(unsafe { std::net::TcpStream::from_raw_fd(fd) });
+    s.peer_addr().ok()
 }
 
 impl Accepted {
@@ -310,16 +337,38 @@ impl<S: Service> AcceptLoop<S> {
     /// Counts `client` against the cap and places it on a reactor, or
     /// closes it (dropped) when the cap is reached.
     fn admit(&self, client: OwnedFd, service: Arc<S>) {
-        let Some(guard) = self.cfg.limit.try_admit() else {
+        let peer = peer_addr(client.as_raw_fd());
+        let show = peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+        let Some(mut guard) = self.cfg.limit.try_admit() else {
+            tracing::warn!(
+                listener = self.cfg.name,
+                peer = %show,
+                max = self.cfg.limit.max(),
+                "{}: connection from {show} refused: at the cap of {} connections",
+                self.cfg.name,
+                self.cfg.limit.max()
+            );
             service.on_reject();
             return;
         };
+        tracing::info!(
+            listener = self.cfg.name,
+            peer = %show,
+            "{}: connection from {show} accepted",
+            self.cfg.name
+        );
+        guard.1 = peer.map(|peer| ConnLog {
+            listener: self.cfg.name,
+            peer,
+            since: Instant::now(),
+        });
         service.on_accept();
         let _ = ustor_runtime::net::set_nodelay(client.as_raw_fd());
         let target = self.placement.next(self.rt.num_reactors());
         let conn = Accepted {
             fd: client,
             guard,
+            peer,
             handshake_timeout: self.cfg.handshake_timeout,
         };
         // On failure the message, with the socket and its guard inside,

@@ -52,7 +52,7 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: BenchArgs) -> i32 {
-    crate::init_logging(&a.log_level);
+    crate::init_logging(&a.log_level, crate::LogFormat::Text);
     let fail = |m: String| {
         eprintln!("ustor bench: {m}");
         2

@@ -9,6 +9,7 @@ mod methods;
 mod metrics;
 mod rpc_cmd;
 mod serve;
+mod service;
 mod targets;
 mod top;
 
@@ -108,11 +109,24 @@ impl RuntimeArgs {
     }
 }
 
-pub fn init_logging(level: &str) {
+/// How log lines are written (to stderr, one line per event).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// `2026-11-26T19:00:00Z  INFO nbd: connection from 127.0.0.1:5000 accepted`
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields with the
+    /// object names: bdev, export, listener, peer, ...), for log shippers.
+    Json,
+}
+
+pub fn init_logging(level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
+    let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => b.try_init(),
+        LogFormat::Json => b.json().try_init(),
+    };
 }

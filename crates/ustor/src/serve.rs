@@ -1,6 +1,8 @@
 //! `ustor serve`: start the reactors and the RPC server, load a config (or
 //! the embedded default: a 1 GiB malloc bdev exported on 127.0.0.1), print
-//! what is served and how to reach it, and run until SIGINT/SIGTERM.
+//! what is served and how to reach it, and run until SIGINT/SIGTERM; SIGHUP
+//! reloads the config file (see `service`), and systemd hears of readiness,
+//! reloads and the stop through sd_notify.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,6 +27,10 @@ pub struct ServeArgs {
     /// Log level (error, warn, info, debug, trace).
     #[arg(long, default_value = "info")]
     log_level: String,
+    /// Log line format: text for people, json (one object per line) for log
+    /// shippers.
+    #[arg(long, value_enum, default_value_t = crate::LogFormat::Text)]
+    log_format: crate::LogFormat,
     /// NBD port of the embedded default config.
     #[arg(long, default_value_t = 10809)]
     nbd_port: u16,
@@ -54,6 +60,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -219,11 +226,46 @@ fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>)
             a.socket.display()
         );
     }
+    if a.config.is_none() && !a.wait_for_rpc {
+        println!(
+            "Default disk: Malloc0, {} MiB of RAM, used only as it is written \
+             (--default-size-mib N to change; -c FILE for your own config).",
+            a.default_size_mib
+        );
+    }
     println!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");
 }
 
+/// SIGHUP: apply the `-c` file again, creating what does not exist yet.
+fn reload(app: &App, a: &ServeArgs) {
+    let Some(path) = &a.config else {
+        tracing::warn!("SIGHUP: no config file (-c) to reload; ignored");
+        return;
+    };
+    crate::service::notify(&format!(
+        "RELOADING=1\nMONOTONIC_USEC={}\nSTATUS=reloading {}",
+        crate::service::monotonic_usec(),
+        path.display()
+    ));
+    match crate::service::reload(&app.table, path) {
+        Ok(r) => tracing::info!(
+            config = %path.display(),
+            created = r.created,
+            existed = r.existed,
+            failed = r.failed,
+            "reloaded {}: {} calls applied, {} objects already there, {} failed",
+            path.display(),
+            r.created,
+            r.existed,
+            r.failed
+        ),
+        Err(e) => tracing::error!(config = %path.display(), "reload failed: {e}"),
+    }
+    crate::service::notify("READY=1\nSTATUS=serving");
+}
+
 pub fn run(a: ServeArgs) -> i32 {
-    crate::init_logging(&a.log_level);
+    crate::init_logging(&a.log_level, a.log_format);
     let sigs = block_signals();
     let cfg = match a.rt.config("0") {
         Ok(c) => c,
@@ -315,11 +357,23 @@ pub fn run(a: ServeArgs) -> i32 {
         }
     }
     print_banner(&app, &a, metrics.as_ref().map(|m| m.local_addr()));
-    let sig = wait_signal(&sigs);
+    crate::service::notify("READY=1\nSTATUS=serving");
+    let sig = loop {
+        match wait_signal(&sigs) {
+            libc::SIGHUP => reload(&app, &a),
+            s => break s,
+        }
+    };
+    crate::service::notify("STOPPING=1\nSTATUS=draining targets");
     tracing::info!("signal {sig}: shutting down (send another to force exit)");
     // A second signal during the graceful shutdown forces exit.
     std::thread::spawn(move || {
-        let s = wait_signal(&sigs);
+        let s = loop {
+            match wait_signal(&sigs) {
+                libc::SIGHUP => continue,
+                s => break s,
+            }
+        };
         eprintln!("signal {s} during shutdown: forcing exit");
         std::process::exit(130);
     });

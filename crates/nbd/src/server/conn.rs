@@ -113,6 +113,15 @@ pub(crate) async fn serve(conn: Accepted, shared: Arc<Shared>) {
     match conn.handshake(handshake(fd, &shared)).await {
         Some(Ok(Some((entry, params)))) => match entry.source.channel() {
             Ok(channel) => {
+                let peer = conn.peer.map_or_else(|| "?".into(), |p| p.to_string());
+                tracing::info!(
+                    export = %entry.name,
+                    bdev = %entry.bdev_name,
+                    peer = %peer,
+                    "nbd: export {} (bdev {}) opened by {peer}",
+                    entry.name,
+                    entry.bdev_name
+                );
                 let proto = Nbd::new(channel, params, entry.features())
                     .draining_on(shared.draining.clone());
                 // The entry (and its bdev claim) lives as long as the
@@ -121,7 +130,12 @@ pub(crate) async fn serve(conn: Accepted, shared: Arc<Shared>) {
                 driver::run(fd, proto, driver_config()).await;
                 drop((registered, entry, guard));
             }
-            Err(e) => tracing::warn!("nbd: export {} has no channel: {e}", entry.name),
+            Err(e) => tracing::warn!(
+                export = %entry.name,
+                bdev = %entry.bdev_name,
+                "nbd: export {} has no channel: {e}",
+                entry.name
+            ),
         },
         Some(Ok(None)) | None => bump(|c| inc(&c.handshakes_failed, 1)),
         Some(Err(e)) => {

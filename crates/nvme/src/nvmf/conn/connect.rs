@@ -87,6 +87,17 @@ fn connect_admin(
         inc(&c.admin_qpairs, 1);
         inc(&c.cur_admin, 1);
     });
+    let peer = ustor_net::listener::peer_addr(conn.raw());
+    let peer = peer.map_or_else(|| "?".into(), |p| p.to_string());
+    tracing::info!(
+        host = %data.hostnqn,
+        subsystem = %subsys.nqn,
+        cntlid,
+        peer = %peer,
+        "nvmf: host {} connected to {} from {peer} (controller {cntlid})",
+        data.hostnqn,
+        subsys.nqn
+    );
     spawn(kato_watch(conn.clone(), ctrl));
     conn.sqsize.set(cmd.sqsize);
     let mut c = conn.cqe(cid, Status::SUCCESS);
