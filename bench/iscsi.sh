@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# iSCSI targets side by side through the same client (libiscsi's iscsi-perf):
+# ustor (crates/iscsi-target/examples/serve.rs, a malloc LUN) and tgtd
+# (Debian `tgt`, a LUN on a file in /dev/shm, rdwr backing store).
+# 4 KiB random reads at QD1 and QD32 with 1 and 4 sessions (one iscsi-perf
+# process per session). iscsi-perf in libiscsi 1.19 only reads: randwrite
+# needs fio's libiscsi engine (fio --enable-libiscsi), not built here.
+# SPDK's iscsi_tgt is not built here either, so it is not in the table.
+#
+# Both targets run for the whole benchmark pinned to CORES (one core by
+# default); iscsi-perf runs on the other cores. Workloads are interleaved
+# (round r runs every workload on every target) and each cell is the median
+# of ROUNDS runs, because the machines this runs on are shared and noisy.
+# Reports IOPS (sum over sessions of iscsi-perf's average), the target's CPU
+# time per I/O (from /proc/PID/stat, all threads) and each target's idle CPU
+# (% of a core over IDLE seconds with no session), then ustor/tgtd ratios.
+#
+# Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
+#                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-4}
+SIZE_MIB=${SIZE_MIB:-256}
+CORES=${CORES:-0}
+CLIENT_CORES=${CLIENT_CORES:-$(python3 -c '
+import os, sys
+used = {int(c) for c in sys.argv[1].split(",")}
+rest = sorted(set(os.sched_getaffinity(0)) - used)
+print(",".join(map(str, rest)) if rest else sys.argv[1])' "$CORES")}
+QDS=${QDS:-"1 32"}
+SESS=${SESS:-"1 4"}
+IDLE=${IDLE:-5}
+OUT=${OUT:-/tmp/ustor-bench-iscsi}
+IQN=iqn.2016-06.io.spdk:disk1
+mkdir -p "$OUT"
+for t in tgtd tgtadm iscsi-perf python3; do
+  command -v "$t" >/dev/null || { echo "missing $t (apt-get install -y tgt libiscsi-bin)" >&2; exit 1; }
+done
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -q -p ustor-iscsi-target --example serve
+  BIN=target/release/examples/serve
+fi
+
+. bench/lib/tgtd.sh
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+
+declare -A PID URL
+UPID=
+cleanup() { [ -z "$UPID" ] || kill "$UPID" 2>/dev/null || true; tgtd_stop; }
+trap cleanup EXIT
+
+UPORT=$(free_port)
+taskset -c "$CORES" "$BIN" "$UPORT" 512 "$SIZE_MIB" >"$OUT/ustor.log" 2>&1 &
+UPID=$!; wait_port "$UPORT"
+PID[ustor]=$UPID; URL[ustor]="iscsi://127.0.0.1:$UPORT/$IQN/0"
+tgtd_start /dev/shm/ustor-bench-iscsi-tgt.img "$SIZE_MIB" "$IQN" "$OUT/tgtd.log" taskset -c "$CORES"
+PID[tgtd]=$TGT_PID; URL[tgtd]="iscsi://127.0.0.1:$PORT/$IQN/1"
+
+idle_pct() { # pid
+  local b a; b=$(cpu_ticks "$1"); sleep "$IDLE"; a=$(cpu_ticks "$1")
+  python3 -c "import sys; print(f'{100*($a-$b)/$HZ/$IDLE:.2f}')"
+}
+
+RES="$OUT/results.tsv"
+printf 'round\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\n' >"$RES"
+run_one() { # round target qd sessions
+  local pid=${PID[$2]} b a i pids=()
+  b=$(cpu_ticks "$pid")
+  for i in $(seq "$4"); do
+    timeout -s INT "$RUNTIME" taskset -c "$CLIENT_CORES" iscsi-perf -i "iqn.2007-10.com.github:bench-$i" \
+      -m "$3" -b 8 -r "${URL[$2]}" >"$OUT/$2-qd$3-s$4-$i-r$1.txt" 2>&1 & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  a=$(cpu_ticks "$pid")
+  python3 - "$@" "$((a - b))" "$HZ" "$OUT" <<'PY' >>"$RES"
+import glob, re, sys
+rnd, tgt, qd, s, ticks, hz, out = sys.argv[1:]
+iops = 0
+for f in glob.glob(f"{out}/{tgt}-qd{qd}-s{s}-*-r{rnd}.txt"):
+    avg = re.findall(r"iops average (\d+)", open(f).read())
+    iops += int(avg[-1]) if avg else 0
+cpu = int(ticks) / int(hz) * 1e6
+ios = iops * 1.0  # iops average is per second over the run
+print(f"{rnd}\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}")
+PY
+}
+
+IDLE_U=$(idle_pct "${PID[ustor]}"); IDLE_T=$(idle_pct "${PID[tgtd]}")
+for r in $(seq "$ROUNDS"); do
+  for qd in $QDS; do for s in $SESS; do for t in ustor tgtd; do
+    run_one "$r" "$t" "$qd" "$s"
+  done; done; done
+done
+
+python3 - "$RES" "$RUNTIME" "$IDLE_U" "$IDLE_T" <<'PY'
+import csv, statistics, sys
+res, runtime, iu, it = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+rows = list(csv.DictReader(open(res), delimiter="\t"))
+cells = {}
+for r in rows:
+    k = (r["qd"], r["sessions"], r["target"])
+    # cpu_us_per_io above divides CPU over the whole run by one second's IOPS.
+    cpu = float(r["cpu_us_per_io"]) / runtime
+    cells.setdefault(k, []).append((int(r["iops"]), cpu))
+print(f"idle target CPU (% of a core): ustor {iu}  tgtd {it}")
+print("qd sess | ustor IOPS  cpu us/io | tgtd IOPS  cpu us/io | IOPS ratio  cpu ratio")
+for qd, s in sorted({(k[0], k[1]) for k in cells}, key=lambda x: (int(x[0]), int(x[1]))):
+    u = cells[(qd, s, "ustor")]; t = cells[(qd, s, "tgtd")]
+    ui = statistics.median(x[0] for x in u); uc = statistics.median(x[1] for x in u)
+    ti = statistics.median(x[0] for x in t); tc = statistics.median(x[1] for x in t)
+    print(f"{qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f} | {ti:>9.0f} {tc:>9.2f} | {ui/max(ti,1):>10.2f} {uc/max(tc,1e-9):>9.2f}")
+PY
