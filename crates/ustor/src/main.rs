@@ -5,6 +5,7 @@
 mod app;
 mod bench_cmd;
 mod control;
+mod fs_cmd;
 mod methods;
 mod metrics;
 mod rpc_cmd;
@@ -40,6 +41,8 @@ enum Cmd {
     Bench(bench_cmd::BenchArgs),
     /// Live view of a running server: reactors, bdevs, targets (like spdk_top).
     Top(top::TopArgs),
+    /// File service tools: `ustor fs check REGION`.
+    Fs(fs_cmd::FsArgs),
 }
 
 fn main() {
@@ -51,6 +54,7 @@ fn main() {
         Cmd::LoadConfig(a) => rpc_cmd::load(a),
         Cmd::Bench(a) => bench_cmd::run(a),
         Cmd::Top(a) => top::run(a),
+        Cmd::Fs(a) => fs_cmd::run(a),
     };
     std::process::exit(code);
 }
