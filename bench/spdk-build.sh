@@ -6,7 +6,13 @@
 # Usage (as root: installs packages with apt-get):
 #   [SPDK_SRC=/work/.mirror/spdk+spdk/repo | https://github.com/spdk/spdk.git]
 #   [SPDK_REF=<commit|tag>] [ISAL_SRC=<isa-l git dir or URL>]
-#   [SPDK_DIR=/work/spdk] [JOBS=2] [NOAPT=1] [FORCE=1] bench/spdk-build.sh
+#   [SPDK_DIR=/work/spdk] [JOBS=2] [NOAPT=1] [FORCE=1] [WITH="rbd vhost virtio"]
+#   bench/spdk-build.sh
+#
+# WITH turns on optional SPDK parts the default build leaves out: "vhost"
+# and "virtio" (bench/vhost.sh: SPDK's vhost target and bdevperf's
+# virtio-user frontend), "rbd" (bench/rbd.sh: bdev_rbd; needs librbd-dev).
+# Build such a tree in its own SPDK_DIR so the default one stays as measured.
 #
 # What it does (exactly what was done for bench/RESULTS-spdk.md):
 #  1. apt-get install the -dev packages and Debian's DPDK 22.11 (libdpdk-dev).
@@ -30,12 +36,23 @@ CONFIGURE="--with-dpdk --without-isal-crypto --without-crypto --with-uring \
  --without-vfio-user --without-xnvme --without-ocf --without-vhost --without-virtio \
  --without-fsdev --without-nvme-cuse --without-fio \
  --disable-tests --disable-unit-tests"
+for w in ${WITH:-}; do
+    case $w in
+    rbd | vhost | virtio) ;;
+    *) echo "spdk-build.sh: WITH=$w: only rbd, vhost, virtio" >&2; exit 2 ;;
+    esac
+    CONFIGURE=$(printf '%s' "$CONFIGURE" | sed "s/ --without-$w / /")
+    CONFIGURE="$CONFIGURE --with-$w"
+done
 
 if [ -z "${NOAPT:-}" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential pkg-config meson nasm autoconf automake libtool python3 python3-pyelftools python3-tabulate python3-yaml python3-jinja2 \
         libdpdk-dev libnuma-dev libaio-dev liburing-dev uuid-dev libssl-dev \
         libjson-c-dev libcunit1-dev libncurses-dev libkeyutils-dev >/dev/null
+    case " ${WITH:-} " in *" rbd "*)
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends librbd-dev librados-dev >/dev/null ;;
+    esac
 fi
 
 if [ ! -d "$SPDK_DIR/.git" ]; then
