@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests need (Debian packages listed in .ci/apt/*.txt, Python
-# packages in .ci/pip.txt), then runs
+# packages in .ci/pip.txt, cargo subcommands in .ci/cargo.txt), then runs
 # every test of the workspace. Safe to run again: installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +34,14 @@ if [ -s .ci/pip.txt ]; then
 fi
 
 command -v cargo >/dev/null || { echo "scripts/test.sh: needs a stable Rust toolchain (cargo) on PATH" >&2; exit 1; }
+
+# Cargo subcommands (.ci/cargo.txt), e.g. cargo-deb for the package test.
+for t in $(sed 's/#.*//' .ci/cargo.txt 2>/dev/null); do
+  if ! cargo "${t#cargo-}" --version >/dev/null 2>&1; then
+    echo "== installing $t (cargo install --locked)"
+    cargo install --locked -q "$t"
+  fi
+done
 
 # Under CI=true (.ci/run sets it) a test that finds a peer missing fails
 # instead of printing SKIPPED: and passing (testkit::missing).

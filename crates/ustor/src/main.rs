@@ -5,6 +5,7 @@
 mod app;
 mod bench_cmd;
 mod control;
+mod docgen;
 mod fs_cmd;
 mod methods;
 mod metrics;
@@ -43,6 +44,11 @@ enum Cmd {
     Top(top::TopArgs),
     /// File service tools: `ustor fs check REGION`.
     Fs(fs_cmd::FsArgs),
+    /// Print a shell completion script: `ustor completions bash`.
+    Completions(docgen::CompletionsArgs),
+    /// Write the man pages (generated from these flags) to a directory.
+    #[command(hide = true)]
+    Manpages(docgen::ManpagesArgs),
 }
 
 fn main() {
@@ -55,6 +61,8 @@ fn main() {
         Cmd::Bench(a) => bench_cmd::run(a),
         Cmd::Top(a) => top::run(a),
         Cmd::Fs(a) => fs_cmd::run(a),
+        Cmd::Completions(a) => docgen::completions(a),
+        Cmd::Manpages(a) => docgen::manpages(a),
     };
     std::process::exit(code);
 }
@@ -121,6 +129,21 @@ pub enum LogFormat {
     /// One JSON object per line (timestamp, level, target, fields with the
     /// object names: bdev, export, listener, peer, ...), for log shippers.
     Json,
+}
+
+/// Writes to stdout; a closed stdout (`ustor ... | head`, a service manager
+/// that closed it) is an exit code, not a panic.
+pub fn write_stdout(buf: &[u8]) -> i32 {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(buf).and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("ustor: stdout: {e}");
+            1
+        }
+    }
 }
 
 pub fn init_logging(level: &str, format: LogFormat) {
