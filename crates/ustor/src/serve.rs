@@ -13,6 +13,17 @@ use ustor_rpc::{ServerConfig, RPC_RUNTIME, RPC_STARTUP};
 use crate::app::App;
 use crate::RuntimeArgs;
 
+/// `println!` that ignores a closed stdout: the banner and the shutdown lines
+/// are for a person watching, and a service manager (or `ustor serve | head`)
+/// may have closed stdout; that must not panic the server halfway through
+/// its clean shutdown.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 #[derive(clap::Args)]
 pub struct ServeArgs {
     /// JSON config (SPDK format) to load at start.
@@ -159,30 +170,30 @@ fn print_iscsi(app: &App) {
         let name = n["name"].as_str().unwrap_or("");
         for m in n["pg_ig_maps"].as_array().into_iter().flatten() {
             for p in portals(&m["pg_tag"]) {
-                println!("  iSCSI target {name} on {p}");
-                println!("    iscsi-ls -s iscsi://{p}");
-                println!("    iscsi-inq iscsi://{p}/{name}/0");
-                println!("    iscsiadm -m discovery -t st -p {p}");
+                say!("  iSCSI target {name} on {p}");
+                say!("    iscsi-ls -s iscsi://{p}");
+                say!("    iscsi-inq iscsi://{p}/{name}/0");
+                say!("    iscsiadm -m discovery -t st -p {p}");
             }
         }
     }
 }
 
 fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>) {
-    println!(
+    say!(
         "ustor {} serving on reactors {:?} ({} mode)",
         env!("CARGO_PKG_VERSION"),
         app.cfg.cores,
         app.cfg.poll_mode
     );
-    println!(
+    say!(
         "  RPC socket: {}   (ustor rpc -s {} bdev_get_bdevs)",
         a.socket.display(),
         a.socket.display()
     );
     for e in app.registry.list() {
         let i = e.info();
-        println!(
+        say!(
             "  bdev {}: {} x {} B ({} MiB, {})",
             i.name,
             i.num_blocks,
@@ -193,10 +204,10 @@ fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>)
     }
     if let Some(addr) = app.nbd.local_addr() {
         for x in app.nbd.get_exports() {
-            println!("  NBD export `{}` (bdev {}) on {addr}", x.name, x.bdev_name);
-            println!("    nbdinfo nbd://{addr}/{}", x.name);
-            println!("    qemu-img info nbd://{addr}/{}", x.name);
-            println!(
+            say!("  NBD export `{}` (bdev {}) on {addr}", x.name, x.bdev_name);
+            say!("    nbdinfo nbd://{addr}/{}", x.name);
+            say!("    qemu-img info nbd://{addr}/{}", x.name);
+            say!(
                 "    nbd-client {} {} -N {} /dev/nbd0",
                 addr.ip(),
                 addr.port(),
@@ -207,33 +218,37 @@ fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>)
     for sub in app.nvmf.nvmf_get_subsystems() {
         for l in &sub.listen_addresses {
             if sub.subtype.eq_ignore_ascii_case("nvme") {
-                println!(
+                say!(
                     "  NVMe/TCP subsystem {} on {}:{}",
-                    sub.nqn, l.traddr, l.trsvcid
+                    sub.nqn,
+                    l.traddr,
+                    l.trsvcid
                 );
-                println!("    nvme discover -t tcp -a {} -s {}", l.traddr, l.trsvcid);
-                println!(
+                say!("    nvme discover -t tcp -a {} -s {}", l.traddr, l.trsvcid);
+                say!(
                     "    nvme connect -t tcp -a {} -s {} -n {}",
-                    l.traddr, l.trsvcid, sub.nqn
+                    l.traddr,
+                    l.trsvcid,
+                    sub.nqn
                 );
             }
         }
     }
     print_iscsi(app);
     if let Some(m) = metrics {
-        println!(
+        say!(
             "  Prometheus metrics on http://{m}/metrics   (ustor top -s {} for a live view)",
             a.socket.display()
         );
     }
     if a.config.is_none() && !a.wait_for_rpc {
-        println!(
+        say!(
             "Default disk: Malloc0, {} MiB of RAM, used only as it is written \
              (--default-size-mib N to change; -c FILE for your own config).",
             a.default_size_mib
         );
     }
-    println!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");
+    say!("Stop with Ctrl-C (SIGINT) or SIGTERM; a second signal forces exit.");
 }
 
 /// SIGHUP: apply the `-c` file again, creating what does not exist yet.
@@ -304,7 +319,7 @@ pub fn run(a: ServeArgs) -> i32 {
             return 1;
         };
         server = Some(s);
-        println!("waiting for framework_start_init on {}", a.socket.display());
+        say!("waiting for framework_start_init on {}", a.socket.display());
         while app.table.state() != RPC_RUNTIME {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -387,8 +402,8 @@ pub fn run(a: ServeArgs) -> i32 {
         } else {
             "still busy at the deadline"
         };
-        println!("ustor: target {} stopped ({how})", t.name);
+        say!("ustor: target {} stopped ({how})", t.name);
     }
-    println!("ustor: stopped cleanly");
+    say!("ustor: stopped cleanly");
     0
 }

@@ -264,3 +264,55 @@ fn sd_notify_ready_reload_stopping() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A closed stdout (a service manager that closed it, `ustor serve | head`)
+/// is not a panic: the banner and the shutdown lines are dropped, and the
+/// server still shuts down cleanly with exit code 0.
+#[test]
+fn closed_stdout_is_no_panic() {
+    let dir = tmpdir("epipe");
+    let sock = dir.join("rpc.sock");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--no-pin",
+            "--mem-size",
+            "8",
+            "--default-size-mib",
+            "8",
+        ])
+        .args([
+            "--nbd-port",
+            "0",
+            "--nvmf-port",
+            "0",
+            "--iscsi-port",
+            "0",
+            "-r",
+        ])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end: every later write to stdout fails with EPIPE.
+    drop(child.stdout.take());
+    testkit::wait_until("RPC socket answers", Duration::from_secs(20), || {
+        RpcClient::connect(&sock)
+            .and_then(|mut c| c.call("bdev_get_bdevs", Value::Null))
+            .is_ok()
+    });
+    // SAFETY: kill(2) on the child we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(status.success(), "{status}: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
