@@ -4,10 +4,15 @@
 # finished build is not redone (FORCE=1 reconfigures and rebuilds).
 #
 # Usage (as root: installs packages with apt-get):
-#   [SPDK_SRC=/work/.mirror/spdk+spdk/repo | https://github.com/spdk/spdk.git]
+#   [SPDK_SRC=<SPDK git dir or URL, default https://github.com/spdk/spdk.git>]
 #   [SPDK_REF=<commit|tag>] [ISAL_SRC=<isa-l git dir or URL>]
-#   [SPDK_DIR=/work/spdk] [JOBS=2] [NOAPT=1] [FORCE=1] [WITH="rbd vhost virtio"]
-#   bench/spdk-build.sh
+#   [SPDK_DIR=$HOME/spdk] [JOBS=2] [NOAPT=1] [FORCE=1] [WITH="rbd vhost virtio"]
+#   [STATIC=1] bench/spdk-build.sh
+#
+# STATIC=1 links DPDK statically (./configure --with-dpdk=/usr, Debian's
+# librte_*.a), the way SPDK's own build ships its binaries; the default
+# links Debian's shared DPDK (./configure --with-dpdk, via pkg-config).
+# Build each in its own SPDK_DIR (e.g. SPDK_DIR=$HOME/spdk-static).
 #
 # WITH turns on optional SPDK parts the default build leaves out: "vhost"
 # and "virtio" (bench/vhost.sh: SPDK's vhost target and bdevperf's
@@ -25,14 +30,14 @@
 #  4. ./configure (line below) and `nice -n 10 make -j$JOBS`.
 #  5. Hugepages: 1024 x 2 MiB (bench/spdk.sh also does this).
 set -eu
-SPDK_SRC=${SPDK_SRC:-/work/.mirror/spdk+spdk/repo}
-ISAL_SRC=${ISAL_SRC:-/work/.mirror/intel+isa-l/repo}
-SPDK_DIR=${SPDK_DIR:-/work/spdk}
+SPDK_SRC=${SPDK_SRC:-https://github.com/spdk/spdk.git}
+ISAL_SRC=${ISAL_SRC:-https://github.com/intel/isa-l.git}
+SPDK_DIR=${SPDK_DIR:-$HOME/spdk}
 JOBS=${JOBS:-2}
-[ -d "$SPDK_SRC" ] || [ "${SPDK_SRC#http}" != "$SPDK_SRC" ] || SPDK_SRC=https://github.com/spdk/spdk.git
-[ -d "$ISAL_SRC" ] || ISAL_SRC=https://github.com/intel/isa-l.git
 
-CONFIGURE="--with-dpdk --without-isal-crypto --without-crypto --with-uring \
+DPDK_OPT=--with-dpdk
+[ -z "${STATIC:-}" ] || DPDK_OPT=--with-dpdk=/usr
+CONFIGURE="$DPDK_OPT --without-isal-crypto --without-crypto --with-uring \
  --without-vfio-user --without-xnvme --without-ocf --without-vhost --without-virtio \
  --without-fsdev --without-nvme-cuse --without-fio \
  --disable-tests --disable-unit-tests"
@@ -85,6 +90,14 @@ if ! grep -q 'ustor: any 22.11' lib/env_dpdk/pci_dpdk.c; then
     grep -q 'ustor: any 22.11' lib/env_dpdk/pci_dpdk.c
 fi
 
+# Debian installs rte_build_config.h under /usr/include/<triple>/dpdk/, not
+# next to rte_config.h in /usr/include/dpdk/. env.mk greps it for NUMA to add
+# -lnuma to a static link: look there too (a shared link does not need it).
+if ! grep -q 'ustor: multiarch' lib/env_dpdk/env.mk; then
+    sed -i 's|^ifneq (,$(wildcard $(DPDK_INC_DIR)/rte_build_config.h))$|# ustor: multiarch rte_build_config.h\nDPDK_BUILD_CONFIG_H := $(firstword $(wildcard $(DPDK_INC_DIR)/rte_build_config.h $(DPDK_INC_DIR)/../$(shell $(CC) -dumpmachine)/dpdk/rte_build_config.h))\nifneq (,$(DPDK_BUILD_CONFIG_H))|; s|^ifneq (,$(shell grep -e "define RTE_LIBRTE_VHOST_NUMA 1" -e "define RTE_EAL_NUMA_AWARE_HUGEPAGES 1" $(DPDK_INC_DIR)/rte_build_config.h))$|ifneq (,$(shell grep -e "define RTE_LIBRTE_VHOST_NUMA 1" -e "define RTE_EAL_NUMA_AWARE_HUGEPAGES 1" $(DPDK_BUILD_CONFIG_H)))|' lib/env_dpdk/env.mk
+    grep -q 'ustor: multiarch' lib/env_dpdk/env.mk
+fi
+
 stamp=build/.ustor-configure
 if [ -n "${FORCE:-}" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$CONFIGURE" ]; then
     # shellcheck disable=SC2086
@@ -109,7 +122,11 @@ bdevperf=$SPDK_DIR/build/examples/bdevperf
 [ -x "$bdevperf" ] || bdevperf=$SPDK_DIR/test/bdev/bdevperf/bdevperf
 echo "SPDK $(git describe --tags 2>/dev/null || git rev-parse --short HEAD) ($(git rev-parse HEAD)), isa-l $isal_rev"
 echo "configure: ./configure $CONFIGURE"
-echo "SPDK_DIR=$SPDK_DIR (shared libraries: LD_LIBRARY_PATH=$SPDK_DIR/build/lib)"
+if [ -n "${STATIC:-}" ]; then
+    echo "SPDK_DIR=$SPDK_DIR (DPDK linked statically)"
+else
+    echo "SPDK_DIR=$SPDK_DIR (shared libraries: LD_LIBRARY_PATH=$SPDK_DIR/build/lib)"
+fi
 echo "bdevperf=$bdevperf"
 echo "nvmf_tgt=$SPDK_DIR/build/bin/nvmf_tgt"
 echo "spdk_nvme_perf=$SPDK_DIR/build/bin/spdk_nvme_perf"

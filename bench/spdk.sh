@@ -17,13 +17,21 @@
 # Peer and ustor are interleaved (the tool is the innermost loop, repetition
 # the outermost); each point starts a fresh process (nvmf targets too). The
 # summary shows medians over REPEAT and the IOPS spread (half the min-max
-# range over the median).
+# range over the median). Part a also pairs each round's ustor and bdevperf
+# points: the per-round IOPS ratios, their median and min-max (on a VM
+# whose speed drifts by tens of percent, the paired ratio is the figure to
+# trust, not the ratio of medians). Both tools run under `nice -n $NICE`.
+#
+# The bdevperf measured is the one in SPDK_DIR: a tree built by
+# `bench/spdk-build.sh` (DPDK shared) or `STATIC=1 bench/spdk-build.sh`
+# (DPDK static, as SPDK ships it); the header line says which.
 #
 # Needs root (hugepages), SPDK built by bench/spdk-build.sh, python3.
-# Usage: sudo [REPEAT=3] [RUNTIME=3] bench/spdk.sh
+# Usage: sudo [REPEAT=6] [RUNTIME=3] bench/spdk.sh
 # Environment:
-#   SPDK_DIR=/work/spdk      SPDK tree built by bench/spdk-build.sh
-#   REPEAT=3 RUNTIME=3       repetitions, seconds per point
+#   SPDK_DIR=$HOME/spdk      SPDK tree built by bench/spdk-build.sh
+#   REPEAT=6 RUNTIME=3       repetitions (alternating rounds), seconds per point
+#   NICE=-20                 nice level of both tools (0: leave as is)
 #   CORE=1 TCORE=0           benchmark / initiator core; nvmf target core
 #   BDEV_QDS="1 128"  NVMF_QDS="1 32 128"  RWS="randread randwrite"
 #   BDEVS="null malloc"      USTOR_MODES="adaptive poll" (nvmf target modes)
@@ -33,8 +41,9 @@
 # Output: bench/results/spdk-<date>.txt (raw lines, then the summary).
 set -euo pipefail
 
-SPDK_DIR=${SPDK_DIR:-/work/spdk}
-REPEAT=${REPEAT:-3}
+SPDK_DIR=${SPDK_DIR:-$HOME/spdk}
+REPEAT=${REPEAT:-6}
+NICE=${NICE:--20}
 RUNTIME=${RUNTIME:-3}
 CORE=${CORE:-1}
 TCORE=${TCORE:-0}
@@ -126,13 +135,13 @@ bdev_point() {
     if [ "$tool" = bdevperf ]; then
         local name=Null0
         [ "$bdev" = malloc ] && name=Malloc0
-        timeout $((RUNTIME + 60)) "$BDEVPERF" --no-pci --json "$tmp/bdev-$bdev.json" -m "$cmask" \
+        timeout $((RUNTIME + 60)) nice -n "$NICE" "$BDEVPERF" --no-pci --json "$tmp/bdev-$bdev.json" -m "$cmask" \
             -q "$qd" -o 4096 -w "$rw" -t "$RUNTIME" -T "$name" >"$tmp/bdevperf.out" 2>&1 || true
         # the table lines start with \r (bdevperf's live counter)
         r=$(tr -d '\r' <"$tmp/bdevperf.out" | awk '/^ *Total +:/ {print "iops=" $3 " lat_avg_us=" $7 " lat_max_us=" $9}')
         [ -n "$r" ] || r="FAILED $( (grep -E 'ERROR|rror' "$tmp/bdevperf.out" || true) | head -3 | tr '\n\t' '  ' | cut -c1-400)"
     else
-        r=$(timeout $((RUNTIME + 60)) "$USTOR" bench -b "$bdev:1G" --cores "$CORE" --poll-mode poll \
+        r=$(timeout $((RUNTIME + 60)) nice -n "$NICE" "$USTOR" bench -b "$bdev:1G" --cores "$CORE" --poll-mode poll \
             -w "$rw" --bs 4096 -q "$qd" -t "$RUNTIME" --json 2>/dev/null |
             python3 -c 'import json,sys; d=json.load(sys.stdin); t=d["total"]; print("iops=%.1f lat_avg_us=%.3f lat_max_us=%.3f lat_p99_us=%.3f cpu_ns_per_io=%.1f" % (t["iops"], t["lat_avg_us"], t["lat_max_us"], t["lat_p99_us"], d["cpu_ns_per_io"]))') || true
     fi
@@ -223,8 +232,8 @@ EOF
 
 {
     echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-    echo "# ustor $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo '+dirty'); SPDK $(git -C "$SPDK_DIR" describe --tags 2>/dev/null) $(git -C "$SPDK_DIR" rev-parse --short HEAD); DPDK $(pkg-config --modversion libdpdk 2>/dev/null)"
-    echo "# cmd: REPEAT=$REPEAT RUNTIME=$RUNTIME CORE=$CORE TCORE=$TCORE BDEV_QDS=\"$BDEV_QDS\" NVMF_QDS=\"$NVMF_QDS\" USTOR_MODES=\"$USTOR_MODES\" SPDK_SOCK=$SPDK_SOCK bench/spdk.sh"
+    echo "# ustor $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo '+dirty'); SPDK $(git -C "$SPDK_DIR" describe --tags 2>/dev/null) $(git -C "$SPDK_DIR" rev-parse --short HEAD); DPDK $(pkg-config --modversion libdpdk 2>/dev/null) ($(ldd "$BDEVPERF" | grep -q librte_eal && echo shared || echo static) in bdevperf)"
+    echo "# cmd: REPEAT=$REPEAT RUNTIME=$RUNTIME NICE=$NICE CORE=$CORE TCORE=$TCORE BDEV_QDS=\"$BDEV_QDS\" NVMF_QDS=\"$NVMF_QDS\" USTOR_MODES=\"$USTOR_MODES\" SPDK_SOCK=$SPDK_SOCK bench/spdk.sh"
     echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     rep=1
     while [ "$rep" -le "$REPEAT" ]; do
@@ -294,6 +303,17 @@ for k in keys:
             k[0], k[1], k[2], tool, fm(i), spread(rs), med(rs, "lat_avg_us"), int(k[2]) / i * 1e6,
             "%.0f" % cpu if cpu is not None else "(spins: 1e9/IOPS = %.0f)" % (1e9 / i),
             "1.00" if tool == "bdevperf" else ("%.2f" % (i / base) if base == base else "n/a")))
+print()
+print("### a. paired rounds: ustor IOPS / bdevperf IOPS in the same round")
+print("| bdev | workload | QD | rounds | per-round ratios | median | min-max |")
+print("|---|---|---|---|---|---|---|")
+for k in keys:
+    b = {r["rep"]: float(r["iops"]) for r in g.get(k + ("bdevperf",), [])}
+    u = {r["rep"]: float(r["iops"]) for r in g.get(k + ("ustor-bench",), [])}
+    rat = [u[n] / b[n] for n in sorted(b, key=int) if n in u and b[n] > 0]
+    if rat:
+        print("| %s | %s | %s | %d | %s | %.2f | %.2f-%.2f |" % (k[0], k[1], k[2], len(rat),
+              " ".join("%.2f" % x for x in rat), st.median(rat), min(rat), max(rat)))
 print()
 g = group("nvmf", ["rw", "qd", "tool"])
 if g:
