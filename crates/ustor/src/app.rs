@@ -10,7 +10,7 @@ use ustor_rpc::MethodTable;
 use ustor_runtime::{Runtime, RuntimeConfig, RuntimeHandle};
 
 use crate::control::Control;
-use crate::targets::{self, IscsiTarget, NbdTarget, NvmfTarget, Stopped, Target};
+use crate::targets::{self, IscsiTarget, NbdTarget, NvmfTarget, Stopped, Target, VhostTarget};
 
 /// How long shutdown lets the targets' connections drain, all together.
 pub const DRAIN_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
@@ -19,6 +19,9 @@ pub struct App {
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer>,
     pub nvmf: ustor_nvme::nvmf::Target,
+    /// The vhost-user controllers (`ustor serve -S DIR` sets their socket
+    /// directory).
+    pub vhost: Arc<ustor_vhost::VhostTarget>,
     /// Every protocol target, in the order shutdown stops them.
     pub targets: Vec<Arc<dyn Target>>,
     pub table: MethodTable,
@@ -45,6 +48,7 @@ impl App {
         ));
         let nvmf = ustor_nvme::nvmf::Target::new(rt.clone(), registry.clone());
         let scsi = ustor_scsi::ScsiStack::new(rt.clone(), registry.clone());
+        let vhost = Arc::new(ustor_vhost::VhostTarget::new(rt.clone(), registry.clone()));
         let table = MethodTable::new();
         let control = Control::start()?;
         let ctx = crate::methods::Ctx {
@@ -54,6 +58,7 @@ impl App {
             iscsi: iscsi.clone(),
             nvmf: nvmf.clone(),
             scsi,
+            vhost: vhost.clone(),
             table: table.clone(),
             ctl: control.sender(),
         };
@@ -62,6 +67,7 @@ impl App {
             Arc::new(NbdTarget(nbd.clone())),
             Arc::new(NvmfTarget(nvmf.clone())),
             Arc::new(IscsiTarget(iscsi)),
+            Arc::new(VhostTarget(vhost.clone())),
         ];
         for t in &targets {
             t.start()?;
@@ -70,6 +76,7 @@ impl App {
             registry,
             nbd,
             nvmf,
+            vhost,
             targets,
             table,
             rt,

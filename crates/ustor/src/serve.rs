@@ -32,6 +32,10 @@ pub struct ServeArgs {
     /// RPC socket path.
     #[arg(short = 'r', long = "rpc-socket", default_value = crate::rpc_cmd::DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Directory for the vhost-user controllers' sockets (a controller's
+    /// socket is DIR/<ctrlr>); default: the current directory, as SPDK.
+    #[arg(short = 'S', long = "vhost-sock-dir", value_name = "DIR")]
+    vhost_sock_dir: Option<PathBuf>,
     /// Start only the RPC server; load config after framework_start_init.
     #[arg(long)]
     wait_for_rpc: bool,
@@ -235,6 +239,18 @@ fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>)
         }
     }
     print_iscsi(app);
+    for c in app.vhost.controllers(None).unwrap_or_default() {
+        say!(
+            "  vhost-user-blk controller {} (bdev {}) on {}",
+            c.ctrlr,
+            c.bdev,
+            c.socket.display()
+        );
+        say!(
+            "    qemu ... -chardev socket,id=vu0,path={} -device vhost-user-blk-pci,chardev=vu0",
+            c.socket.display()
+        );
+    }
     if let Some(m) = metrics {
         say!(
             "  Prometheus metrics on http://{m}/metrics   (ustor top -s {} for a live view)",
@@ -296,6 +312,14 @@ pub fn run(a: ServeArgs) -> i32 {
             return 1;
         }
     };
+    if let Some(d) = &a.vhost_sock_dir {
+        if !d.is_dir() {
+            eprintln!("ustor serve: -S {}: not a directory", d.display());
+            app.shutdown();
+            return 2;
+        }
+        app.vhost.set_socket_dir(d);
+    }
     if a.wait_for_rpc {
         app.table.set_state(RPC_STARTUP);
         app.table.init_begun();

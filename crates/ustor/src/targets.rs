@@ -185,3 +185,27 @@ impl Target for IscsiTarget {
         self.0.config_json()
     }
 }
+
+/// The vhost-user controllers.
+pub struct VhostTarget(pub Arc<ustor_vhost::VhostTarget>);
+
+impl Target for VhostTarget {
+    fn name(&self) -> &'static str {
+        "vhost"
+    }
+    /// Each controller stops listening and disconnects its frontend once
+    /// the requests its rings took have completed (so the bdev flush that
+    /// follows covers every write the guest was told is done).
+    fn stop(&self) {
+        self.0.stop_all();
+    }
+    fn drain(&self, deadline: Instant) -> bool {
+        self.0.wait_idle(deadline)
+    }
+    fn connections(&self) -> usize {
+        self.0.connections()
+    }
+    fn config_json(&self) -> Vec<Value> {
+        crate::methods::vhost::config_calls(&self.0)
+    }
+}

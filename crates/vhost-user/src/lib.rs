@@ -13,16 +13,18 @@
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
 //! [`memory`] (memory table), [`device`] (the served bdev), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
-//! thread, lifecycle).
+//! thread, lifecycle), [`target`] (every controller by name, for the RPCs).
 
 pub mod backend;
 pub mod blk;
 pub mod controller;
 pub mod device;
 pub mod memory;
+pub mod target;
 pub mod vring;
 
 pub use controller::{BlkController, BlkControllerConfig};
+pub use target::VhostTarget;
 
 /// Errors of the vhost layer (control path; the data path answers the
 /// driver with virtio-blk status bytes).
@@ -30,8 +32,25 @@ pub use controller::{BlkController, BlkControllerConfig};
 pub enum VhostError {
     #[error("{0}")]
     Invalid(String),
+    #[error("controller {0} exists")]
+    Exists(String),
+    #[error("no controller {0}")]
+    NoController(String),
     #[error(transparent)]
     Bdev(#[from] ustor_bdev::ControlError),
     #[error("socket: {0}")]
     Socket(std::io::Error),
+}
+
+impl VhostError {
+    /// The errno SPDK's vhost RPCs answer with for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            VhostError::Invalid(_) => libc::EINVAL,
+            VhostError::Exists(_) => libc::EEXIST,
+            VhostError::NoController(_) => libc::ENODEV,
+            VhostError::Bdev(e) => e.errno(),
+            VhostError::Socket(e) => e.raw_os_error().unwrap_or(libc::EIO),
+        }
+    }
 }

@@ -10,6 +10,7 @@ pub mod nvmf;
 pub mod rbd;
 pub mod scsi;
 pub mod vbdev;
+pub mod vhost;
 
 use std::sync::Arc;
 
@@ -30,6 +31,7 @@ pub struct Ctx {
     pub iscsi: Arc<ustor_iscsi_target::IscsiTarget>,
     pub nvmf: ustor_nvme::nvmf::Target,
     pub scsi: ustor_scsi::ScsiStack,
+    pub vhost: Arc<ustor_vhost::VhostTarget>,
     pub table: MethodTable,
     pub ctl: ControlSender,
 }
@@ -58,6 +60,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     nvmf::register(ctx)?;
     scsi::register(ctx)?;
     vbdev::register(ctx)?;
+    vhost::register(ctx)?;
     Ok(())
 }
 
@@ -95,6 +98,12 @@ pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::C
             ))
         }
         "bdev_scsi_create" => "bdev_scsi_delete".to_string(),
+        "vhost_create_blk_controller" => {
+            return Some(ustor_rpc::ConfigCall::new(
+                "vhost_delete_controller",
+                serde_json::json!({ "ctrlr": c.params.get("ctrlr")? }),
+            ))
+        }
         "bdev_rbd_register_cluster" => "bdev_rbd_unregister_cluster".to_string(),
         "nbd_server_start" => {
             return Some(ustor_rpc::ConfigCall::new("nbd_server_stop", Value::Null))

@@ -1,0 +1,244 @@
+//! The vhost target driven as an operator drives SPDK's: SPDK's own
+//! command-line client (`spdk-rpc`) creates, lists, tunes and deletes
+//! vhost-user-blk controllers in `ustor serve -S DIR`; save_config and a
+//! restart from it recreate them; a real frontend (libblkio's
+//! virtio-blk-vhost-user driver) writes through a controller and SIGTERM
+//! drains it: every acknowledged write is in the backing file after exit.
+
+mod common;
+
+use std::mem::MaybeUninit;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use blkio::{Blkio, ReqFlags};
+use common::*;
+use serde_json::{json, Value};
+
+fn rpc(s: &Server, args: &[&str]) -> (bool, String) {
+    let out = Command::new("spdk-rpc")
+        .arg("-s")
+        .arg(&s.sock)
+        .args(args)
+        .output()
+        .expect("run spdk-rpc");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn ok(s: &Server, args: &[&str]) -> String {
+    let (good, text) = rpc(s, args);
+    assert!(good, "spdk-rpc {args:?} failed: {text}");
+    text
+}
+
+/// The call fails with SPDK's error code `errno` (negative in the reply).
+fn fails(s: &Server, args: &[&str], errno: i32) {
+    let (good, text) = rpc(s, args);
+    assert!(!good, "spdk-rpc {args:?} succeeded: {text}");
+    assert!(
+        text.contains(&format!("\"code\": -{errno}")),
+        "spdk-rpc {args:?}: expected -{errno}: {text}"
+    );
+}
+
+fn controllers(s: &Server) -> Value {
+    let t = ok(s, &["vhost_get_controllers"]);
+    serde_json::from_str(&t).unwrap_or_else(|e| panic!("not JSON ({e}): {t}"))
+}
+
+fn claimed(s: &Server, bdev: &str) -> bool {
+    let b = s.ok("bdev_get_bdevs", json!({"name": bdev}));
+    b[0]["claimed"].as_bool().expect("claimed field")
+}
+
+/// Writes `data` at byte `off` through a vhost-user-blk frontend and reads
+/// it back through the same frontend.
+fn write_through_frontend(socket: &Path, off: u64, data: &[u8]) {
+    let mut b = Blkio::new("virtio-blk-vhost-user").expect("driver");
+    b.set_str("path", socket.to_str().unwrap()).unwrap();
+    b.connect().expect("connect");
+    b.set_i32("num-queues", 1).unwrap();
+    let mut out = b.start().expect("start");
+    let mem = b.alloc_mem_region(data.len() * 2).expect("mem region");
+    b.map_mem_region(&mem).expect("map region");
+    let q = &mut out.queues[0];
+    let wait = |q: &mut blkio::Blkioq| {
+        let mut c = [MaybeUninit::uninit()];
+        let mut t = Duration::from_secs(10);
+        let n = q.do_io(&mut c, 1, Some(&mut t), None).expect("do_io");
+        assert_eq!(n, 1, "no completion within 10 s");
+        // SAFETY: do_io initialised the first n entries.
+        unsafe { c[0].assume_init_ref() }.ret
+    };
+    let (w, r) = (mem.addr as *mut u8, (mem.addr + data.len()) as *mut u8);
+    // SAFETY: both halves lie inside the region libblkio allocated for us,
+    // and no request is in flight while the test touches them.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), w, data.len()) };
+    q.write(off, w, data.len(), 0, ReqFlags::empty());
+    assert_eq!(wait(q), 0, "write");
+    q.read(off, r, data.len(), 0, ReqFlags::empty());
+    assert_eq!(wait(q), 0, "read");
+    // SAFETY: as above; the read has completed.
+    let back = unsafe { std::slice::from_raw_parts(r, data.len()) };
+    assert!(back == data, "read back differs from what was written");
+    // The frontend stays connected: the caller's SIGTERM must drain it.
+    std::mem::forget(b);
+}
+
+#[test]
+fn spdk_rpc_drives_vhost_controllers() {
+    if !testkit::need("spdk-rpc") {
+        return;
+    }
+    let dir = tmpdir("vhost");
+    let sockets = dir.join("vhost");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let file = dir.join("disk.img");
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let s = Server::start(&dir, &empty_config(), &["-S", sockets.to_str().unwrap()]);
+    ok(&s, &["bdev_malloc_create", "-b", "Malloc0", "8", "512"]);
+    ok(
+        &s,
+        &["bdev_uring_create", file.to_str().unwrap(), "File0", "512"],
+    );
+
+    // Create: the socket appears in the -S directory and the bdev is claimed.
+    ok(
+        &s,
+        &[
+            "vhost_create_blk_controller",
+            "vb0",
+            "Malloc0",
+            "--cpumask",
+            "0x1",
+            "-r",
+        ],
+    );
+    ok(&s, &["vhost_create_blk_controller", "vb1", "File0", "-p"]);
+    assert!(sockets.join("vb0").exists() && sockets.join("vb1").exists());
+    assert!(claimed(&s, "Malloc0") && claimed(&s, "File0"));
+    fails(
+        &s,
+        &["vhost_create_blk_controller", "vb0", "File0"],
+        libc::EEXIST,
+    );
+    fails(
+        &s,
+        &["vhost_create_blk_controller", "vb2", "NoSuch"],
+        libc::ENODEV,
+    );
+    fails(
+        &s,
+        &[
+            "vhost_create_blk_controller",
+            "vb2",
+            "File0",
+            "--cpumask",
+            "0x100",
+        ],
+        libc::EINVAL,
+    );
+    fails(
+        &s,
+        &["vhost_create_blk_controller", "a/b", "File0"],
+        libc::EINVAL,
+    );
+    let c = controllers(&s);
+    assert_eq!(c.as_array().unwrap().len(), 2, "{c}");
+    assert_eq!(c[0]["ctrlr"], "vb0");
+    assert_eq!(c[0]["cpumask"], "0x1");
+    assert_eq!(c[0]["socket"], sockets.join("vb0").to_str().unwrap());
+    assert_eq!(c[0]["backend_specific"]["block"]["bdev"], "Malloc0");
+    assert_eq!(c[0]["backend_specific"]["block"]["readonly"], true);
+    assert_eq!(c[1]["backend_specific"]["block"]["readonly"], false);
+    assert_eq!(c[1]["delay_base_us"], 0);
+    let one = ok(&s, &["vhost_get_controllers", "-n", "vb1"]);
+    assert!(
+        one.contains("\"File0\"") && !one.contains("Malloc0"),
+        "{one}"
+    );
+    fails(&s, &["vhost_get_controllers", "-n", "nope"], libc::ENODEV);
+
+    // Coalescing.
+    ok(
+        &s,
+        &["vhost_controller_set_coalescing", "vb1", "100", "50000"],
+    );
+    fails(
+        &s,
+        &["vhost_controller_set_coalescing", "vb1", "100", "0"],
+        libc::EINVAL,
+    );
+    fails(
+        &s,
+        &["vhost_controller_set_coalescing", "nope", "1", "1"],
+        libc::ENODEV,
+    );
+    let c = controllers(&s);
+    assert_eq!(
+        (
+            c[1]["delay_base_us"].as_u64(),
+            c[1]["iops_threshold"].as_u64()
+        ),
+        (Some(100), Some(50000))
+    );
+
+    // Delete: socket gone, bdev free again.
+    ok(&s, &["vhost_delete_controller", "vb0"]);
+    assert!(!sockets.join("vb0").exists());
+    assert!(!claimed(&s, "Malloc0"));
+    fails(&s, &["vhost_delete_controller", "vb0"], libc::ENODEV);
+
+    // save_config holds what recreates vb1.
+    let saved: Value = serde_json::from_str(&ok(&s, &["save_config"])).expect("save_config JSON");
+    let vb: Vec<&Value> = saved["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["subsystem"] == "vhost_blk")
+        .flat_map(|x| x["config"].as_array().unwrap())
+        .collect();
+    assert_eq!(vb.len(), 2, "{vb:?}");
+    assert_eq!(vb[0]["method"], "vhost_create_blk_controller");
+    assert_eq!(vb[0]["params"]["ctrlr"], "vb1");
+    assert_eq!(vb[0]["params"]["dev_name"], "File0");
+    assert_eq!(vb[1]["method"], "vhost_controller_set_coalescing");
+    assert_eq!(vb[1]["params"]["delay_base_us"], 100);
+
+    // A frontend writes; SIGTERM while it is connected drains the
+    // controller, removes its socket and flushes the bdev.
+    let data: Vec<u8> = (0..256 * 1024u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    write_through_frontend(&sockets.join("vb1"), 1 << 20, &data);
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "ustor serve exit: {out}");
+    assert!(!sockets.join("vb1").exists(), "socket left after SIGTERM");
+    let disk = std::fs::read(&file).unwrap();
+    assert!(
+        disk[1 << 20..(1 << 20) + data.len()] == data[..],
+        "write not in the file"
+    );
+
+    // A restart from the saved config recreates the controller.
+    let s = Server::start(&dir, &saved, &["-S", sockets.to_str().unwrap()]);
+    let c = controllers(&s);
+    assert_eq!(c.as_array().unwrap().len(), 1, "{c}");
+    assert_eq!(c[0]["ctrlr"], "vb1");
+    assert_eq!(c[0]["iops_threshold"], 50000);
+    assert!(sockets.join("vb1").exists());
+    ok(&s, &["vhost_delete_controller", "vb1"]);
+    assert!(!claimed(&s, "File0"));
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
