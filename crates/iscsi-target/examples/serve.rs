@@ -1,7 +1,9 @@
 //! A standalone target for manual runs and conformance suites:
-//! `cargo run -p ustor-iscsi-target --example serve -- [PORT] [BLOCK] [MiB]`
-//! serves node `iqn.2016-06.io.spdk:disk1` (LUN 0: a malloc bdev) on
-//! 127.0.0.1:PORT until killed.
+//! `cargo run -p ustor-iscsi-target --example serve -- [PORT] [BLOCK] [MiB]
+//! [PHYSICAL]` serves node `iqn.2016-06.io.spdk:disk1` (LUN 0: a malloc
+//! bdev) on 127.0.0.1:PORT until killed; PHYSICAL is the physical block
+//! size the LUN reports (the `physical_block_size` option, default 4096;
+//! 0 = the block size).
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ fn main() {
     let port = args.get(1).cloned().unwrap_or_else(|| "3260".into());
     let block: u32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(512);
     let mib: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(128);
+    let physical: Option<u32> = args.get(4).and_then(|s| s.parse().ok());
     let rt = Runtime::start(RuntimeConfig {
         cores: vec![0, 1],
         pin: false,
@@ -35,6 +38,13 @@ fn main() {
     )
     .expect("malloc");
     let t = IscsiTarget::new(rt.handle(), registry);
+    if let Some(p) = physical {
+        t.set_options(IscsiOptions {
+            physical_block_size: p,
+            ..t.get_options()
+        })
+        .expect("physical block size");
+    }
     t.create_portal_group(&PortalGroupParams {
         tag: 1,
         portals: vec![Portal {

@@ -32,7 +32,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         None => return,
     };
     let table = match &est.node {
-        Some(node) => match open_luns(node) {
+        Some(node) => match open_luns(node, svc.shared.physical_block()) {
             Some(mut t) => {
                 t.set_nexus(&nexus_name(&est.initiator, &est.isid));
                 Some(t)
@@ -115,9 +115,6 @@ async fn login(
     }
 }
 
-/// The physical block size LUNs report (READ CAPACITY(16) LBPPBE).
-const PHYSICAL_BLOCK: u32 = 4096;
-
 /// The I_T nexus of a session: the initiator port name `name,i,0xISID`
 /// (RFC 7143 §10.1.1), also its TransportID in PERSISTENT RESERVE IN.
 fn nexus_name(initiator: &str, isid: &[u8; 6]) -> String {
@@ -127,17 +124,17 @@ fn nexus_name(initiator: &str, isid: &[u8; 6]) -> String {
 }
 
 /// The node's LUNs on this reactor's channels: one table per session.
-fn open_luns(node: &NodeEntry) -> Option<LunTable> {
+/// `physical` is the physical block size LUNs of smaller blocks report
+/// (0: their own block size).
+fn open_luns(node: &NodeEntry, physical: u32) -> Option<LunTable> {
     let mut luns = Vec::with_capacity(node.luns.len());
     for l in &node.luns {
         match Lun::open(l.cfg.clone(), &l.desc) {
             Ok(lu) => {
-                // 4 KiB physical blocks (the page size the bdevs' buffers
-                // and host caches work in) for LUNs of smaller blocks.
                 let lu = lu
                     .with_provisioning_page()
                     .with_shared(l.shared.clone())
-                    .with_physical_block(PHYSICAL_BLOCK);
+                    .with_physical_block(physical);
                 luns.push((l.lun_id, lu));
             }
             Err(e) => {

@@ -32,6 +32,11 @@ pub struct IscsiOptions {
     pub pdu_pool_size: u32,
     pub immediate_data_pool_size: u32,
     pub data_out_pool_size: u32,
+    /// ustor extension: the physical block size LUNs report (READ
+    /// CAPACITY(16) LBPPBE) when their blocks are smaller; 0 = each
+    /// LUN's own block size. 4 KiB by default: hosts then align to the
+    /// page size the bdevs' buffers work in.
+    pub physical_block_size: u32,
 }
 
 impl Default for IscsiOptions {
@@ -59,6 +64,7 @@ impl Default for IscsiOptions {
             pdu_pool_size: 36864,
             immediate_data_pool_size: 16384,
             data_out_pool_size: 2048,
+            physical_block_size: 4096,
         }
     }
 }
@@ -73,6 +79,12 @@ impl IscsiOptions {
             return Err(format!(
                 "first_burst_length {} not in 512..=16MiB",
                 self.first_burst_length
+            ));
+        }
+        let pbs = self.physical_block_size;
+        if pbs != 0 && (!pbs.is_power_of_two() || !(512..=65536).contains(&pbs)) {
+            return Err(format!(
+                "physical_block_size {pbs} is not 0 or a power of two in 512..=65536"
             ));
         }
         if self.error_recovery_level > 2 {
@@ -115,5 +127,19 @@ mod tests {
         let o: IscsiOptions = serde_json::from_str(r#"{"mutual_chap": true}"#).unwrap();
         assert!(o.check().is_err());
         assert!(serde_json::from_str::<IscsiOptions>(r#"{"nope": 1}"#).is_err());
+        for bad in [100, 256, 3072, 1 << 17] {
+            let o = IscsiOptions {
+                physical_block_size: bad,
+                ..IscsiOptions::default()
+            };
+            assert!(o.check().is_err(), "{bad}");
+        }
+        for good in [0, 512, 4096, 65536] {
+            let o = IscsiOptions {
+                physical_block_size: good,
+                ..IscsiOptions::default()
+            };
+            assert_eq!(o.check(), Ok(()), "{good}");
+        }
     }
 }

@@ -100,6 +100,11 @@ impl Shared {
     fn options(&self) -> MutexGuard<'_, IscsiOptions> {
         self.options.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The physical block size new sessions' LUNs report (0: their own).
+    pub(crate) fn physical_block(&self) -> u32 {
+        self.options().physical_block_size
+    }
 }
 
 /// The connections of one portal group.

@@ -8,6 +8,7 @@ mod common;
 use std::process::Command;
 
 use common::*;
+use ustor_iscsi_target::IscsiOptions;
 
 /// Suites that pass without a failure (a test the suite skips for a
 /// command we do not offer counts as passed, as CUnit counts it). The
@@ -61,21 +62,30 @@ const SUITES: [&str; 40] = [
 const SLOW_512: [&str; 1] = ["ALL.Reserve6"];
 
 /// GetLBAStatus.UnmapSingle expects the first descriptor for an LBA one
-/// past an unmapped range to start a physical block later: it only holds
-/// with one logical block per physical block (the 4096-byte LUN here; a
-/// 512-byte LUN reports 4 KiB physical blocks). See docs/iscsi.md.
-const ONLY_4096: [&str; 1] = ["ALL.GetLBAStatus"];
+/// past an unmapped range to start a physical block later, which SBC-3
+/// forbids (the first descriptor holds the requested LBA): it only holds
+/// with one logical block per physical block, so it runs where LUNs report
+/// physical blocks of their own size. See docs/iscsi.md.
+const ONE_PER_PHYSICAL: [&str; 1] = ["ALL.GetLBAStatus"];
 
-fn run_suites(block: u32) {
-    let f = start(64 << 20, block);
+/// Runs `suites` on a LUN of `block` bytes reporting `physical`-byte
+/// physical blocks (the `physical_block_size` option; 0 = its own size).
+fn run_suites(block: u32, physical: u32, suites: &[&str]) {
+    let f = start_full(
+        64 << 20,
+        block,
+        |_| {},
+        |t| {
+            t.set_options(IscsiOptions {
+                physical_block_size: physical,
+                ..t.get_options()
+            })
+            .expect("options")
+        },
+    );
     let url = f.url(0);
     let mut failed = Vec::new();
-    let slow = if block == 512 {
-        &SLOW_512[..]
-    } else {
-        &ONLY_4096[..]
-    };
-    for s in SUITES.iter().chain(slow).copied() {
+    for s in suites.iter().copied() {
         let out = Command::new("iscsi-test-cu")
             .args(["--dataloss", "-S", "-s", "-t", s, &url])
             .output()
@@ -90,7 +100,7 @@ fn run_suites(block: u32) {
     }
     assert!(
         failed.is_empty(),
-        "block size {block}:\n{}",
+        "block size {block}, physical {physical}:\n{}",
         failed.join("\n")
     );
 }
@@ -100,7 +110,9 @@ fn iscsi_test_cu_subset_512() {
     if !have("iscsi-test-cu") {
         return;
     }
-    run_suites(512);
+    let all: Vec<&str> = SUITES.iter().chain(&SLOW_512).copied().collect();
+    run_suites(512, 4096, &all);
+    run_suites(512, 0, &ONE_PER_PHYSICAL);
 }
 
 #[test]
@@ -108,5 +120,6 @@ fn iscsi_test_cu_subset_4096() {
     if !have("iscsi-test-cu") {
         return;
     }
-    run_suites(4096);
+    let all: Vec<&str> = SUITES.iter().chain(&ONE_PER_PHYSICAL).copied().collect();
+    run_suites(4096, 0, &all);
 }
