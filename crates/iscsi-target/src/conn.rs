@@ -53,7 +53,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         "iscsi: {} logged in to {node} from {initiator_addr}",
         est.initiator
     );
-    let _live = svc.shared.live.add(ConnInfo {
+    let live = svc.shared.live.add(ConnInfo {
         id: 0,
         cid: est.cid,
         tsih: est.tsih,
@@ -64,7 +64,11 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
             .node
             .as_ref()
             .map_or(String::new(), |n| n.full_name.clone()),
+        ops: 0,
+        bytes_read: 0,
+        bytes_written: 0,
     });
+    let (counters, _counted) = live.counters();
     let qd = est.node.as_ref().map_or(1, |n| n.params.queue_depth);
     wire.header_digest = est.params.header_digest;
     wire.data_digest = est.params.data_digest;
@@ -79,6 +83,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         est.exp_cmdsn,
         qd,
     );
+    s.count_into(counters);
     if let Err(e) = s.run().await {
         tracing::debug!("iscsi: connection ended: {e}");
     }

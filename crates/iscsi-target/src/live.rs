@@ -1,10 +1,14 @@
 //! The connections past login, for `iscsi_get_connections`: each one
 //! registers after its login and leaves when its guard drops. Touched once
-//! per connection, never per command.
+//! per connection, never per command. Each connection's command counters
+//! live on its reactor (plain `Cell`s in a thread-local list) and are read
+//! there when the connections are listed.
 
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
@@ -20,6 +24,58 @@ pub struct ConnInfo {
     pub target_addr: String,
     /// Empty for a discovery session.
     pub target_node_name: String,
+    /// SCSI commands answered on this connection (ustor's own field).
+    pub ops: u64,
+    /// Bytes sent as Data-In, and bytes of the write commands answered.
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+/// One connection's command counters; only its reactor touches them.
+#[derive(Default)]
+pub(crate) struct ConnCounters {
+    ops: Cell<u64>,
+    bytes_read: Cell<u64>,
+    bytes_written: Cell<u64>,
+}
+
+impl ConnCounters {
+    /// One command answered, with its data bytes in each direction.
+    pub(crate) fn note(&self, read: u64, written: u64) {
+        let add = |c: &Cell<u64>, n: u64| c.set(c.get().wrapping_add(n));
+        add(&self.ops, 1);
+        add(&self.bytes_read, read);
+        add(&self.bytes_written, written);
+    }
+}
+
+/// (registry, connection id, counters) of this reactor's connections.
+type Counted = (usize, u64, Rc<ConnCounters>);
+
+thread_local! {
+    static COUNTERS: RefCell<Vec<Counted>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Takes the connection's counters off this reactor's list when dropped.
+pub(crate) struct CountGuard(usize, u64);
+
+impl Drop for CountGuard {
+    fn drop(&mut self) {
+        let me = (self.0, self.1);
+        COUNTERS.with(|c| c.borrow_mut().retain(|e| (e.0, e.1) != me));
+    }
+}
+
+/// `(id, ops, bytes_read, bytes_written)` of this reactor's connections of
+/// the registry `live` (its address).
+pub(crate) fn counters_here(live: usize) -> Vec<(u64, u64, u64, u64)> {
+    COUNTERS.with(|c| {
+        c.borrow()
+            .iter()
+            .filter(|e| e.0 == live)
+            .map(|(_, id, k)| (*id, k.ops.get(), k.bytes_read.get(), k.bytes_written.get()))
+            .collect()
+    })
 }
 
 /// The registry of live connections.
@@ -32,6 +88,16 @@ pub(crate) struct Live {
 pub(crate) struct LiveGuard {
     live: Arc<Live>,
     id: u64,
+}
+
+impl LiveGuard {
+    /// Lists counters for this connection on the current (its) reactor.
+    pub(crate) fn counters(&self) -> (Rc<ConnCounters>, CountGuard) {
+        let key = Arc::as_ptr(&self.live) as usize;
+        let k = Rc::new(ConnCounters::default());
+        COUNTERS.with(|c| c.borrow_mut().push((key, self.id, k.clone())));
+        (k, CountGuard(key, self.id))
+    }
 }
 
 impl Drop for LiveGuard {

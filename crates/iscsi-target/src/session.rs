@@ -6,6 +6,7 @@
 //! Commands run one at a time in CmdSN order, each to completion.
 
 use std::collections::VecDeque;
+use std::rc::Rc;
 
 use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
 use ustor_scsi_proto::lun::decode_lun;
@@ -13,6 +14,7 @@ use ustor_scsi_target::{Direction, LunTable, Outcome};
 
 use crate::command::{last_is_data_in, CmdInfo, WireData};
 use crate::io::{ConnError, Received, Wire};
+use crate::live::ConnCounters;
 use crate::negotiate::Params;
 use crate::pdu::{self, reject, tmf_response, Seq};
 
@@ -39,6 +41,8 @@ pub struct Session<'a, D: Discovery> {
     /// The data segment of the request being served (reused: immediate
     /// data and NOP/Text payloads are copied here once).
     scratch: Vec<u8>,
+    /// This connection's command counters (`iscsi_get_connections`).
+    counters: Rc<ConnCounters>,
 }
 
 /// How the loop ended.
@@ -77,7 +81,13 @@ impl<'a, D: Discovery> Session<'a, D> {
             next_ttt: 1,
             text_left: Vec::new(),
             scratch: Vec::new(),
+            counters: Rc::default(),
         }
+    }
+
+    /// Counts the commands answered into `counters`.
+    pub(crate) fn count_into(&mut self, counters: Rc<ConnCounters>) {
+        self.counters = counters;
     }
 
     /// Serves requests until Logout or the connection ends.
@@ -231,6 +241,11 @@ impl<'a, D: Discovery> Session<'a, D> {
         let want = wanted_len(&table, lun, &cdb);
         self.table = Some(table);
         let mut outcome = res.map_err(|_| ConnError::Protocol("data phase failed"))?;
+        let written = match info.dir {
+            Direction::ToDevice if !seq_error => info.edtl,
+            _ => 0,
+        };
+        self.counters.note(u64::from(sent), u64::from(written));
         if seq_error {
             // A Data-Out out of DataSN order: the command ends ABORTED
             // COMMAND (nothing of its data written), the session goes on.

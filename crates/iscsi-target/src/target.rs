@@ -661,8 +661,22 @@ impl IscsiTarget {
     }
 
     /// `iscsi_get_connections`: the connections past login.
+    /// Each one's counters are read on its reactor.
     pub fn get_connections(&self) -> Vec<ConnInfo> {
-        self.shared.live.list()
+        let mut list = self.shared.live.list();
+        let key = Arc::as_ptr(&self.shared.live) as usize;
+        if let Ok(per) = self
+            .shared
+            .rt
+            .call_all(move |_| crate::live::counters_here(key))
+        {
+            for (id, ops, r, w) in per.into_iter().flatten() {
+                if let Some(c) = list.iter_mut().find(|c| c.id == id) {
+                    (c.ops, c.bytes_read, c.bytes_written) = (ops, r, w);
+                }
+            }
+        }
+        list
     }
 
     /// Sets the connection cap.

@@ -192,7 +192,21 @@ fn iscsi_get_connections_lists_a_live_session() {
         .unwrap();
     let conns = || s.ok("iscsi_get_connections", Value::Null);
     let seen = until(|| conns().as_array().is_some_and(|a| !a.is_empty()));
+    // The connection's own command counters grow under iscsi-perf's reads.
+    let busy = until(|| conns()[0]["ops"].as_u64() > Some(100));
     let c = conns();
+    let top = std::process::Command::new(BIN)
+        .args([
+            "top",
+            "-s",
+            s.sock.to_str().unwrap(),
+            "--once",
+            "--json",
+            "-d",
+            "0.3",
+        ])
+        .output()
+        .unwrap();
     perf.kill().unwrap();
     perf.wait().unwrap();
     assert!(seen, "{c}");
@@ -202,6 +216,21 @@ fn iscsi_get_connections_lists_a_live_session() {
     assert_eq!(c["initiator_addr"], "127.0.0.1", "{c}");
     assert_eq!(c["target_addr"], "127.0.0.1", "{c}");
     assert_ne!(c["tsih"], 0, "{c}");
+    assert!(busy, "{c}");
+    assert!(
+        c["bytes_read"].as_u64() > Some(0) && c["bytes_written"] == 0,
+        "{c}"
+    );
+    // `ustor top` shows it with its own rate.
+    let v: Value = serde_json::from_slice(&top.stdout).unwrap();
+    let row = v["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["target"] == "iscsi")
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert!(row["iops"].as_f64() > Some(0.0), "{v:#}");
+    assert_eq!(row["peer"], "127.0.0.1");
     assert!(until(|| conns() == json!([])), "{}", conns());
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");

@@ -506,3 +506,105 @@ fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
     let (code, _) = s.stop();
     assert_eq!(code, 0);
 }
+
+/// Per-connection counters of the NBD target: an interactive qemu-io
+/// (connected, idle after known I/O) and a qemu-img bench load on the
+/// other export are two rows in `nbd_get_connections` and in `ustor top
+/// --once --json`, each with its own counts and rate.
+#[test]
+fn nbd_connections_have_their_own_iops() {
+    if !common::have("qemu-io") {
+        return;
+    }
+    let dir = common::tmpdir("top-conns");
+    let s = Server::start(&dir, &two_bdevs(false), &[]);
+    let port = s.nbd_port();
+    let mut qio = Command::new("qemu-io")
+        .args(["-f", "raw"])
+        .arg(format!("nbd://127.0.0.1:{port}/hot"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = qio.stdin.take().unwrap();
+    let qio = Proc(qio);
+    let conns = |s: &Server| s.ok("nbd_get_connections", Value::Null);
+    let hot_row = |s: &Server| {
+        let c = conns(s);
+        c.as_array()?.iter().find(|c| c["export"] == "hot").cloned()
+    };
+    // One command at a time: qemu-io takes one line per stdin wakeup.
+    writeln!(stdin, "write -P 0x5c 0 64k").unwrap();
+    testkit::wait_until("qemu-io's write counted", Duration::from_secs(20), || {
+        hot_row(&s).is_some_and(|c| c["bytes_written"] == 64 << 10)
+    });
+    writeln!(stdin, "read -P 0x5c 0 32k").unwrap();
+    let hot = testkit::wait_for("qemu-io's read counted", Duration::from_secs(20), || {
+        hot_row(&s).filter(|c| c["bytes_read"] == 32 << 10)
+    });
+    assert_eq!(hot["bytes_written"], 64 << 10, "{hot}");
+    assert_eq!(hot["ops"], 2, "{hot}");
+    assert_eq!(hot["bdev_name"], "hot");
+    assert!(
+        hot["peer"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{hot}"
+    );
+
+    let _load = load(port, "cold");
+    testkit::wait_until("the load's connection", Duration::from_secs(20), || {
+        conns(&s)
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["export"] == "cold" && c["ops"].as_u64() > Some(0))
+    });
+    let out = Command::new(BIN)
+        .args([
+            "top",
+            "-s",
+            s.sock.to_str().unwrap(),
+            "--once",
+            "--json",
+            "-d",
+            "0.5",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows: Vec<&Value> = v["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["target"] == "nbd")
+        .collect();
+    assert_eq!(rows.len(), 2, "{v:#}");
+    let row = |export: &str| {
+        *rows
+            .iter()
+            .find(|c| c["queue"] == export)
+            .unwrap_or_else(|| panic!("{v:#}"))
+    };
+    assert!(row("cold")["iops"].as_f64() > Some(0.0), "{v:#}");
+    assert!(row("cold")["mib_s"].as_f64() > Some(0.0), "{v:#}");
+    // qemu-io is connected and idle: its own rate is zero.
+    assert_eq!(row("hot")["iops"], 0.0, "{v:#}");
+    assert_eq!(row("hot")["peer"], hot["peer"]);
+
+    // Its row leaves with it.
+    drop(stdin);
+    drop(qio);
+    testkit::wait_until("qemu-io's row gone", Duration::from_secs(20), || {
+        conns(&s)
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["export"] != "hot")
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,7 +11,8 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ustor_net::driver::{self, DriverConfig};
@@ -21,7 +22,7 @@ use ustor_net::Rewind;
 use ustor_runtime::IoBuf;
 
 use super::proto::Nbd;
-use super::stats::{bump, inc};
+use super::stats::{bump, inc, ConnCounters, NbdConnection};
 use super::{ExportEntry, Shared};
 use crate::negotiation::{Event, Negotiation, Step};
 use crate::request::TransmissionParams;
@@ -84,6 +85,71 @@ impl Drop for Registered {
     }
 }
 
+/// A connection in transmission, listed by `nbd_get_connections`.
+struct LiveConn {
+    server: usize,
+    id: u64,
+    export: String,
+    bdev_name: String,
+    peer: String,
+    counters: Rc<ConnCounters>,
+}
+
+thread_local! {
+    // This reactor's connections in transmission (added and removed once
+    // per connection; their counters are bumped through their own `Rc`).
+    static LIVE: RefCell<Vec<LiveConn>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Ids for [`LiveConn`] (taken once per connection, never per request).
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Removes its [`LiveConn`] when the connection ends.
+struct Listed(u64);
+
+impl Listed {
+    fn new(server: usize, entry: &ExportEntry, peer: &str, counters: Rc<ConnCounters>) -> Listed {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        LIVE.with(|l| {
+            l.borrow_mut().push(LiveConn {
+                server,
+                id,
+                export: entry.name.clone(),
+                bdev_name: entry.bdev_name.clone(),
+                peer: peer.to_string(),
+                counters,
+            })
+        });
+        Listed(id)
+    }
+}
+
+impl Drop for Listed {
+    fn drop(&mut self) {
+        LIVE.with(|l| l.borrow_mut().retain(|c| c.id != self.0));
+    }
+}
+
+/// This reactor's (`reactor`) connections of `server`, with their counters.
+pub(crate) fn live(server: usize, reactor: usize) -> Vec<NbdConnection> {
+    LIVE.with(|l| {
+        l.borrow()
+            .iter()
+            .filter(|c| c.server == server)
+            .map(|c| NbdConnection {
+                id: c.id,
+                export: c.export.clone(),
+                bdev_name: c.bdev_name.clone(),
+                peer: c.peer.clone(),
+                reactor,
+                ops: c.counters.ops.get(),
+                bytes_read: c.counters.bytes_read.get(),
+                bytes_written: c.counters.bytes_written.get(),
+            })
+            .collect()
+    })
+}
+
 /// Ends reading on this reactor's connections of `server` (drain): each
 /// answers what it already holds (requests still buffered get
 /// `ESHUTDOWN`), sends its replies, and closes. Returns how many.
@@ -122,13 +188,17 @@ pub(crate) async fn serve(conn: Accepted, shared: Arc<Shared>) {
                     entry.name,
                     entry.bdev_name
                 );
+                let counters = Rc::new(ConnCounters::default());
+                let server = Arc::as_ptr(&shared) as usize;
+                let listed = Listed::new(server, &entry, &peer, counters.clone());
                 let proto = Nbd::new(channel, params, entry.features())
-                    .draining_on(shared.draining.clone());
+                    .draining_on(shared.draining.clone())
+                    .counting(counters);
                 // The entry (and its bdev claim) lives as long as the
                 // connection serving it.
                 let Accepted { fd, guard, .. } = conn;
                 driver::run(fd, proto, driver_config()).await;
-                drop((registered, entry, guard));
+                drop((listed, registered, entry, guard));
             }
             Err(e) => tracing::warn!(
                 export = %entry.name,

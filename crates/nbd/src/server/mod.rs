@@ -30,7 +30,7 @@ use ustor_runtime::{RuntimeHandle, SendError};
 
 pub use bdev::{BdevExportChannel, BdevSource};
 pub use conn::{MAX_OUTSTANDING, MAX_OUTSTANDING_BYTES, MAX_WORKERS};
-pub use stats::NbdStats;
+pub use stats::{NbdConnection, NbdStats};
 pub use ustor_net::COPY_MAX;
 
 use crate::export::{ExportCatalog, ExportFeatures, ExportInfo};
@@ -427,6 +427,16 @@ impl NbdServer {
     /// landed, and what each reactor served).
     pub fn get_stats_per_reactor(&self) -> Result<Vec<NbdStats>, NbdServerError> {
         Ok(self.shared.rt.call_all(|_| stats::snapshot())?)
+    }
+
+    /// `nbd_get_connections`: the connections in transmission, with their
+    /// counters, gathered on each reactor (oldest first).
+    pub fn get_connections(&self) -> Result<Vec<NbdConnection>, NbdServerError> {
+        let server = Arc::as_ptr(&self.shared) as usize;
+        let per = self.shared.rt.call_all(move |r| conn::live(server, r))?;
+        let mut all: Vec<NbdConnection> = per.into_iter().flatten().collect();
+        all.sort_by_key(|c| c.id);
+        Ok(all)
     }
 
     /// Connections currently open.

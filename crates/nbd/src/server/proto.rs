@@ -13,6 +13,7 @@
 //! at once. Replies carry read data in the buffer the device filled.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use ustor_net::{PduGroup, Staging, COPY_MAX};
 use ustor_runtime::IoBuf;
 
 use super::bdev::BdevExportChannel;
-use super::stats::{bump, in_flight_add, inc, Counters};
+use super::stats::{bump, in_flight_add, inc, ConnCounters, Counters};
 use crate::export::ExportFeatures;
 use crate::reply::{self, ReplyHeader};
 use crate::request::{self, Command, RequestError, TransmissionParams};
@@ -72,6 +73,8 @@ pub(crate) struct Nbd {
     /// of executed (one relaxed load per request; the drain's reactor
     /// round-trip orders it against the in-flight count).
     draining: Arc<AtomicBool>,
+    /// This connection's own counters (for `nbd_get_connections`).
+    counters: Rc<ConnCounters>,
 }
 
 impl Nbd {
@@ -90,7 +93,14 @@ impl Nbd {
                 wire::CHUNK_HEADER_LEN + 4 + MAX_EXTENTS * wire::BLOCK_DESCRIPTOR_LEN,
             )),
             draining: Arc::new(AtomicBool::new(false)),
+            counters: Rc::default(),
         }
+    }
+
+    /// Counts this connection's requests into `counters`.
+    pub(crate) fn counting(mut self, counters: Rc<ConnCounters>) -> Nbd {
+        self.counters = counters;
+        self
     }
 
     /// Watches the server's drain flag (see `NbdServer::drain`).
@@ -224,7 +234,14 @@ impl Protocol for Nbd {
     }
 
     async fn execute(&self, job: Job) -> OutReply {
-        execute(self, job).await
+        let (read, written) = match job.command {
+            Command::Read { length, .. } => (u64::from(length), 0),
+            Command::Write { length, .. } => (0, u64::from(length)),
+            _ => (0, 0),
+        };
+        let reply = execute(self, job).await;
+        self.counters.note(read, written);
+        reply
     }
 
     fn encode(&self, r: OutReply, g: &mut PduGroup) -> Result<(), OutReply> {

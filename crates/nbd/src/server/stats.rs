@@ -94,3 +94,40 @@ pub(crate) fn in_flight() -> u64 {
 pub(crate) fn snapshot() -> NbdStats {
     COUNTERS.with(Counters::snapshot)
 }
+
+/// One connection's counters. Only the connection's reactor touches them
+/// (plain `Cell`s, no atomics); `nbd_get_connections` reads them on that
+/// reactor.
+#[derive(Default)]
+pub(crate) struct ConnCounters {
+    pub(crate) ops: Cell<u64>,
+    pub(crate) bytes_read: Cell<u64>,
+    pub(crate) bytes_written: Cell<u64>,
+}
+
+impl ConnCounters {
+    /// One request answered, with its read and written payload bytes.
+    pub(crate) fn note(&self, read: u64, written: u64) {
+        inc(&self.ops, 1);
+        inc(&self.bytes_read, read);
+        inc(&self.bytes_written, written);
+    }
+}
+
+/// One connection in transmission, as `nbd_get_connections` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NbdConnection {
+    /// Unique for the process's life (stable across samples, for rates).
+    pub id: u64,
+    pub export: String,
+    pub bdev_name: String,
+    /// The client's address (`ip:port`).
+    pub peer: String,
+    /// The reactor serving it.
+    pub reactor: usize,
+    /// Requests answered (any command, any outcome).
+    pub ops: u64,
+    /// Payload bytes of the READ and WRITE requests answered.
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}

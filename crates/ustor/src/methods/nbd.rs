@@ -67,6 +67,13 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         let s = c.nbd.get_stats().map_err(err)?;
         Ok(serde_json::to_value(s).unwrap_or(Value::Null))
     })?;
+    // ustor's own (SPDK has no NBD server): the live connections with
+    // their request and byte counters, for `ustor top` and the metrics.
+    ctx.method("nbd_get_connections", RPC_RUNTIME, |c, p| {
+        no_params("nbd_get_connections", &p)?;
+        let s = c.nbd.get_connections().map_err(err)?;
+        Ok(serde_json::to_value(s).unwrap_or(Value::Null))
+    })?;
     let nbd = ctx.nbd.clone();
     ctx.table.add_subsystem("nbd", &["bdev"], move |reply: Replier| {
         let mut calls = Vec::new();

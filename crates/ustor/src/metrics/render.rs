@@ -127,6 +127,9 @@ pub fn render(mut call: impl FnMut(&str) -> Option<Value>, hists: &[BdevHists]) 
     }
     if let Some(n) = call("nbd_get_stats") {
         nbd(&mut f, &n);
+        if let Some(c) = call("nbd_get_connections") {
+            conns(&mut f, "nbd", &c);
+        }
     }
     if let Some(n) = call("nvmf_get_stats") {
         nvmf(&mut f, &n);
@@ -141,8 +144,38 @@ pub fn render(mut call: impl FnMut(&str) -> Option<Value>, hists: &[BdevHists]) 
             &[("target", "iscsi")],
             n,
         );
+        conns(&mut f, "iscsi", &c);
     }
     f.text()
+}
+
+/// Per-connection command and byte counters (NBD's `nbd_get_connections`,
+/// iSCSI's `iscsi_get_connections`); a series ends with its connection.
+fn conns(f: &mut Families, target: &str, c: &Value) {
+    for x in list(c) {
+        if x.get("ops").is_none() {
+            continue;
+        }
+        let id = x["id"].as_u64().unwrap_or(0).to_string();
+        let peer = x["peer"]
+            .as_str()
+            .or(x["initiator_addr"].as_str())
+            .unwrap_or("");
+        let l = [("target", target), ("conn", id.as_str()), ("peer", peer)];
+        let help = "Commands answered on one connection.";
+        f.add("ustor_connection_ops_total", C, help, &l, u(x, "ops"));
+        let help = "Payload bytes read by one connection's commands.";
+        f.add(
+            "ustor_connection_read_bytes_total",
+            C,
+            help,
+            &l,
+            u(x, "bytes_read"),
+        );
+        let help = "Payload bytes written by one connection's commands.";
+        let w = u(x, "bytes_written");
+        f.add("ustor_connection_written_bytes_total", C, help, &l, w);
+    }
 }
 
 fn reactors(f: &mut Families, r: &Value) {
@@ -462,6 +495,8 @@ mod tests {
         let answers = json!({
             "framework_get_reactors": {"tick_rate": 1000, "reactors": [{"lcore": 0, "busy": 500, "idle": 1500}]},
             "bdev_get_iostat": {"tick_rate": 1000, "bdevs": [{"name": "Mal\"loc0", "num_read_ops": 7, "bytes_read": 7 * 4096, "read_latency_ticks": 14}]},
+            "nbd_get_stats": {"reads": 7},
+            "nbd_get_connections": [{"id": 3, "peer": "127.0.0.1:5000", "ops": 9, "bytes_read": 4096, "bytes_written": 512}],
         });
         let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap();
         h.record(3_000).unwrap(); // 3 µs
@@ -483,6 +518,12 @@ mod tests {
         assert!(t.contains("ustor_bdev_read_bytes_total{bdev=\"Mal\\\"loc0\"} 28672\n"));
         assert!(t.contains("ustor_bdev_read_latency_seconds_total{bdev=\"Mal\\\"loc0\"} 0.014\n"));
         assert!(t.contains("ustor_reactor_busy_seconds_total{lcore=\"0\"} 0.5\n"));
+        let l = "{target=\"nbd\",conn=\"3\",peer=\"127.0.0.1:5000\"}";
+        assert!(
+            t.contains(&format!("ustor_connection_ops_total{l} 9\n")),
+            "{t}"
+        );
+        assert!(t.contains(&format!("ustor_connection_written_bytes_total{l} 512\n")));
         assert!(
             t.contains(
                 "ustor_bdev_read_latency_seconds_bucket{bdev=\"Malloc0\",le=\"0.000001\"} 0\n"

@@ -54,6 +54,10 @@ pub struct ConnRaw {
     pub outstanding: Option<u64>,
     /// PDUs sent, when the target counts them per connection.
     pub pdus: Option<u64>,
+    /// Commands answered and their payload bytes, when the target counts
+    /// them per connection (NBD, iSCSI).
+    pub ops: Option<u64>,
+    pub bytes: Option<u64>,
 }
 
 /// What the stats RPCs answered at one moment.
@@ -91,6 +95,9 @@ impl Sample {
         s.bdevs = list(&io["bdevs"]).iter().map(bdev).collect();
         if let Some(n) = call("nbd_get_stats") {
             s.targets.push(nbd(&n));
+            if let Some(c) = call("nbd_get_connections") {
+                nbd_conns(&c, &mut s.conns);
+            }
         }
         if let Some(n) = call("nvmf_get_stats") {
             s.targets.push(nvmf(&n, &mut s.conns));
@@ -145,6 +152,25 @@ fn nbd(v: &Value) -> TargetRaw {
     }
 }
 
+fn opt_u(v: &Value, k: &str) -> Option<u64> {
+    v.get(k).and_then(Value::as_u64)
+}
+
+fn nbd_conns(v: &Value, conns: &mut Vec<ConnRaw>) {
+    for c in list(v) {
+        conns.push(ConnRaw {
+            target: "nbd".into(),
+            key: format!("nbd/{}", u(c, "id")),
+            peer: c["peer"].as_str().unwrap_or("").to_string(),
+            queue: c["export"].as_str().unwrap_or("").to_string(),
+            outstanding: None,
+            pdus: None,
+            ops: opt_u(c, "ops"),
+            bytes: opt_u(c, "bytes_read").map(|r| r + u(c, "bytes_written")),
+        });
+    }
+}
+
 fn nvmf(v: &Value, conns: &mut Vec<ConnRaw>) -> TargetRaw {
     let groups = list(&v["poll_groups"]);
     let sum = |k: &str| groups.iter().map(|g| u(g, k)).sum::<u64>();
@@ -161,6 +187,8 @@ fn nvmf(v: &Value, conns: &mut Vec<ConnRaw>) -> TargetRaw {
                 queue: format!("ctrlr {cntlid} q{qid}"),
                 outstanding: Some(u(q, "outstanding")),
                 pdus: Some(u(&q["coalesce"], "pdus")),
+                ops: None,
+                bytes: None,
             });
         }
     }
@@ -183,13 +211,20 @@ fn iscsi(v: &Value, conns: &mut Vec<ConnRaw>) -> TargetRaw {
             queue: format!("cid {} tsih {}", u(c, "cid"), u(c, "tsih")),
             outstanding: None,
             pdus: None,
+            ops: opt_u(c, "ops"),
+            bytes: opt_u(c, "bytes_read").map(|r| r + u(c, "bytes_written")),
         });
     }
+    // The target's commands: those of its open connections (a closing
+    // connection takes its count with it; the rate then reads 0 once).
+    let sum = |k: &str| cs.iter().map(|c| opt_u(c, k)).sum::<Option<u64>>();
     TargetRaw {
         name: "iscsi".into(),
         connections: cs.len() as u64,
-        ops: None,
-        bytes: None,
+        ops: sum("ops"),
+        bytes: sum("bytes_read")
+            .zip(sum("bytes_written"))
+            .map(|(r, w)| r + w),
         errors: 0,
     }
 }
@@ -245,6 +280,9 @@ pub struct ConnRow {
     pub outstanding: Option<u64>,
     /// PDUs sent per second (responses and data: the queue's traffic).
     pub pdus_per_s: Option<f64>,
+    /// Commands answered per second, and their payload MiB/s (NBD, iSCSI).
+    pub iops: Option<f64>,
+    pub mib_s: Option<f64>,
 }
 
 /// The rates between two samples.
@@ -320,13 +358,15 @@ impl View {
             .iter()
             .map(|c| {
                 let p = prev.conns.iter().find(|p| p.key == c.key);
-                let before = p.and_then(|p| p.pdus).unwrap_or(0);
+                let before = |f: fn(&ConnRaw) -> Option<u64>| p.and_then(f).unwrap_or(0);
                 ConnRow {
                     target: c.target.clone(),
                     peer: c.peer.clone(),
                     queue: c.queue.clone(),
                     outstanding: c.outstanding,
-                    pdus_per_s: c.pdus.map(|n| rate(before, n, secs)),
+                    pdus_per_s: c.pdus.map(|n| rate(before(|p| p.pdus), n, secs)),
+                    iops: c.ops.map(|n| rate(before(|p| p.ops), n, secs)),
+                    mib_s: c.bytes.map(|n| rate(before(|p| p.bytes), n, secs) / MIB),
                 }
             })
             .collect();
@@ -382,6 +422,10 @@ mod tests {
                  "num_write_ops": 0, "bytes_written": 0, "read_latency_ticks": reads * 2}]},
             "nbd_get_stats": {"connections_accepted": 3, "connections_closed": 1, "reads": reads,
                  "bytes_read": reads * 4096},
+            "nbd_get_connections": [{"id": 7, "export": "Malloc0", "peer": "127.0.0.1:5000",
+                 "reactor": 0, "ops": reads, "bytes_read": reads * 4096, "bytes_written": 0}],
+            "iscsi_get_connections": [{"id": 2, "cid": 0, "tsih": 1, "initiator_addr": "127.0.0.1",
+                 "ops": reads / 2, "bytes_read": reads * 2048, "bytes_written": 0}],
             "nvmf_get_stats": {"connections": {"open": 1}, "poll_groups": [{"reads": 0, "qpairs": [
                  {"hostnqn": "h", "cntlid": 1, "qid": 1, "outstanding": 4, "coalesce": {"pdus": pdus}}]}]},
         });
@@ -407,10 +451,20 @@ mod tests {
         assert_eq!(d.num_read_ops, 5000);
         let nbd = v.targets.iter().find(|t| t.name == "nbd").unwrap();
         assert_eq!((nbd.connections, nbd.iops), (2, Some(2000.0)));
-        assert_eq!(v.connections[0].pdus_per_s, Some(100.0));
-        assert_eq!(v.connections[0].outstanding, Some(4));
-        // iSCSI did not answer: no row for it.
-        assert!(v.targets.iter().all(|t| t.name != "iscsi"));
+        let conn = |t: &str| v.connections.iter().find(|c| c.target == t).unwrap();
+        assert_eq!(conn("nvmf").pdus_per_s, Some(100.0));
+        assert_eq!(conn("nvmf").outstanding, Some(4));
+        assert_eq!(conn("nvmf").iops, None);
+        // Per-connection command rates of NBD and iSCSI.
+        assert_eq!(conn("nbd").iops, Some(2000.0));
+        assert_eq!(conn("nbd").mib_s, Some(2000.0 * 4096.0 / MIB));
+        assert_eq!(
+            (conn("nbd").peer.as_str(), conn("nbd").queue.as_str()),
+            ("127.0.0.1:5000", "Malloc0")
+        );
+        assert_eq!(conn("iscsi").iops, Some(1000.0));
+        let iscsi = v.targets.iter().find(|t| t.name == "iscsi").unwrap();
+        assert_eq!((iscsi.connections, iscsi.iops), (1, Some(1000.0)));
     }
 
     #[test]
@@ -419,7 +473,11 @@ mod tests {
         let b = sample(2.0, 10, 950, 5);
         let v = View::between(&a, &b);
         assert_eq!(v.bdevs[0].read_iops, 0.0);
-        assert_eq!(v.connections[0].pdus_per_s, Some(0.0));
+        assert!(v
+            .connections
+            .iter()
+            .all(|c| c.pdus_per_s.unwrap_or(0.0) == 0.0));
+        assert!(v.connections.iter().all(|c| c.iops.unwrap_or(0.0) == 0.0));
         let empty = Sample::default();
         let v = View::between(&empty, &b);
         assert_eq!(v.bdevs[0].num_read_ops, 10);

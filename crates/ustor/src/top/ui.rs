@@ -119,9 +119,8 @@ fn sort_conns(rows: &mut [ConnRow], k: SortKey, reverse: bool) {
         let o = match k {
             SortKey::Name => (&a.target, &a.peer, &a.queue).cmp(&(&b.target, &b.peer, &b.queue)),
             SortKey::QueueDepth => b.outstanding.cmp(&a.outstanding),
-            _ => b
-                .pdus_per_s
-                .partial_cmp(&a.pdus_per_s)
+            _ => (b.iops, b.pdus_per_s)
+                .partial_cmp(&(a.iops, a.pdus_per_s))
                 .unwrap_or(Ordering::Equal),
         };
         if reverse {
@@ -297,6 +296,7 @@ fn conn_table(f: &mut Frame, a: Rect, conns: &[ConnRow], s: &Screen) {
             c.outstanding
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
+            opt(c.iops, 0),
             opt(c.pdus_per_s, 0),
         ])
     });
@@ -306,13 +306,15 @@ fn conn_table(f: &mut Frame, a: Rect, conns: &[ConnRow], s: &Screen) {
         Constraint::Length(16),
         Constraint::Length(6),
         Constraint::Length(9),
+        Constraint::Length(9),
     ];
     let cols = [
         ("target", Some(SortKey::Name)),
         ("peer", None),
         ("queue", None),
         ("QD", Some(SortKey::QueueDepth)),
-        ("PDU/s", Some(SortKey::Iops)),
+        ("IOPS", Some(SortKey::Iops)),
+        ("PDU/s", None),
     ];
     let t = Table::new(rows, w)
         .header(header(&cols, s))
