@@ -44,7 +44,8 @@ pub struct GuestBuilder {
     env: Vec<(String, String)>,
     files: Vec<(String, Vec<u8>)>,
     binaries: Vec<PathBuf>,
-    vhost_user_blk: Vec<PathBuf>,
+    /// Socket and queue count of each vhost-user-blk device.
+    vhost_user_blk: Vec<(PathBuf, u16)>,
     vhost_user_scsi: Vec<PathBuf>,
     scsi_disks: Vec<PathBuf>,
     shares: Vec<(PathBuf, String)>,
@@ -119,8 +120,13 @@ impl GuestBuilder {
 
     /// A vhost-user-blk device served on this unix socket (`/dev/vdX` in the
     /// guest, in the order added). Guest RAM becomes a shared memfd.
-    pub fn vhost_user_blk(mut self, socket: impl Into<PathBuf>) -> Self {
-        self.vhost_user_blk.push(socket.into());
+    pub fn vhost_user_blk(self, socket: impl Into<PathBuf>) -> Self {
+        self.vhost_user_blk_queues(socket, 1)
+    }
+
+    /// [`Self::vhost_user_blk`] with `queues` virtqueues (`num-queues`).
+    pub fn vhost_user_blk_queues(mut self, socket: impl Into<PathBuf>, queues: u16) -> Self {
+        self.vhost_user_blk.push((socket.into(), queues));
         self
     }
 
@@ -307,6 +313,7 @@ impl GuestBuilder {
         let paths = self
             .vhost_user_blk
             .iter()
+            .map(|(p, _)| p)
             .chain(&self.vhost_user_scsi)
             .chain(&self.scsi_disks)
             .chain(self.shares.iter().map(|(p, _)| p));
@@ -440,12 +447,12 @@ impl GuestBuilder {
                 "node,memdev=mem".into(),
             ]);
         }
-        for (i, sock) in self.vhost_user_blk.iter().enumerate() {
+        for (i, (sock, queues)) in self.vhost_user_blk.iter().enumerate() {
             a.extend([
                 "-chardev".into(),
                 format!("socket,id=vublk{i},path={}", sock.display()),
                 "-device".into(),
-                format!("vhost-user-blk-pci,chardev=vublk{i},num-queues=1"),
+                format!("vhost-user-blk-pci,chardev=vublk{i},num-queues={queues}"),
             ]);
         }
         for (i, sock) in self.vhost_user_scsi.iter().enumerate() {

@@ -1,0 +1,112 @@
+//! vhost-user-blk served by `ustor serve` to a QEMU/TCG guest's
+//! virtio-blk driver (one boot, two devices): a raw disk with two queues
+//! (`num-queues=2`) and an ext4 disk with one, both uring bdevs over host
+//! files. The guest reads a region the host wrote, writes a region the
+//! host reads back from the file, discards a region (zeroes in the file),
+//! runs fio with crc32c verify over a region, and makes, fills, fscks and
+//! re-reads an ext4 on the second disk, which the host fscks again.
+//!
+//! Skips (`SKIPPED: reason`) only when no guest can run here.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use testvm::host::{ext4_file_md5, fsck_image, md5_bytes, md5_range, write_pattern};
+use testvm::{guest_script, require_guest, GuestBuilder};
+
+const MIB: u64 = 1 << 20;
+
+fn image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p)
+        .unwrap()
+        .set_len(mib * MIB)
+        .unwrap();
+    p
+}
+
+#[test]
+fn guest_virtio_blk_on_ustor_vhost() {
+    require_guest!();
+    if !testkit::need("fio") {
+        return;
+    }
+    let dir = tmpdir("vhost-guest");
+    let sockets = dir.join("vhost");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let raw = image(&dir, "raw.img", 64);
+    let fs = image(&dir, "fs.img", 64);
+    write_pattern(&raw, 8 * MIB, 4 * MIB as usize, 0x5eed).expect("pattern");
+    write_pattern(&raw, 24 * MIB, 4 * MIB as usize, 0xd15c).expect("pattern");
+    let host_read_md5 = md5_range(&raw, 8 * MIB, 4 * MIB as usize).expect("md5");
+    let bdev = |f: &std::path::Path, n: &str| json!({"method": "bdev_uring_create", "params": {"filename": f.to_str().unwrap(), "name": n, "block_size": 512}});
+    let ctrl = |c: &str, b: &str| json!({"method": "vhost_create_blk_controller", "params": {"ctrlr": c, "dev_name": b}});
+    let config = json!({"subsystems": [
+        {"subsystem": "bdev", "config": [bdev(&raw, "Raw"), bdev(&fs, "Fs")]},
+        {"subsystem": "vhost_blk", "config": [ctrl("vraw", "Raw"), ctrl("vfs", "Fs")]},
+    ]});
+    let s = Server::start(
+        &dir,
+        &config,
+        &["-S", sockets.to_str().unwrap(), "--cores", "0,1"],
+    );
+
+    let started = Instant::now();
+    let result = GuestBuilder::new()
+        .script_file(guest_script("vhost-user-blk.sh"))
+        .binary("/usr/bin/fio")
+        .vhost_user_blk_queues(sockets.join("vraw"), 2)
+        .vhost_user_blk(sockets.join("vfs"))
+        .env("VUB_READ_MIB", "8:4")
+        .env("VUB_WRITE_MIB", "16:4")
+        .env("VUB_DISCARD_MIB", "24:4")
+        .env("VUB_FIO_MIB", "32:16")
+        .env("VUB_FS_DEV", "/dev/vdb")
+        .timeout(Duration::from_secs(300))
+        .run();
+    let elapsed = started.elapsed();
+    let ctrls = s.ok("vhost_get_controllers", json!({"name": "vraw"}));
+    let (code, log) = s.stop();
+    let out = result
+        .and_then(|o| o.success())
+        .unwrap_or_else(|e| panic!("guest failed: {e}\nustor log:\n{log}"));
+    assert_eq!(code, 0, "ustor serve exit: {log}");
+    eprintln!("vhost-user-blk on ustor: guest run {elapsed:?}; {ctrls}");
+
+    assert_eq!(out.value("vub_size"), Some((64 * MIB).to_string().as_str()));
+    assert_eq!(
+        out.value("read_md5"),
+        Some(host_read_md5.as_str()),
+        "guest read the host's pattern"
+    );
+    let written = md5_range(&raw, 16 * MIB, 4 * MIB as usize).expect("md5");
+    assert_eq!(
+        out.value("write_md5"),
+        Some(written.as_str()),
+        "host reads the guest's write"
+    );
+    let zeroes = md5_bytes(&vec![0u8; 4 * MIB as usize]).unwrap();
+    assert_eq!(
+        out.value("discard_md5"),
+        Some(zeroes.as_str()),
+        "guest reads zeroes after discard"
+    );
+    assert_eq!(
+        md5_range(&raw, 24 * MIB, 4 * MIB as usize).unwrap(),
+        zeroes,
+        "discarded range in the file"
+    );
+    assert_eq!(out.value("fio_ok"), Some("1"), "fio verify");
+    fsck_image(&fs).expect("host e2fsck of the image the guest wrote");
+    let data = ext4_file_md5(&fs, "/data.bin").expect("data.bin from the image");
+    assert_eq!(
+        out.value("data_md5"),
+        Some(data.as_str()),
+        "data.bin in the file"
+    );
+    assert_eq!(out.value("files"), Some("21"), "file count");
+    let _ = std::fs::remove_dir_all(&dir);
+}
