@@ -1,5 +1,6 @@
-//! `ustor fs check REGION`: verifies the layout of a file-service region
-//! (crates/fs) offline and exits non-zero when it is not consistent.
+//! `ustor fs format REGION SIZE` and `ustor fs check REGION`: make a
+//! file-service region (crates/fs) and verify one offline (non-zero exit
+//! when it is not consistent).
 
 use clap::{Args, Subcommand};
 
@@ -11,7 +12,16 @@ pub struct FsArgs {
 
 #[derive(Subcommand)]
 enum FsCmd {
-    /// Verify a region's layout (superblock, block bitmap).
+    /// Create (or overwrite) a region file of SIZE bytes with an empty file
+    /// system.
+    Format {
+        /// The region file (e.g. under /dev/shm).
+        region: std::path::PathBuf,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// Verify a region: superblock, inodes, directories, link counts, block
+    /// ownership and bitmap (a committed redo log is replayed on a copy).
     Check {
         /// The region: a file (e.g. under /dev/shm) or a DAX device.
         region: std::path::PathBuf,
@@ -19,7 +29,10 @@ enum FsCmd {
 }
 
 pub fn run(a: FsArgs) -> i32 {
-    let FsCmd::Check { region } = a.cmd;
+    let region = match a.cmd {
+        FsCmd::Check { region } => region,
+        FsCmd::Format { region, size } => return format(&region, size),
+    };
     let bytes = match std::fs::read(&region) {
         Ok(b) => b,
         Err(e) => {
@@ -34,6 +47,28 @@ pub fn run(a: FsArgs) -> i32 {
         }
         Err(e) => {
             eprintln!("{}: {e}", region.display());
+            1
+        }
+    }
+}
+
+fn format(region: &std::path::Path, size: u64) -> i32 {
+    let r = ustor_fs::MappedFile::create(region, size)
+        .map_err(ustor_fs::FsError::from)
+        .and_then(|m| ustor_fs::Fs::format(Box::new(m)));
+    match r {
+        Ok(fs) => {
+            let st = fs.statfs();
+            println!(
+                "{}: {} data blocks, {} inodes",
+                region.display(),
+                st.blocks,
+                st.files
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("ustor fs format: {}: {e}", region.display());
             1
         }
     }
