@@ -137,7 +137,7 @@ pub(crate) fn replay(m: &mut dyn Media, g: &Geometry) -> Result<bool, FsError> {
         let off = read_u64(m.bytes(), p) as usize;
         let n = read_u64(m.bytes(), p + 8) as usize;
         p += 16;
-        if n > end - p || off < lo || off.checked_add(n).is_none_or(|e| e > hi) {
+        if n > end - p || off < lo || off.checked_add(n).map_or(true, |e| e > hi) {
             return Err(FsError::Corrupt(format!("redo log entry {off}+{n}")));
         }
         m.bytes_mut().copy_within(p..p + n, off);
