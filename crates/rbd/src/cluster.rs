@@ -104,6 +104,9 @@ impl Cluster {
     /// reactor's). `reactor_cores`: cores the default placement avoids.
     pub fn connect(opts: ClusterOpts, reactor_cores: &[usize]) -> Result<Arc<Cluster>, RbdError> {
         let cores = placement(opts.core_mask.as_deref(), reactor_cores)?;
+        // Before any handle exists: a host without librbd gets a clear
+        // error and nothing half-created.
+        ffi::load().map_err(RbdError::Library)?;
         let id = opts
             .user_id
             .as_deref()

@@ -1,81 +1,163 @@
 //! The few librados/librbd calls ustor uses, declared by hand from
-//! `rados/librados.h` and `rbd/librbd.h` (Debian `librados-dev`,
-//! `librbd-dev`). No maintained crate wraps librbd; this is the whole
-//! surface. Every call returns 0 or a negative errno unless noted.
+//! `rados/librados.h` and `rbd/librbd.h`, and loaded at run time from
+//! `librados.so.2` and `librbd.so.1` (Debian `librados2`, `librbd1`).
+//!
+//! Why at run time: building ustor then needs no Ceph headers or libraries
+//! (one `cargo build` on a stock box), and a host without Ceph's client
+//! libraries runs everything else; only registering a cluster fails, with
+//! an error naming the package to install. [`load`] opens both libraries
+//! once per process and resolves every symbol up front, so a missing
+//! symbol is a load error too, never a crash later. Every call returns 0
+//! or a negative errno unless noted.
+//!
+//! The wrappers below may only be called after [`load`] succeeded: every
+//! handle passed to them comes from `rados_create`, which the cluster
+//! module calls only after a successful [`load`].
 
 #![allow(non_camel_case_types)]
 
+use std::sync::OnceLock;
+
 use libc::{c_char, c_int, c_void, iovec, size_t, ssize_t};
+use libloading::Library;
 
 pub type rados_t = *mut c_void;
 pub type rados_ioctx_t = *mut c_void;
 pub type rbd_image_t = *mut c_void;
 pub type rbd_completion_t = *mut c_void;
 pub type rbd_callback_t = Option<unsafe extern "C" fn(c: rbd_completion_t, arg: *mut c_void)>;
+pub type rbd_update_callback_t = Option<unsafe extern "C" fn(arg: *mut c_void)>;
 
-#[link(name = "rados")]
-extern "C" {
-    pub fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
-    pub fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
-    pub fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
-    pub fn rados_connect(cluster: rados_t) -> c_int;
-    pub fn rados_shutdown(cluster: rados_t);
-    pub fn rados_ioctx_create(
-        cluster: rados_t,
-        pool: *const c_char,
-        io: *mut rados_ioctx_t,
-    ) -> c_int;
-    pub fn rados_ioctx_destroy(io: rados_ioctx_t);
+/// `rbd_set_image_notification` type: the fd is an eventfd.
+pub const EVENT_TYPE_EVENTFD: c_int = 2;
+
+/// The library file names and the Debian package that provides each.
+pub const LIBRADOS: (&str, &str) = ("librados.so.2", "librados2");
+pub const LIBRBD: (&str, &str) = ("librbd.so.1", "librbd1");
+
+/// Declares the table of entry points, its loader and one `unsafe fn` per
+/// entry point with the C name, so call sites read like plain FFI.
+macro_rules! api {
+    ($( $(#[$m:meta])* $lib:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?; )*) => {
+        /// Resolved entry points (the libraries stay open for the process).
+        pub struct Api {
+            $( $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?, )*
+        }
+
+        impl Api {
+            fn resolve(rados: &Library, rbd: &Library) -> Result<Api, String> {
+                Ok(Api {
+                    $( $name: {
+                        let lib = match stringify!($lib) { "rados" => rados, _ => rbd };
+                        // SAFETY: the type is the C prototype of this symbol
+                        // in librados.h/librbd.h; the library outlives the
+                        // pointer (it is leaked, see `open`).
+                        let s = unsafe {
+                            lib.get::<unsafe extern "C" fn($($ty),*) $(-> $ret)?>(
+                                concat!(stringify!($name), "\0").as_bytes(),
+                            )
+                        };
+                        *s.map_err(|e| format!("{}: {e}", stringify!($name)))?
+                    }, )*
+                })
+            }
+        }
+
+        $(
+            $(#[$m])*
+            /// See the C function of the same name.
+            ///
+            /// # Safety
+            /// As the C function's contract; [`load`] must have succeeded.
+            pub unsafe fn $name($($arg: $ty),*) $(-> $ret)? {
+                // SAFETY: forwarded to the caller.
+                unsafe { (api().$name)($($arg),*) }
+            }
+        )*
+    };
 }
 
-#[link(name = "rbd")]
-extern "C" {
-    pub fn rbd_open(
-        io: rados_ioctx_t,
-        name: *const c_char,
-        image: *mut rbd_image_t,
-        snap: *const c_char,
-    ) -> c_int;
-    pub fn rbd_open_read_only(
-        io: rados_ioctx_t,
-        name: *const c_char,
-        image: *mut rbd_image_t,
-        snap: *const c_char,
-    ) -> c_int;
-    pub fn rbd_close(image: rbd_image_t) -> c_int;
-    pub fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
-    pub fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
+api! {
+    rados fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
+    rados fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
+    rados fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
+    rados fn rados_connect(cluster: rados_t) -> c_int;
+    rados fn rados_shutdown(cluster: rados_t);
+    rados fn rados_ioctx_create(cluster: rados_t, pool: *const c_char, io: *mut rados_ioctx_t) -> c_int;
+    rados fn rados_ioctx_destroy(io: rados_ioctx_t);
 
-    pub fn rbd_aio_create_completion(
-        arg: *mut c_void,
-        cb: rbd_callback_t,
-        c: *mut rbd_completion_t,
-    ) -> c_int;
+    rbd fn rbd_open(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap: *const c_char) -> c_int;
+    rbd fn rbd_open_read_only(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap: *const c_char) -> c_int;
+    rbd fn rbd_close(image: rbd_image_t) -> c_int;
+    rbd fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
+    rbd fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
+    rbd fn rbd_update_watch(image: rbd_image_t, handle: *mut u64, cb: rbd_update_callback_t, arg: *mut c_void) -> c_int;
+    rbd fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
+    rbd fn rbd_set_image_notification(image: rbd_image_t, fd: c_int, kind: c_int) -> c_int;
+    /// Number of completions written to `comps`, or a negative errno.
+    rbd fn rbd_poll_io_events(image: rbd_image_t, comps: *mut rbd_completion_t, numcomp: c_int) -> c_int;
+
+    rbd fn rbd_aio_create_completion(arg: *mut c_void, cb: rbd_callback_t, c: *mut rbd_completion_t) -> c_int;
     /// Bytes transferred (reads) or 0, or a negative errno.
-    pub fn rbd_aio_get_return_value(c: rbd_completion_t) -> ssize_t;
-    pub fn rbd_aio_release(c: rbd_completion_t);
-    pub fn rbd_aio_readv(
-        image: rbd_image_t,
-        iov: *const iovec,
-        iovcnt: c_int,
-        off: u64,
-        c: rbd_completion_t,
-    ) -> c_int;
-    pub fn rbd_aio_writev(
-        image: rbd_image_t,
-        iov: *const iovec,
-        iovcnt: c_int,
-        off: u64,
-        c: rbd_completion_t,
-    ) -> c_int;
-    pub fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
-    pub fn rbd_aio_discard(image: rbd_image_t, off: u64, len: u64, c: rbd_completion_t) -> c_int;
-    pub fn rbd_aio_write_zeroes(
-        image: rbd_image_t,
-        off: u64,
-        len: size_t,
-        c: rbd_completion_t,
-        zero_flags: c_int,
-        op_flags: c_int,
-    ) -> c_int;
+    rbd fn rbd_aio_get_return_value(c: rbd_completion_t) -> ssize_t;
+    rbd fn rbd_aio_get_arg(c: rbd_completion_t) -> *mut c_void;
+    rbd fn rbd_aio_release(c: rbd_completion_t);
+    rbd fn rbd_aio_readv(image: rbd_image_t, iov: *const iovec, iovcnt: c_int, off: u64, c: rbd_completion_t) -> c_int;
+    rbd fn rbd_aio_writev(image: rbd_image_t, iov: *const iovec, iovcnt: c_int, off: u64, c: rbd_completion_t) -> c_int;
+    rbd fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
+    rbd fn rbd_aio_discard(image: rbd_image_t, off: u64, len: u64, c: rbd_completion_t) -> c_int;
+    rbd fn rbd_aio_write_zeroes(image: rbd_image_t, off: u64, len: size_t, c: rbd_completion_t, zero_flags: c_int, op_flags: c_int) -> c_int;
+}
+
+static API: OnceLock<Result<Api, String>> = OnceLock::new();
+
+/// Opens librados and librbd and resolves every entry point, once per
+/// process; the error says which file is missing and what to install.
+pub fn load() -> Result<(), String> {
+    API.get_or_init(|| open(LIBRADOS, LIBRBD))
+        .as_ref()
+        .map(|_| ())
+        .map_err(Clone::clone)
+}
+
+/// Opens the two libraries (given as file name and package) and resolves
+/// the table. The libraries are leaked: the table's pointers live as long
+/// as the process, and librados' threads may run until exit anyway.
+pub fn open(rados: (&str, &str), rbd: (&str, &str)) -> Result<Api, String> {
+    let lib = |(file, pkg): (&str, &str)| {
+        // SAFETY: loading runs the library's initialisers; librados and
+        // librbd are ordinary shared libraries meant to be loaded into any
+        // process (QEMU and SPDK link them).
+        unsafe { Library::new(file) }.map_err(|e| format!("{file} not found: install {pkg} ({e})"))
+    };
+    let (rados, rbd) = (lib(rados)?, lib(rbd)?);
+    let api = Api::resolve(&rados, &rbd)?;
+    std::mem::forget(rados);
+    std::mem::forget(rbd);
+    Ok(api)
+}
+
+fn api() -> &'static Api {
+    match API.get() {
+        Some(Ok(a)) => a,
+        // Unreachable by the module's contract (no handle exists before a
+        // successful load); a panic names the broken invariant.
+        _ => panic!("librbd called before ffi::load() succeeded"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_names_the_file_and_the_package() {
+        let e = open(("librados-none.so.2", "librados2"), LIBRBD).err().unwrap();
+        assert!(e.starts_with("librados-none.so.2 not found: install librados2"), "{e}");
+        let e = open(LIBRADOS, ("librbd-none.so.1", "librbd1")).err().unwrap();
+        // Where librados is absent its error comes first; otherwise librbd's.
+        let ok = e.starts_with("librados.so.2 not found: install librados2")
+            || e.starts_with("librbd-none.so.1 not found: install librbd1");
+        assert!(ok, "{e}");
+    }
 }

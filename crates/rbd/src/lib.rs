@@ -1,7 +1,7 @@
 //! ustor's Ceph RBD bdev.
 //!
-//! - [`ffi`]: the few librados/librbd calls used, declared by hand
-//!   (linked with `-lrbd -lrados`).
+//! - [`ffi`]: the few librados/librbd calls used, declared by hand and
+//!   loaded at run time (building needs no Ceph headers or libraries).
 //! - [`cluster`]: registered clusters (one librados connection each, shared
 //!   by their images) and where their threads run: off the reactor cores.
 //! - [`bdev`]: the `rbd` bdev module (`bdev_rbd_create`), its channels and
@@ -39,6 +39,9 @@ pub enum RbdError {
     Invalid { param: &'static str, why: String },
     #[error("{what}: {}", std::io::Error::from_raw_os_error(*errno))]
     Rados { what: String, errno: i32 },
+    /// librados/librbd could not be loaded (the text names the package).
+    #[error("{0}")]
+    Library(String),
     #[error("the rbd module needs a running runtime")]
     NoRuntime,
     #[error(transparent)]
@@ -66,6 +69,7 @@ impl RbdError {
             ref e @ RbdError::ClusterExists(_) => os(e, libc::EEXIST),
             ref e @ RbdError::ClusterBusy { .. } => os(e, libc::EBUSY),
             ref e @ RbdError::NoRuntime => os(e, libc::ENODEV),
+            ref e @ RbdError::Library(_) => os(e, libc::ELIBACC),
         }
     }
 }

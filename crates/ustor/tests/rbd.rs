@@ -412,3 +412,19 @@ fn ceph_threads_affinity(pid: u32) -> Vec<(String, String)> {
     }
     v
 }
+
+/// librbd/librados are loaded at run time: the binary builds and starts
+/// on a host without them (one `cargo build`, no Ceph headers).
+#[test]
+fn ustor_binary_does_not_link_librbd() {
+    let out = Command::new("ldd")
+        .arg(env!("CARGO_BIN_EXE_ustor"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ldd failed");
+    let libs = String::from_utf8_lossy(&out.stdout);
+    assert!(libs.contains("libc.so"), "ldd output: {libs}");
+    for l in ["librbd", "librados", "libceph"] {
+        assert!(!libs.contains(l), "ustor links {l}:\n{libs}");
+    }
+}
