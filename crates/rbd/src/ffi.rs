@@ -152,9 +152,16 @@ mod tests {
 
     #[test]
     fn a_missing_library_names_the_file_and_the_package() {
-        let e = open(("librados-none.so.2", "librados2"), LIBRBD).err().unwrap();
-        assert!(e.starts_with("librados-none.so.2 not found: install librados2"), "{e}");
-        let e = open(LIBRADOS, ("librbd-none.so.1", "librbd1")).err().unwrap();
+        let e = open(("librados-none.so.2", "librados2"), LIBRBD)
+            .err()
+            .unwrap();
+        assert!(
+            e.starts_with("librados-none.so.2 not found: install librados2"),
+            "{e}"
+        );
+        let e = open(LIBRADOS, ("librbd-none.so.1", "librbd1"))
+            .err()
+            .unwrap();
         // Where librados is absent its error comes first; otherwise librbd's.
         let ok = e.starts_with("librados.so.2 not found: install librados2")
             || e.starts_with("librbd-none.so.1 not found: install librbd1");
