@@ -131,6 +131,11 @@ fn top_once_json_reports_known_io() {
     let dir = common::tmpdir("top-json");
     let s = Server::start(&dir, &two_bdevs(true), &[]);
     let port = s.nbd_port();
+    // Latency percentiles come from hot's histograms (cold has none).
+    s.ok(
+        "bdev_enable_histogram",
+        json!({"name": "hot", "enable": true}),
+    );
     qemu_io(
         port,
         "hot",
@@ -187,9 +192,20 @@ fn top_once_json_reports_known_io() {
     assert_eq!(hot["bytes_read"], 12 << 10);
     // Nothing ran on hot in the interval: its rates are zero, not garbage.
     assert_eq!(hot["iops"], 0.0);
+    // p50/p99 from its histograms (cumulative since they were turned on).
+    let us = |k: &str| hot[k].as_f64().unwrap_or_else(|| panic!("{k}: {hot}"));
+    assert!(
+        us("read_p50_us") > 0.0 && us("read_p99_us") >= us("read_p50_us"),
+        "{hot}"
+    );
+    assert!(
+        us("write_p50_us") > 0.0 && us("write_p99_us") >= us("write_p50_us"),
+        "{hot}"
+    );
     let cold = find("bdevs", "cold");
     assert!(cold["read_iops"].as_f64().unwrap() > 0.0, "{v:#}");
     assert_eq!(cold["num_write_ops"], 0);
+    assert!(cold["read_p99_us"].is_null(), "histograms off: {cold}");
     assert!(v["interval_s"].as_f64().unwrap() >= 0.5);
     assert_eq!(v["reactors"].as_array().unwrap().len(), 1);
     assert_eq!(

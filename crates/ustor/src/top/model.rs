@@ -30,6 +30,9 @@ pub struct BdevRaw {
     /// Sum of every completed I/O's latency, in ticks.
     pub lat_ticks: u64,
     pub errors: u64,
+    /// Latency percentiles in ns from the bdev's histograms (`[read p50,
+    /// read p99, write p50, write p99]`), 0 when histograms are off.
+    pub pct_ns: [u64; 4],
 }
 
 /// A target's cumulative counters.
@@ -122,6 +125,15 @@ fn reactor(v: &Value) -> ReactorRaw {
     }
 }
 
+/// `bdev_get_iostat`'s percentiles (from the histograms that
+/// `bdev_enable_histogram` turns on), in [`BdevRaw::pct_ns`] order.
+const PCT_KEYS: [&str; 4] = [
+    "read_latency_ns_p50",
+    "read_latency_ns_p99",
+    "write_latency_ns_p50",
+    "write_latency_ns_p99",
+];
+
 fn bdev(v: &Value) -> BdevRaw {
     let other = ["num_unmap_ops", "num_flush_ops", "num_write_zeroes_ops"];
     let lat = [
@@ -138,6 +150,7 @@ fn bdev(v: &Value) -> BdevRaw {
         bytes_written: u(v, "bytes_written"),
         lat_ticks: lat.iter().map(|k| u(v, k)).sum(),
         errors: u(v, "errors"),
+        pct_ns: PCT_KEYS.map(|k| u(v, k)),
     }
 }
 
@@ -259,6 +272,13 @@ pub struct BdevRow {
     pub bytes_read: u64,
     pub bytes_written: u64,
     pub errors: u64,
+    /// Latency percentiles in µs since the bdev's histograms were turned
+    /// on (`bdev_enable_histogram`; cumulative, not per interval); `None`
+    /// while they are off or nothing was recorded.
+    pub read_p50_us: Option<f64>,
+    pub read_p99_us: Option<f64>,
+    pub write_p50_us: Option<f64>,
+    pub write_p99_us: Option<f64>,
 }
 
 /// A target's rates.
@@ -404,6 +424,29 @@ fn bdev_row(prev: &Sample, b: &BdevRaw, secs: f64, tick_rate: u64) -> BdevRow {
         bytes_read: b.bytes_read,
         bytes_written: b.bytes_written,
         errors: b.errors,
+        read_p50_us: us(b.pct_ns[0]),
+        read_p99_us: us(b.pct_ns[1]),
+        write_p50_us: us(b.pct_ns[2]),
+        write_p99_us: us(b.pct_ns[3]),
+    }
+}
+
+fn us(ns: u64) -> Option<f64> {
+    (ns > 0).then(|| ns as f64 / 1000.0)
+}
+
+impl BdevRow {
+    /// The worse of the read and write percentile (`p50` or `p99`).
+    pub fn worst(&self, p99: bool) -> Option<f64> {
+        let (r, w) = if p99 {
+            (self.read_p99_us, self.write_p99_us)
+        } else {
+            (self.read_p50_us, self.write_p50_us)
+        };
+        match (r, w) {
+            (Some(r), Some(w)) => Some(r.max(w)),
+            (r, w) => r.or(w),
+        }
     }
 }
 
@@ -419,7 +462,8 @@ mod tests {
                  "loops": 100 * at as u64, "sleeps": 10, "wakeups": 10, "tasks": 3}]},
             "bdev_get_iostat": {"tick_rate": 1000, "bdevs": [
                 {"name": "Malloc0", "num_read_ops": reads, "bytes_read": reads * 4096,
-                 "num_write_ops": 0, "bytes_written": 0, "read_latency_ticks": reads * 2}]},
+                 "num_write_ops": 0, "bytes_written": 0, "read_latency_ticks": reads * 2,
+                 "read_latency_ns_p50": 1500, "read_latency_ns_p99": 9000}]},
             "nbd_get_stats": {"connections_accepted": 3, "connections_closed": 1, "reads": reads,
                  "bytes_read": reads * 4096},
             "nbd_get_connections": [{"id": 7, "export": "Malloc0", "peer": "127.0.0.1:5000",
@@ -449,6 +493,8 @@ mod tests {
         assert_eq!(d.avg_lat_us, 2000.0);
         assert_eq!(d.queue_depth, 4.0);
         assert_eq!(d.num_read_ops, 5000);
+        assert_eq!((d.read_p50_us, d.read_p99_us), (Some(1.5), Some(9.0)));
+        assert_eq!((d.write_p99_us, d.worst(true)), (None, Some(9.0)));
         let nbd = v.targets.iter().find(|t| t.name == "nbd").unwrap();
         assert_eq!((nbd.connections, nbd.iops), (2, Some(2000.0)));
         let conn = |t: &str| v.connections.iter().find(|c| c.target == t).unwrap();

@@ -244,10 +244,13 @@ fn bdev_table(f: &mut Frame, a: Rect, bdevs: &[BdevRow], s: &Screen) {
             format!("{:.0}", b.write_iops),
             format!("{:.1}", b.read_mib_s + b.write_mib_s),
             format!("{:.1}", b.avg_lat_us),
+            opt(b.worst(false), 1),
+            opt(b.worst(true), 1),
             format!("{:.1}", b.queue_depth),
         ])
     });
-    let w = [16, 9, 9, 9, 9, 10, 6].map(Constraint::Length);
+    // 78 columns with the spacing: an 80-column terminal, borders included.
+    let w = [13, 8, 8, 8, 7, 7, 7, 7, 5].map(Constraint::Length);
     let cols = [
         ("bdev", Some(SortKey::Name)),
         ("IOPS", Some(SortKey::Iops)),
@@ -255,6 +258,8 @@ fn bdev_table(f: &mut Frame, a: Rect, bdevs: &[BdevRow], s: &Screen) {
         ("write/s", None),
         ("MiB/s", Some(SortKey::Bandwidth)),
         ("lat us", Some(SortKey::Latency)),
+        ("p50", None),
+        ("p99", None),
         ("QD", Some(SortKey::QueueDepth)),
     ];
     let t = Table::new(rows, w)
@@ -343,6 +348,10 @@ mod tests {
             bytes_read: 0,
             bytes_written: 0,
             errors: 0,
+            read_p50_us: Some(lat),
+            read_p99_us: Some(lat * 4.0),
+            write_p50_us: None,
+            write_p99_us: None,
         }
     }
 
@@ -395,6 +404,8 @@ mod tests {
             .collect();
         // Busiest first, the key line kept on the last row.
         assert!(text.contains("Malloc39"), "{text}");
+        // All columns fit: the percentiles and QD are on screen.
+        assert!(text.contains("p99") && text.contains("QD"), "{text}");
         assert!(text.contains("IOPS*"));
         assert!(text.ends_with(&format!(
             "{:<80}",
