@@ -261,6 +261,12 @@ impl Registry {
         })
     }
 
+    /// The runtime its channels live on (module control paths that must do
+    /// I/O, such as reading a raid superblock in `examine`).
+    pub fn runtime(&self) -> Option<&RuntimeHandle> {
+        self.runtime.as_ref()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }

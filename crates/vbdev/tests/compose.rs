@@ -118,10 +118,6 @@ fn bad_parameters_are_refused_and_nothing_is_created_or_claimed() {
             "smaller than one strip",
         ),
         (
-            json!({"name": "r", "raid_level": "raid0", "base_bdevs": ["a", "b"], "strip_size_kb": 64, "superblock": true}),
-            "superblock",
-        ),
-        (
             json!({"name": "a", "raid_level": "raid0", "base_bdevs": ["b"], "strip_size_kb": 64}),
             "exists",
         ),

@@ -37,6 +37,8 @@ pub struct Raid0Channel {
     pub members: Box<[IoChannel]>,
     pub shift: u32,
     pub bs: u64,
+    /// Blocks before the data on each member (its superblock's room).
+    pub off: u64,
 }
 
 impl Raid0Channel {
@@ -50,7 +52,13 @@ impl Raid0Channel {
             let len = (mask + 1 - within).min(end - lba);
             let m = &self.members[(k % n) as usize];
             let at = (lba - d.offset_blocks) * self.bs;
-            kids.submit(m, d.kind, ((k / n) << self.shift) + within, len, at);
+            kids.submit(
+                m,
+                d.kind,
+                self.off + ((k / n) << self.shift) + within,
+                len,
+                at,
+            );
             lba += len;
         }
     }
@@ -69,7 +77,7 @@ impl BdevChannel for Raid0Channel {
                 for (i, m) in self.members.iter().enumerate() {
                     let r = raid0_member_range(self.shift, n, i as u64, d.offset_blocks, end);
                     if let Some((off, len)) = r {
-                        kids.submit(m, d.kind, off, len, 0);
+                        kids.submit(m, d.kind, self.off + off, len, 0);
                     }
                 }
             }
@@ -84,6 +92,8 @@ pub struct ConcatChannel {
     /// One more entry than members: the last is the array's size.
     pub starts: Box<[u64]>,
     pub bs: u64,
+    /// Blocks before the data on each member.
+    pub off: u64,
 }
 
 impl BdevChannel for ConcatChannel {
@@ -101,7 +111,7 @@ impl BdevChannel for ConcatChannel {
                 continue;
             }
             let at = (s - d.offset_blocks) * self.bs;
-            kids.submit(m, d.kind, s - a, e - s, at);
+            kids.submit(m, d.kind, self.off + s - a, e - s, at);
         }
     }
 }

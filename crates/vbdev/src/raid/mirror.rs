@@ -38,6 +38,8 @@ pub struct Mirror {
     epoch: AtomicU64,
     slots: Mutex<Vec<Option<Desc>>>,
     pub(super) blocks: u64,
+    /// Blocks before the data on each member (the superblock's room).
+    off: u64,
     rebuild: Rebuild,
 }
 
@@ -161,7 +163,7 @@ impl Chan {
             }
             if let Some(ch) = &members[i] {
                 let w = self.watch(i, 0);
-                kids.submit_watched(ch, d.kind, d.offset_blocks, d.num_blocks, 0, w);
+                kids.submit_watched(ch, d.kind, self.m.off + d.offset_blocks, d.num_blocks, 0, w);
                 return true;
             }
         }
@@ -190,7 +192,8 @@ impl Chan {
                     r.writes[g as usize].fetch_add(1, Ordering::SeqCst);
                 }
                 let w = self.watch(i, extra);
-                kids.submit_watched(ch, d.kind, d.offset_blocks, d.num_blocks, 0, w);
+                let at = self.m.off + d.offset_blocks;
+                kids.submit_watched(ch, d.kind, at, d.num_blocks, 0, w);
                 any = true;
             }
         }
@@ -306,6 +309,10 @@ impl Bdev for MirrorBdev {
     }
     fn config_json(&self) -> Value {
         let c = &self.cfg;
+        if c.superblock {
+            // As SPDK: the members' superblocks hold the configuration.
+            return Value::Null;
+        }
         // The members it has now (after removals and additions).
         let members: Vec<String> = self
             .m
@@ -327,7 +334,7 @@ impl Bdev for MirrorBdev {
             .enumerate()
             .map(|(i, d)| match d {
                 Some(d) => json!({"name": d.name(), "uuid": d.info().uuid.to_string(),
-                    "is_configured": m.state(i) != FAILED, "data_offset": 0,
+                    "is_configured": m.state(i) != FAILED, "data_offset": m.off,
                     "data_size": m.blocks}),
                 None => json!({"name": null, "uuid": null, "is_configured": false,
                     "data_offset": 0, "data_size": 0}),
@@ -336,7 +343,7 @@ impl Bdev for MirrorBdev {
         let n = slots.len();
         let mut v = json!({
             "uuid": self.info.uuid.to_string(), "strip_size_kb": 0, "state": "online",
-            "raid_level": "raid1", "superblock": false, "num_base_bdevs": n,
+            "raid_level": "raid1", "superblock": self.cfg.superblock, "num_base_bdevs": n,
             "num_base_bdevs_discovered": slots.iter().flatten().count(),
             "num_base_bdevs_operational": m.online(), "base_bdevs_list": list,
         });
@@ -380,7 +387,11 @@ fn open_member(
 }
 
 /// Creates a raid1 array over `cfg.members` (the smallest member's size).
-pub fn create(reg: &Registry, cfg: RaidConfig) -> Result<Arc<BdevEntry>, ControlError> {
+pub fn create(
+    reg: &Registry,
+    weak: &Weak<Registry>,
+    cfg: RaidConfig,
+) -> Result<Arc<BdevEntry>, ControlError> {
     base::check_free(reg, &cfg.name)?;
     debug_assert_eq!(cfg.level, Level::Raid1);
     let n = cfg.members.len();
@@ -395,10 +406,20 @@ pub fn create(reg: &Registry, cfg: RaidConfig) -> Result<Arc<BdevEntry>, Control
                 }
             }
         }
+        let bs = slots
+            .iter()
+            .flatten()
+            .next()
+            .map_or(512, |d| d.info().block_size);
+        let off = match &cfg.existing {
+            Some(sb) => sb.data_offset,
+            None if cfg.superblock => super::sb::data_offset(bs as u64),
+            None => 0,
+        };
         let blocks = slots
             .iter()
             .flatten()
-            .map(|d| d.info().num_blocks)
+            .map(|d| d.info().num_blocks.saturating_sub(off))
             .min()
             .unwrap_or(0);
         Mirror {
@@ -407,6 +428,7 @@ pub fn create(reg: &Registry, cfg: RaidConfig) -> Result<Arc<BdevEntry>, Control
             epoch: AtomicU64::new(0),
             slots: Mutex::new(slots),
             blocks,
+            off,
             rebuild: Rebuild::default(),
         }
     });
@@ -418,6 +440,17 @@ pub fn create(reg: &Registry, cfg: RaidConfig) -> Result<Arc<BdevEntry>, Control
         let descs: Vec<&Desc> = slots.iter().flatten().collect();
         base_info(&cfg, &descs, m.blocks)?
     };
+    if m.blocks == 0 {
+        return Err(ControlError::invalid(
+            "base_bdevs",
+            "a member has no room for data",
+        ));
+    }
+    if cfg.superblock && cfg.existing.is_none() {
+        let uuids = m.slots().iter().flatten().map(|d| d.info().uuid).collect();
+        let s = super::new_superblock(&cfg, &info, m.off, uuids);
+        super::sb::write_all(weak, &cfg.members, Some(&s))?;
+    }
     let e = reg.register(Arc::new(MirrorBdev {
         info,
         cfg,
@@ -478,10 +511,23 @@ fn holding(reg: &Registry, base: &str) -> Result<(Arc<Mirror>, usize), ControlEr
     )))
 }
 
+/// Membership changes do not rewrite superblocks yet: refused on arrays
+/// that have them, so the members' records stay true.
+fn refuse_with_superblock(m: &Mirror) -> Result<(), ControlError> {
+    if m.off != 0 {
+        return Err(ControlError::invalid(
+            "name",
+            format!("{} has a superblock: members cannot change yet", m.name),
+        ));
+    }
+    Ok(())
+}
+
 /// `bdev_raid_remove_base_bdev`: empties the member's slot and releases
 /// it; refused for the last member holding the data.
 pub fn remove_base(reg: &Registry, base: &str) -> Result<(), ControlError> {
     let (m, i) = holding(reg, base)?;
+    refuse_with_superblock(&m)?;
     if m.state(i) == ONLINE && m.online() == 1 {
         return Err(ControlError::invalid(
             "name",
@@ -502,6 +548,7 @@ pub struct Joined {
 /// `raid`, written from now on; the caller starts [`rebuild`].
 pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, ControlError> {
     let m = LIVE.find(reg, raid, "raid")?;
+    refuse_with_superblock(&m)?;
     crate::base::check_no_cycle(reg, raid, base)?;
     if m.rebuild.running.load(Ordering::Acquire) {
         return Err(ControlError::invalid(
@@ -596,10 +643,10 @@ async fn copy(m: &Mirror, slot: usize) -> Result<(), BdevError> {
                 ustor_runtime::yield_now().await;
             }
             buf.set_len((n * bs) as usize);
-            let (res, b) = src.read(lba, n, buf).await;
+            let (res, b) = src.read(m.off + lba, n, buf).await;
             buf = b;
             res?;
-            let (res, b) = dst.write(lba, n, buf).await;
+            let (res, b) = dst.write(m.off + lba, n, buf).await;
             buf = b;
             res?;
             if !r.dirty.load(Ordering::SeqCst) {

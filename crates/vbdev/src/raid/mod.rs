@@ -7,6 +7,7 @@
 
 pub mod map;
 pub mod mirror;
+pub mod sb;
 
 use std::sync::{Arc, Weak};
 
@@ -84,6 +85,10 @@ pub struct RaidConfig {
     pub members: Vec<String>,
     pub strip_size_kb: u32,
     pub uuid: Option<uuid::Uuid>,
+    /// Members carry a superblock (`superblock: true`); `Some` when the
+    /// array is assembled from the one found on them (not written again).
+    pub superblock: bool,
+    pub existing: Option<sb::Superblock>,
 }
 
 impl RaidConfig {
@@ -97,12 +102,6 @@ impl RaidConfig {
             return Err(ControlError::invalid("base_bdevs", "no members"));
         }
         base::check_distinct(&members)?;
-        if p.superblock {
-            return Err(ControlError::invalid(
-                "superblock",
-                "on-disk superblocks are not supported yet",
-            ));
-        }
         let strip = if p.strip_size_kb != 0 {
             p.strip_size_kb
         } else {
@@ -127,6 +126,8 @@ impl RaidConfig {
             members,
             strip_size_kb: strip,
             uuid: p.uuid,
+            superblock: p.superblock,
+            existing: None,
         })
     }
 }
@@ -138,6 +139,8 @@ struct RaidBdev {
     /// Blocks of each member the array uses.
     used: Box<[u64]>,
     shift: u32,
+    /// Blocks before the data on each member (the superblock's room).
+    off: u64,
 }
 
 impl Bdev for RaidBdev {
@@ -162,6 +165,7 @@ impl Bdev for RaidBdev {
                 members,
                 shift: self.shift,
                 bs,
+                off: self.off,
             }),
             Level::Raid1 => unreachable!("raid1 is a MirrorBdev"),
             Level::Concat => {
@@ -173,12 +177,17 @@ impl Bdev for RaidBdev {
                     members,
                     starts: starts.into(),
                     bs,
+                    off: self.off,
                 })
             }
         })
     }
     fn config_json(&self) -> Value {
         let c = &self.cfg;
+        if c.superblock {
+            // As SPDK: the members' superblocks hold the configuration.
+            return Value::Null;
+        }
         json!({"method": "bdev_raid_create", "params": {
             "name": c.name, "raid_level": c.level.name(), "base_bdevs": c.members,
             "strip_size_kb": c.strip_size_kb, "uuid": self.info.uuid.to_string(),
@@ -194,12 +203,12 @@ impl Bdev for RaidBdev {
             .zip(self.used.iter())
             .map(|(d, u)| {
                 json!({"name": d.name(), "uuid": d.info().uuid.to_string(),
-                "is_configured": true, "data_offset": 0, "data_size": u})
+                "is_configured": true, "data_offset": self.off, "data_size": u})
             })
             .collect();
         json!({"raid": {
             "uuid": self.info.uuid.to_string(), "strip_size_kb": c.strip_size_kb,
-            "state": "online", "raid_level": c.level.name(), "superblock": false,
+            "state": "online", "raid_level": c.level.name(), "superblock": c.superblock,
             "num_base_bdevs": n, "num_base_bdevs_discovered": n,
             "num_base_bdevs_operational": n, "base_bdevs_list": list,
         }})
@@ -221,6 +230,11 @@ pub fn create(
         .map(|m| base::open(reg, weak, m, &cfg.name))
         .collect::<Result<Box<[Desc]>, _>>()?;
     let bs = members[0].info().block_size as u64;
+    let off = match &cfg.existing {
+        Some(sb) => sb.data_offset,
+        None if cfg.superblock => sb::data_offset(bs),
+        None => 0,
+    };
     let strip_bytes = cfg.strip_size_kb as u64 * 1024;
     if strip_bytes < bs {
         return Err(ControlError::invalid(
@@ -229,7 +243,7 @@ pub fn create(
         ));
     }
     let strip = strip_bytes / bs;
-    let whole = |d: &Desc| d.info().num_blocks / strip * strip;
+    let whole = |d: &Desc| d.info().num_blocks.saturating_sub(off) / strip * strip;
     if let Some(d) = members.iter().find(|d| whole(d) == 0) {
         return Err(ControlError::invalid(
             "base_bdevs",
@@ -246,13 +260,39 @@ pub fn create(
     };
     let total = used.iter().sum();
     let info = base::info(&cfg.name, cfg.uuid, "Raid Volume", "raid", &members, total)?;
+    if cfg.superblock && cfg.existing.is_none() {
+        let uuids = members.iter().map(|d| d.info().uuid).collect();
+        let s = new_superblock(&cfg, &info, off, uuids);
+        sb::write_all(weak, &cfg.members, Some(&s))?;
+    }
     reg.register(Arc::new(RaidBdev {
         info,
         shift: strip.trailing_zeros(),
         cfg,
         members,
         used,
+        off,
     }))
+}
+
+/// The first superblock of a new array (slot 0's; each member gets its own).
+pub(crate) fn new_superblock(
+    cfg: &RaidConfig,
+    info: &BdevInfo,
+    off: u64,
+    members: Vec<uuid::Uuid>,
+) -> sb::Superblock {
+    sb::Superblock {
+        name: cfg.name.clone(),
+        uuid: info.uuid,
+        raid_level: cfg.level.name().into(),
+        strip_size_kb: cfg.strip_size_kb,
+        block_size: info.block_size,
+        data_offset: off,
+        seq: 1,
+        members,
+        slot: 0,
+    }
 }
 
 /// The raid module.
@@ -265,9 +305,35 @@ impl BdevModule for RaidModule {
     fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
         let cfg = RaidConfig::from_params(parse_params(params)?)?;
         if cfg.level == Level::Raid1 {
-            return mirror::create(reg, cfg);
+            return mirror::create(reg, &self.0, cfg);
         }
         create(reg, &self.0, cfg)
+    }
+
+    /// Deletes the array; with a superblock, the members' superblocks are
+    /// wiped after (else `examine` would bring the array back).
+    fn delete(&self, reg: &Registry, name: &str) -> Result<(), ControlError> {
+        let e = reg
+            .get(name)
+            .filter(|e| e.info().module == "raid")
+            .ok_or_else(|| ControlError::NotFound(name.to_string()))?;
+        let raid = e.bdev().driver_info()["raid"].clone();
+        drop(e);
+        reg.delete(name)?;
+        if raid["superblock"] == true {
+            let members: Vec<String> = raid["base_bdevs_list"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m["name"].as_str().map(String::from))
+                .collect();
+            sb::write_all(&self.0, &members, None)?;
+        }
+        Ok(())
+    }
+
+    fn examine(&self, reg: &Registry, bdev: &Arc<BdevEntry>) {
+        sb::examine(&self.0, reg, bdev);
     }
 }
 
