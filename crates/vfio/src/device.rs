@@ -74,7 +74,13 @@ impl Vfio {
         if ioctl_val(cfd, VFIO_GET_API_VERSION, 0, "VFIO_GET_API_VERSION")? != VFIO_API_VERSION {
             return Err(VfioError::Unsupported("unknown VFIO API version".into()));
         }
-        if ioctl_val(cfd, VFIO_CHECK_EXTENSION, VFIO_TYPE1V2_IOMMU, "VFIO_CHECK_EXTENSION")? != 1 {
+        if ioctl_val(
+            cfd,
+            VFIO_CHECK_EXTENSION,
+            VFIO_TYPE1V2_IOMMU,
+            "VFIO_CHECK_EXTENSION",
+        )? != 1
+        {
             return Err(VfioError::Unsupported(
                 "the kernel's VFIO has no TYPE1v2 IOMMU (load vfio_iommu_type1)".into(),
             ));
@@ -94,7 +100,12 @@ impl Vfio {
             });
         }
         let mut c = cfd;
-        ioctl_ptr(gfd, VFIO_GROUP_SET_CONTAINER, &mut c, "VFIO_GROUP_SET_CONTAINER")?;
+        ioctl_ptr(
+            gfd,
+            VFIO_GROUP_SET_CONTAINER,
+            &mut c,
+            "VFIO_GROUP_SET_CONTAINER",
+        )?;
         ioctl_val(cfd, VFIO_SET_IOMMU, VFIO_TYPE1V2_IOMMU, "VFIO_SET_IOMMU")?;
         let limit = iova_limit(cfd);
         let name = CString::new(bdf).map_err(|_| VfioError::NoDevice(bdf.into()))?;
@@ -186,7 +197,10 @@ impl Vfio {
             )
         };
         if n != buf.len() as isize {
-            return Err(VfioError::sys(format!("{}: write region {index}", self.bdf)));
+            return Err(VfioError::sys(format!(
+                "{}: write region {index}",
+                self.bdf
+            )));
         }
         Ok(())
     }
@@ -256,7 +270,12 @@ impl Vfio {
         if self.flags & VFIO_DEVICE_FLAGS_RESET == 0 {
             return Ok(false);
         }
-        ioctl_val(self.device.as_raw_fd(), VFIO_DEVICE_RESET, 0, "VFIO_DEVICE_RESET")?;
+        ioctl_val(
+            self.device.as_raw_fd(),
+            VFIO_DEVICE_RESET,
+            0,
+            "VFIO_DEVICE_RESET",
+        )?;
         Ok(true)
     }
 
@@ -370,7 +389,12 @@ impl Drop for Vfio {
                 iova: m.iova,
                 size: m.len as u64,
             };
-            let _ = ioctl_ptr(self.container.as_raw_fd(), VFIO_IOMMU_UNMAP_DMA, &mut u, "unmap");
+            let _ = ioctl_ptr(
+                self.container.as_raw_fd(),
+                VFIO_IOMMU_UNMAP_DMA,
+                &mut u,
+                "unmap",
+            );
             if m.owned {
                 // SAFETY: our own anonymous mapping; the device no longer
                 // reaches it (bus mastering off, IOMMU mapping removed).
