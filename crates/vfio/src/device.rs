@@ -363,7 +363,7 @@ impl Vfio {
     /// Maps memory this process owns elsewhere (a reactor's buffer pool)
     /// for DMA; it must outlive this `Vfio`. Page-aligned `ptr` and `len`.
     pub fn map_external(&self, ptr: *mut u8, len: usize) -> Result<u64> {
-        if ptr as usize % 4096 != 0 || len % 4096 != 0 || len == 0 {
+        if !(ptr as usize).is_multiple_of(4096) || !len.is_multiple_of(4096) || len == 0 {
             return Err(VfioError::Unsupported(
                 "DMA mappings must be page aligned".into(),
             ));

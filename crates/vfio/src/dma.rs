@@ -66,7 +66,7 @@ impl IovaSpace {
     pub(crate) fn reserve(&self, len: usize) -> Result<u64> {
         let len = (len as u64).div_ceil(IOVA_ALIGN) * IOVA_ALIGN;
         let at = self.next.get();
-        if at.checked_add(len).map_or(true, |end| end > self.limit) {
+        if at.checked_add(len).is_none_or(|end| end > self.limit) {
             return Err(VfioError::NoIova(len));
         }
         self.next.set(at + len);
