@@ -9,6 +9,7 @@ pub mod nbd;
 pub mod nvmf;
 pub mod rbd;
 pub mod scsi;
+pub mod scsi_vfio;
 pub mod vbdev;
 pub mod vhost;
 

@@ -197,6 +197,7 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         no_params("bdev_scsi_get_mappings", &p)?;
         out(api::bdev_scsi_get_mappings(&c.scsi))
     })?;
+    super::scsi_vfio::register(ctx, attached.clone())?;
     let reg = ctx.registry.clone();
     ctx.table
         .add_subsystem("scsi", &["bdev"], move |reply: Replier| {

@@ -1,0 +1,267 @@
+//! `VirtioScsi`: the [`Lld`] implementation over [`State`]: polled
+//! completions, scan by INQUIRY to LUN 0 of every target, ABORT TASK and
+//! LOGICAL UNIT RESET on the control queue, host reset as a device reset.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use ustor_scsi::cdb::Cdb;
+use ustor_scsi::lld::{
+    Completion, DataDir, HostLimits, Lld, LocalFuture, Nexus, QueueError, ScsiCmd, Tag, TargetAddr,
+    TmfResult, TransportError,
+};
+use ustor_vfio::Vfio;
+
+use super::state::{SlotState, State, BOUNCE, MAX_SG, SLOTS};
+use super::wire;
+use super::VirtioError;
+
+/// How long a control-path command (scan INQUIRY, TMF) may take.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Targets probed by a scan at most (QEMU offers 256).
+const MAX_SCAN_TARGETS: u32 = 64;
+
+pub struct VirtioScsi {
+    bdf: String,
+    st: RefCell<State>,
+}
+
+impl VirtioScsi {
+    /// Opens `bdf` (bound to vfio-pci), brings the device up, and maps the
+    /// current reactor's buffer pool for zero-copy DMA.
+    pub fn open(bdf: &str) -> Result<VirtioScsi, VirtioError> {
+        let vfio = Vfio::open(bdf)?;
+        let id = vfio.id()?;
+        if !crate::is_virtio_scsi(id) {
+            return Err(VirtioError::Transport(format!(
+                "{bdf} is PCI {:04x}:{:04x}, not a virtio-scsi controller (1af4:1048 or 1af4:1004)",
+                id.vendor, id.device
+            )));
+        }
+        let mut st = State::open(vfio)?;
+        if let Some(r) = ustor_runtime::buf::pool_region() {
+            match st.vfio.map_external(r.iov_base.cast(), r.iov_len) {
+                Ok(_) => st.pool_mapped = r.iov_len,
+                Err(e) => tracing::warn!(%bdf, "buffer pool not mapped for DMA ({e}): bouncing"),
+            }
+        }
+        tracing::info!(%bdf, group = st.vfio.group(), "virtio-scsi attached over VFIO");
+        Ok(VirtioScsi {
+            bdf: bdf.to_string(),
+            st: RefCell::new(st),
+        })
+    }
+
+    /// Runs one internal data-in command and waits for it (control path).
+    async fn internal(
+        &self,
+        nexus: Nexus,
+        cdb: &[u8],
+        len: u32,
+    ) -> Option<(wire::CmdResp, Vec<u8>)> {
+        let cdb = Cdb::from_bytes(cdb)?;
+        let cmd = ScsiCmd {
+            tag: u32::MAX,
+            nexus,
+            cdb,
+            dir: DataDir::FromDevice,
+            iov: std::ptr::null(),
+            iovcnt: 0,
+            data_len: len,
+        };
+        let deadline = Instant::now() + CONTROL_TIMEOUT;
+        let si = loop {
+            match self.st.borrow_mut().submit(&cmd, SlotState::Internal) {
+                Ok(si) => break si,
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => return None,
+            }
+            ustor_runtime::yield_now().await;
+        };
+        loop {
+            {
+                let mut st = self.st.borrow_mut();
+                st.reap();
+                if let Some(r) = st.slots[si as usize].done.take() {
+                    let n = (len - r.resid.min(len)) as usize;
+                    return Some((r, st.internal_data(si, n)));
+                }
+                if Instant::now() > deadline {
+                    st.forget(si);
+                    return None;
+                }
+            }
+            ustor_runtime::yield_now().await;
+        }
+    }
+
+    async fn tmf(&self, subtype: u32, nexus: Nexus, tag: u64) -> TmfResult {
+        if !self.st.borrow_mut().send_tmf(subtype, nexus, tag) {
+            return TmfResult::Failed;
+        }
+        let deadline = Instant::now() + CONTROL_TIMEOUT;
+        loop {
+            {
+                let mut st = self.st.borrow_mut();
+                st.reap();
+                if let Some(r) = st.ctrl_done.take() {
+                    st.ctrl_busy = false;
+                    return match r {
+                        0 | wire::S_FUNCTION_SUCCEEDED => TmfResult::Success,
+                        _ => TmfResult::Failed,
+                    };
+                }
+                if Instant::now() > deadline {
+                    return TmfResult::Failed;
+                }
+            }
+            ustor_runtime::yield_now().await;
+        }
+    }
+
+    /// Slots of mid-layer commands matching `f`.
+    fn slots_where(&self, f: impl Fn(Tag, Nexus) -> bool) -> Vec<u16> {
+        let st = self.st.borrow();
+        (0..st.slots.len() as u16)
+            .filter(|&i| {
+                let s = &st.slots[i as usize];
+                s.state == SlotState::Mid && f(s.tag, s.nexus)
+            })
+            .collect()
+    }
+}
+
+impl Lld for VirtioScsi {
+    fn name(&self) -> &str {
+        "virtio-scsi"
+    }
+
+    fn limits(&self) -> HostLimits {
+        let c = self.st.borrow().cfg;
+        let sectors = if c.max_sectors == 0 {
+            u32::MAX
+        } else {
+            c.max_sectors
+        };
+        HostLimits {
+            can_queue: SLOTS as u32,
+            cmd_per_lun: c.cmd_per_lun.clamp(1, SLOTS as u32),
+            max_transfer_bytes: (BOUNCE as u32).min(sectors.saturating_mul(512)),
+            max_sg_entries: (MAX_SG as u32).min(c.seg_max.max(1)),
+            dma_alignment: 1,
+        }
+    }
+
+    fn queuecommand(&self, cmd: &ScsiCmd) -> Result<(), QueueError> {
+        self.st.borrow_mut().submit(cmd, SlotState::Mid).map(|_| ())
+    }
+
+    fn poll(&self, budget: usize, done: &mut dyn FnMut(Completion<'_>)) -> usize {
+        let mut n = 0;
+        let mut reaped = false;
+        while n < budget {
+            let f = {
+                let mut st = self.st.borrow_mut();
+                match st.take_ready() {
+                    Some(f) => Some(f),
+                    None if !reaped => {
+                        reaped = true;
+                        st.reap();
+                        st.take_ready()
+                    }
+                    None => None,
+                }
+            };
+            // The borrow is released: `done` may queue the next command.
+            let Some(f) = f else { break };
+            done(Completion {
+                tag: f.tag,
+                status: f.status,
+                sense: &f.sense[..f.sense_len],
+                resid: f.resid,
+            });
+            n += 1;
+        }
+        n
+    }
+
+    fn scan(&self) -> LocalFuture<'_, Result<Vec<TargetAddr>, TransportError>> {
+        Box::pin(async move {
+            let max = (self.st.borrow().cfg.max_target as u32).min(MAX_SCAN_TARGETS - 1);
+            let mut found = Vec::new();
+            for target in 0..=max {
+                let nexus = Nexus {
+                    channel: 0,
+                    target,
+                    lun: 0,
+                };
+                let inquiry = [0x12, 0, 0, 0, 36, 0];
+                let Some((r, _)) = self.internal(nexus, &inquiry, 36).await else {
+                    return Err(TransportError::Protocol("scan INQUIRY timed out"));
+                };
+                if r.response == wire::S_OK {
+                    found.push(TargetAddr {
+                        channel: 0,
+                        target,
+                        name: format!("{}:{target}", self.bdf),
+                        luns: Vec::new(),
+                    });
+                }
+            }
+            Ok(found)
+        })
+    }
+
+    fn abort(&self, tag: Tag, nexus: Nexus) -> LocalFuture<'_, TmfResult> {
+        Box::pin(async move {
+            let Some(&si) = self.slots_where(|t, n| t == tag && n == nexus).first() else {
+                return TmfResult::Success;
+            };
+            let r = self.tmf(wire::TMF_ABORT_TASK, nexus, si as u64).await;
+            if r == TmfResult::Success {
+                self.st.borrow_mut().forget(si);
+            }
+            r
+        })
+    }
+
+    fn device_reset(&self, nexus: Nexus) -> LocalFuture<'_, TmfResult> {
+        Box::pin(async move {
+            let r = self.tmf(wire::TMF_LOGICAL_UNIT_RESET, nexus, 0).await;
+            if r == TmfResult::Success {
+                for si in self.slots_where(|_, n| n == nexus) {
+                    self.st.borrow_mut().forget(si);
+                }
+            }
+            r
+        })
+    }
+
+    fn host_reset(&self) -> LocalFuture<'_, TmfResult> {
+        Box::pin(async move {
+            match self.st.borrow_mut().bring_up(true) {
+                Ok(()) => TmfResult::Success,
+                Err(e) => {
+                    tracing::error!(bdf = %self.bdf, "virtio-scsi host reset failed: {e}");
+                    TmfResult::Failed
+                }
+            }
+        })
+    }
+
+    fn info(&self) -> serde_json::Value {
+        let st = self.st.borrow();
+        json!({
+            "pci_address": self.bdf,
+            "iommu_group": st.vfio.group(),
+            "features": format!("{:#x}", st.cfg.features),
+            "max_target": st.cfg.max_target,
+            "max_lun": st.cfg.max_lun,
+            "pool_mapped_bytes": st.pool_mapped,
+            "zero_copy_cmds": st.zero_copy,
+            "bounced_cmds": st.bounced,
+            "events": st.events,
+        })
+    }
+}

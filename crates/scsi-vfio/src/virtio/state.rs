@@ -1,0 +1,536 @@
+//! The driver state of one virtio-scsi device: device bring-up (status,
+//! features, queues), command slots with their headers, responses and
+//! bounce buffers in DMA memory, submission, and reaping of the used
+//! rings. Everything here is synchronous; `lld` adds the async control
+//! path on top.
+
+use std::collections::VecDeque;
+
+use ustor_scsi::lld::{DataDir, Nexus, QueueError, ScsiCmd, Tag, TransportError};
+use ustor_scsi::ScsiStatus;
+use ustor_vfio::{DmaMem, Vfio};
+
+use super::pci::{self, Transport};
+use super::vq::{layout, Seg, SplitQueue};
+use super::wire::{self, CmdResp};
+use super::VirtioError;
+
+pub const CTRL_Q: usize = 0;
+pub const EVENT_Q: usize = 1;
+pub const REQ_Q: usize = 2;
+const QUEUE_MAX: u16 = 256;
+pub const SLOTS: usize = 64;
+/// Per slot: request header at 0 (19 + cdb_size), response at 256.
+const SLOT_BYTES: usize = 1024;
+const RESP_OFF: usize = 256;
+pub const BOUNCE: usize = 128 << 10;
+pub const MAX_SG: usize = 64;
+const EVENTS: usize = 8;
+/// Control area after the slots: TMF request, its 1-byte response, events.
+const CTRL_OFF: usize = SLOTS * SLOT_BYTES;
+const EVENT_OFF: usize = CTRL_OFF + 64;
+const AREA_BYTES: usize = EVENT_OFF + EVENTS * wire::EVENT_LEN;
+
+/// The device configuration the driver uses (virtio-scsi config space).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DevCfg {
+    pub seg_max: u32,
+    pub max_sectors: u32,
+    pub cmd_per_lun: u32,
+    pub sense_size: usize,
+    pub cdb_size: usize,
+    pub max_target: u16,
+    pub max_lun: u32,
+    pub features: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    Free,
+    /// A mid-layer command.
+    Mid,
+    /// A driver-internal command (scan); result kept in `done`.
+    Internal,
+    /// Aborted or reset away: freed silently when the device returns it.
+    Forgotten,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    pub state: SlotState,
+    pub tag: Tag,
+    pub nexus: Nexus,
+    dir: DataDir,
+    iov: *const libc::iovec,
+    iovcnt: usize,
+    data_len: u32,
+    bounced: bool,
+    pub done: Option<CmdResp>,
+}
+
+const FREE_SLOT: Slot = Slot {
+    state: SlotState::Free,
+    tag: 0,
+    nexus: Nexus {
+        channel: 0,
+        target: 0,
+        lun: 0,
+    },
+    dir: DataDir::None,
+    iov: std::ptr::null(),
+    iovcnt: 0,
+    data_len: 0,
+    bounced: false,
+    done: None,
+};
+
+/// A completion copied out of DMA memory, so the mid-layer's callback runs
+/// with no borrow of the driver held.
+pub struct Finished {
+    pub tag: Tag,
+    pub status: Result<ScsiStatus, TransportError>,
+    pub sense: [u8; 256],
+    pub sense_len: usize,
+    pub resid: u32,
+}
+
+/// A byte view of DMA memory we own.
+///
+/// # Safety
+/// `off + len` within `mem`; the device must not be writing those bytes
+/// (the slot is not in flight, or its completion was reaped).
+unsafe fn bytes<'a>(mem: &DmaMem, off: usize, len: usize) -> &'a mut [u8] {
+    debug_assert!(off + len <= mem.len);
+    std::slice::from_raw_parts_mut(mem.ptr.add(off), len)
+}
+
+pub struct State {
+    pub vfio: Vfio,
+    pub tp: Transport,
+    pub cfg: DevCfg,
+    qmem: [DmaMem; 3],
+    qsize: [u16; 3],
+    pub queues: Vec<SplitQueue>,
+    notify: [usize; 3],
+    area: DmaMem,
+    bounce: DmaMem,
+    pub slots: Vec<Slot>,
+    free: Vec<u16>,
+    head_slot: Vec<u16>,
+    ready: VecDeque<u16>,
+    failed: VecDeque<(Tag, TransportError)>,
+    /// The TMF in flight has answered: its response code.
+    pub ctrl_done: Option<u8>,
+    pub ctrl_busy: bool,
+    pub events: u64,
+    pub zero_copy: u64,
+    pub bounced: u64,
+    pub pool_mapped: usize,
+}
+
+impl State {
+    pub fn open(vfio: Vfio) -> Result<State, VirtioError> {
+        vfio.enable_bus_master()?;
+        let tp = Transport::open(&vfio)?;
+        tp.reset()?;
+        tp.add_status(pci::STATUS_ACK | pci::STATUS_DRIVER);
+        if tp.num_queues() < 3 {
+            return Err(VirtioError::Transport("fewer than 3 virtqueues".into()));
+        }
+        let mut qsize = [0u16; 3];
+        let mut qmem = Vec::new();
+        for (q, size) in qsize.iter_mut().enumerate() {
+            *size = tp.queue_max(q as u16).min(QUEUE_MAX);
+            if *size == 0 || !size.is_power_of_two() {
+                return Err(VirtioError::Transport(format!(
+                    "queue {q}: bad size {size}"
+                )));
+            }
+            qmem.push(vfio.alloc_dma(layout(*size).2)?);
+        }
+        let area = vfio.alloc_dma(AREA_BYTES)?;
+        let bounce = vfio.alloc_dma(SLOTS * BOUNCE)?;
+        let mut s = State {
+            vfio,
+            tp,
+            cfg: DevCfg::default(),
+            qmem: [qmem[0], qmem[1], qmem[2]],
+            qsize,
+            queues: Vec::new(),
+            notify: [0; 3],
+            area,
+            bounce,
+            slots: vec![FREE_SLOT; SLOTS],
+            free: (0..SLOTS as u16).rev().collect(),
+            head_slot: vec![0; QUEUE_MAX as usize],
+            ready: VecDeque::with_capacity(SLOTS),
+            failed: VecDeque::new(),
+            ctrl_done: None,
+            ctrl_busy: false,
+            events: 0,
+            zero_copy: 0,
+            bounced: 0,
+            pool_mapped: 0,
+        };
+        s.bring_up(false)?;
+        Ok(s)
+    }
+
+    /// Features, configuration and queues, then DRIVER_OK. `again`: after
+    /// a reset, with the memory already allocated.
+    pub fn bring_up(&mut self, again: bool) -> Result<(), VirtioError> {
+        let tp = &self.tp;
+        if again {
+            tp.reset()?;
+            tp.add_status(pci::STATUS_ACK | pci::STATUS_DRIVER);
+        }
+        let offered = tp.device_features();
+        if offered & pci::F_VERSION_1 == 0 {
+            return Err(VirtioError::Transport(
+                "device lacks VIRTIO_F_VERSION_1".into(),
+            ));
+        }
+        if offered & pci::F_ACCESS_PLATFORM == 0 {
+            // Without it the device DMAs to guest-physical addresses,
+            // bypassing the IOMMU and our IOVAs.
+            return Err(VirtioError::Transport(
+                "device bypasses the IOMMU (no VIRTIO_F_ACCESS_PLATFORM; QEMU: \
+                 iommu_platform=on)"
+                    .into(),
+            ));
+        }
+        let features = pci::F_VERSION_1 | pci::F_ACCESS_PLATFORM;
+        tp.set_features(features)?;
+        self.cfg = DevCfg {
+            seg_max: tp.device_cfg32(4),
+            max_sectors: tp.device_cfg32(8),
+            cmd_per_lun: tp.device_cfg32(12),
+            sense_size: tp.device_cfg32(20) as usize,
+            cdb_size: tp.device_cfg32(24) as usize,
+            max_target: tp.device_cfg16(30),
+            max_lun: tp.device_cfg32(32),
+            features,
+        };
+        if self.cfg.cdb_size < 16 || self.cfg.cdb_size > 200 || self.cfg.sense_size > 512 {
+            return Err(VirtioError::Transport(format!(
+                "unsupported cdb_size {} / sense_size {}",
+                self.cfg.cdb_size, self.cfg.sense_size
+            )));
+        }
+        self.queues.clear();
+        for q in 0..3 {
+            let m = self.qmem[q];
+            // SAFETY: the device is reset: no queue memory is in use.
+            unsafe { bytes(&m, 0, m.len) }.fill(0);
+            let vq = SplitQueue::new(m, self.qsize[q]);
+            self.notify[q] = self.tp.setup_queue(
+                q as u16,
+                vq.size(),
+                vq.desc_iova(),
+                vq.avail_iova(),
+                vq.used_iova(),
+            );
+            self.queues.push(vq);
+        }
+        for i in 0..EVENTS {
+            self.post_event(i);
+        }
+        self.tp.add_status(pci::STATUS_DRIVER_OK);
+        self.slots.fill(FREE_SLOT);
+        self.free = (0..SLOTS as u16).rev().collect();
+        self.ready.clear();
+        self.failed.clear();
+        self.ctrl_busy = false;
+        self.ctrl_done = None;
+        Ok(())
+    }
+
+    fn post_event(&mut self, i: usize) {
+        let seg = Seg {
+            iova: self.area.iova_at(EVENT_OFF + i * wire::EVENT_LEN),
+            len: wire::EVENT_LEN as u32,
+            write: true,
+        };
+        if let Some(h) = self.queues[EVENT_Q].push(&[seg]) {
+            self.head_slot[h as usize] = i as u16;
+            self.tp.notify(self.notify[EVENT_Q], EVENT_Q as u16);
+        }
+    }
+
+    fn resp_len(&self) -> usize {
+        12 + self.cfg.sense_size
+    }
+
+    /// Starts a command in slot `si` (taken from the free list by the
+    /// caller). Data: zero-copy when every segment is DMA-mapped.
+    fn start(&mut self, si: u16, cmd: &ScsiCmd, state: SlotState) -> Result<(), QueueError> {
+        let s = si as usize;
+        // SAFETY: slot `si` is free: the device holds none of its bytes.
+        let hdr = unsafe { bytes(&self.area, s * SLOT_BYTES, RESP_OFF) };
+        let hlen = wire::encode_cmd(
+            hdr,
+            cmd.nexus,
+            si as u64,
+            cmd.cdb.as_bytes(),
+            self.cfg.cdb_size,
+        );
+        let mut segs = [Seg {
+            iova: 0,
+            len: 0,
+            write: false,
+        }; MAX_SG + 2];
+        segs[0] = Seg {
+            iova: self.area.iova_at(s * SLOT_BYTES),
+            len: hlen as u32,
+            write: false,
+        };
+        let resp = Seg {
+            iova: self.area.iova_at(s * SLOT_BYTES + RESP_OFF),
+            len: self.resp_len() as u32,
+            write: true,
+        };
+        let write = cmd.dir == DataDir::FromDevice;
+        let mut data = [resp; MAX_SG];
+        let mut nd = 0;
+        let mut bounced = false;
+        // SAFETY: the mid-layer keeps the iovecs alive until completion.
+        let iovs = unsafe { cmd.iovecs() };
+        if cmd.dir != DataDir::None && cmd.data_len > 0 {
+            for v in iovs.iter().filter(|v| v.iov_len > 0) {
+                let iova = self.vfio.iova_of(v.iov_base as *const u8, v.iov_len);
+                match iova {
+                    Some(iova) if nd < MAX_SG => {
+                        data[nd] = Seg {
+                            iova,
+                            len: v.iov_len as u32,
+                            write,
+                        };
+                        nd += 1;
+                    }
+                    _ => {
+                        bounced = true;
+                        break;
+                    }
+                }
+            }
+            if bounced {
+                if cmd.data_len as usize > BOUNCE {
+                    self.failed
+                        .push_back((cmd.tag, TransportError::Protocol("transfer too long")));
+                    return Ok(());
+                }
+                if cmd.dir == DataDir::ToDevice {
+                    // SAFETY: slot `si`'s bounce buffer, not in flight.
+                    let b = unsafe { bytes(&self.bounce, s * BOUNCE, cmd.data_len as usize) };
+                    gather(iovs, b);
+                }
+                data[0] = Seg {
+                    iova: self.bounce.iova_at(s * BOUNCE),
+                    len: cmd.data_len,
+                    write,
+                };
+                nd = 1;
+            }
+        }
+        let mut n = 1;
+        let order: [&[Seg]; 2] = if write {
+            [std::slice::from_ref(&resp), &data[..nd]]
+        } else {
+            [&data[..nd], std::slice::from_ref(&resp)]
+        };
+        for part in order {
+            for seg in part {
+                segs[n] = *seg;
+                n += 1;
+            }
+        }
+        let head = self.queues[REQ_Q]
+            .push(&segs[..n])
+            .ok_or(QueueError::HostBusy)?;
+        self.head_slot[head as usize] = si;
+        self.slots[s] = Slot {
+            state,
+            tag: cmd.tag,
+            nexus: cmd.nexus,
+            dir: cmd.dir,
+            iov: cmd.iov,
+            iovcnt: cmd.iovcnt,
+            data_len: cmd.data_len,
+            bounced,
+            done: None,
+        };
+        if bounced {
+            self.bounced += 1;
+        } else if nd > 0 {
+            self.zero_copy += 1;
+        }
+        self.tp.notify(self.notify[REQ_Q], REQ_Q as u16);
+        Ok(())
+    }
+
+    /// Queues a command in a free slot.
+    pub fn submit(&mut self, cmd: &ScsiCmd, state: SlotState) -> Result<u16, QueueError> {
+        let si = self.free.pop().ok_or(QueueError::HostBusy)?;
+        match self.start(si, cmd, state) {
+            Ok(()) if self.slots[si as usize].state == SlotState::Free => {
+                // Failed before the device saw it: reported via `failed`.
+                self.free.push(si);
+                Ok(si)
+            }
+            Ok(()) => Ok(si),
+            Err(e) => {
+                self.free.push(si);
+                Err(e)
+            }
+        }
+    }
+
+    fn release(&mut self, si: u16) {
+        self.slots[si as usize] = FREE_SLOT;
+        self.free.push(si);
+    }
+
+    /// Moves every used entry of the three queues to where it belongs.
+    pub fn reap(&mut self) {
+        while let Some((head, _)) = self.queues[REQ_Q].pop() {
+            let si = self.head_slot[head as usize];
+            let s = si as usize;
+            match self.slots[s].state {
+                SlotState::Mid => self.ready.push_back(si),
+                SlotState::Internal => {
+                    // SAFETY: the device returned this slot's buffers.
+                    let r =
+                        unsafe { bytes(&self.area, s * SLOT_BYTES + RESP_OFF, self.resp_len()) };
+                    self.slots[s].done = Some(wire::decode_resp(r));
+                }
+                SlotState::Forgotten => self.release(si),
+                SlotState::Free => {}
+            }
+        }
+        while self.queues[CTRL_Q].pop().is_some() {
+            // SAFETY: the TMF response byte, returned by the device.
+            self.ctrl_done = Some(unsafe { bytes(&self.area, CTRL_OFF + 32, 1) }[0]);
+        }
+        while let Some((head, _)) = self.queues[EVENT_Q].pop() {
+            self.events += 1;
+            let i = self.head_slot[head as usize] as usize % EVENTS;
+            self.post_event(i);
+        }
+    }
+
+    /// The next finished mid-layer command, its slot released.
+    pub fn take_ready(&mut self) -> Option<Finished> {
+        if let Some((tag, e)) = self.failed.pop_front() {
+            return Some(Finished {
+                tag,
+                status: Err(e),
+                sense: [0; 256],
+                sense_len: 0,
+                resid: 0,
+            });
+        }
+        let si = self.ready.pop_front()?;
+        let s = si as usize;
+        let slot = self.slots[s];
+        // SAFETY: the device returned this slot's buffers.
+        let r = unsafe { bytes(&self.area, s * SLOT_BYTES + RESP_OFF, self.resp_len()) };
+        let resp = wire::decode_resp(r);
+        let mut f = Finished {
+            tag: slot.tag,
+            status: wire::outcome(&resp),
+            sense: [0; 256],
+            sense_len: resp.sense_len.min(256),
+            resid: resp.resid.min(slot.data_len),
+        };
+        f.sense[..f.sense_len].copy_from_slice(&r[12..12 + f.sense_len]);
+        if slot.bounced && slot.dir == DataDir::FromDevice && resp.response == wire::S_OK {
+            let n = (slot.data_len - f.resid) as usize;
+            // SAFETY: returned by the device; the iovecs are alive until
+            // the mid-layer hears of this completion, which is after this.
+            let (b, iovs) = unsafe {
+                (
+                    bytes(&self.bounce, s * BOUNCE, n),
+                    std::slice::from_raw_parts(slot.iov, slot.iovcnt),
+                )
+            };
+            scatter(b, iovs);
+        }
+        self.release(si);
+        Some(f)
+    }
+
+    /// Data-in of a finished internal command (from its bounce buffer).
+    pub fn internal_data(&mut self, si: u16, len: usize) -> Vec<u8> {
+        // SAFETY: the device returned this slot; len <= BOUNCE by caller.
+        let v = unsafe { bytes(&self.bounce, si as usize * BOUNCE, len.min(BOUNCE)) }.to_vec();
+        self.release(si);
+        v
+    }
+
+    /// Drops a command the mid-layer no longer waits for (aborted or reset
+    /// away); its slot is reused once the device gives it back.
+    pub fn forget(&mut self, si: u16) {
+        if let Some(p) = self.ready.iter().position(|&x| x == si) {
+            self.ready.remove(p);
+            self.release(si);
+        } else if self.slots[si as usize].state != SlotState::Free {
+            self.slots[si as usize].state = SlotState::Forgotten;
+        }
+    }
+
+    /// Sends one TMF on the control queue; `false` if one is in flight.
+    pub fn send_tmf(&mut self, subtype: u32, nexus: Nexus, tag: u64) -> bool {
+        if self.ctrl_busy {
+            return false;
+        }
+        // SAFETY: the control area is ours while no TMF is in flight.
+        wire::encode_tmf(
+            unsafe { bytes(&self.area, CTRL_OFF, 33) },
+            subtype,
+            nexus,
+            tag,
+        );
+        let segs = [
+            Seg {
+                iova: self.area.iova_at(CTRL_OFF),
+                len: wire::TMF_REQ_LEN as u32,
+                write: false,
+            },
+            Seg {
+                iova: self.area.iova_at(CTRL_OFF + 32),
+                len: 1,
+                write: true,
+            },
+        ];
+        if self.queues[CTRL_Q].push(&segs).is_none() {
+            return false;
+        }
+        self.ctrl_busy = true;
+        self.ctrl_done = None;
+        self.tp.notify(self.notify[CTRL_Q], CTRL_Q as u16);
+        true
+    }
+}
+
+fn gather(iovs: &[libc::iovec], out: &mut [u8]) {
+    let mut at = 0;
+    for v in iovs {
+        let n = v.iov_len.min(out.len() - at);
+        // SAFETY: the mid-layer's iovec, alive while the command is.
+        let src = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, n) };
+        out[at..at + n].copy_from_slice(src);
+        at += n;
+    }
+}
+
+fn scatter(src: &[u8], iovs: &[libc::iovec]) {
+    let mut at = 0;
+    for v in iovs {
+        let n = v.iov_len.min(src.len() - at);
+        // SAFETY: the mid-layer's iovec, alive until it hears of the
+        // completion, and not otherwise borrowed meanwhile.
+        let dst = unsafe { std::slice::from_raw_parts_mut(v.iov_base as *mut u8, n) };
+        dst.copy_from_slice(&src[at..at + n]);
+        at += n;
+    }
+}
