@@ -230,7 +230,7 @@ impl<'a> WireData<'a> {
     }
 }
 
-fn next_tag(t: u32) -> u32 {
+pub(crate) fn next_tag(t: u32) -> u32 {
     match t.wrapping_add(1) {
         RESERVED_TAG => 0,
         n => n,

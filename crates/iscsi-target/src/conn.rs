@@ -84,6 +84,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         qd,
     );
     s.count_into(counters);
+    s.pings = Some(svc.shared.pings());
     if let Err(e) = s.run().await {
         tracing::debug!("iscsi: connection ended: {e}");
     }

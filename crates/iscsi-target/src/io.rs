@@ -29,6 +29,8 @@ pub enum ConnError {
     Protocol(&'static str),
     #[error("login failed")]
     LoginFailed,
+    #[error("no answer to a NOP-In ping within {0} s")]
+    NopTimeout(u32),
 }
 
 /// One connection's socket, receive buffers and send queue.
@@ -73,6 +75,11 @@ impl Wire {
             max_recv,
             data_digest_errors: 0,
         }
+    }
+
+    /// The connection's socket.
+    pub fn fd(&self) -> RawFd {
+        self.fd
     }
 
     /// Grows the receive buffer after login raised MaxRecvDataSegmentLength.

@@ -1,7 +1,8 @@
 //! The target-wide options of `iscsi_set_options` / `iscsi_get_options`
 //! with SPDK's names. First burst length and immediate data feed the
-//! operational-key offer of every login from then on; the others are kept
-//! and reported so that SPDK's tools see the fields they expect.
+//! operational-key offer of every login from then on, the NOP-In interval
+//! and timeout the pings of sessions logging in from then on; the others
+//! are kept and reported so that SPDK's tools see the fields they expect.
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +70,9 @@ impl Default for IscsiOptions {
     }
 }
 
+/// Longest NOP-In interval in seconds (SPDK's cap; 0 = no pings).
+const MAX_NOP_IN_INTERVAL: u32 = 60;
+
 /// Smallest and largest FirstBurstLength (RFC 7143 §13.14, SPDK's cap).
 const FIRST_BURST: std::ops::RangeInclusive<u32> = 512..=(16 << 20);
 
@@ -85,6 +89,12 @@ impl IscsiOptions {
         if pbs != 0 && (!pbs.is_power_of_two() || !(512..=65536).contains(&pbs)) {
             return Err(format!(
                 "physical_block_size {pbs} is not 0 or a power of two in 512..=65536"
+            ));
+        }
+        if self.nop_in_interval > MAX_NOP_IN_INTERVAL {
+            return Err(format!(
+                "nop_in_interval {} over {MAX_NOP_IN_INTERVAL}",
+                self.nop_in_interval
             ));
         }
         if self.error_recovery_level > 2 {

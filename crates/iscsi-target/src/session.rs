@@ -3,10 +3,13 @@
 //! in turn — SCSI Command (executed by the SCSI target core on this
 //! reactor's LUN table, data moved by [`crate::command`]), NOP-Out, Text
 //! (SendTargets), Task Management, Logout. Anything else is rejected.
-//! Commands run one at a time in CmdSN order, each to completion.
+//! Commands run one at a time in CmdSN order, each to completion. An
+//! idle connection is pinged with a NOP-In every `nop_in_interval`
+//! seconds, and ends when a ping stays unanswered for `nop_timeout`.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::time::Duration;
 
 use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
 use ustor_scsi_proto::lun::decode_lun;
@@ -23,6 +26,14 @@ pub trait Discovery {
     /// `TargetName=`/`TargetAddress=` pairs for `which` ("All", a name, or
     /// "" for the session's own target).
     fn send_targets(&self, which: &str, initiator: &str) -> Vec<(String, String)>;
+}
+
+/// NOP-In pings on an idle connection (SPDK's `nop_in_interval` and
+/// `nop_timeout`, in seconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pings {
+    pub interval: u32,
+    pub timeout: u32,
 }
 
 /// The session state one connection runs.
@@ -43,6 +54,10 @@ pub struct Session<'a, D: Discovery> {
     scratch: Vec<u8>,
     /// This connection's command counters (`iscsi_get_connections`).
     counters: Rc<ConnCounters>,
+    /// Pings on idle (none: never).
+    pub pings: Option<Pings>,
+    /// The Target Transfer Tag of the ping not answered yet.
+    ping_out: Option<u32>,
 }
 
 /// How the loop ended.
@@ -82,6 +97,8 @@ impl<'a, D: Discovery> Session<'a, D> {
             text_left: Vec::new(),
             scratch: Vec::new(),
             counters: Rc::default(),
+            pings: None,
+            ping_out: None,
         }
     }
 
@@ -90,12 +107,59 @@ impl<'a, D: Discovery> Session<'a, D> {
         self.counters = counters;
     }
 
+    /// Returns when a PDU can be received. While the connection is idle
+    /// the initiator is pinged; a ping unanswered for the timeout ends it.
+    async fn idle(&mut self) -> Result<(), ConnError> {
+        let Some(p) = self.pings.filter(|p| p.interval > 0) else {
+            return Ok(());
+        };
+        let fd = self.wire.fd();
+        // Budget: each round sends one ping or returns.
+        loop {
+            if ustor_net::recv::queued(fd) {
+                return Ok(());
+            }
+            let secs = match self.ping_out {
+                Some(_) if p.timeout == 0 => p.interval,
+                Some(_) => p.timeout,
+                None => p.interval,
+            };
+            let wait = ustor_net::time::timeout(
+                Duration::from_secs(secs as u64),
+                ustor_net::recv::readable(fd),
+            );
+            match wait.await {
+                Some(r) => return r.map_err(ConnError::Io),
+                None if self.ping_out.is_some() && p.timeout > 0 => {
+                    return Err(ConnError::NopTimeout(p.timeout))
+                }
+                None => self.ping().await?,
+            }
+        }
+    }
+
+    /// The next PDU off the wire, pinging the initiator while it is idle.
+    async fn next_pdu(&mut self) -> Result<Received, ConnError> {
+        self.idle().await?;
+        self.wire.recv().await
+    }
+
+    /// A NOP-In asking for an answer: StatSN is the next one, not
+    /// advanced (RFC 7143 §11.19).
+    async fn ping(&mut self) -> Result<(), ConnError> {
+        let ttt = self.next_ttt;
+        self.next_ttt = crate::command::next_tag(ttt);
+        self.ping_out = Some(ttt);
+        let r = pdu::nop_in([0; 8], RESERVED_TAG, ttt, 0, &self.seq);
+        self.wire.send(&r, &[]).await
+    }
+
     /// Serves requests until Logout or the connection ends.
     pub async fn run(&mut self) -> Result<End, ConnError> {
         loop {
             let (b, data) = match self.deferred.pop_front() {
                 Some(p) => p,
-                None => match self.wire.recv().await {
+                None => match self.next_pdu().await {
                     Ok(Received::Pdu(b)) => (b, Vec::new()),
                     Ok(Received::BadDataDigest(b)) => {
                         self.reject(&b, reject::DIGEST).await?;
@@ -184,6 +248,9 @@ impl<'a, D: Discovery> Session<'a, D> {
     async fn nop_out(&mut self, b: &Bhs, data: &[u8]) -> Result<(), ConnError> {
         if b.itt() == RESERVED_TAG {
             // The answer to our ping: nothing to send.
+            if self.ping_out == Some(b.u32_at(20)) {
+                self.ping_out = None;
+            }
             return Ok(());
         }
         let seq = self.bump();

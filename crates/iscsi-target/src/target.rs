@@ -101,6 +101,15 @@ impl Shared {
         self.options.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// NOP-In pings of sessions logging in from now on.
+    pub(crate) fn pings(&self) -> crate::session::Pings {
+        let o = self.options();
+        crate::session::Pings {
+            interval: o.nop_in_interval,
+            timeout: o.nop_timeout,
+        }
+    }
+
     /// The physical block size new sessions' LUNs report (0: their own).
     pub(crate) fn physical_block(&self) -> u32 {
         self.options().physical_block_size

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use ustor_iscsi::wire::{build, encode_text, opcode, pad4, Bhs, BHS_LEN};
+use ustor_iscsi_target::IscsiOptions;
 
 fn recv_pdu(s: &mut TcpStream) -> std::io::Result<(Bhs, Vec<u8>)> {
     let mut h = [0u8; BHS_LEN];
@@ -103,4 +104,54 @@ fn unknown_pdu_is_rejected_and_oversize_data_closes() {
         (r.opcode(), r.itt(), &d[..]),
         (opcode::NOP_IN, 11, &b"alive"[..])
     );
+}
+
+#[test]
+fn unanswered_nop_in_ping_ends_the_connection() {
+    let f = start_full(
+        16 << 20,
+        512,
+        |_| {},
+        |t| {
+            t.set_options(IscsiOptions {
+                nop_in_interval: 1,
+                nop_timeout: 1,
+                ..t.get_options()
+            })
+            .unwrap()
+        },
+    );
+    let mut s = login(f.port);
+    // An idle session is pinged; an answered ping keeps it, and the next
+    // ping comes with another tag.
+    let mut ttts = Vec::new();
+    for _ in 0..2 {
+        let (p, d) = recv_pdu(&mut s).unwrap();
+        assert_eq!(p.opcode(), opcode::NOP_IN);
+        assert_eq!(p.itt(), 0xffff_ffff, "a ping has no initiator task");
+        assert!(d.is_empty());
+        let ttt = p.u32_at(20);
+        assert_ne!(ttt, 0xffff_ffff, "a ping asks for an answer");
+        ttts.push(ttt);
+        let mut a = Bhs::new(opcode::NOP_OUT, true, 0x80);
+        a.set_itt(0xffff_ffff)
+            .set_u32(20, ttt)
+            .set_u32(24, p.u32_at(28))
+            .set_u32(28, p.u32_at(24));
+        send_pdu(&mut s, a, &[]);
+    }
+    assert_ne!(ttts[0], ttts[1]);
+    // Unanswered: the target ends the connection a timeout later.
+    let (p, _) = recv_pdu(&mut s).unwrap();
+    assert_eq!(p.opcode(), opcode::NOP_IN);
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 48];
+    let n = s.read(&mut b);
+    assert!(matches!(n, Ok(0)), "connection still open: {n:?}");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(f.target.wait_idle(Duration::from_secs(5)));
 }

@@ -190,6 +190,27 @@ pub async fn discard(fd: RawFd, mut scratch: IoBuf, mut n: u64) -> (io::Result<(
     (Ok(()), scratch)
 }
 
+/// Whether a receive on `fd` would not wait: bytes are queued, the peer
+/// closed, or the socket has an error (the receive then reports it). One
+/// non-blocking peek, nothing taken.
+pub fn queued(fd: RawFd) -> bool {
+    let mut b = 0u8;
+    // SAFETY: a one-byte peek into a local; no pointer outlives the call.
+    let r = unsafe {
+        libc::recv(
+            fd,
+            (&mut b as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    r >= 0
+        || !matches!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::EAGAIN)
+        )
+}
+
 /// Shuts a socket down so that pending receives and sends on it end.
 pub fn shutdown(fd: RawFd) {
     // SAFETY: shutdown(2) on a socket the caller still owns.
