@@ -431,18 +431,31 @@ impl Fs {
     ) -> Result<Vec<u64>, FsError> {
         let mut freed = Vec::new();
         if size < i.size {
-            let within = (size % BLOCK_SIZE as u64) as usize;
-            let b = self.bmap(tx, i, size / BLOCK_SIZE as u64);
-            if within != 0 && b != 0 {
-                // Keeps "bytes past the size read as zero" for a later grow.
-                let o = b as usize * BLOCK_SIZE;
-                self.m.bytes_mut()[o + within..o + BLOCK_SIZE].fill(0);
-                self.m.persist(o, BLOCK_SIZE)?;
-            }
             self.cut(tx, i, size.div_ceil(BLOCK_SIZE as u64), &mut freed);
+        } else {
+            self.zero_gap(tx, i, size)?;
         }
         i.size = size;
         Ok(freed)
+    }
+
+    /// Bytes past the size in the last block are undefined (a shrink does
+    /// not clear them, so a crash before it commits loses nothing); a grow
+    /// to `to` zeroes them first. They are invisible until it commits.
+    fn zero_gap(&mut self, tx: &Tx, i: &Inode, to: u64) -> Result<(), FsError> {
+        let from = i.size;
+        let within = (from % BLOCK_SIZE as u64) as usize;
+        if to <= from || within == 0 {
+            return Ok(());
+        }
+        let b = self.bmap(tx, i, from / BLOCK_SIZE as u64);
+        if b != 0 {
+            let end = (to - (from - within as u64)).min(BLOCK_SIZE as u64) as usize;
+            let o = b as usize * BLOCK_SIZE;
+            self.m.bytes_mut()[o + within..o + end].fill(0);
+            self.m.persist(o + within, end - within)?;
+        }
+        Ok(())
     }
 
     fn cut(&mut self, tx: &mut Tx, i: &mut Inode, keep: u64, freed: &mut Vec<u64>) {
