@@ -207,6 +207,43 @@ impl ChainError {
     }
 }
 
+/// Room for one chain as [`collect_chain`] copies it: one more than
+/// [`CHAIN_MAX`], so an overlong chain is seen as such.
+pub type ChainBuf = [Desc; CHAIN_MAX + 1];
+
+/// An empty [`ChainBuf`].
+pub const fn chain_buf() -> ChainBuf {
+    [Desc {
+        addr: 0,
+        len: 0,
+        write: false,
+    }; CHAIN_MAX + 1]
+}
+
+/// Copies a chain popped from the ring into `out` and returns how many
+/// descriptors it holds (at most `out.len()`: a longer chain stops there
+/// and [`parse_chain`] refuses it). `virtio-queue`'s iterator follows
+/// indirect tables and ends the chain at a descriptor outside the table,
+/// a loop (more descriptors than the table has) or one it cannot read.
+pub fn collect_chain<I>(chain: I, out: &mut ChainBuf) -> usize
+where
+    I: IntoIterator<Item = virtio_queue::desc::split::Descriptor>,
+{
+    let mut k = 0;
+    for d in chain {
+        if k == out.len() {
+            break;
+        }
+        out[k] = Desc {
+            addr: d.addr().0,
+            len: d.len(),
+            write: d.is_write_only(),
+        };
+        k += 1;
+    }
+    k
+}
+
 /// Walks one chain (`descs` in order, already bounded in length and loop
 /// free by the queue's iterator) into a [`Request`]: a 16-byte device-
 /// readable header, data, and a device-writable last byte for the status.

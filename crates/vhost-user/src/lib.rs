@@ -13,12 +13,14 @@
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
 //! [`memory`] (memory table), [`device`] (the served bdev), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
-//! thread, lifecycle), [`target`] (every controller by name, for the RPCs).
+//! thread, lifecycle), [`target`] (every controller by name, for the RPCs), [`fuzzing`]
+//! (the fuzz targets' bodies).
 
 pub mod backend;
 pub mod blk;
 pub mod controller;
 pub mod device;
+pub mod fuzzing;
 pub mod memory;
 pub mod target;
 pub mod vring;

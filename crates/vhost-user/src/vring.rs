@@ -25,7 +25,7 @@ use ustor_runtime::IoBuf;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap};
 
-use crate::blk::{self, status, Desc, Kind, Request, Seg};
+use crate::blk::{self, status, Kind, Request, Seg};
 use crate::device::BlkDevice;
 
 /// Everything a queue needs to run, sent from the control thread.
@@ -168,11 +168,7 @@ fn take_available(v: &Rc<Vring>, mem: &Arc<GuestMemoryMmap>) -> usize {
     if v.broken.get() {
         return 0;
     }
-    let mut descs = [Desc {
-        addr: 0,
-        len: 0,
-        write: false,
-    }; blk::CHAIN_MAX + 1];
+    let mut descs = blk::chain_buf();
     let mut n = 0;
     let budget = v.queue.borrow().size() as usize;
     while n < budget {
@@ -185,22 +181,9 @@ fn take_available(v: &Rc<Vring>, mem: &Arc<GuestMemoryMmap>) -> usize {
         };
         n += 1;
         let head = chain.head_index();
-        let mut k = 0;
-        for d in chain {
-            if k == descs.len() {
-                k += 1;
-                break;
-            }
-            descs[k] = Desc {
-                addr: d.addr().0,
-                len: d.len(),
-                write: d.is_write_only(),
-            };
-            k += 1;
-        }
+        let k = blk::collect_chain(chain, &mut descs);
         let segs = v.seg_pool.borrow_mut().pop().unwrap_or_default();
-        let chain_descs = &descs[..k.min(descs.len())];
-        match blk::parse_chain(chain_descs, &**mem, segs) {
+        match blk::parse_chain(&descs[..k], &**mem, segs) {
             Ok(req) => {
                 v.inflight.set(v.inflight.get() + 1);
                 v.stats.requests.set(v.stats.requests.get() + 1);

@@ -1,0 +1,115 @@
+//! Entry points for the fuzz targets (fuzz/fuzz_targets/vhost_*.rs); the
+//! same bodies run as proptests on stable (tests/proptests.rs).
+//!
+//! [`ring_chains`]: the bytes are a guest's memory holding a split ring
+//! (descriptor table, avail ring) that a hostile driver wrote; every
+//! available chain is popped, walked and parsed exactly as the data path
+//! does ([`crate::blk::collect_chain`], [`crate::blk::parse_chain`]), and
+//! every buffer of an accepted request must lie inside guest memory with
+//! the direction the request needs.
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
+
+use crate::blk::{self, Kind};
+
+/// Guest memory of the harness: the ring and every buffer must fit.
+pub const MEM_BYTES: usize = 64 << 10;
+const DESC_AT: u64 = 0;
+const AVAIL_AT: u64 = 0x1000;
+const USED_AT: u64 = 0x2000;
+/// Ring size (`1 << (byte % 9)`) and EVENT_IDX (bit 0) come from these
+/// bytes, past the largest used ring.
+pub const SIZE_AT: usize = 0x2ff0;
+pub const EVENT_IDX_AT: usize = 0x2ff1;
+
+/// What [`ring_chains`] made of the chains it popped.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Valid requests (the data path would run them).
+    pub accepted: u32,
+    /// Refused with IOERR in their status byte.
+    pub ioerr: u32,
+    /// Refused with no status byte (returned used with length 0).
+    pub no_status: u32,
+}
+
+/// Pops, walks and parses every chain a ring in `data` offers (see the
+/// module comment); panics if an accepted request reaches outside guest
+/// memory or writes into a device-readable buffer.
+pub fn ring_chains(data: &[u8]) -> Outcome {
+    let mut out = Outcome::default();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_BYTES)])
+        .expect("harness memory");
+    let n = data.len().min(MEM_BYTES);
+    mem.write_slice(&data[..n], GuestAddress(0))
+        .expect("harness write");
+    let size = 1u16 << (data.get(SIZE_AT).copied().unwrap_or(8) % 9);
+    let Ok(mut q) = Queue::new(256) else {
+        return out;
+    };
+    q.set_size(size);
+    q.set_desc_table_address(Some(DESC_AT as u32), Some(0));
+    q.set_avail_ring_address(Some(AVAIL_AT as u32), Some(0));
+    q.set_used_ring_address(Some(USED_AT as u32), Some(0));
+    q.set_event_idx(data.get(EVENT_IDX_AT).is_some_and(|b| b & 1 != 0));
+    q.set_ready(true);
+    if !q.is_valid(&mem) {
+        return out;
+    }
+    let mut descs = blk::chain_buf();
+    let mut segs = Vec::new();
+    for _ in 0..size {
+        let Some(chain) = q.pop_descriptor_chain(&mem) else {
+            break;
+        };
+        let head = chain.head_index();
+        let k = blk::collect_chain(chain, &mut descs);
+        assert!(k <= blk::CHAIN_MAX + 1);
+        let len = match blk::parse_chain(&descs[..k], &mem, std::mem::take(&mut segs)) {
+            Ok(mut req) => {
+                check_request(&mem, &req);
+                out.accepted += 1;
+                segs = std::mem::take(&mut req.segs);
+                1
+            }
+            Err((e, back)) => {
+                segs = back;
+                match e.status_addr() {
+                    Some(a) => {
+                        assert!(mem.check_range(a, 1, Permissions::Write));
+                        out.ioerr += 1;
+                        1
+                    }
+                    None => {
+                        out.no_status += 1;
+                        0
+                    }
+                }
+            }
+        };
+        // The used ring may itself be garbage; the data path ignores a
+        // failed add the same way (the ring is then broken).
+        let _ = q.add_used(&mem, head, len);
+    }
+    out
+}
+
+fn check_request<M: GuestMemory>(mem: &M, req: &blk::Request) {
+    assert!(mem.check_range(req.status, 1, Permissions::Write));
+    assert!(req.segs.len() <= blk::SEG_MAX);
+    let mut total = 0u64;
+    for s in &req.segs {
+        assert!(
+            mem.check_range(s.addr, s.len as usize, Permissions::Read),
+            "segment outside guest memory"
+        );
+        // A read from the disk fills guest buffers: they must be ones the
+        // driver marked device-writable.
+        if req.kind == Kind::Read {
+            assert!(s.write, "read into a device-readable buffer");
+        }
+        total += s.len as u64;
+    }
+    assert_eq!(total, req.data_len as u64);
+}

@@ -1,0 +1,199 @@
+//! The ring + chain walker of the data path under hostile rings (the body
+//! of the `vhost_ring_chains` fuzz target): random bytes, and rings built
+//! from random descriptors whose addresses, lengths, flags and `next`
+//! links make out-of-bounds buffers, loops, indirect tables and wrong
+//! directions. Every case must end (no hang on a loop) without a panic,
+//! and every accepted request must stay inside guest memory.
+
+use proptest::prelude::*;
+use ustor_vhost::fuzzing::{ring_chains, Outcome, MEM_BYTES, SIZE_AT};
+
+const NEXT: u16 = 1;
+const WRITE: u16 = 2;
+const INDIRECT: u16 = 4;
+
+#[derive(Debug, Clone, Copy)]
+struct D {
+    addr: u64,
+    len: u32,
+    flags: u16,
+    next: u16,
+}
+
+fn desc() -> impl Strategy<Value = D> {
+    (
+        prop_oneof![
+            // Mostly buffers in guest memory past the rings, some anywhere.
+            0x3000u64..(MEM_BYTES as u64),
+            any::<u64>(),
+        ],
+        prop_oneof![1u32..4097, any::<u32>()],
+        0u16..8,
+        0u16..20,
+    )
+        .prop_map(|(addr, len, flags, next)| D {
+            addr,
+            len,
+            flags: flags & (NEXT | WRITE | INDIRECT),
+            next,
+        })
+}
+
+/// Guest memory with a 16-entry ring: descriptor table at 0, avail ring
+/// at 0x1000 offering `heads`, a request header in every buffer.
+fn ring(descs: &[D], heads: &[u16], typ: u32) -> Vec<u8> {
+    let mut m = vec![0u8; MEM_BYTES];
+    m[SIZE_AT] = 4; // a ring of 16
+    for (i, d) in descs.iter().enumerate().take(16) {
+        let o = i * 16;
+        m[o..o + 8].copy_from_slice(&d.addr.to_le_bytes());
+        m[o + 8..o + 12].copy_from_slice(&d.len.to_le_bytes());
+        m[o + 12..o + 14].copy_from_slice(&d.flags.to_le_bytes());
+        m[o + 14..o + 16].copy_from_slice(&d.next.to_le_bytes());
+    }
+    let a = 0x1000;
+    m[a + 2..a + 4].copy_from_slice(&(heads.len() as u16).to_le_bytes());
+    for (i, h) in heads.iter().enumerate().take(16) {
+        m[a + 4 + 2 * i..a + 6 + 2 * i].copy_from_slice(&h.to_le_bytes());
+    }
+    // Request headers where buffers usually point.
+    for o in (0x3000..MEM_BYTES).step_by(0x1000) {
+        m[o..o + 4].copy_from_slice(&typ.to_le_bytes());
+    }
+    m
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes(data in proptest::collection::vec(any::<u8>(), 0..0x3100)) {
+        let _ = ring_chains(&data);
+    }
+
+    #[test]
+    fn random_rings(
+        descs in proptest::collection::vec(desc(), 16),
+        heads in proptest::collection::vec(0u16..20, 0..17),
+        typ in prop_oneof![Just(0u32), Just(1), Just(4), Just(8), Just(11), Just(13), any::<u32>()],
+    ) {
+        let _ = ring_chains(&ring(&descs, &heads, typ));
+    }
+}
+
+#[test]
+fn descriptor_loop_ends() {
+    // 0 -> 1 -> 0 -> ...: the iterator stops after the table's size.
+    let d = |next| D {
+        addr: 0x3000,
+        len: 16,
+        flags: NEXT,
+        next,
+    };
+    let o = ring_chains(&ring(&[d(1), d(0)], &[0], 0));
+    assert_eq!(
+        o,
+        Outcome {
+            no_status: 1,
+            ..Outcome::default()
+        }
+    );
+    // The same loop through a writable descriptor: too long, IOERR.
+    let w = |next| D {
+        addr: 0x3000,
+        len: 16,
+        flags: NEXT | WRITE,
+        next,
+    };
+    let o = ring_chains(&ring(&[d(1), w(0)], &[0], 0));
+    assert_eq!(o.accepted, 0, "{o:?}");
+}
+
+/// Header, one data buffer, status: the shape every test below breaks.
+fn req(data: D) -> Vec<D> {
+    let hdr = D {
+        addr: 0x3000,
+        len: 16,
+        flags: NEXT,
+        next: 1,
+    };
+    let st = D {
+        addr: 0x5000,
+        len: 1,
+        flags: WRITE,
+        next: 0,
+    };
+    vec![
+        hdr,
+        D {
+            flags: data.flags | NEXT,
+            next: 2,
+            ..data
+        },
+        st,
+    ]
+}
+
+#[test]
+fn a_valid_read_is_accepted() {
+    let o = ring_chains(&ring(
+        &req(D {
+            addr: 0x4000,
+            len: 512,
+            flags: WRITE,
+            next: 0,
+        }),
+        &[0],
+        0,
+    ));
+    assert_eq!(
+        o,
+        Outcome {
+            accepted: 1,
+            ..Outcome::default()
+        }
+    );
+}
+
+#[test]
+fn out_of_bounds_and_wrong_direction() {
+    let ioerr = Outcome {
+        ioerr: 1,
+        ..Outcome::default()
+    };
+    // Data past the end of memory.
+    let oob = D {
+        addr: MEM_BYTES as u64 - 8,
+        len: 4096,
+        flags: WRITE,
+        next: 0,
+    };
+    assert_eq!(ring_chains(&ring(&req(oob), &[0], 0)), ioerr);
+    // Data wrapping the address space.
+    let wrap = D {
+        addr: u64::MAX - 100,
+        len: 512,
+        flags: WRITE,
+        next: 0,
+    };
+    assert_eq!(ring_chains(&ring(&req(wrap), &[0], 0)), ioerr);
+    // A read whose data buffer is device-readable.
+    let ro = D {
+        addr: 0x4000,
+        len: 512,
+        flags: 0,
+        next: 0,
+    };
+    assert_eq!(ring_chains(&ring(&req(ro), &[0], 0)), ioerr);
+    // A write whose data buffer is device-writable.
+    let wr = D {
+        addr: 0x4000,
+        len: 512,
+        flags: WRITE,
+        next: 0,
+    };
+    assert_eq!(ring_chains(&ring(&req(wr), &[0], 1)), ioerr);
+    // A head index outside the table: the ring offers nothing usable.
+    let o = ring_chains(&ring(&req(ro), &[40], 0));
+    assert_eq!(o.accepted, 0, "{o:?}");
+}
