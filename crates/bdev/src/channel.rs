@@ -33,7 +33,6 @@ pub(crate) struct ChannelCore {
     pub(crate) driver: Box<dyn BdevChannel>,
     pub(crate) stats: ChannelStats,
     pub(crate) block_size: u32,
-    pub(crate) num_blocks: u64,
     pub(crate) align: u32,
     pub(crate) max_xfer: u64,
     pub(crate) boundary: u64,
@@ -67,7 +66,6 @@ impl ChannelCore {
         }
         ChannelCore {
             block_size: info.block_size,
-            num_blocks: info.num_blocks,
             align: info.required_alignment.max(1),
             max_xfer: info.max_transfer_blocks as u64,
             boundary: info.optimal_boundary_blocks as u64,
@@ -111,8 +109,9 @@ impl IoChannel {
     pub fn block_size(&self) -> u32 {
         self.core.block_size
     }
+    /// The size now (a resize shows at once).
     pub fn num_blocks(&self) -> u64 {
-        self.core.num_blocks
+        self.core.entry.num_blocks()
     }
     pub fn supports(&self, t: IoType) -> bool {
         self.core.supported[t.index()] || t == IoType::WriteZeroes
@@ -368,12 +367,14 @@ impl IoChannel {
             return Err(BdevError::ReadOnly);
         }
         if kind != IoType::Reset {
+            // One relaxed load of the entry's size: a resize shows at once.
+            let size_blocks = c.entry.num_blocks();
             let end = offset_blocks.checked_add(num_blocks);
-            if end.is_none_or(|e| e > c.num_blocks) {
+            if end.is_none_or(|e| e > size_blocks) {
                 return Err(BdevError::OutOfRange {
                     offset_blocks,
                     num_blocks,
-                    size_blocks: c.num_blocks,
+                    size_blocks,
                 });
             }
         }

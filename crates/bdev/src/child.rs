@@ -249,15 +249,16 @@ fn check(
     if !c.supported[kind.index()] {
         return Err(BdevError::NotSupported);
     }
+    let size_blocks = c.entry.num_blocks();
     if kind != IoType::Reset
         && offset_blocks
             .checked_add(num_blocks)
-            .is_none_or(|e| e > c.num_blocks)
+            .is_none_or(|e| e > size_blocks)
     {
         return Err(BdevError::OutOfRange {
             offset_blocks,
             num_blocks,
-            size_blocks: c.num_blocks,
+            size_blocks,
         });
     }
     Ok(())

@@ -30,6 +30,9 @@ pub struct BdevEntry {
     pub(crate) bdev: Arc<dyn Bdev>,
     removed: AtomicBool,
     histograms: AtomicBool,
+    /// The size now: the driver's `info().num_blocks` until a resize
+    /// ([`BdevEntry::resize`]). Read per I/O with a relaxed load.
+    num_blocks: AtomicU64,
     state: Mutex<EntryState>,
 }
 
@@ -79,6 +82,30 @@ impl BdevEntry {
     pub fn info(&self) -> &BdevInfo {
         self.bdev.info()
     }
+
+    /// The size in blocks now (`info().num_blocks` is the size at
+    /// registration; a driver whose device grows or shrinks calls
+    /// [`BdevEntry::resize`]).
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks.load(Ordering::Relaxed)
+    }
+
+    /// The device now has `num_blocks` blocks: later I/O is checked against
+    /// the new size and every opener hears [`BdevEvent::Resize`] (targets
+    /// tell their hosts: an NVMe AEN, the size at the next NBD connect).
+    /// Returns whether the size changed.
+    pub fn resize(&self, num_blocks: u64) -> bool {
+        if self.num_blocks.swap(num_blocks, Ordering::Relaxed) == num_blocks {
+            return false;
+        }
+        tracing::info!(bdev = %self.info().name, num_blocks, "bdev resized");
+        let openers: Vec<EventFn> = self.lock().openers.iter().map(|(_, f)| f.clone()).collect();
+        for f in openers {
+            f(BdevEvent::Resize);
+        }
+        true
+    }
+
     pub fn bdev(&self) -> &Arc<dyn Bdev> {
         &self.bdev
     }
@@ -146,6 +173,10 @@ pub struct Desc {
 impl Desc {
     pub fn info(&self) -> &BdevInfo {
         self.entry.bdev.info()
+    }
+    /// The size in blocks now (see [`BdevEntry::num_blocks`]).
+    pub fn num_blocks(&self) -> u64 {
+        self.entry.num_blocks()
     }
     pub fn name(&self) -> &str {
         &self.entry.bdev.info().name
@@ -312,6 +343,7 @@ impl Registry {
         }
         let entry = Arc::new(BdevEntry {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            num_blocks: AtomicU64::new(bdev.info().num_blocks),
             bdev,
             removed: AtomicBool::new(false),
             histograms: AtomicBool::new(false),
@@ -358,7 +390,8 @@ impl Registry {
             .collect()
     }
 
-    /// Opens a bdev by name, alias or UUID. `on_event` hears hot-remove.
+    /// Opens a bdev by name, alias or UUID. `on_event` hears hot-remove
+    /// and resize.
     pub fn open(
         &self,
         name: &str,

@@ -80,6 +80,8 @@ impl BdevInfo {
 pub enum BdevEvent {
     /// The bdev is going away; outstanding I/O fails with `Removed`.
     Remove,
+    /// The bdev's size changed (`Desc::num_blocks` has the new one).
+    Resize,
 }
 
 /// Per-I/O flags a submitter sets (SPDK's `spdk_bdev_io` write flags).

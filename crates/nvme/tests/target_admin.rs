@@ -1245,3 +1245,40 @@ fn pdus_split_across_boundaries() {
     assert!(q.wait(cid).1.status().is_success());
     assert!(q.read(300, 32).0 == d3, "R2T data read back differs");
 }
+
+/// A bdev resize (`BdevEntry::resize`, what the rbd bdev calls when its
+/// image is resized by `bdev_rbd_resize` or by another client) raises the
+/// namespace-attribute-changed event; Identify Namespace then reports the
+/// new size, and I/O is checked against it.
+#[test]
+fn bdev_resize_raises_event_and_shows_new_size() {
+    let e = env();
+    let (mut a, cntlid) = Client::admin(e.port, Digests::default());
+    let mut q = Client::io_queue(e.port, Digests::default(), cntlid, 1);
+    assert!(set_feature(&mut a, FID_ASYNC_EVENT, 1 << 8)
+        .status()
+        .is_success());
+    let entry = e.registry.get("Malloc0").unwrap();
+    let before = entry.num_blocks();
+    let (d, _) = identify(&mut a, 0, 1, 0);
+    assert_eq!(le64(&d, 0), before);
+    post_aer(&mut a, 930);
+    expect_quiet(&mut a, 50);
+    // Shrinking keeps a malloc bdev's memory valid.
+    let after = before / 2;
+    assert!(entry.resize(after));
+    let c = a.wait(930).1;
+    assert!(c.status().is_success());
+    assert_eq!(c.dw0, AEN_NS_ATTR_CHANGED);
+    let (d, _) = get_log(&mut a, LID_CHANGED_NS, 4096, 0, false);
+    assert_eq!((le32(&d, 0), le32(&d, 4)), (1, 0));
+    let (d, _) = identify(&mut a, 0, 1, 0);
+    assert_eq!(
+        (le64(&d, 0), le64(&d, 8), le64(&d, 16)),
+        (after, after, after)
+    );
+    assert!(q.read(after - 1, 1).1.status().is_success());
+    assert_eq!(q.read(after, 1).1.status(), Status::LBA_OUT_OF_RANGE);
+    // The same size again is no change and no event.
+    assert!(!entry.resize(after));
+}

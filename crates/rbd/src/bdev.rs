@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use libc::c_void;
 use serde::{Deserialize, Serialize};
@@ -55,6 +55,11 @@ pub struct Image {
     handle: ffi::rbd_image_t,
     ioctx: ffi::rados_ioctx_t,
     pub cluster: Arc<Cluster>,
+    /// The bdev over it (and its block size), once registered: a resize,
+    /// ours or another client's, is passed on to it.
+    bdev: OnceLock<(Weak<BdevEntry>, u64)>,
+    /// librbd's update watch (handle, context), unwatched before close.
+    watch: Mutex<Option<(u64, *mut Weak<Image>)>>,
 }
 
 // SAFETY: librbd image handles take aio calls from any thread (librbd
@@ -68,6 +73,13 @@ impl Drop for Image {
         // SAFETY: handles from rbd_open/rados_ioctx_create, closed once;
         // no I/O is in flight (every channel, which holds an Arc, is gone).
         unsafe {
+            let watch = self.watch.get_mut().unwrap_or_else(|p| p.into_inner());
+            if let Some((h, ctx)) = watch.take() {
+                // After unwatch returns no callback runs (librbd waits for
+                // one in progress), so the context can go.
+                ffi::rbd_update_unwatch(self.handle, h);
+                drop(Box::from_raw(ctx));
+            }
             if !self.handle.is_null() {
                 ffi::rbd_close(self.handle);
             }
@@ -102,6 +114,8 @@ impl Image {
             handle: std::ptr::null_mut(),
             ioctx,
             cluster,
+            bdev: OnceLock::new(),
+            watch: Mutex::new(None),
         };
         let r = img.cluster.clone().placed(|| {
             // SAFETY: a valid ioctx and C strings; the handle is written on
@@ -135,6 +149,58 @@ impl Image {
         check(unsafe { ffi::rbd_resize(self.handle, bytes) }, || {
             format!("resizing the image to {bytes} bytes")
         })
+    }
+
+    /// Ties the image to its bdev and watches the image header, so a
+    /// resize from any client (`rbd resize`) reaches the bdev.
+    fn watch(self: &Arc<Image>, entry: &Arc<BdevEntry>, bs: u64) -> Result<(), RbdError> {
+        let _ = self.bdev.set((Arc::downgrade(entry), bs));
+        let ctx = Box::into_raw(Box::new(Arc::downgrade(self)));
+        let mut h = 0u64;
+        // SAFETY: an open image; `ctx` stays valid until unwatched in Drop
+        // (or freed here when the watch was not set up).
+        let r = unsafe { ffi::rbd_update_watch(self.handle, &mut h, Some(on_update), ctx.cast()) };
+        if r < 0 {
+            // SAFETY: librbd did not keep `ctx`.
+            drop(unsafe { Box::from_raw(ctx) });
+            return check(r, || "watching the image header".into());
+        }
+        *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some((h, ctx));
+        Ok(())
+    }
+
+    /// Reads the image size and gives it to the bdev (a no-op when the
+    /// size did not change); the new size in bytes.
+    fn refresh_bdev(&self) -> Result<u64, RbdError> {
+        let size = self.size()?;
+        if let Some((e, bs)) = self.bdev.get() {
+            if let Some(e) = e.upgrade() {
+                e.resize(size / bs);
+            }
+        }
+        Ok(size)
+    }
+}
+
+/// librbd's update-watch callback (the image header changed: a resize,
+/// a snapshot, a feature). It runs on a librbd thread that an image
+/// refresh waits for, so the size is read on a short-lived thread of its
+/// own (it inherits this thread's placement). Header changes are rare.
+unsafe extern "C" fn on_update(arg: *mut c_void) {
+    // SAFETY: `arg` is the context `Image::watch` leaked; it lives until
+    // the watch is removed, which waits for this callback.
+    let img = unsafe { &*(arg as *const Weak<Image>) }.clone();
+    let r = std::thread::Builder::new()
+        .name("rbd-update".into())
+        .spawn(move || {
+            if let Some(i) = img.upgrade() {
+                if let Err(e) = i.refresh_bdev() {
+                    tracing::warn!("rbd image changed, size not read: {e}");
+                }
+            }
+        });
+    if let Err(e) = r {
+        tracing::warn!("rbd image changed, no thread to read its size: {e}");
     }
 }
 
@@ -387,6 +453,10 @@ impl RbdModule {
             rt,
         };
         let e = reg.register(Arc::new(b)).map_err(RbdError::Control)?;
+        if let Err(err) = image.watch(&e, bs as u64) {
+            // I/O works without it; only another client's resize goes unseen.
+            tracing::warn!(bdev = %name, "{err}: a resize by another client will not be seen");
+        }
         self.images
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -395,7 +465,7 @@ impl RbdModule {
     }
 
     /// `bdev_rbd_resize`: grows or shrinks the image (`new_size` in MiB,
-    /// SPDK's unit); returns the new size in bytes.
+    /// SPDK's unit) and the bdev with it; returns the new size in bytes.
     pub fn resize(&self, name: &str, new_size_mib: u64) -> Result<u64, RbdError> {
         let img = self
             .images
@@ -409,7 +479,7 @@ impl RbdModule {
             why: "too large".into(),
         })?;
         img.resize(bytes)?;
-        img.size()
+        img.refresh_bdev()
     }
 }
 

@@ -12,6 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -233,6 +234,14 @@ fn nbd_export_written_by_qemu_img_reads_back_with_rbd_export() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(sha256(&std::fs::read(&back).unwrap()), sha256(&data));
+    // Resized, the export has the new size at the next connect.
+    s.ok("bdev_rbd_resize", json!({"name": "r0", "new_size": 20}));
+    let out = Command::new("timeout")
+        .args(["30", "qemu-img", "info", "--output=json", &url])
+        .output()
+        .unwrap();
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(info["virtual-size"], 20u64 << 20, "{info}");
     s.stop();
 }
 
@@ -346,6 +355,18 @@ fn clusters_info_placement_resize_and_save_config() {
         "{b}"
     );
     assert_eq!(b[0]["product_name"], "Ceph Rbd Disk");
+    assert_eq!(b[0]["num_blocks"], (16u64 << 20) / 4096, "{b}");
+    // A resize by another client (the rbd CLI) reaches the bdev through
+    // librbd's update watch.
+    c.rbd(&["resize", "--size", "24M", "rbd/cfg0"]);
+    testkit::wait_until("the bdev sees rbd resize", Duration::from_secs(20), || {
+        s.ok("bdev_get_bdevs", json!({"name": "r0"}))[0]["num_blocks"] == (24u64 << 20) / 4096
+    });
+    // Back to 16 MiB for the save_config check below.
+    assert_eq!(
+        s.ok("bdev_rbd_resize", json!({"name": "r0", "new_size": 16})),
+        json!(true)
+    );
     // save_config: the cluster first, then the bdev, with what was given.
     let saved = s.ok("framework_get_config", json!({"name": "bdev"}));
     let calls = saved.as_array().unwrap();

@@ -63,8 +63,10 @@ impl BdevSource {
         }
     }
 
+    /// The size now: a resized bdev shows its new size at the next
+    /// connect (a connection keeps the size it negotiated).
     pub fn size_bytes(&self) -> u64 {
-        self.desc.info().size_bytes()
+        self.desc.num_blocks() * u64::from(self.desc.info().block_size)
     }
 
     pub fn block_sizes(&self) -> BlockSizes {

@@ -211,9 +211,11 @@ fn identify_ctrl(ctrl: &Ctrl, facts: TransportFacts) -> Vec<u8> {
 
 fn identify_ns(ns: &super::subsystem::Namespace) -> Vec<u8> {
     let mut d = vec![0u8; 4096];
-    put64(&mut d, 0, ns.num_blocks); // nsze
-    put64(&mut d, 8, ns.num_blocks); // ncap
-    put64(&mut d, 16, ns.num_blocks); // nuse
+    // The size now: after a resize the host re-reads this on the AEN.
+    let num_blocks = ns.desc.num_blocks();
+    put64(&mut d, 0, num_blocks); // nsze
+    put64(&mut d, 8, num_blocks); // ncap
+    put64(&mut d, 16, num_blocks); // nuse
     d[24] = 0; // nsfeat
     d[25] = 0; // nlbaf (0's based): one format
     d[26] = 0; // flbas: format 0

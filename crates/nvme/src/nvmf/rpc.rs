@@ -2,7 +2,10 @@
 //! methods of [`Target`] taking and returning serde types. The `ustor`
 //! binary registers them in its JSON-RPC table (see docs/nvmf.md).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+
+use ustor_bdev::BdevEvent;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -389,7 +392,18 @@ impl Target {
     pub fn nvmf_subsystem_add_ns(&self, p: &AddNsParams) -> Result<u32, NvmfError> {
         let s = self.nvme_subsys(&p.nqn)?;
         let n = &p.namespace;
-        let desc = self.shared.registry.open(&n.bdev_name, true, |_| {})?;
+        // A resize of the bdev raises the namespace-attribute-changed event
+        // on every controller (the NSID is known once inserted below).
+        let ns_id = Arc::new(AtomicU32::new(0));
+        let (weak, id) = (Arc::downgrade(&s), ns_id.clone());
+        let desc = self.shared.registry.open(&n.bdev_name, true, move |ev| {
+            let (Some(s), nsid) = (weak.upgrade(), id.load(Ordering::Acquire)) else {
+                return;
+            };
+            if ev == BdevEvent::Resize && nsid != 0 {
+                s.ctrls().iter().for_each(|c| c.notify_ns_changed(nsid));
+            }
+        })?;
         desc.claim(&format!("nvmf:{}", p.nqn))?;
         let info = desc.info().clone();
         let uuid = match &n.uuid {
@@ -426,12 +440,12 @@ impl Target {
                     nsid,
                     bdev_name: n.bdev_name.clone(),
                     block_size: info.block_size,
-                    num_blocks: info.num_blocks,
                     desc,
                     uuid,
                     nguid,
                 }),
             );
+            ns_id.store(nsid, Ordering::Release);
             nsid
         };
         s.bump_ns_gen();

@@ -51,7 +51,6 @@ pub struct Namespace {
     pub uuid: [u8; 16],
     pub nguid: [u8; 16],
     pub block_size: u32,
-    pub num_blocks: u64,
 }
 
 impl Drop for Namespace {

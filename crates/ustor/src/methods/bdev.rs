@@ -62,7 +62,7 @@ pub fn bdev_json(e: &BdevEntry) -> Value {
         "aliases": e.aliases(),
         "product_name": i.product_name,
         "block_size": i.block_size,
-        "num_blocks": i.num_blocks,
+        "num_blocks": e.num_blocks(),
         "uuid": i.uuid.to_string(),
         "assigned_rate_limits": e.qos_limits(),
         "claimed": claim.is_some(),
