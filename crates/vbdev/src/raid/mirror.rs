@@ -41,6 +41,10 @@ pub struct Mirror {
     /// Blocks before the data on each member (the superblock's room).
     off: u64,
     rebuild: Rebuild,
+    /// Each channel's writes in flight that are not counted in
+    /// `Rebuild::writes` (sent while no rebuild ran): a rebuild waits for
+    /// them before copying, since they did not go to the new member.
+    chans: Mutex<Vec<Weak<AtomicU64>>>,
 }
 
 /// The background copy onto a member: its slot, how far it got, and the
@@ -66,6 +70,8 @@ struct Rebuild {
 const MEMBER: u32 = 0xffff;
 const COUNTED: u32 = 1 << 16;
 const GEN_SHIFT: u32 = 17;
+/// Counted in the channel's `uncounted` instead.
+const UNCOUNTED: u32 = 1 << 18;
 
 impl Mirror {
     fn slots(&self) -> MutexGuard<'_, Vec<Option<Desc>>> {
@@ -122,6 +128,10 @@ struct Chan {
     next: Cell<usize>,
     /// Children not yet completed: their watcher points here.
     inflight: Cell<u64>,
+    /// Write children in flight sent while no rebuild ran. Only this
+    /// channel's reactor changes it (a load and a store, no locked
+    /// instruction); a starting rebuild reads it.
+    uncounted: Arc<AtomicU64>,
 }
 
 impl Chan {
@@ -183,13 +193,19 @@ impl Chan {
         } else {
             0
         };
-        let extra = if counted { COUNTED | g << GEN_SHIFT } else { 0 };
+        let extra = match (counted, d.kind) {
+            (true, _) => COUNTED | g << GEN_SHIFT,
+            (false, IoType::Flush) => 0,
+            (false, _) => UNCOUNTED,
+        };
         let members = self.members.borrow();
         let mut any = false;
         for (i, ch) in members.iter().enumerate() {
             if let (Some(ch), false) = (ch, self.m.state(i) == FAILED) {
                 if counted {
                     r.writes[g as usize].fetch_add(1, Ordering::SeqCst);
+                } else if extra == UNCOUNTED {
+                    bump(&self.uncounted, 1);
                 }
                 let w = self.watch(i, extra);
                 let at = self.m.off + d.offset_blocks;
@@ -205,6 +221,17 @@ impl Chan {
                 .touch(d.offset_blocks, d.offset_blocks + d.num_blocks);
         }
     }
+}
+
+/// Adds `by` (wrapping: `u64::MAX` subtracts one) to a counter only this
+/// reactor writes: a plain load and store, which a reader on another
+/// reactor still sees whole.
+#[inline]
+fn bump(a: &AtomicU64, by: u64) {
+    a.store(
+        a.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Release,
+    );
 }
 
 /// A member's child completed: on failure, mark the member failed and
@@ -223,6 +250,9 @@ fn on_child(
     c.inflight.set(c.inflight.get() - 1);
     let d = parent.desc();
     let r = &c.m.rebuild;
+    if tag & UNCOUNTED != 0 {
+        bump(&c.uncounted, u64::MAX);
+    }
     if tag & COUNTED != 0 {
         r.writes[(tag >> GEN_SHIFT) as usize & 1].fetch_sub(1, Ordering::SeqCst);
     } else if d.kind != IoType::Read && r.running.load(Ordering::Relaxed) {
@@ -303,7 +333,13 @@ impl Bdev for MirrorBdev {
             epoch: Cell::new(u64::MAX),
             next: Cell::new(0),
             inflight: Cell::new(0),
+            uncounted: Arc::new(AtomicU64::new(0)),
         });
+        {
+            let mut l = self.m.chans.lock().unwrap_or_else(|p| p.into_inner());
+            l.retain(|w| w.strong_count() > 0);
+            l.push(Arc::downgrade(&c.uncounted));
+        }
         c.refresh();
         Ok(Box::new(MirrorChannel { c }))
     }
@@ -430,6 +466,7 @@ pub fn create(
             blocks,
             off,
             rebuild: Rebuild::default(),
+            chans: Mutex::default(),
         }
     });
     if let Some(e) = err {
@@ -542,6 +579,7 @@ pub fn remove_base(reg: &Registry, base: &str) -> Result<(), ControlError> {
 pub struct Joined {
     pub(super) m: Arc<Mirror>,
     pub(super) slot: usize,
+    rt: Option<ustor_runtime::RuntimeHandle>,
 }
 
 /// `bdev_raid_add_base_bdev`: puts `base` in an empty (or failed) slot of
@@ -590,7 +628,11 @@ pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, Contro
     r.slot.store(slot as u64, Ordering::Relaxed);
     r.done.store(0, Ordering::Relaxed);
     r.running.store(true, Ordering::Release);
-    Ok(Joined { m, slot })
+    Ok(Joined {
+        m,
+        slot,
+        rt: reg.runtime().cloned(),
+    })
 }
 
 /// Bytes copied per rebuild step.
@@ -602,6 +644,7 @@ const CHUNK_BLOCKS_BYTES: u64 = 256 << 10;
 pub async fn rebuild(j: Joined) -> Result<(), BdevError> {
     let m = j.m;
     let r = &m.rebuild;
+    quiesce(&m, j.rt.as_ref()).await;
     let res = copy(&m, j.slot).await;
     match res {
         Ok(()) => {
@@ -615,6 +658,35 @@ pub async fn rebuild(j: Joined) -> Result<(), BdevError> {
     }
     r.running.store(false, Ordering::Release);
     res
+}
+
+/// Waits until no write sent before the rebuild started is in flight:
+/// such a write did not go to the new member, and one that stayed in
+/// flight across a whole chunk copy would be missed by it. First a
+/// message through every reactor: after it, each reactor's channels see
+/// the rebuild running and count their writes in its generations; then
+/// every channel's uncounted writes drain.
+async fn quiesce(m: &Mirror, rt: Option<&ustor_runtime::RuntimeHandle>) {
+    if let Some(rt) = rt {
+        let seen = Arc::new(AtomicBool::new(false));
+        let s2 = seen.clone();
+        let sent = rt.for_each_reactor(Arc::new(|| {}), move || s2.store(true, Ordering::Release));
+        while sent.is_ok() && !seen.load(Ordering::Acquire) {
+            ustor_runtime::yield_now().await;
+        }
+    }
+    loop {
+        let busy = {
+            let l = m.chans.lock().unwrap_or_else(|p| p.into_inner());
+            l.iter()
+                .filter_map(Weak::upgrade)
+                .any(|c| c.load(Ordering::Acquire) != 0)
+        };
+        if !busy {
+            return;
+        }
+        ustor_runtime::yield_now().await;
+    }
 }
 
 async fn copy(m: &Mirror, slot: usize) -> Result<(), BdevError> {
