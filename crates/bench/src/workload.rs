@@ -3,17 +3,17 @@
 //!
 //! Nothing in the loop allocates or makes a syscall: offsets come from a
 //! per-slot xorshift, timestamps from the TSC, latencies go into a
-//! per-reactor histogram behind a `RefCell`.
+//! per-reactor [`LogHist`] (flat buckets of `Cell`s).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use ustor_bdev::{IoChannel, Registry};
 use ustor_runtime::{ticks, IoBuf, RuntimeHandle};
 
+use crate::hist::LogHist;
 use crate::report::{CoreResult, Report};
 use crate::verify;
 
@@ -118,7 +118,7 @@ struct CoreState {
     verify_errors: Cell<u64>,
     first_mismatch: RefCell<Option<String>>,
     lat_sum: Cell<u64>,
-    hist: RefCell<Histogram<u64>>,
+    hist: LogHist,
     cursor: Cell<u64>,
     ready: Cell<usize>,
     start: Cell<u64>,
@@ -141,7 +141,7 @@ impl CoreState {
             self.reads.set(self.reads.get() + 1);
         }
         self.lat_sum.set(self.lat_sum.get() + dt);
-        self.hist.borrow_mut().saturating_record(dt.max(1));
+        self.hist.record(dt);
     }
 }
 
@@ -340,10 +340,7 @@ pub fn run(
                 verify_errors: Cell::new(0),
                 first_mismatch: RefCell::new(None),
                 lat_sum: Cell::new(0),
-                hist: RefCell::new(
-                    Histogram::new_with_bounds(1, hz.saturating_mul(60).max(2), 3)
-                        .expect("valid bounds"),
-                ),
+                hist: LogHist::new(),
                 cursor: Cell::new(0),
                 ready: Cell::new(0),
                 start: Cell::new(0),
@@ -451,13 +448,9 @@ fn rusage() -> u64 {
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
-pub(crate) fn hist_of(core: &RefCell<Histogram<u64>>) -> Histogram<u64> {
-    core.borrow().clone()
-}
-
 impl CoreResult {
-    fn from_state(reactor: usize, s: &CoreState, _hz: u64, _bs: usize) -> CoreResult {
-        let h = hist_of(&s.hist);
+    fn from_state(reactor: usize, s: &CoreState, hz: u64, _bs: usize) -> CoreResult {
+        let h = s.hist.to_hdr(hz.saturating_mul(60));
         CoreResult::from_parts(
             reactor,
             s.ios.get(),
