@@ -121,7 +121,13 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             // Latency-like: mostly a few hundred ticks, a tail to millions.
-            let v = 200 + (x % 1000) + if x % 97 == 0 { x % 5_000_000 } else { 0 };
+            let v = 200
+                + (x % 1000)
+                + if x.is_multiple_of(97) {
+                    x % 5_000_000
+                } else {
+                    0
+                };
             h.record(v);
             exact.record(v).unwrap();
         }
