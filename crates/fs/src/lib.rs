@@ -3,7 +3,8 @@
 //! shared, or a DAX device): the layout (`layout`), inodes (`inode`), the
 //! redo log that makes metadata changes atomic (`tx`), the data path that
 //! plans reads and writes as byte ranges of the region (`fs`), the namespace
-//! operations (`ns`) and the offline checker (`check`).
+//! operations (`ns`), the offline checker (`check`) and the wire protocol's
+//! frames (`proto`).
 
 pub mod check;
 pub mod fs;
@@ -11,6 +12,7 @@ pub mod inode;
 pub mod layout;
 pub mod media;
 pub mod ns;
+pub mod proto;
 mod tx;
 
 use thiserror::Error;
