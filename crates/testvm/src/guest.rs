@@ -55,6 +55,7 @@ pub struct GuestBuilder {
     cmdline: Vec<String>,
     qemu_args: Vec<String>,
     log_file: Option<PathBuf>,
+    iommu: bool,
 }
 
 impl Default for GuestBuilder {
@@ -81,6 +82,7 @@ impl GuestBuilder {
             cmdline: Vec::new(),
             qemu_args: Vec::new(),
             log_file: None,
+            iommu: false,
         }
     }
 
@@ -189,6 +191,15 @@ impl GuestBuilder {
     }
 
     /// Also copy the serial log to this file (kept after the run).
+    /// A q35 machine with an emulated Intel IOMMU (`intel-iommu`, before
+    /// every other device), for VFIO in the guest; add
+    /// `kernel_arg("intel_iommu=on")` and devices with
+    /// `iommu_platform=on` (virtio) on `bus=pcie.0`.
+    pub fn iommu(mut self) -> Self {
+        self.iommu = true;
+        self
+    }
+
     pub fn log_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.log_file = Some(path.into());
         self
@@ -407,8 +418,6 @@ impl GuestBuilder {
             "-no-user-config",
             "-nodefaults",
             "-no-reboot",
-            "-M",
-            "pc",
             // KVM is never used: the host's /dev/kvm (PVM) cannot run a
             // stock kernel, and TCG behaves the same on every CI machine.
             "-accel",
@@ -423,6 +432,13 @@ impl GuestBuilder {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if self.iommu {
+            // The IOMMU must exist before the devices behind it.
+            a.extend(["-M".into(), "q35".into()]);
+            a.extend(["-device".into(), "intel-iommu,intremap=off".into()]);
+        } else {
+            a.extend(["-M".into(), "pc".into()]);
+        }
         a.extend(["-smp".into(), self.cpus.to_string()]);
         a.extend(["-m".into(), format!("{}M", self.memory_mib)]);
         a.extend(["-serial".into(), format!("file:{}", serial.display())]);
