@@ -200,6 +200,7 @@ impl Lld for VirtioScsi {
                 let Some((r, _)) = self.internal(nexus, &inquiry, 36).await else {
                     return Err(TransportError::Protocol("scan INQUIRY timed out"));
                 };
+                tracing::debug!(bdf = %self.bdf, target, ?r, "scan INQUIRY");
                 if r.response == wire::S_OK {
                     found.push(TargetAddr {
                         channel: 0,

@@ -313,6 +313,8 @@ impl State {
                     }
                 }
             }
+            // No iovecs at all: a driver-internal command, data in the bounce.
+            bounced |= nd == 0;
             if bounced {
                 if cmd.data_len as usize > BOUNCE {
                     self.failed
