@@ -219,14 +219,6 @@ fn save_config(s: &Server) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The NVMe/TCP state save_config must carry beyond bdevs: transport
 /// options (the LANoT coalescer included), host lists, serial/model,
 /// several namespaces with fixed NSIDs, listeners; and on the initiator

@@ -168,22 +168,6 @@ fn first_run_is_instant_and_logs_json() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Receives datagrams until one contains `want` (they arrive in order).
-fn expect_notify(sock: &UnixDatagram, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no `{want}` notification");
-        sock.set_read_timeout(Some(left)).unwrap();
-        let n = sock.recv(&mut buf).expect("sd_notify datagram");
-        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if msg.lines().any(|l| l == want) {
-            return msg;
-        }
-    }
-}
-
 fn config(bdevs: &[&str]) -> Value {
     let mut bdev = Vec::new();
     let mut nbd = vec![

@@ -11,7 +11,6 @@ mod common;
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
@@ -62,21 +61,6 @@ struct Installed;
 impl Drop for Installed {
     fn drop(&mut self) {
         let _ = Command::new("dpkg").args(["--purge", "ustor"]).output();
-    }
-}
-
-fn expect_notify(sock: &UnixDatagram, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no `{want}` notification");
-        sock.set_read_timeout(Some(left)).unwrap();
-        let n = sock.recv(&mut buf).expect("sd_notify datagram");
-        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if msg.lines().any(|l| l == want) {
-            return msg;
-        }
     }
 }
 

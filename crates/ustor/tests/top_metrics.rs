@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, BIN};
+use common::{free_port, Server, BIN};
 use serde_json::{json, Value};
 
 const NQN: &str = "nqn.2026-11.io.ustor:cold";
@@ -390,14 +390,6 @@ fn metrics_addr(s: &mut Server) -> String {
 }
 
 /// A free port on 127.0.0.1 for a peer that cannot report the one it bound.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start_prometheus(dir: &Path, target: &str) -> (Proc, String) {
     let cfg = dir.join("prometheus.yml");
     let yml = format!(

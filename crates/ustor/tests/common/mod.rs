@@ -160,3 +160,29 @@ pub fn exported_config(mib: u64) -> Value {
 pub fn have(cmd: &str) -> bool {
     testkit::need(cmd)
 }
+
+/// A free TCP port on 127.0.0.1 (for peers that cannot take port 0).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Receives sd_notify datagrams on `sock` until one has the line `want`
+/// (they arrive in order); panics after 30 s.
+pub fn expect_notify(sock: &std::os::unix::net::UnixDatagram, want: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "no `{want}` notification");
+        sock.set_read_timeout(Some(left)).unwrap();
+        let n = sock.recv(&mut buf).expect("sd_notify datagram");
+        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if msg.lines().any(|l| l == want) {
+            return msg;
+        }
+    }
+}
