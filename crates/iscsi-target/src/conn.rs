@@ -85,6 +85,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
     );
     s.count_into(counters);
     s.pings = Some(svc.shared.pings());
+    s.drain = Some(svc.shared.drain.watch());
     if let Err(e) = s.run().await {
         tracing::debug!("iscsi: connection ended: {e}");
     }

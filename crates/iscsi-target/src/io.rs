@@ -31,6 +31,8 @@ pub enum ConnError {
     LoginFailed,
     #[error("no answer to a NOP-In ping within {0} s")]
     NopTimeout(u32),
+    #[error("the target drained and the initiator did not log out in time")]
+    Drained,
 }
 
 /// One connection's socket, receive buffers and send queue.

@@ -12,11 +12,13 @@
 //!   operational keys.
 //! - [`session`]: the full feature phase, [`command`] one SCSI command's
 //!   data phase (immediate, unsolicited, R2T, Data-In with phase collapse),
-//!   [`pdu`] the target PDUs, [`io`] the socket side of a connection.
+//!   [`pdu`] the target PDUs, [`io`] the socket side of a connection,
+//!   [`drain`] the shutdown that asks every initiator to log out.
 
 pub mod command;
 pub mod config;
 mod conn;
+pub mod drain;
 pub mod io;
 mod live;
 pub mod login;

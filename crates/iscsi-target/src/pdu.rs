@@ -96,6 +96,16 @@ pub fn nop_in(lun: [u8; 8], itt: u32, ttt: u32, len: usize, seq: &Seq) -> Bhs {
     b
 }
 
+/// Async Message asking the initiator to log out within `secs` seconds
+/// (RFC 7143 §11.9.1, AsyncEvent 1, Parameter3).
+pub fn logout_request(secs: u16, seq: &Seq) -> Bhs {
+    let mut b = Bhs::new(opcode::ASYNC, false, 0x80);
+    b.set_itt(RESERVED_TAG);
+    seq.stamp(&mut b);
+    b.set_u8(36, 1).set_u16(42, secs);
+    b
+}
+
 /// Text Response (final unless `more`).
 pub fn text(itt: u32, more: bool, ttt: u32, len: usize, seq: &Seq) -> Bhs {
     let mut b = Bhs::new(opcode::TEXT_RESP, false, if more { 0x40 } else { 0x80 });

@@ -5,11 +5,16 @@
 //! (SendTargets), Task Management, Logout. Anything else is rejected.
 //! Commands run one at a time in CmdSN order, each to completion. An
 //! idle connection is pinged with a NOP-In every `nop_in_interval`
-//! seconds, and ends when a ping stays unanswered for `nop_timeout`.
+//! seconds, and ends when a ping stays unanswered for `nop_timeout`. When
+//! the target drains, the session asks its initiator to log out (Async
+//! Message) and ends the connection once the grace time is over.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::pin;
 use std::rc::Rc;
-use std::time::Duration;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
 use ustor_scsi_proto::lun::decode_lun;
@@ -58,6 +63,17 @@ pub struct Session<'a, D: Discovery> {
     pub pings: Option<Pings>,
     /// The Target Transfer Tag of the ping not answered yet.
     ping_out: Option<u32>,
+    /// The target's shutdown signal (none: never drained).
+    pub drain: Option<crate::drain::Watch>,
+    /// When the initiator, asked to log out, is cut off.
+    logout_by: Option<Instant>,
+}
+
+/// What ended a wait for the next PDU.
+enum Woken {
+    Readable(std::io::Result<()>),
+    Timer,
+    Drain(u32),
 }
 
 /// How the loop ended.
@@ -99,6 +115,8 @@ impl<'a, D: Discovery> Session<'a, D> {
             counters: Rc::default(),
             pings: None,
             ping_out: None,
+            drain: None,
+            logout_by: None,
         }
     }
 
@@ -108,34 +126,79 @@ impl<'a, D: Discovery> Session<'a, D> {
     }
 
     /// Returns when a PDU can be received. While the connection is idle
-    /// the initiator is pinged; a ping unanswered for the timeout ends it.
+    /// the initiator is pinged; a ping unanswered for the timeout ends it,
+    /// as does the end of a drain's grace time.
     async fn idle(&mut self) -> Result<(), ConnError> {
-        let Some(p) = self.pings.filter(|p| p.interval > 0) else {
-            return Ok(());
-        };
         let fd = self.wire.fd();
-        // Budget: each round sends one ping or returns.
+        // Budget: each round sends a ping or a logout request, or returns.
         loop {
+            if self.logout_by.is_none() {
+                if let Some(g) = self.drain.as_ref().and_then(|d| d.started()) {
+                    self.ask_logout(g).await?;
+                }
+            }
+            if self.logout_by.is_some_and(|t| Instant::now() >= t) {
+                return Err(ConnError::Drained);
+            }
             if ustor_net::recv::queued(fd) {
                 return Ok(());
             }
-            let secs = match self.ping_out {
-                Some(_) if p.timeout == 0 => p.interval,
-                Some(_) => p.timeout,
-                None => p.interval,
-            };
-            let wait = ustor_net::time::timeout(
-                Duration::from_secs(secs as u64),
-                ustor_net::recv::readable(fd),
-            );
-            match wait.await {
-                Some(r) => return r.map_err(ConnError::Io),
-                None if self.ping_out.is_some() && p.timeout > 0 => {
-                    return Err(ConnError::NopTimeout(p.timeout))
+            match self.wait(fd).await {
+                Woken::Readable(r) => return r.map_err(ConnError::Io),
+                Woken::Drain(g) => self.ask_logout(g).await?,
+                Woken::Timer if self.logout_by.is_some_and(|t| Instant::now() >= t) => {
+                    return Err(ConnError::Drained)
                 }
-                None => self.ping().await?,
+                Woken::Timer => match (self.ping_out, self.pings) {
+                    (Some(_), Some(p)) if p.timeout > 0 => {
+                        return Err(ConnError::NopTimeout(p.timeout))
+                    }
+                    (_, Some(p)) if p.interval > 0 => self.ping().await?,
+                    _ => {}
+                },
             }
         }
+    }
+
+    /// Waits until the socket is readable, the ping or logout timer runs
+    /// out, or the target starts draining.
+    async fn wait(&self, fd: std::os::fd::RawFd) -> Woken {
+        let ping = match (self.pings, self.ping_out) {
+            (Some(p), Some(_)) if p.timeout > 0 => p.timeout,
+            (Some(p), _) => p.interval,
+            (None, _) => 0,
+        };
+        let mut d = match ping {
+            0 => Duration::from_secs(24 * 3600),
+            s => Duration::from_secs(s as u64),
+        };
+        if let Some(t) = self.logout_by {
+            d = d.min(t.saturating_duration_since(Instant::now()));
+        }
+        let watch = self.drain.as_ref().filter(|_| self.logout_by.is_none());
+        let mut r = pin!(ustor_net::recv::readable(fd));
+        let mut t = pin!(ustor_runtime::sleep(d));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(v) = r.as_mut().poll(cx) {
+                return Poll::Ready(Woken::Readable(v));
+            }
+            if let Some(Poll::Ready(g)) = watch.map(|w| w.poll_started(cx)) {
+                return Poll::Ready(Woken::Drain(g));
+            }
+            if t.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::Timer);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// The Async Message asking for a logout within `secs` (once).
+    async fn ask_logout(&mut self, secs: u32) -> Result<(), ConnError> {
+        self.logout_by = Some(Instant::now() + Duration::from_secs(secs as u64));
+        let seq = self.bump();
+        let r = pdu::logout_request(secs.min(u16::MAX as u32) as u16, &seq);
+        self.wire.send(&r, &[]).await
     }
 
     /// The next PDU off the wire, pinging the initiator while it is idle.

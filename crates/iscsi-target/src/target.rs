@@ -90,6 +90,7 @@ pub(crate) struct Shared {
     login_timeout: Mutex<Duration>,
     options: Mutex<IscsiOptions>,
     pub(crate) live: Arc<Live>,
+    pub(crate) drain: Arc<crate::drain::Drain>,
 }
 
 impl Shared {
@@ -281,6 +282,7 @@ impl IscsiTarget {
                 login_timeout: Mutex::new(LOGIN_TIMEOUT),
                 options: Mutex::new(IscsiOptions::default()),
                 live: Arc::default(),
+                drain: Arc::default(),
             }),
             registry,
             services: Mutex::new(BTreeMap::new()),
@@ -626,6 +628,25 @@ impl IscsiTarget {
                 l.stop();
             }
         }
+    }
+
+    /// Shutdown: stops every listener, asks each session's initiator to
+    /// log out within `grace` (an Async Message), ends the connections
+    /// still open after it, and waits for them (at most `grace` and 5 s
+    /// more). Whether every connection ended.
+    pub fn drain(&self, grace: Duration) -> bool {
+        self.stop();
+        let secs = self.request_logout(grace);
+        self.wait_idle(Duration::from_secs(secs as u64 + 5))
+    }
+
+    /// Asks every session's initiator to log out within `grace` (whole
+    /// seconds, at least 1, which it returns); sessions still open after
+    /// it are ended. Logins are not stopped here ([`IscsiTarget::stop`]).
+    pub fn request_logout(&self, grace: Duration) -> u32 {
+        let secs = grace.as_secs().clamp(1, u16::MAX as u64) as u32;
+        self.shared.drain.start(secs);
+        secs
     }
 
     /// Waits, at most `max`, until no connection is open.

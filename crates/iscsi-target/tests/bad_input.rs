@@ -155,3 +155,46 @@ fn unanswered_nop_in_ping_ends_the_connection() {
     );
     assert!(f.target.wait_idle(Duration::from_secs(5)));
 }
+
+#[test]
+fn drain_asks_for_logout_and_cuts_the_silent() {
+    let f = start(16 << 20, 512);
+    let mut polite = login(f.port);
+    let mut silent = login(f.port);
+    std::thread::scope(|sc| {
+        let drained = sc.spawn(|| f.target.drain(Duration::from_secs(2)));
+        // Both are asked to log out (Async Message, AsyncEvent 1, Parameter3
+        // the grace time).
+        let mut statsn = 0;
+        for s in [&mut polite, &mut silent] {
+            let (a, _) = recv_pdu(s).unwrap();
+            assert_eq!(a.opcode(), opcode::ASYNC);
+            assert_eq!(a.itt(), 0xffff_ffff);
+            assert_eq!((a.u8_at(36), a.u16_at(42)), (1, 2), "logout request");
+            statsn = a.u32_at(24);
+        }
+        // One logs out and gets its answer.
+        let mut l = Bhs::new(opcode::LOGOUT_REQ, true, 0x80);
+        l.set_itt(9)
+            .set_u32(24, 1)
+            .set_u32(28, statsn.wrapping_add(1));
+        send_pdu(&mut polite, l, &[]);
+        let (r, _) = recv_pdu(&mut polite).unwrap();
+        assert_eq!(
+            (r.opcode(), r.itt(), r.u8_at(2)),
+            (opcode::LOGOUT_RESP, 9, 0)
+        );
+        // The other is cut when the grace time is over.
+        let t0 = std::time::Instant::now();
+        let mut b = [0u8; 48];
+        assert!(matches!(silent.read(&mut b), Ok(0)), "silent one kept");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(1500),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert!(drained.join().unwrap(), "connections left after the drain");
+    });
+    // Nobody new gets in.
+    assert!(TcpStream::connect(("127.0.0.1", f.port)).is_err());
+}

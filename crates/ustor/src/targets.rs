@@ -173,10 +173,13 @@ impl Target for IscsiTarget {
         self.0.stop();
     }
     /// Idle means no connection open (a command runs to completion within
-    /// its connection).
+    /// its connection). Each session's initiator is asked to log out (an
+    /// Async Message) a second before the deadline, and cut off then.
     fn drain(&self, deadline: Instant) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
         self.0
-            .wait_idle(deadline.saturating_duration_since(Instant::now()))
+            .request_logout(left.saturating_sub(Duration::from_secs(1)));
+        self.0.wait_idle(left)
     }
     fn connections(&self) -> usize {
         self.0.connections()
