@@ -207,21 +207,28 @@ fn serve_frontend(h: &mut BackendReqHandler<Mutex<BlkBackend>>) {
         }
         match h.handle_request() {
             Ok(()) => {}
-            Err(
-                VuError::Disconnected
-                | VuError::PartialMessage
-                | VuError::SocketBroken(_)
-                | VuError::SocketError(_)
-                | VuError::SocketRetry(_)
-                | VuError::InvalidMessage
-                | VuError::IncorrectFds
-                | VuError::OversizedMsg,
-            ) => return,
+            Err(e) if ends_connection(&e) => return,
             // A request refused (answered with an error where the
             // protocol has a reply); the connection goes on.
             Err(e) => tracing::debug!("vhost: request refused: {e}"),
         }
     }
+}
+
+/// Errors after which the connection cannot go on: the frontend left, or
+/// the byte stream no longer holds whole messages.
+pub(crate) fn ends_connection(e: &VuError) -> bool {
+    matches!(
+        e,
+        VuError::Disconnected
+            | VuError::PartialMessage
+            | VuError::SocketBroken(_)
+            | VuError::SocketError(_)
+            | VuError::SocketRetry(_)
+            | VuError::InvalidMessage
+            | VuError::IncorrectFds
+            | VuError::OversizedMsg
+    )
 }
 
 fn wait_readable(s: &UnixStream, timeout: Option<Duration>) -> bool {

@@ -7,7 +7,19 @@
 //! does ([`crate::blk::collect_chain`], [`crate::blk::parse_chain`]), and
 //! every buffer of an accepted request must lie inside guest memory with
 //! the direction the request needs.
+//!
+//! [`messages`]: the bytes are what a frontend sends on the socket (no
+//! file descriptors); they go through `vhost`'s `BackendReqHandler` to
+//! [`crate::backend::BlkBackend`] over a malloc bdev, as the control
+//! thread does, until the stream ends or breaks.
 
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ustor_bdev::Registry;
+use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
+use vhost::vhost_user::BackendReqHandler;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
@@ -112,4 +124,63 @@ fn check_request<M: GuestMemory>(mem: &M, req: &blk::Request) {
         total += s.len as u64;
     }
     assert_eq!(total, req.data_len as u64);
+}
+
+struct MsgFixture {
+    rt: Runtime,
+    dev: Arc<crate::device::BlkDevice>,
+}
+
+fn msg_fixture() -> &'static MsgFixture {
+    static F: OnceLock<MsgFixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let rt = Runtime::start(RuntimeConfig {
+            cores: vec![0],
+            pin: false,
+            poll_mode: PollMode::Adaptive,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let registry = Registry::new(Some(rt.handle()));
+        let opts = ustor_bdev::modules::RamOpts {
+            name: "fuzz".into(),
+            num_blocks: 2048,
+            block_size: 512,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        };
+        ustor_bdev::modules::malloc::create(&registry, opts).expect("malloc bdev");
+        let desc = registry.open("fuzz", true, |_| {}).expect("open");
+        let dev = Arc::new(crate::device::BlkDevice::new(desc, 2, false));
+        MsgFixture { rt, dev }
+    })
+}
+
+/// Feeds `data` as one frontend's byte stream to a fresh backend (see
+/// the module comment). Ends for any input: at most 256 messages.
+pub fn messages(data: &[u8]) {
+    let f = msg_fixture();
+    let Ok((mut front, back)) = UnixStream::pair() else {
+        return;
+    };
+    // Replies pile up in `front`'s receive buffer, which holds far more
+    // than 256 replies.
+    if front.write_all(data).is_err() || front.shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let backend = Arc::new(Mutex::new(crate::backend::BlkBackend::new(
+        f.dev.clone(),
+        f.rt.handle(),
+        vec![0],
+    )));
+    let mut h = BackendReqHandler::from_stream(back, backend.clone());
+    for _ in 0..256 {
+        match h.handle_request() {
+            Ok(()) => {}
+            Err(e) if crate::controller::ends_connection(&e) => break,
+            Err(_) => {}
+        }
+    }
+    backend.lock().unwrap_or_else(|e| e.into_inner()).reset();
 }

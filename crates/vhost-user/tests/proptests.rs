@@ -197,3 +197,66 @@ fn out_of_bounds_and_wrong_direction() {
     let o = ring_chains(&ring(&req(ro), &[40], 0));
     assert_eq!(o.accepted, 0, "{o:?}");
 }
+
+/// One vhost-user message: header (request, flags with version 1 and
+/// maybe NEED_REPLY, size) and a body of `size` bytes.
+fn msg(req: u32, flags: u32, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(12 + body.len());
+    m.extend_from_slice(&req.to_le_bytes());
+    m.extend_from_slice(&(flags | 1).to_le_bytes());
+    m.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn u64s(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_message_streams(
+        msgs in proptest::collection::vec(
+            (0u32..48, prop_oneof![Just(0u32), Just(8)], proptest::collection::vec(any::<u8>(), 0..80)),
+            0..24,
+        ),
+        tail in proptest::collection::vec(any::<u8>(), 0..16),
+    ) {
+        let mut data: Vec<u8> = msgs.iter().flat_map(|(r, f, b)| msg(*r, *f, b)).collect();
+        data.extend_from_slice(&tail);
+        ustor_vhost::fuzzing::messages(&data);
+    }
+}
+
+#[test]
+fn messages_out_of_order_and_out_of_range() {
+    // Request codes (vhost-user spec).
+    const SET_FEATURES: u32 = 2;
+    const SET_VRING_NUM: u32 = 8;
+    const SET_VRING_ADDR: u32 = 9;
+    const SET_VRING_BASE: u32 = 10;
+    const GET_VRING_BASE: u32 = 11;
+    const SET_VRING_KICK: u32 = 12;
+    const SET_VRING_ENABLE: u32 = 18;
+    const GET_CONFIG: u32 = 24;
+    const NOFD: u64 = 1 << 8;
+    let mut s = Vec::new();
+    // Ring set-up before features and memory, rings past the device's.
+    s.extend(msg(SET_VRING_ADDR, 0, &[0u8; 40]));
+    s.extend(msg(SET_VRING_NUM, 0, &u64s(&[0, 1 << 20])));
+    s.extend(msg(SET_VRING_NUM, 0, &u64s(&[7, 128])));
+    s.extend(msg(SET_VRING_BASE, 0, &u64s(&[1000, 5])));
+    s.extend(msg(GET_VRING_BASE, 0, &u64s(&[0, 0])));
+    s.extend(msg(SET_VRING_KICK, 0, &u64s(&[NOFD])));
+    s.extend(msg(SET_VRING_KICK, 0, &u64s(&[200 | NOFD])));
+    s.extend(msg(SET_VRING_ENABLE, 0, &u64s(&[0, 1])));
+    s.extend(msg(SET_FEATURES, 0, &u64s(&[u64::MAX])));
+    // GET_CONFIG larger than the config space, and a truncated message.
+    let mut cfg = vec![0u8; 12 + 300];
+    cfg[4..8].copy_from_slice(&300u32.to_le_bytes());
+    s.extend(msg(GET_CONFIG, 0, &cfg));
+    s.extend(&msg(SET_VRING_NUM, 0, &u64s(&[0, 128]))[..14]);
+    ustor_vhost::fuzzing::messages(&s);
+}
