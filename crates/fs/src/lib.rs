@@ -4,7 +4,8 @@
 //! redo log that makes metadata changes atomic (`tx`), the data path that
 //! plans reads and writes as byte ranges of the region (`fs`), the namespace
 //! operations (`ns`), the offline checker (`check`) and the wire protocol's
-//! frames (`proto`).
+//! frames (`proto`) and the
+//! transport-independent request handler (`serve`).
 
 pub mod check;
 pub mod fs;
@@ -13,6 +14,7 @@ pub mod layout;
 pub mod media;
 pub mod ns;
 pub mod proto;
+pub mod serve;
 mod tx;
 
 use thiserror::Error;
@@ -61,6 +63,8 @@ pub enum FsError {
     Invalid,
     #[error("operation not permitted")]
     Perm,
+    #[error("read-only export")]
+    ReadOnly,
     #[error("persisting the region failed: {0}")]
     Io(String),
 }
@@ -85,6 +89,7 @@ impl FsError {
             Self::NoSpace => 28,
             Self::NameTooLong => 36,
             Self::NotEmpty => 39,
+            Self::ReadOnly => 30,
             _ => 5,
         }
     }
