@@ -16,7 +16,9 @@
 #
 # Usage: [REPEAT=3] [RUNTIME=3] bench/vbdev.sh
 # Environment: CORE=1 QDS="1 128" STACKS="null passthru split raid0 concat
-#   raid1" SPDK_DIR=/work/spdk NOBUILD=1 USTOR=path
+#   raid1" SPDK_DIR=<SPDK tree, static or shared build> NOBUILD=1 USTOR=path
+# bdevperf runs with --disable-cpumask-locks: other SPDK apps on the machine
+# may hold the core lock of CORE.
 # Output: bench/results/vbdev-<date>.txt (raw lines, then the summary).
 set -euo pipefail
 
@@ -25,7 +27,7 @@ RUNTIME=${RUNTIME:-3}
 CORE=${CORE:-1}
 QDS=${QDS:-"1 128"}
 STACKS=${STACKS:-"null passthru split raid0 concat raid1"}
-SPDK_DIR=${SPDK_DIR:-/work/spdk}
+SPDK_DIR=${SPDK_DIR:-$HOME/spdk}
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -42,6 +44,8 @@ USTOR=${USTOR:-$root/target/release/ustor}
 [ -x "$USTOR" ] || { echo "vbdev.sh: $USTOR missing" >&2; exit 2; }
 BDEVPERF=$SPDK_DIR/build/examples/bdevperf
 [ -x "$BDEVPERF" ] || BDEVPERF=""
+# A shared-library SPDK build finds its libraries here (a static one needs nothing).
+export LD_LIBRARY_PATH=$SPDK_DIR/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 # config STACK: the bdev subsystem calls for STACK; the bdev to run on is
 # named "top" (null alone: "n0").
@@ -67,7 +71,7 @@ point() { # TOOL STACK QD
     local tool=$1 stack=$2 qd=$3 top r
     top=$(config "$stack")
     if [ "$tool" = bdevperf ]; then
-        timeout $((RUNTIME + 60)) "$BDEVPERF" --no-pci --json "$tmp/$stack.json" -m $((1 << CORE)) \
+        timeout $((RUNTIME + 60)) "$BDEVPERF" --no-pci --disable-cpumask-locks --json "$tmp/$stack.json" -m $((1 << CORE)) \
             -q "$qd" -o 4096 -w randread -t "$RUNTIME" -T "$top" >"$tmp/bdevperf.out" 2>&1 || true
         r=$(tr -d '\r' <"$tmp/bdevperf.out" | awk '/^ *Total +:/ {print "iops=" $3 " lat_avg_us=" $7}')
     else
