@@ -198,3 +198,40 @@ fn drain_asks_for_logout_and_cuts_the_silent() {
     // Nobody new gets in.
     assert!(TcpStream::connect(("127.0.0.1", f.port)).is_err());
 }
+
+/// A TEST UNIT READY with `cmdsn`.
+fn tur(s: &mut TcpStream, itt: u32, cmdsn: u32) {
+    let mut c = Bhs::new(opcode::SCSI_CMD, false, 0x80);
+    c.set_itt(itt).set_u32(24, cmdsn);
+    send_pdu(s, c, &[]);
+}
+
+#[test]
+fn commands_outside_the_window_and_stray_data_out_are_dropped() {
+    let f = start(16 << 20, 512);
+    let mut s = login(f.port);
+    let mut nop = Bhs::new(opcode::NOP_OUT, true, 0x80);
+    nop.set_itt(1).set_u32(20, 0xffff_ffff);
+    send_pdu(&mut s, nop, &[]);
+    let (r, _) = recv_pdu(&mut s).unwrap();
+    assert_eq!((r.opcode(), r.itt()), (opcode::NOP_IN, 1));
+    let (exp, max) = (r.u32_at(28), r.u32_at(32));
+    assert!(max.wrapping_sub(exp) < 1 << 31, "window {exp}..={max}");
+    // Beyond MaxCmdSN, and below ExpCmdSN (RFC 7143 §4.2.2.1): dropped
+    // without an answer.
+    tur(&mut s, 2, max.wrapping_add(5));
+    tur(&mut s, 3, exp.wrapping_sub(1));
+    // Data-Out for a task and a Target Transfer Tag nobody gave out.
+    let mut d = Bhs::new(opcode::DATA_OUT, false, 0x80);
+    d.set_itt(0x77).set_u32(20, 0x1234);
+    send_pdu(&mut s, d, &[0xab; 512]);
+    // The session goes on: the next command in the window is answered,
+    // and it is the first answer.
+    tur(&mut s, 4, exp);
+    let (r, _) = recv_pdu(&mut s).unwrap();
+    assert_eq!((r.opcode(), r.itt()), (opcode::SCSI_RESP, 4));
+    assert_eq!((r.u8_at(2), r.u8_at(3)), (0, 0), "response, status");
+    assert_eq!(r.u32_at(28), exp.wrapping_add(1), "ExpCmdSN");
+    // Nothing of the stray Data-Out was written.
+    assert_eq!(f.read_bdev("Malloc0", 0, 512), vec![0u8; 512]);
+}
