@@ -10,7 +10,8 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 
 use libc::c_void;
 use serde::{Deserialize, Serialize};
@@ -60,6 +61,34 @@ pub struct Image {
     bdev: OnceLock<(Weak<BdevEntry>, u64)>,
     /// librbd's update watch (handle, context), unwatched before close.
     watch: Mutex<Option<(u64, *mut Weak<Image>)>>,
+    /// Closed already (at process exit, see [`close_at_exit`]).
+    closed: AtomicBool,
+}
+
+/// Images open in this process, closed by an `atexit` handler: a process
+/// that exits with an image open (`ustor bench`, `ustor serve` at
+/// shutdown: their bdevs are never deleted) would leave the image's
+/// exclusive lock and watch to a dead client, and the next client's first
+/// write would wait for the watch to time out (~30 s).
+static OPEN: Mutex<Vec<Weak<Image>>> = Mutex::new(Vec::new());
+
+fn close_at_exit(img: &Arc<Image>) {
+    static HOOK: Once = Once::new();
+    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    open.retain(|w| w.strong_count() > 0);
+    open.push(Arc::downgrade(img));
+    drop(open);
+    extern "C" fn close_all() {
+        let open = std::mem::take(&mut *OPEN.lock().unwrap_or_else(|p| p.into_inner()));
+        for img in open.iter().filter_map(Weak::upgrade) {
+            img.close();
+        }
+    }
+    // SAFETY: registers a plain function for process exit; it runs after
+    // main returned, when the reactors (and so all I/O) have stopped.
+    HOOK.call_once(|| unsafe {
+        libc::atexit(close_all);
+    });
 }
 
 // SAFETY: librbd image handles take aio calls from any thread (librbd
@@ -70,11 +99,24 @@ unsafe impl Sync for Image {}
 
 impl Drop for Image {
     fn drop(&mut self) {
-        // SAFETY: handles from rbd_open/rados_ioctx_create, closed once;
-        // no I/O is in flight (every channel, which holds an Arc, is gone).
+        self.close();
+        // SAFETY: from rados_ioctx_create, destroyed once, after the image.
+        unsafe { ffi::rados_ioctx_destroy(self.ioctx) };
+    }
+}
+
+impl Image {
+    /// Removes the watch and closes the image, once (Drop, or process exit).
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // SAFETY: handles from rbd_open, closed once (the flag above); no
+        // I/O is in flight (Drop: every channel, which holds an Arc, is
+        // gone; exit: the reactors have stopped).
         unsafe {
-            let watch = self.watch.get_mut().unwrap_or_else(|p| p.into_inner());
-            if let Some((h, ctx)) = watch.take() {
+            let watch = self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some((h, ctx)) = watch {
                 // After unwatch returns no callback runs (librbd waits for
                 // one in progress), so the context can go.
                 ffi::rbd_update_unwatch(self.handle, h);
@@ -83,12 +125,9 @@ impl Drop for Image {
             if !self.handle.is_null() {
                 ffi::rbd_close(self.handle);
             }
-            ffi::rados_ioctx_destroy(self.ioctx);
         }
     }
-}
 
-impl Image {
     /// Opens `pool/name` (blocking; the control thread's business).
     pub fn open(
         cluster: Arc<Cluster>,
@@ -116,6 +155,7 @@ impl Image {
             cluster,
             bdev: OnceLock::new(),
             watch: Mutex::new(None),
+            closed: AtomicBool::new(false),
         };
         let r = img.cluster.clone().placed(|| {
             // SAFETY: a valid ioctx and C strings; the handle is written on
@@ -415,6 +455,7 @@ impl RbdModule {
             &o.rbd_name,
             o.read_only,
         )?);
+        close_at_exit(&image);
         let size = image.size()?;
         let num_blocks = size / bs as u64;
         if num_blocks == 0 {

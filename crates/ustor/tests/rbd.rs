@@ -160,6 +160,12 @@ fn bench_verify_on_two_images_on_two_reactors() {
             assert!(pc["ios"].as_u64().unwrap() > 50, "{log}");
         }
     }
+    // The processes closed their images at exit: no watcher or exclusive
+    // lock is left to a dead client (the next writer would wait ~30 s).
+    for img in ["rbd/bench0", "rbd/bench1"] {
+        let st = String::from_utf8_lossy(&c.rbd(&["status", img])).to_string();
+        assert!(!st.contains("watcher="), "{img}: {st}");
+    }
 }
 
 fn sha256(data: &[u8]) -> String {
