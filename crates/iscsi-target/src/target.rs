@@ -143,19 +143,22 @@ fn initiator_allowed(ig: &InitiatorGroupParams, initiator: &str) -> bool {
     allowed
 }
 
-fn access(node: &NodeEntry, auth: &BTreeMap<u32, AuthGroupParams>, o: &IscsiOptions) -> Access {
-    let p = &node.params;
-    let chap = if p.disable_chap {
+/// SPDK's CHAP flags as a policy (a group alone makes CHAP optional).
+fn chap_policy(disable: bool, require: bool, mutual: bool, group: u32) -> ChapPolicy {
+    if disable {
         ChapPolicy::Disabled
-    } else if p.require_chap {
-        ChapPolicy::Required {
-            mutual: p.mutual_chap,
-        }
-    } else if p.chap_group != 0 {
+    } else if require {
+        ChapPolicy::Required { mutual }
+    } else if group != 0 {
         ChapPolicy::Optional
     } else {
         ChapPolicy::Disabled
-    };
+    }
+}
+
+fn access(node: &NodeEntry, auth: &BTreeMap<u32, AuthGroupParams>, o: &IscsiOptions) -> Access {
+    let p = &node.params;
+    let chap = chap_policy(p.disable_chap, p.require_chap, p.mutual_chap, p.chap_group);
     let digest = |on: bool| {
         if on {
             DigestRule::Require
@@ -205,8 +208,20 @@ impl Catalog for PortalService {
         Ok((node.clone(), access(node, &st.auth_groups, &opts)))
     }
 
+    /// Discovery sessions follow the target-wide CHAP options (SPDK's
+    /// `iscsi_set_options` / `iscsi_set_discovery_auth` fields).
     fn discovery(&self) -> Access {
-        Access::default()
+        let st = self.shared.lock();
+        let o = self.shared.options();
+        Access {
+            chap: chap_policy(o.disable_chap, o.require_chap, o.mutual_chap, o.chap_group),
+            secrets: st
+                .auth_groups
+                .get(&o.chap_group)
+                .map(|g| g.secrets.clone())
+                .unwrap_or_default(),
+            ..Access::default()
+        }
     }
 
     fn new_tsih(&self) -> u16 {

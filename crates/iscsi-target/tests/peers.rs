@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use ustor_iscsi_target::{AuthGroupParams, IscsiOptions, Secret};
 
 #[test]
 fn iscsi_ls_discovers_the_node_and_its_lun() {
@@ -68,4 +69,55 @@ fn iscsi_readcapacity16_both_block_sizes() {
         );
         assert!(out.contains(&format!("Total size:{size}")), "{out}");
     }
+}
+
+#[test]
+fn discovery_session_with_chap() {
+    if !have("iscsi-ls") {
+        return;
+    }
+    let f = start_full(
+        16 << 20,
+        512,
+        |_| {},
+        |t| {
+            t.create_auth_group(&AuthGroupParams {
+                tag: 1,
+                secrets: vec![Secret {
+                    user: "disc".into(),
+                    secret: "discsecret12".into(),
+                    muser: String::new(),
+                    msecret: String::new(),
+                }],
+            })
+            .unwrap();
+            t.set_options(IscsiOptions {
+                require_chap: true,
+                chap_group: 1,
+                ..t.get_options()
+            })
+            .unwrap();
+        },
+    );
+    let want = format!("Target:{NODE} Portal:127.0.0.1:{},1", f.port);
+    // Without credentials, or with a wrong secret, the login fails.
+    for url in [
+        format!("iscsi://{}", f.portal()),
+        format!("iscsi://disc%wrongsecret1@{}", f.portal()),
+    ] {
+        let out = std::process::Command::new("iscsi-ls")
+            .arg(&url)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !out.status.success() && !text.contains(&want),
+            "{url}: {text}"
+        );
+    }
+    let out = stdout(&run(
+        "iscsi-ls",
+        &[&format!("iscsi://disc%discsecret12@{}", f.portal())],
+    ));
+    assert!(out.contains(&want), "{out}");
 }
