@@ -2,7 +2,7 @@
 //! delete by name: `bdev_raid_get_bdevs`, `bdev_raid_remove_base_bdev`,
 //! `bdev_raid_add_base_bdev` (starts the rebuild), `bdev_split_create` (returns
 //! every part) / `bdev_split_delete` (by base), `bdev_error_inject_error`,
-//! `bdev_delay_update_latency`.
+//! `bdev_delay_update_latency`, `bdev_wait_for_examine`.
 //! The plain ones (`bdev_raid_create`, `bdev_passthru_delete`, ...) come
 //! from the module table like every module's.
 
@@ -64,6 +64,17 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
             ustor_runtime::spawn(async move {
                 let _ = ustor_vbdev::raid::mirror::rebuild(j).await;
             });
+        })
+        .map_err(ustor_rpc::RpcError::internal)?;
+        Ok(json!(true))
+    })?;
+    // SPDK's: returns once every examine started so far is done (raid
+    // arrays found from their superblocks are assembled).
+    ctx.method("bdev_wait_for_examine", RPC_RUNTIME, |c, _p| {
+        c.rt.block_on(0, || async {
+            while ustor_vbdev::raid::sb::examining() > 0 {
+                ustor_runtime::yield_now().await;
+            }
         })
         .map_err(ustor_rpc::RpcError::internal)?;
         Ok(json!(true))

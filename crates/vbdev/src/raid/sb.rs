@@ -9,6 +9,7 @@
 //! 32-byte header, then the JSON. Anything else there (no magic) is not
 //! a member; a record that fails its checks is reported and ignored.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::{Deserialize, Serialize};
@@ -192,6 +193,15 @@ struct Pending {
 
 static PENDING: Mutex<Vec<(usize, Pending)>> = Mutex::new(Vec::new());
 
+/// Examine reads (and the assemblies they lead to) not finished yet.
+static EXAMINING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many examines are still running (`bdev_wait_for_examine` waits
+/// for 0).
+pub fn examining() -> usize {
+    EXAMINING.load(Ordering::Acquire)
+}
+
 /// The raid module's `examine`: reads `e`'s first bytes on reactor 0 (in
 /// the background: registration may happen on any thread) and, when they
 /// hold a superblock, records the member; the array is assembled once
@@ -210,7 +220,18 @@ pub fn examine(weak: &Weak<Registry>, reg: &Registry, e: &Arc<BdevEntry>) {
         return;
     }
     let (w, name) = (weak.clone(), e.info().name.clone());
-    let _ = rt.spawn_on(0, move || async move {
+    EXAMINING.fetch_add(1, Ordering::AcqRel);
+    let sent = rt.spawn_on(0, move || async move {
+        examine_one(w, name).await;
+        EXAMINING.fetch_sub(1, Ordering::AcqRel);
+    });
+    if sent.is_err() {
+        EXAMINING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn examine_one(w: Weak<Registry>, name: String) {
+    {
         let Some(reg) = w.upgrade() else { return };
         let bytes = match io(reg.clone(), name.clone(), None).await {
             Ok(b) => b,
@@ -224,7 +245,7 @@ pub fn examine(weak: &Weak<Registry>, reg: &Registry, e: &Arc<BdevEntry>) {
             Ok(None) => {}
             Err(err) => tracing::warn!("raid examine: {name}: {err}"),
         }
-    });
+    }
 }
 
 /// Member `name` holds `sb`: note it in its slot (the record's own slot:
