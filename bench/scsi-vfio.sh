@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The kernel's virtio_scsi + sd path against ustor's virtio-scsi LLD over
+# VFIO, on the same virtio-scsi disk in the same QEMU/TCG guest (q35 with an
+# emulated Intel IOMMU): the HwPerfIO comparison of issue 24. The guest
+# (tests/guest/scsi-vfio-bench.sh, booted by the ignored test
+# crates/ustor/tests/scsi_vfio_bench.rs) rebinds the HBA between virtio-pci
+# and vfio-pci each round, alternating which path goes first, and runs the
+# same `ustor bench` workloads on both (the kernel path through io_uring with
+# O_DIRECT on /dev/sdX). 4 KiB random reads and writes at QD1 and QD32.
+# Reported: median IOPS, mean and p99 latency, guest CPU time per I/O, and
+# ustor/kernel ratios. TCG inflates every absolute number; the ratio on the
+# same guest is the result.
+#
+# Usage: bench/scsi-vfio.sh  (env: ROUNDS=3 RUNTIME=5 POLL=adaptive
+#   WORKLOADS="randread:1 randwrite:1 randread:32 randwrite:32"
+#   PROFILE=release OUT=/tmp/ustor-bench-scsi-vfio RESULTS_DIR=bench/results)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export ROUNDS=${ROUNDS:-3}
+export RUNTIME=${RUNTIME:-5}
+export POLL=${POLL:-adaptive}
+export WORKLOADS=${WORKLOADS:-"randread:1 randwrite:1 randread:32 randwrite:32"}
+PROFILE=${PROFILE:-release}
+OUT=${OUT:-/tmp/ustor-bench-scsi-vfio}
+RESULTS_DIR=${RESULTS_DIR:-bench/results}
+NRUNS=$(wc -w <<<"$WORKLOADS")
+export GUEST_TIMEOUT_S=${GUEST_TIMEOUT_S:-$((240 + ROUNDS * 2 * NRUNS * (RUNTIME + 10)))}
+mkdir -p "$OUT" "$RESULTS_DIR"
+
+cargo build --profile "$PROFILE" -q -p ustor
+DIR=$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
+BIN=$PWD/target/$DIR/ustor
+cargo test --profile "$PROFILE" -q -p ustor --test scsi_vfio_bench --no-run
+DISK=$OUT/disk.img
+rm -f "$DISK"
+truncate -s 64M "$DISK"
+
+STAMP=$(date -u +%Y%m%d-%H%M)
+RAW="$RESULTS_DIR/scsi-vfio-$STAMP.txt"
+LOG="$OUT/guest-$STAMP.log"
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+T0=$(date +%s)
+SCSI_VFIO_DISK=$DISK USTOR_BIN=$BIN SCSI_VFIO_LOG=$LOG \
+  timeout $((GUEST_TIMEOUT_S + 120)) \
+  cargo test --profile "$PROFILE" -q -p ustor --test scsi_vfio_bench -- --ignored --nocapture \
+  >"$OUT/runner.out" 2>"$OUT/runner.err" || {
+    echo "guest run failed; runner output:" >&2
+    tail -n 60 "$OUT/runner.out" "$OUT/runner.err" >&2
+    exit 1
+  }
+T1=$(date +%s)
+{
+  echo "# bench/scsi-vfio.sh raw output"
+  echo "$(date -u +%Y-%m-%dT%H:%MZ) host: $(nproc) CPUs, $(uname -r), $(qemu-system-x86_64 --version | head -n 1)"
+  echo "ROUNDS=$ROUNDS RUNTIME=$RUNTIME POLL=$POLL PROFILE=$PROFILE WORKLOADS=$WORKLOADS"
+  echo "guest run: $((T1 - T0)) s; host load at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+  echo "## guest serial log"
+  cat "$LOG"
+  echo
+  echo "## summary"
+} >"$RAW"
+
+python3 - "$LOG" <<'PY' | tee -a "$RAW"
+import json, re, statistics as st, sys
+runs = {}
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"USTOR-BENCH (\d+) (\w+) (\w+) (\d+) (\d+) (\{.*\})\s*$", line)
+    if not m:
+        continue
+    rnd, path, rw, qd, ticks, js = m.groups()
+    try:
+        t = json.loads(js)["total"]
+    except ValueError:
+        continue
+    if t.get("errors"):
+        print(f"warning: round {rnd} {path} {rw} qd{qd}: {t['errors']} errors")
+    # USER_HZ = 100: one tick is 10 ms of guest CPU.
+    t["cpu_us_per_io"] = int(ticks) * 10000 / max(t["ios"], 1)
+    runs.setdefault((rw, int(qd), path), []).append(t)
+med = lambda rs, k: st.median(x[k] for x in rs)
+cells = sorted({(r, q) for (r, q, _) in runs})
+print("medians over rounds; latency from ustor bench (per I/O); CPU = guest busy time per I/O")
+print(f"{'workload':<15}{'path':<8}{'n':>2}{'IOPS':>9}{'mean us':>10}{'p99 us':>10}{'CPU us/IO':>11}")
+for c in cells:
+    for p in ("kernel", "ustor"):
+        rs = runs.get((*c, p))
+        if rs:
+            print(f"{c[0]+' qd'+str(c[1]):<15}{p:<8}{len(rs):>2}{med(rs,'iops'):>9.0f}"
+                  f"{med(rs,'lat_avg_us'):>10.1f}{med(rs,'lat_p99_us'):>10.1f}{med(rs,'cpu_us_per_io'):>11.1f}")
+goal = {("randread", 1): "-24 %", ("randwrite", 1): "-30 %"}
+print()
+print("ustor vs kernel (medians): change = ustor/kernel - 1 (negative latency favours ustor)")
+print(f"{'workload':<15}{'IOPS x':>8}{'mean lat':>10}{'p99 lat':>10}{'CPU/IO':>10}{'goal':>8}")
+for c in cells:
+    k, u = runs.get((*c, "kernel")), runs.get((*c, "ustor"))
+    if not (k and u):
+        continue
+    d = lambda key: (med(u, key) / med(k, key) - 1) * 100
+    print(f"{c[0]+' qd'+str(c[1]):<15}{med(u,'iops')/med(k,'iops'):>8.2f}{d('lat_avg_us'):>+9.1f}%"
+          f"{d('lat_p99_us'):>+9.1f}%{d('cpu_us_per_io'):>+9.1f}%{goal.get(c, ''):>8}")
+PY
+echo "raw output: $RAW"

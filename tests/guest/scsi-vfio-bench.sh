@@ -1,0 +1,94 @@
+#!/bin/sh
+# scsi-vfio-bench.sh: the kernel's virtio_scsi + sd path against ustor's
+# virtio-scsi LLD over VFIO, on the same virtio-scsi disk in the same
+# guest (booted by crates/ustor/tests/scsi_vfio_bench.rs for
+# bench/scsi-vfio.sh). Per round, alternating which path goes first:
+#   kernel: the HBA on virtio-pci (virtio_scsi, sd), `ustor bench` on
+#           uring:/dev/sdX (io_uring, O_DIRECT);
+#   ustor:  the HBA on vfio-pci, `ustor bench -c` with
+#           scsi_vfio_attach_host + a SCSI bdev over the whole disk.
+# Same tool, workload and disk; only the path differs. Each run prints
+# `USTOR-BENCH ROUND PATH RW QD CPU_TICKS {json}`; CPU_TICKS is the guest's
+# busy time (user+system+irq+softirq, in USER_HZ ticks) during the run.
+# env: VFIO_BDF, ROUNDS (3), RUNTIME (5), POLL (adaptive),
+#      WORKLOADS ("randread:1 randwrite:1 randread:32 randwrite:32")
+. /ustor/lib.sh
+
+U=${USTOR_BIN:-/ustor/bin/ustor}
+BDF=${VFIO_BDF:-0000:00:05.0}
+ROUNDS=${ROUNDS:-3}
+RUNTIME=${RUNTIME:-5}
+POLL=${POLL:-adaptive}
+WORKLOADS=${WORKLOADS:-"randread:1 randwrite:1 randread:32 randwrite:32"}
+D=/sys/bus/pci/devices/$BDF
+
+run modprobe vfio_iommu_type1 allow_unsafe_interrupts=1
+run modprobe vfio_pci
+run modprobe virtio_scsi
+
+to_driver() {
+    echo "$1" > "$D/driver_override"
+    if [ -e "$D/driver" ]; then echo "$BDF" > "$D/driver/unbind"; fi
+    echo "$BDF" > /sys/bus/pci/drivers_probe
+}
+
+busy() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+
+bench() {
+    _r=$1 _p=$2 _rw=$3 _qd=$4
+    shift 4
+    _c0=$(busy)
+    "$U" bench --json --cores 0 --no-pin --mem-size 16 --poll-mode "$POLL" --bs 4K \
+        -w "$_rw" -q "$_qd" -t "$RUNTIME" "$@" > /tmp/out.json 2> /tmp/err.log ||
+        { cat /tmp/err.log /tmp/out.json >&2; die "bench $_p $_rw qd$_qd"; }
+    _c1=$(busy)
+    echo "USTOR-BENCH $_r $_p $_rw $_qd $((_c1 - _c0)) $(tr -s ' \n' ' ' < /tmp/out.json)"
+}
+
+workloads() {
+    _r=$1 _p=$2
+    shift 2
+    for w in $WORKLOADS; do
+        bench "$_r" "$_p" "${w%%:*}" "${w##*:}" "$@"
+    done
+}
+
+kernel_round() {
+    to_driver virtio-pci
+    _n=100
+    until _b=$(ls "$D"/virtio*/host*/target*/*:*/block/ 2>/dev/null) && [ -n "$_b" ] && [ -e "/dev/$_b" ]; do
+        _n=$((_n - 1))
+        [ $_n -gt 0 ] || die "no sd disk on $BDF"
+        sleep 0.1
+    done
+    echo none > "/sys/block/$_b/queue/scheduler" 2>/dev/null
+    [ "$1" = 1 ] && kv kernel_disk "$_b"
+    workloads "$1" kernel -b "uring:/dev/$_b"
+}
+
+cat > /tmp/ustor.json <<EOF
+{"subsystems": [{"subsystem": "scsi", "config": [
+  {"method": "scsi_vfio_attach_host", "params": {"pci_address": "$BDF", "driver": "virtio-scsi"}},
+  {"method": "bdev_scsi_create", "params": {"name": "vd", "device": "0:0:0:0"}}
+]}]}
+EOF
+
+ustor_round() {
+    to_driver vfio-pci
+    workloads "$1" ustor -c /tmp/ustor.json -b vd
+}
+
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+    if [ $((r % 2)) = 1 ]; then
+        kernel_round "$r"
+        ustor_round "$r"
+    else
+        ustor_round "$r"
+        kernel_round "$r"
+    fi
+    log "round $r done at uptime $(cut -d' ' -f1 /proc/uptime)"
+    r=$((r + 1))
+done
+kv rounds_done "$ROUNDS"
+exit 0
