@@ -58,8 +58,9 @@ fn format_check_write_corrupt() {
     let g = Geometry::for_len(bytes.len()).unwrap();
     let start = g.bitmap_start as usize * BLOCK_SIZE;
     let used = (g.data_start()..g.blocks)
+        .rev()
         .filter(|&b| bytes[start + (b / 8) as usize] & (1 << (b % 8)) != 0)
-        .last()
+        .next()
         .unwrap();
     bytes[start + (used / 8) as usize] &= !(1 << (used % 8));
     std::fs::write(&r.0, &bytes).unwrap();
