@@ -59,8 +59,7 @@ fn format_check_write_corrupt() {
     let start = g.bitmap_start as usize * BLOCK_SIZE;
     let used = (g.data_start()..g.blocks)
         .rev()
-        .filter(|&b| bytes[start + (b / 8) as usize] & (1 << (b % 8)) != 0)
-        .next()
+        .find(|&b| bytes[start + (b / 8) as usize] & (1 << (b % 8)) != 0)
         .unwrap();
     bytes[start + (used / 8) as usize] &= !(1 << (used % 8));
     std::fs::write(&r.0, &bytes).unwrap();
