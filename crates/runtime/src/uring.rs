@@ -77,6 +77,22 @@ pub(crate) struct Ring {
     files: RefCell<Vec<bool>>,
 }
 
+/// Registered buffers count against RLIMIT_MEMLOCK for a process without
+/// CAP_IPC_LOCK; the kernel's bare ENOMEM says nothing about that, so say it.
+fn memlock_hint(e: io::Error, len: usize) -> io::Error {
+    if e.raw_os_error() != Some(libc::ENOMEM) {
+        return e;
+    }
+    io::Error::new(
+        e.kind(),
+        format!(
+            "registering the {} MiB buffer pool with io_uring: {e}; the memory-lock limit \
+             is too low: raise it (`ulimit -l`, systemd LimitMEMLOCK=) or grant CAP_IPC_LOCK",
+            len >> 20
+        ),
+    )
+}
+
 impl Ring {
     pub(crate) fn new(cfg: &RuntimeConfig, bufs: &BufPool, eventfd: RawFd) -> io::Result<Ring> {
         let entries = cfg.ring_entries.max(8);
@@ -93,7 +109,8 @@ impl Ring {
         let region = bufs.region();
         // SAFETY: the region is the pool's mmap, which outlives the ring (the
         // reactor drops the ring first: field order in `Reactor`).
-        unsafe { ring.submitter().register_buffers(&[region])? };
+        unsafe { ring.submitter().register_buffers(&[region]) }
+            .map_err(|e| memlock_hint(e, region.iov_len))?;
         // A sparse table for drivers' registered files (saves the fd lookup
         // and reference counting per I/O). Optional: older kernels lack it.
         let files = if ring.submitter().register_files_sparse(FILE_SLOTS).is_ok() {
@@ -443,4 +460,20 @@ pub fn probe_ring(entries: u32, iopoll: bool, sqpoll: Option<u32>) -> io::Result
         b.setup_sqpoll(idle);
     }
     b.build(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memlock_hint;
+    use std::io;
+
+    #[test]
+    fn enomem_from_buffer_registration_names_the_memlock_limit() {
+        let e = memlock_hint(io::Error::from_raw_os_error(libc::ENOMEM), 64 << 20);
+        let msg = e.to_string();
+        assert!(msg.contains("64 MiB buffer pool"), "{msg}");
+        assert!(msg.contains("CAP_IPC_LOCK") && msg.contains("ulimit -l"), "{msg}");
+        let other = memlock_hint(io::Error::from_raw_os_error(libc::EINVAL), 64 << 20);
+        assert_eq!(other.raw_os_error(), Some(libc::EINVAL));
+    }
 }
