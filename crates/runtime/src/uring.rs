@@ -472,7 +472,10 @@ mod tests {
         let e = memlock_hint(io::Error::from_raw_os_error(libc::ENOMEM), 64 << 20);
         let msg = e.to_string();
         assert!(msg.contains("64 MiB buffer pool"), "{msg}");
-        assert!(msg.contains("CAP_IPC_LOCK") && msg.contains("ulimit -l"), "{msg}");
+        assert!(
+            msg.contains("CAP_IPC_LOCK") && msg.contains("ulimit -l"),
+            "{msg}"
+        );
         let other = memlock_hint(io::Error::from_raw_os_error(libc::EINVAL), 64 << 20);
         assert_eq!(other.raw_os_error(), Some(libc::EINVAL));
     }
