@@ -13,7 +13,7 @@
 # The three modes are interleaved (mode is the innermost loop, repetition
 # the outermost), every point is run REPEAT times, and the summary reports
 # medians (of IOPS, mean/p50/p99 latency, sendmsg per I/O), the goals
-# table, and SPDK nvmf_tgt's figures from /work/shared/REFERENCE.md — a
+# table, and SPDK nvmf_tgt's reference figures — a
 # reference run on a similar machine, NOT this run — with the ratio.
 #
 # Reactor poll mode (both runtimes): POLL (default adaptive) for part 1;
@@ -193,7 +193,7 @@ for (rw, bs, nq, qd) in sorted({k[:4] for k in sat if k[2] * k[3] >= 32}):
     print(f"| adaptive fewer sendmsg per I/O than off | {pt} | {sys_a:.3f} vs {sys_o:.3f} (ini+tgt) | {'yes' if sys_a < sys_o else 'no'} |")
     print(f"| adaptive >= best fixed IOPS | {pt} | {a['iops']:.0f} vs fixed {f['iops']:.0f} | {'yes' if a['iops'] >= f['iops'] else 'no'} |")
 
-# SPDK nvmf_tgt reference: /work/shared/REFERENCE.md (SPDK v26.09-pre, malloc
+# SPDK nvmf_tgt reference: the project's reference figures for SPDK nvmf_tgt (SPDK v26.09-pre, malloc
 # namespace, target on 1 core, spdk_nvme_perf on the other, 127.0.0.1).
 ref = {("randread", 1): (46e3, 21.5), ("randwrite", 1): (54e3, 18.4),
        ("randread", 32): (306e3, 113.0), ("randwrite", 32): (289e3, 111.0),
@@ -202,7 +202,7 @@ print()
 print("## ustor (this run, best mode by median IOPS) vs SPDK nvmf_tgt")
 print()
 print("SPDK figures are REFERENCE figures from another run on a similar machine")
-print("(/work/shared/REFERENCE.md: 2 vCPU EPYC Firecracker guest, spdk_nvme_perf as")
+print("(the project's reference figures for SPDK nvmf_tgt: 2 vCPU EPYC Firecracker guest, spdk_nvme_perf as")
 print("initiator), not measured in this run; the initiators differ too.")
 print()
 print("| workload | QD | ustor mode | ustor IOPS | ustor mean µs | SPDK ref IOPS | SPDK ref mean µs | ustor/SPDK IOPS |")
