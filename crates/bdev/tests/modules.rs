@@ -62,6 +62,11 @@ fn builtin_modules_create_and_delete_from_json() {
     let e = n.inline_spec(&reg, "1M", 4096).unwrap();
     assert_eq!((e.info().num_blocks, e.info().block_size), (256, 4096));
     assert!(n.inline_spec(&reg, "lots", 512).is_err());
+    // `malloc:SIZE` (ustor bench) is populated before it is handed out, so a
+    // benchmark does not time first-touch page allocation.
+    let e = m.inline_spec(&reg, "4M", 4096).unwrap();
+    let resident = e.bdev().driver_info()["malloc"]["resident_bytes"].as_u64();
+    assert_eq!(resident, Some(4 << 20));
     // One module per name.
     assert!(matches!(
         reg.add_module(Arc::new(ustor_bdev::modules::null::module())),

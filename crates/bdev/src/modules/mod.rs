@@ -33,6 +33,8 @@ pub struct RamModule {
     pub(crate) prefix: &'static str,
     pub(crate) spec: &'static str,
     pub(crate) make: fn(&Registry, RamOpts) -> Result<Arc<BdevEntry>, ControlError>,
+    /// What the inline spec (`ustor bench`) creates with.
+    pub(crate) make_inline: fn(&Registry, RamOpts) -> Result<Arc<BdevEntry>, ControlError>,
 }
 
 impl BdevModule for RamModule {
@@ -53,7 +55,7 @@ impl BdevModule for RamModule {
         block_size: u32,
     ) -> Result<Arc<BdevEntry>, ControlError> {
         let name = format!("{}0", self.prefix);
-        ram_spec(&name, self.name, arg, block_size).and_then(|o| (self.make)(reg, o))
+        ram_spec(&name, self.name, arg, block_size).and_then(|o| (self.make_inline)(reg, o))
     }
 }
 

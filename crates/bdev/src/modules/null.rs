@@ -79,5 +79,6 @@ pub fn module() -> super::RamModule {
         prefix: "Null",
         spec: "null:SIZE",
         make: create,
+        make_inline: create,
     }
 }
