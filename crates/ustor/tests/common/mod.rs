@@ -186,3 +186,30 @@ pub fn expect_notify(sock: &std::os::unix::net::UnixDatagram, want: &str) -> Str
         }
     }
 }
+
+/// sha256sum's hex digest of `data` (the same tool the tests compare
+/// against on the other side, e.g. `rbd export | sha256sum`).
+pub fn sha256(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout)[..64].to_string()
+}
+
+/// `len` bytes of xorshift output from `seed`: data no block repeats.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
