@@ -23,7 +23,7 @@ use crate::modules::{self, ModuleTree};
 
 /// Bump when the layout of the built assets changes, so stale caches are
 /// rebuilt instead of booting a guest that lacks something new.
-const ASSET_VERSION: u32 = 7;
+const ASSET_VERSION: u32 = 8;
 
 /// The guest's init (PID 1), a busybox shell script.
 const INIT_SCRIPT: &str = include_str!("init.sh");
@@ -96,6 +96,9 @@ const MODULES: &[&str] = &[
     "9pnet_virtio",
     "vfio_pci",
     "vfio_iommu_type1",
+    // PCI NVMe (poll queues) and device mapper: the DM polling comparison.
+    "nvme",
+    "dm_mod",
 ];
 
 /// Loaded by init before every test script: the network, SCSI disks (iSCSI
