@@ -360,6 +360,10 @@ pub fn run(a: ServeArgs) -> i32 {
         None if a.wait_for_rpc => Ok(0),
         None => default_config(&app, &a).map(|_| 3),
     };
+    // A configuration of base bdevs brings back the arrays on them: wait
+    // for examine before clients can connect (SPDK's loader does too).
+    let loaded = loaded
+        .and_then(|n| crate::methods::vbdev::settle_examine(&app.rt, &app.registry).map(|()| n));
     if let Err(e) = loaded {
         eprintln!("ustor serve: {e}");
         if let Some(s) = server {

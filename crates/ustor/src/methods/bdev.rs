@@ -205,6 +205,16 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
                     .map(|e| e.bdev().config_json())
                     .filter(|c| !c.is_null()),
             );
+            // Arrays with superblocks are not in the list: the members bring
+            // them back through examine. As SPDK's save_config does, wait
+            // for it before the subsystems that use them.
+            if reg
+                .list()
+                .iter()
+                .any(|e| e.info().module == "raid" && e.bdev().config_json().is_null())
+            {
+                calls.push(json!({"method": "bdev_wait_for_examine"}));
+            }
             // Limits after the bdevs they apply to.
             calls.extend(reg.list().iter().filter_map(|e| qos_config(e)));
             calls.extend(ustor_nvme::initiator::config_json());

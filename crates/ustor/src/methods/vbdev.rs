@@ -12,6 +12,24 @@ use ustor_rpc::{parse_params, RPC_RUNTIME};
 
 use super::{control_err, Ctx};
 
+/// Waits for every examine started so far, then starts each raid1 that
+/// still misses members degraded (`ustor_vbdev::raid::sb::start_degraded`).
+/// Run by `bdev_wait_for_examine` and by `ustor serve` once its
+/// configuration is applied.
+pub fn settle_examine(
+    rt: &ustor_runtime::RuntimeHandle,
+    reg: &std::sync::Arc<ustor_bdev::Registry>,
+) -> Result<(), String> {
+    rt.block_on(0, || async {
+        while ustor_vbdev::raid::sb::examining() > 0 {
+            ustor_runtime::yield_now().await;
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    ustor_vbdev::raid::sb::start_degraded(reg, &std::sync::Arc::downgrade(reg));
+    Ok(())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RaidGet {
@@ -69,14 +87,11 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         Ok(json!(true))
     })?;
     // SPDK's: returns once every examine started so far is done (raid
-    // arrays found from their superblocks are assembled).
+    // arrays found from their superblocks are assembled); then, as the
+    // point where the configured bdevs have all been seen, a raid1 still
+    // missing members starts degraded.
     ctx.method("bdev_wait_for_examine", RPC_RUNTIME, |c, _p| {
-        c.rt.block_on(0, || async {
-            while ustor_vbdev::raid::sb::examining() > 0 {
-                ustor_runtime::yield_now().await;
-            }
-        })
-        .map_err(ustor_rpc::RpcError::internal)?;
+        settle_examine(&c.rt, &c.registry).map_err(ustor_rpc::RpcError::internal)?;
         Ok(json!(true))
     })?;
     ctx.method("bdev_split_create", RPC_RUNTIME, |c, p| {

@@ -5,7 +5,9 @@
 //! it (the child-I/O watcher, [`ustor_bdev::Watch`]). A member removed
 //! (`bdev_raid_remove_base_bdev`, hot-remove) leaves an empty slot; a
 //! member added (`bdev_raid_add_base_bdev`) is written at once and read
-//! only after a background rebuild has copied the array onto it.
+//! only after a background rebuild has copied the array onto it. With
+//! superblocks, each of these changes gives the members a new record
+//! ([`super::membership`]).
 //!
 //! Member states are shared by every reactor (one relaxed load per member
 //! per I/O); membership changes bump an epoch after which each channel
@@ -14,7 +16,8 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use ustor_bdev::{
@@ -22,6 +25,7 @@ use ustor_bdev::{
     IoChannel, IoDesc, IoHandle, IoType, Registry, Watch,
 };
 
+use super::membership::Records;
 use super::{Level, RaidConfig};
 use crate::base;
 
@@ -45,6 +49,8 @@ pub struct Mirror {
     /// `Rebuild::writes` (sent while no rebuild ran): a rebuild waits for
     /// them before copying, since they did not go to the new member.
     chans: Mutex<Vec<Weak<AtomicU64>>>,
+    /// The members' superblocks (arrays created with `superblock`).
+    pub(super) records: OnceLock<Records>,
 }
 
 /// The background copy onto a member: its slot, how far it got, and the
@@ -89,11 +95,41 @@ impl Mirror {
             .count()
     }
 
-    /// A member failed an I/O: stop using it.
-    fn fail(&self, i: usize, e: BdevError) {
+    /// A member failed an I/O: stop using it (and record that).
+    fn fail(self: &Arc<Self>, i: usize, e: BdevError) {
         if self.state[i].swap(FAILED, Ordering::AcqRel) != FAILED {
             tracing::warn!("raid1 {}: member {i} failed ({e}); degraded", self.name);
+            self.note_membership();
         }
+    }
+
+    /// Per slot, the member's UUID when it is in sync (online).
+    fn in_sync(&self) -> Vec<Option<uuid::Uuid>> {
+        let s = self.slots();
+        (0..s.len())
+            .map(|i| match &s[i] {
+                Some(d) if self.state(i) == ONLINE => Some(d.info().uuid),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The members in sync, by slot and name: where records are written.
+    pub(super) fn in_sync_members(&self) -> Vec<(usize, String)> {
+        let s = self.slots();
+        (0..s.len())
+            .filter_map(|i| match &s[i] {
+                Some(d) if self.state(i) == ONLINE => Some((i, d.name().to_string())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The membership changed: an array with superblocks writes a new
+    /// record (in the background); returns its sequence number.
+    fn note_membership(self: &Arc<Self>) -> Option<u64> {
+        let r = self.records.get()?;
+        Some(r.note(self, &self.in_sync()))
     }
 
     /// A write over `[lo, hi)` overlaps the chunk being rebuilt.
@@ -415,6 +451,7 @@ fn open_member(
                 .position(|d| d.as_ref().is_some_and(|d| d.name() == member));
             if let Some(i) = i {
                 m.clear_slot(i);
+                m.note_membership();
             }
         }
     })?;
@@ -435,6 +472,12 @@ pub fn create(
     let m = Arc::new_cyclic(|w: &Weak<Mirror>| {
         let mut slots = Vec::with_capacity(n);
         for name in &cfg.members {
+            // Examine leaves a slot the array gave up (or a member missing
+            // at a degraded start) empty.
+            if name.is_empty() && cfg.existing.is_some() {
+                slots.push(None);
+                continue;
+            }
             match open_member(reg, w, name, &cfg.name) {
                 Ok(d) => slots.push(Some(d)),
                 Err(e) => {
@@ -460,13 +503,17 @@ pub fn create(
             .unwrap_or(0);
         Mirror {
             name: cfg.name.clone(),
-            state: (0..n).map(|_| AtomicU8::new(ONLINE)).collect(),
+            state: slots
+                .iter()
+                .map(|d| AtomicU8::new(if d.is_some() { ONLINE } else { FAILED }))
+                .collect(),
             epoch: AtomicU64::new(0),
             slots: Mutex::new(slots),
             blocks,
             off,
             rebuild: Rebuild::default(),
             chans: Mutex::default(),
+            records: OnceLock::new(),
         }
     });
     if let Some(e) = err {
@@ -477,23 +524,36 @@ pub fn create(
         let descs: Vec<&Desc> = slots.iter().flatten().collect();
         base_info(&cfg, &descs, m.blocks)?
     };
+    if m.online() == 0 {
+        return Err(ControlError::invalid("base_bdevs", "no member"));
+    }
     if m.blocks == 0 {
         return Err(ControlError::invalid(
             "base_bdevs",
             "a member has no room for data",
         ));
     }
-    if cfg.superblock && cfg.existing.is_none() {
-        let uuids = m.slots().iter().flatten().map(|d| d.info().uuid).collect();
-        let s = super::new_superblock(&cfg, &info, m.off, uuids);
-        super::sb::write_all(weak, &cfg.members, Some(&s))?;
-    }
+    let record = match &cfg.existing {
+        Some(sb) => Some(sb.clone()),
+        None if cfg.superblock => {
+            let uuids = m.slots().iter().flatten().map(|d| d.info().uuid).collect();
+            let s = super::new_superblock(&cfg, &info, m.off, uuids);
+            super::sb::write_all(weak, &cfg.members, Some(&s))?;
+            Some(s)
+        }
+        None => None,
+    };
     let e = reg.register(Arc::new(MirrorBdev {
         info,
         cfg,
         m: m.clone(),
     }))?;
     LIVE.add(&e, &m);
+    if let Some(s) = record {
+        let _ = m.records.set(Records::new(weak.clone(), s));
+        // Assembled without a member: the record gives its slot up.
+        m.note_membership();
+    }
     Ok(e)
 }
 
@@ -548,23 +608,15 @@ fn holding(reg: &Registry, base: &str) -> Result<(Arc<Mirror>, usize), ControlEr
     )))
 }
 
-/// Membership changes do not rewrite superblocks yet: refused on arrays
-/// that have them, so the members' records stay true.
-fn refuse_with_superblock(m: &Mirror) -> Result<(), ControlError> {
-    if m.off != 0 {
-        return Err(ControlError::invalid(
-            "name",
-            format!("{} has a superblock: members cannot change yet", m.name),
-        ));
-    }
-    Ok(())
-}
+/// How long a membership change over RPC waits for the new record.
+const RECORD_WAIT: Duration = Duration::from_secs(10);
 
 /// `bdev_raid_remove_base_bdev`: empties the member's slot and releases
-/// it; refused for the last member holding the data.
+/// it; refused for the last member holding the data. With superblocks the
+/// members left get a record without it, and its own record is wiped, so
+/// it does not come back at the next start.
 pub fn remove_base(reg: &Registry, base: &str) -> Result<(), ControlError> {
     let (m, i) = holding(reg, base)?;
-    refuse_with_superblock(&m)?;
     if m.state(i) == ONLINE && m.online() == 1 {
         return Err(ControlError::invalid(
             "name",
@@ -572,7 +624,19 @@ pub fn remove_base(reg: &Registry, base: &str) -> Result<(), ControlError> {
         ));
     }
     m.clear_slot(i);
-    Ok(())
+    let (Some(r), Some(seq)) = (m.records.get(), m.note_membership()) else {
+        return Ok(());
+    };
+    if !r.wait(seq, RECORD_WAIT) {
+        return Err(ControlError::invalid(
+            "name",
+            format!(
+                "`{base}` removed, but {}'s superblocks were not all rewritten",
+                m.name
+            ),
+        ));
+    }
+    super::sb::write_all(&r.reg, &[base.to_string()], None)
 }
 
 /// The mirror, the slot a new member goes to, and its descriptor.
@@ -586,7 +650,6 @@ pub struct Joined {
 /// `raid`, written from now on; the caller starts [`rebuild`].
 pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, ControlError> {
     let m = LIVE.find(reg, raid, "raid")?;
-    refuse_with_superblock(&m)?;
     crate::base::check_no_cycle(reg, raid, base)?;
     if m.rebuild.running.load(Ordering::Acquire) {
         return Err(ControlError::invalid(
@@ -614,7 +677,9 @@ pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, Contro
         .flatten()
         .next()
         .map(|x| x.info().block_size);
-    if d.info().num_blocks < m.blocks || have.is_some_and(|bs| bs != d.info().block_size) {
+    if d.info().num_blocks.saturating_sub(m.off) < m.blocks
+        || have.is_some_and(|bs| bs != d.info().block_size)
+    {
         return Err(ControlError::invalid(
             "base_bdev",
             format!("`{base}` is smaller than {raid} or of another block size"),
@@ -650,6 +715,8 @@ pub async fn rebuild(j: Joined) -> Result<(), BdevError> {
         Ok(()) => {
             m.state[j.slot].store(ONLINE, Ordering::Release);
             tracing::info!("raid1 {}: rebuild of member {} done", m.name, j.slot);
+            // In sync now: the records take it (its own included).
+            m.note_membership();
         }
         Err(e) => {
             m.state[j.slot].store(FAILED, Ordering::Release);

@@ -6,6 +6,7 @@
 //! `driver_specific.raid` in `bdev_get_bdevs`.
 
 pub mod map;
+mod membership;
 pub mod mirror;
 pub mod sb;
 

@@ -39,7 +39,9 @@ pub struct Superblock {
     pub data_offset: u64,
     /// Bumped on each membership change; the highest wins.
     pub seq: u64,
-    /// Member UUIDs by slot.
+    /// Member UUIDs by slot; nil for a slot not in sync (a raid1 member
+    /// that failed, was removed, or is being rebuilt): examine does not
+    /// wait for it.
     pub members: Vec<uuid::Uuid>,
     /// This member's slot.
     pub slot: u32,
@@ -58,6 +60,10 @@ pub enum SbError {
     Json(String),
     #[error("raid superblock: slot {slot} of {n} members")]
     Slot { slot: u32, n: usize },
+    #[error("raid superblock: slot {0} is out of sync in the member's own record")]
+    OwnSlotEmpty(u32),
+    #[error("raid superblock: a {0} array with an empty slot")]
+    EmptySlot(String),
 }
 
 impl Superblock {
@@ -106,7 +112,19 @@ impl Superblock {
                 n: sb.members.len(),
             });
         }
+        if sb.members[sb.slot as usize].is_nil() {
+            return Err(SbError::OwnSlotEmpty(sb.slot));
+        }
+        // Only a mirror goes on with a slot out of sync.
+        if sb.raid_level != "raid1" && sb.members.iter().any(uuid::Uuid::is_nil) {
+            return Err(SbError::EmptySlot(sb.raid_level));
+        }
         Ok(Some(sb))
+    }
+
+    /// Slots examine waits for (the others were given up by the array).
+    fn wanted(&self, slot: usize) -> bool {
+        !self.members[slot].is_nil()
     }
 
     /// The record member `slot` gets.
@@ -184,6 +202,13 @@ pub fn write_all(
     Ok(())
 }
 
+/// Writes record `sb` (for its slot) to member `name`, from a reactor.
+pub async fn write_one(reg: Weak<Registry>, name: String, sb: Superblock) -> Result<(), BdevError> {
+    let reg = reg.upgrade().ok_or(BdevError::Removed)?;
+    let bytes = sb.encode().map_err(|_| BdevError::Io(libc::EOVERFLOW))?;
+    io(reg, name, Some(bytes)).await.map(|_| ())
+}
+
 /// An array seen on some of its members, waiting for the rest.
 struct Pending {
     sb: Superblock,
@@ -253,6 +278,19 @@ async fn examine_one(w: Weak<Registry>, name: String) {
 /// assemble when every slot is filled.
 fn found(reg: &Registry, w: &Weak<Registry>, name: &str, sb: Superblock) {
     let key = reg as *const Registry as usize;
+    if let Some(e) = reg.get(&sb.name) {
+        if e.info().uuid == sb.uuid {
+            // The array runs without this member (it started degraded, or
+            // dropped it): its data may be stale, so it only comes back
+            // through bdev_raid_add_base_bdev, which rebuilds it.
+            tracing::warn!(
+                "raid examine: {name} is an out-of-sync member of {}; add it back with \
+                 bdev_raid_add_base_bdev to rebuild it",
+                sb.name
+            );
+            return;
+        }
+    }
     let ready = {
         let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
         let at = p
@@ -291,7 +329,7 @@ fn found(reg: &Registry, w: &Weak<Registry>, name: &str, sb: Superblock) {
             }
             None => *slot = Some(name.to_string()),
         }
-        if x.found.iter().all(Option::is_some) {
+        if (0..x.found.len()).all(|i| x.found[i].is_some() || !x.sb.wanted(i)) {
             Some(p.remove(at).1)
         } else {
             None
@@ -315,7 +353,8 @@ fn assemble(reg: &Registry, w: &Weak<Registry>, x: Pending) {
     let cfg = RaidConfig {
         name: sb.name.clone(),
         level,
-        members: x.found.into_iter().flatten().collect(),
+        // Slots not in sync stay empty (raid1 only: see `decode`).
+        members: x.found.into_iter().map(Option::unwrap_or_default).collect(),
         strip_size_kb: sb.strip_size_kb,
         uuid: Some(sb.uuid),
         superblock: true,
@@ -328,6 +367,50 @@ fn assemble(reg: &Registry, w: &Weak<Registry>, x: Pending) {
     match res {
         Ok(_) => tracing::info!("raid {}: assembled from its superblocks", sb.name),
         Err(e) => tracing::warn!("raid examine: assembling {}: {e}", sb.name),
+    }
+}
+
+/// Examine has settled (every configured bdev read): each raid1 still
+/// waiting for a member starts degraded without it, so an array with a dead
+/// disk still comes up, as mdadm does with `--run`. The new record (the
+/// missing slot given up) goes to the members it has. A member that shows
+/// up later is stale and is only taken back through
+/// `bdev_raid_add_base_bdev`. raid0 and concat cannot run without a member,
+/// so they keep waiting, and the log says which members are missing.
+pub fn start_degraded(reg: &Registry, w: &Weak<Registry>) {
+    let key = reg as *const Registry as usize;
+    let ready: Vec<Pending> = {
+        let mut p = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < p.len() {
+            let (k, x) = &p[i];
+            let raid1 = x.sb.raid_level == "raid1";
+            if *k == key && raid1 && x.found.iter().any(Option::is_some) {
+                out.push(p.remove(i).1);
+                continue;
+            }
+            if *k == key {
+                let have = x.found.iter().flatten().count();
+                tracing::warn!(
+                    "raid {}: {have} of {} members found; waiting for the rest",
+                    x.sb.name,
+                    x.found.len()
+                );
+            }
+            i += 1;
+        }
+        out
+    };
+    for x in ready {
+        let missing: Vec<usize> = (0..x.found.len())
+            .filter(|i| x.found[*i].is_none() && x.sb.wanted(*i))
+            .collect();
+        tracing::warn!(
+            "raid1 {}: starting degraded, slots {missing:?} missing",
+            x.sb.name
+        );
+        assemble(reg, w, x);
     }
 }
 
@@ -370,6 +453,23 @@ mod tests {
         let mut b = good.clone();
         b[8] = 9;
         assert_eq!(Superblock::decode(&b), Err(SbError::Version(9)));
+        let mut hole = sb.clone();
+        hole.members[0] = uuid::Uuid::nil();
+        // raid0 cannot have a slot out of sync; raid1 can, but not the
+        // member's own.
+        assert!(matches!(
+            Superblock::decode(&hole.encode().unwrap()),
+            Err(SbError::EmptySlot(_))
+        ));
+        hole.raid_level = "raid1".into();
+        assert!(Superblock::decode(&hole.encode().unwrap())
+            .unwrap()
+            .is_some());
+        hole.slot = 0;
+        assert_eq!(
+            Superblock::decode(&hole.encode().unwrap()),
+            Err(SbError::OwnSlotEmpty(0))
+        );
         let bad = Superblock { slot: 5, ..sb };
         let b = bad.encode().unwrap();
         assert!(matches!(Superblock::decode(&b), Err(SbError::Slot { .. })));
