@@ -2,7 +2,7 @@
 //! split part, a passthru, an error and a delay bdev made from a config file; a
 //! raid0, concat, raid1 and a delay over a passthru over a split part
 //! built over RPC (SPDK's methods), each written and read by a real NBD
-//! peer (nbdcopy) and compared; save_config recreates the stack; raid1
+//! peer (nbdcopy) and compared, and verified by fio over NBD; save_config recreates the stack; raid1
 //! remove/add/rebuild over RPC; bad parameters come back as errors with
 //! nothing created.
 
@@ -165,6 +165,35 @@ fn raid_over_rpc_round_trips_through_nbd_and_save_config() {
             got[..4 << 20] == data[..4 << 20],
             "{b}: data read back over NBD differs"
         );
+    }
+    // fio's own verify through each kind, whole device, mixed sizes: I/Os
+    // straddle strips (raid0) and members (concat).
+    if testkit::need("fio") {
+        for (b, size) in [("r", "12M"), ("cc", "16M"), ("m1", "8M"), ("dl", "4M")] {
+            let out = Command::new("fio")
+                // fio leaves verify state files in its working directory.
+                .current_dir(&dir)
+                .args([
+                    "--name=verify",
+                    "--ioengine=nbd",
+                    &format!("--uri=nbd://127.0.0.1:{port}/{b}"),
+                    "--rw=randwrite",
+                    "--bsrange=4k-128k",
+                    "--iodepth=16",
+                    &format!("--size={size}"),
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                    "--verify_fatal=1",
+                ])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "fio verify on {b}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
     // save_config carries the split and the raids; a fresh server rebuilds
     // them (same members, sizes and UUIDs).
