@@ -2,7 +2,9 @@
 //! OSD, cephx) that this test binary starts once with
 //! `scripts/ceph-cluster.sh` and stops at exit: `ustor bench --verify` on
 //! RBD images (two images on two reactors at once); an image exported over
-//! NBD, written by qemu-img and read back with `rbd export` (checksums);
+//! NBD, written by qemu-img, and one over NVMe/TCP, written by the Linux
+//! kernel's nvme-tcp initiator in a QEMU guest (a pattern and fio verify),
+//! both read back with `rbd export` (checksums);
 //! resize; cluster info, placement and save_config; and bad cluster names,
 //! pools, images and keys answered with clear errors and nothing
 //! half-created.
@@ -225,6 +227,107 @@ fn nbd_export_written_by_qemu_img_reads_back_with_rbd_export() {
     let info: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     assert_eq!(info["virtual-size"], 20u64 << 20, "{info}");
     s.stop();
+}
+
+const NQN: &str = "nqn.2026-11.io.ustor:rbd";
+
+/// The kernel's nvme-tcp initiator in a QEMU guest: connect, dd the host's
+/// pattern (O_DIRECT) to the first 8 MiB, fio with crc32c verify over the
+/// next 16 MiB, then the md5 of the whole namespace as read back through
+/// the target, and disconnect.
+const NVMF_SCRIPT: &str = r#". /ustor/lib.sh
+set -u
+run modprobe nvme-tcp
+run nvme connect -t tcp -a 10.0.2.2 -s "$NVME_PORT" -n "$NVME_NQN"
+dev=
+n=200
+while [ -z "$dev" ]; do
+    for b in /sys/block/nvme*n1; do
+        [ -e "$b" ] || continue
+        case ${b##*/} in nvme*c*n*) continue ;; esac
+        dev=${b##*/}
+    done
+    [ -n "$dev" ] && break
+    n=$((n - 1)); [ $n -gt 0 ] || die "no namespace"
+    sleep 0.1
+done
+wait_for "/dev/$dev"
+kv ns_size "$(size_bytes "/dev/$dev")"
+run dd if=/ustor/pattern.bin of="/dev/$dev" bs=1M oflag=direct conv=fsync 2>/dev/null
+/ustor/bin/fio --name=verify --filename="/dev/$dev" --ioengine=libaio --direct=1 \
+    --rw=randwrite --bs=4k --iodepth=16 --offset=8M --size=16M \
+    --verify=crc32c --do_verify=1 --verify_fatal=1 > /tmp/fio.out 2>&1 \
+    || { cat /tmp/fio.out; die "fio verify failed"; }
+kv fio_verify_errors "$(grep -c 'verify: bad' /tmp/fio.out)"
+kv fio_phases "$(grep -c -E '^ +(READ|WRITE): bw=' /tmp/fio.out)"
+kv pattern_md5 "$(dd if="/dev/$dev" bs=1M count=8 iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+kv whole_md5 "$(dd if="/dev/$dev" bs=1M iflag=direct 2>/dev/null | md5sum | cut -d' ' -f1)"
+run nvme disconnect -n "$NVME_NQN"
+"#;
+
+/// The TCP port `NQN`'s listener bound (the RPC server answers while `-c`
+/// is still being applied: wait for it).
+fn nvmf_port(s: &Server) -> u16 {
+    let subs = || s.ok("nvmf_get_subsystems", Value::Null);
+    testkit::try_wait_for(Duration::from_secs(20), || {
+        subs()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["nqn"] == NQN && x["namespaces"].as_array().is_some_and(|n| !n.is_empty()))
+            .and_then(|x| x["listen_addresses"][0]["trsvcid"].as_str())
+            .and_then(|p| p.parse().ok())
+            .filter(|p| *p != 0)
+    })
+    .unwrap_or_else(|| panic!("no bound listener in {}", subs()))
+}
+
+#[test]
+fn nvmf_export_written_by_kernel_initiator_reads_back_with_rbd_export() {
+    testvm::require_guest!();
+    let Some(c) = ceph() else { return };
+    if !testkit::need("fio") {
+        return;
+    }
+    c.create_image("nvmf0", 32);
+    let dir = tmpdir("rbd-nvmf");
+    let cfg = json!({"subsystems": [
+        {"subsystem": "bdev", "config": [c.register("c1"), rbd_bdev("r0", "nvmf0")]},
+        {"subsystem": "nvmf", "config": [
+            {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
+            {"method": "nvmf_create_subsystem", "params": {"nqn": NQN, "allow_any_host": true}},
+            {"method": "nvmf_subsystem_add_ns", "params": {"nqn": NQN, "namespace": {"bdev_name": "r0"}}},
+            {"method": "nvmf_subsystem_add_listener", "params": {"nqn": NQN,
+                "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"}}}
+        ]}
+    ]});
+    let s = Server::start(&dir, &cfg, &[]);
+    let port = nvmf_port(&s);
+    let pattern = pseudo_random(8 << 20, 0x2b0d);
+    let out = testvm::GuestBuilder::new()
+        .script(NVMF_SCRIPT)
+        .binary("/usr/bin/fio")
+        .file("pattern.bin", pattern.clone())
+        .env("NVME_PORT", port.to_string())
+        .env("NVME_NQN", NQN)
+        .timeout(Duration::from_secs(300))
+        .run();
+    let (code, log) = s.stop();
+    let out = out
+        .and_then(|o| o.success())
+        .unwrap_or_else(|e| panic!("guest failed: {e}\nustor log:\n{log}"));
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(out.value("ns_size"), Some((32u64 << 20).to_string().as_str()));
+    assert_eq!(out.value("fio_verify_errors"), Some("0"));
+    assert_eq!(out.value("fio_phases"), Some("2"), "writes and verify reads");
+    // Ceph's own client reads what the kernel wrote through ustor: the
+    // pattern, and the same bytes the guest read back.
+    let exported = c.rbd(&["export", "rbd/nvmf0", "-"]);
+    assert_eq!(exported.len(), 32 << 20);
+    assert_eq!(sha256(&exported[..8 << 20]), sha256(&pattern));
+    let md5 = |b: &[u8]| testvm::host::md5_bytes(b).unwrap();
+    assert_eq!(out.value("pattern_md5"), Some(md5(&pattern).as_str()));
+    assert_eq!(out.value("whole_md5"), Some(md5(&exported).as_str()));
 }
 
 fn err_msg(r: Result<Value, ustor_rpc::RpcError>) -> String {
