@@ -317,9 +317,16 @@ fn nvmf_export_written_by_kernel_initiator_reads_back_with_rbd_export() {
         .and_then(|o| o.success())
         .unwrap_or_else(|e| panic!("guest failed: {e}\nustor log:\n{log}"));
     assert_eq!(code, 0, "{log}");
-    assert_eq!(out.value("ns_size"), Some((32u64 << 20).to_string().as_str()));
+    assert_eq!(
+        out.value("ns_size"),
+        Some((32u64 << 20).to_string().as_str())
+    );
     assert_eq!(out.value("fio_verify_errors"), Some("0"));
-    assert_eq!(out.value("fio_phases"), Some("2"), "writes and verify reads");
+    assert_eq!(
+        out.value("fio_phases"),
+        Some("2"),
+        "writes and verify reads"
+    );
     // Ceph's own client reads what the kernel wrote through ustor: the
     // pattern, and the same bytes the guest read back.
     let exported = c.rbd(&["export", "rbd/nvmf0", "-"]);
