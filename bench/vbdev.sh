@@ -12,7 +12,7 @@
 #   ustor's raid0 IOPS per core >= SPDK's).
 #
 # Experiment 2 of the issue (dm-linear/dm-stripe with polled io_uring in a
-# guest vs ustor's concat/raid0 over IOPOLL uring bdevs) is not scripted yet.
+# guest vs ustor's concat/raid0 over IOPOLL uring bdevs) is bench/dm-poll.sh.
 #
 # Usage: [REPEAT=3] [RUNTIME=3] bench/vbdev.sh
 # Environment: CORE=1 QDS="1 128" STACKS="null passthru split raid0 concat
