@@ -138,6 +138,7 @@ osd_data = $DIR/osd
 osd_objectstore = $STORE
 paxos_propose_interval = 0.05
 mon_allow_pool_size_one = true
+mon_allow_pool_delete = true
 mon_warn_on_pool_no_redundancy = false
 mon_data_avail_warn = 1
 mon_data_avail_crit = 0

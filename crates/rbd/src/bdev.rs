@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 
 use libc::c_void;
@@ -63,6 +63,39 @@ pub struct Image {
     watch: Mutex<Option<(u64, *mut Weak<Image>)>>,
     /// Closed already (at process exit, see [`close_at_exit`]).
     closed: AtomicBool,
+    /// What `bdev_get_bdevs` reports about failing I/O.
+    health: Health,
+    /// `pool/image`, for the log.
+    name: String,
+    pool: CString,
+}
+
+/// Failing I/O, as the bdev reports it: written on librbd's finisher
+/// thread only when an I/O fails (or the first one succeeds after a
+/// failure), so the per-I/O cost on success is one relaxed load.
+#[derive(Default)]
+struct Health {
+    /// The last I/O failed (cleared by the next one that succeeds).
+    failing: AtomicBool,
+    errors: AtomicU64,
+    last_errno: AtomicI32,
+}
+
+impl Health {
+    fn failed(&self, errno: i32, image: &str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.last_errno.store(errno, Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::AcqRel) {
+            let e = std::io::Error::from_raw_os_error(errno);
+            tracing::error!(image, "rbd I/O failing: {e}");
+        }
+    }
+
+    fn succeeded(&self, image: &str) {
+        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
+            tracing::warn!(image, "rbd I/O succeeds again");
+        }
+    }
 }
 
 /// Images open in this process, closed by an `atexit` handler: a process
@@ -156,6 +189,9 @@ impl Image {
             bdev: OnceLock::new(),
             watch: Mutex::new(None),
             closed: AtomicBool::new(false),
+            health: Health::default(),
+            name: format!("{pool}/{name}"),
+            pool: pc.clone(),
         };
         let r = img.cluster.clone().placed(|| {
             // SAFETY: a valid ioctx and C strings; the handle is written on
@@ -182,6 +218,32 @@ impl Image {
             "reading the image size".into()
         })?;
         Ok(s)
+    }
+
+    /// `ok`, `failing` (the last I/O failed), or `pool deleted` (the
+    /// pool is gone from the cluster's OSD map: every I/O fails and the
+    /// image will not come back; `rbd rm` refuses an open image, so a
+    /// deleted pool is how an exported image disappears).
+    fn state(&self) -> &'static str {
+        if !self.health.failing.load(Ordering::Acquire) {
+            return "ok";
+        }
+        // SAFETY: a connected cluster handle and a C string.
+        let r = unsafe { ffi::rados_pool_lookup(self.cluster.handle(), self.pool.as_ptr()) };
+        if r == -(libc::ENOENT as i64) {
+            "pool deleted"
+        } else {
+            "failing"
+        }
+    }
+
+    fn health_json(&self) -> Value {
+        let errno = self.health.last_errno.load(Ordering::Relaxed);
+        json!({
+            "state": self.state(),
+            "io_errors": self.health.errors.load(Ordering::Relaxed),
+            "last_error": (errno != 0).then(|| std::io::Error::from_raw_os_error(errno).to_string()),
+        })
     }
 
     pub fn resize(&self, bytes: u64) -> Result<(), RbdError> {
@@ -282,6 +344,7 @@ impl Bdev for RbdBdev {
             "cluster_name": self.opts.cluster_name,
             "image_size": self.image.size().ok(),
             "read_only": self.opts.read_only,
+            "health": self.image.health_json(),
         }})
     }
 }
@@ -292,6 +355,9 @@ struct Pending {
     io: RemoteIo,
     /// Bytes a read must return (0 for other kinds).
     want: u64,
+    /// The image (its health), valid while the I/O is in flight: the
+    /// channel holds an `Arc` of it and outlives its I/O.
+    image: *const Image,
 }
 
 /// librbd's completion callback (its finisher thread).
@@ -301,11 +367,16 @@ unsafe extern "C" fn on_complete(c: ffi::rbd_completion_t, arg: *mut c_void) {
     let p = unsafe { Box::from_raw(arg.cast::<Pending>()) };
     let r = unsafe { ffi::rbd_aio_get_return_value(c) };
     unsafe { ffi::rbd_aio_release(c) };
+    // SAFETY: see `Pending::image`.
+    let img = unsafe { &*p.image };
     let status = if r < 0 {
+        img.health.failed(-r as i32, &img.name);
         Err(errno_err(-r as i32))
     } else if p.want != 0 && r as u64 != p.want {
+        img.health.failed(libc::EIO, &img.name);
         Err(BdevError::Io(libc::EIO))
     } else {
+        img.health.succeeded(&img.name);
         Ok(())
     };
     p.completer.complete(p.io, status);
@@ -368,6 +439,7 @@ impl BdevChannel for RbdChannel {
             completer: self.completer.clone(),
             io,
             want,
+            image: Arc::as_ptr(&self.image),
         }));
         let mut c: ffi::rbd_completion_t = std::ptr::null_mut();
         // SAFETY: `p` is handed to librbd, which gives it back to
@@ -385,6 +457,7 @@ impl BdevChannel for RbdChannel {
                     ffi::rbd_aio_release(c);
                 }
                 let p = Box::from_raw(p);
+                self.image.health.failed(-r, &self.image.name);
                 p.completer.complete(p.io, Err(errno_err(-r)));
             }
         }

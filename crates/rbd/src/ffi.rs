@@ -85,6 +85,8 @@ api! {
     rados fn rados_shutdown(cluster: rados_t);
     rados fn rados_ioctx_create(cluster: rados_t, pool: *const c_char, io: *mut rados_ioctx_t) -> c_int;
     rados fn rados_ioctx_destroy(io: rados_ioctx_t);
+    /// The pool's id, or -ENOENT when the client's OSD map has no such pool.
+    rados fn rados_pool_lookup(cluster: rados_t, pool: *const c_char) -> i64;
 
     rbd fn rbd_open(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap: *const c_char) -> c_int;
     rbd fn rbd_open_read_only(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap: *const c_char) -> c_int;

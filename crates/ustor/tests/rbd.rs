@@ -337,6 +337,111 @@ fn nvmf_export_written_by_kernel_initiator_reads_back_with_rbd_export() {
     assert_eq!(out.value("whole_md5"), Some(md5(&exported).as_str()));
 }
 
+/// Runs `qemu-io -c CMD` on an NBD url: (success, output, seconds).
+fn qemu_io(url: &str, cmd: &str) -> (bool, String, f64) {
+    let t = std::time::Instant::now();
+    let out = Command::new("timeout")
+        .args(["60", "qemu-io", "-f", "raw", "-c", cmd, url])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // qemu-io exits 0 even when the command failed: look at its words.
+    let ok = out.status.success() && !text.contains("failed");
+    (ok, text, t.elapsed().as_secs_f64())
+}
+
+#[test]
+fn pool_deleted_while_exported_fails_io_and_the_bdev_says_so() {
+    let Some(c) = ceph() else { return };
+    if !testkit::need("qemu-io") {
+        return;
+    }
+    // A pool of its own: the other tests' images live in `rbd`.
+    let ceph_ = |args: &[&str]| {
+        let out = Command::new("timeout")
+            .args(["30", "ceph", "-c", &c.conf()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ceph {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ceph_(&["osd", "pool", "create", "gone", "8"]);
+    c.rbd(&["pool", "init", "gone"]);
+    c.rbd(&["create", "--size", "8M", "gone/img"]);
+    c.create_image("stays0", 8);
+    let dir = tmpdir("rbd-gone");
+    let op_timeout = 5.0;
+    let cfg = json!({"subsystems": [
+        {"subsystem": "bdev", "config": [
+            {"method": "bdev_rbd_register_cluster", "params": {"name": "c1",
+                "config_file": c.conf(), "config_param": {"rados_osd_op_timeout": "5"}}},
+            {"method": "bdev_rbd_create", "params": {"name": "g", "cluster_name": "c1",
+                "pool_name": "gone", "rbd_name": "img", "block_size": 4096}},
+            rbd_bdev("s", "stays0"),
+        ]},
+        {"subsystem": "nbd", "config": [
+            {"method": "nbd_server_start", "params": {"listen_address": {"traddr": "127.0.0.1", "trsvcid": "0"}}},
+            {"method": "nbd_export_create", "params": {"name": "g", "bdev_name": "g"}},
+            {"method": "nbd_export_create", "params": {"name": "s", "bdev_name": "s"}}
+        ]}
+    ]});
+    let s = Server::start(&dir, &cfg, &[]);
+    let url = |e: &str| format!("nbd://127.0.0.1:{}/{e}", s.nbd_port());
+    let (ok, out, _) = qemu_io(&url("g"), "write -P 0x5a 0 1M");
+    assert!(ok, "{out}");
+    let health = |b: &str| {
+        s.ok("bdev_get_bdevs", json!({"name": b}))[0]["driver_specific"]["rbd"]["health"].clone()
+    };
+    assert_eq!(health("g")["state"], "ok");
+    // `rbd rm` refuses an image ustor has open (its watch).
+    let out = Command::new("timeout")
+        .args(["30", "rbd", "-c", &c.conf(), "rm", "gone/img"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("watchers"));
+    ceph_(&[
+        "osd",
+        "pool",
+        "delete",
+        "gone",
+        "gone",
+        "--yes-i-really-really-mean-it",
+    ]);
+    // Reads and writes fail with an error, well within the op timeout.
+    for cmd in ["read 0 4k", "write -P 0x11 0 4k"] {
+        let (ok, out, secs) = qemu_io(&url("g"), cmd);
+        assert!(!ok, "{cmd} after the pool went: {out}");
+        assert!(secs < op_timeout + 10.0, "{cmd} took {secs} s");
+    }
+    let h = health("g");
+    eprintln!("after the pool went: {h}");
+    assert_eq!(h["state"], "pool deleted", "{h}");
+    assert!(h["io_errors"].as_u64().unwrap() >= 2, "{h}");
+    assert!(h["last_error"].is_string(), "{h}");
+    // The other image, on the same connection, is untouched.
+    let (ok, out, _) = qemu_io(&url("s"), "write -P 0x77 0 64k");
+    assert!(ok, "{out}");
+    let (ok, out, _) = qemu_io(&url("s"), "read -P 0x77 0 64k");
+    assert!(ok, "{out}");
+    assert_eq!(health("s")["state"], "ok");
+    // The dead bdev goes away on request, promptly, and the process
+    // exits cleanly (closing the image does not hang either).
+    s.ok("nbd_export_delete", json!({"name": "g"}));
+    assert_eq!(s.ok("bdev_rbd_delete", json!({"name": "g"})), json!(true));
+    let (code, log) = s.stop();
+    assert_eq!(code, 0, "{log}");
+    assert!(log.contains("rbd I/O failing"), "{log}");
+}
+
 fn err_msg(r: Result<Value, ustor_rpc::RpcError>) -> String {
     match r {
         Ok(v) => panic!("expected an error, got {v}"),
