@@ -15,6 +15,10 @@
 //! only where every base has it (the layer above then flushes), and its own
 //! iostat counts the I/O. A child larger than the base's max transfer or
 //! crossing its boundary is split here.
+//!
+//! An I/O that lands whole on one base needs no child at all:
+//! [`IoHandle::forward`] hands the same slot to the base with the offset
+//! changed (a raid0 I/O inside one strip, a split part).
 
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
@@ -48,6 +52,49 @@ impl IoHandle {
             idx,
             _reactor: PhantomData,
         }
+    }
+}
+
+impl IoHandle {
+    /// Sends this whole I/O on to `ch`'s bdev at `offset_blocks`: the same
+    /// slot, buffers, flags and completion, so no child slot is taken and
+    /// nothing is folded back. For a virtual bdev whose I/O lands on one
+    /// piece of one base, such as a raid0 I/O inside one strip or a split
+    /// part's I/O. The I/O goes the child way instead ([`Children`]) when
+    /// the base would have to split it (its max transfer or boundary) or
+    /// when its bytes do not match the base's block size. A base that
+    /// refuses the range (removed, read-only, out of range) fails it.
+    pub fn forward(self, ch: &IoChannel, offset_blocks: u64) {
+        let c = &*ch.core;
+        let (kind, num, bytes) = with_table(|t| {
+            let s = &t.slots[self.idx as usize];
+            // SAFETY: the slot is this handle's; its iovecs are only read.
+            let iov = unsafe { &*s.iov.get() };
+            let bytes: u64 = iov[..s.iovcnt.get() as usize]
+                .iter()
+                .map(|v| v.iov_len as u64)
+                .sum();
+            (s.kind.get(), s.num_blocks.get(), bytes)
+        });
+        let whole = !kind.has_data()
+            || (bytes == num * c.block_size as u64
+                && chunk(c.max_xfer, c.boundary, offset_blocks, num) == num);
+        if !whole {
+            let kids = self.into_children();
+            return kids.submit(ch, kind, offset_blocks, num, 0);
+        }
+        if let Err(e) = check(ch, kind, offset_blocks, num) {
+            return self.complete(Err(e));
+        }
+        let (idx, gen) = (self.idx, self.gen);
+        std::mem::forget(self);
+        with_table(|t| {
+            let s = &t.slots[idx as usize];
+            s.offset_blocks.set(offset_blocks);
+            // Completion checks the base's removal now, as a child's does.
+            s.removed.set(c.entry.removed_flag());
+        });
+        c.driver.submit(IoHandle::from_parts(idx, gen));
     }
 }
 

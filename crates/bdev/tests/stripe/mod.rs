@@ -1,7 +1,8 @@
 //! A minimal virtual bdev for tests: a 2-way stripe built on
 //! [`ustor_bdev::Children`]. Strip `k` of the stripe is strip `k / 2` of
 //! base `k % 2`; each piece of an I/O becomes one child I/O on the base's
-//! channel over the parent's own buffers.
+//! channel over the parent's own buffers; an I/O inside one strip is
+//! forwarded whole (`IoHandle::forward`).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -68,6 +69,13 @@ struct StripeChannel {
 impl BdevChannel for StripeChannel {
     fn submit(&self, io: IoHandle) {
         let d = io.desc();
+        let within = d.offset_blocks % self.strip;
+        if !matches!(d.kind, IoType::Flush | IoType::Reset) && within + d.num_blocks <= self.strip {
+            // Inside one strip: forwarded whole (falls back to a child when
+            // the base would split it).
+            let k = d.offset_blocks / self.strip;
+            return io.forward(&self.bases[(k % 2) as usize], k / 2 * self.strip + within);
+        }
         let kids = io.into_children();
         if matches!(d.kind, IoType::Flush | IoType::Reset) {
             for b in &self.bases {

@@ -42,20 +42,31 @@ pub struct Raid0Channel {
 }
 
 impl Raid0Channel {
+    /// Strip `k`'s member and the member's strip index: a shift and a mask
+    /// for a power-of-two member count (no division per I/O).
+    #[inline]
+    fn place(&self, k: u64) -> (usize, u64) {
+        let n = self.members.len() as u64;
+        if n.is_power_of_two() {
+            ((k & (n - 1)) as usize, k >> n.trailing_zeros())
+        } else {
+            ((k % n) as usize, k / n)
+        }
+    }
+
     #[inline]
     fn data(&self, kids: &Children, d: &IoDesc) {
-        let n = self.members.len() as u64;
         let mask = (1u64 << self.shift) - 1;
         let (mut lba, end) = (d.offset_blocks, d.offset_blocks + d.num_blocks);
         while lba < end {
             let (k, within) = (lba >> self.shift, lba & mask);
             let len = (mask + 1 - within).min(end - lba);
-            let m = &self.members[(k % n) as usize];
+            let (m, row) = self.place(k);
             let at = (lba - d.offset_blocks) * self.bs;
             kids.submit(
-                m,
+                &self.members[m],
                 d.kind,
-                self.off + ((k / n) << self.shift) + within,
+                self.off + (row << self.shift) + within,
                 len,
                 at,
             );
@@ -67,6 +78,15 @@ impl Raid0Channel {
 impl BdevChannel for Raid0Channel {
     fn submit(&self, io: IoHandle) {
         let d = io.desc();
+        if matches!(d.kind, IoType::Read | IoType::Write) {
+            let mask = (1u64 << self.shift) - 1;
+            let within = d.offset_blocks & mask;
+            if within + d.num_blocks <= mask + 1 {
+                // Inside one strip: the member takes the I/O itself.
+                let (m, row) = self.place(d.offset_blocks >> self.shift);
+                return io.forward(&self.members[m], self.off + (row << self.shift) + within);
+            }
+        }
         let kids = io.into_children();
         match d.kind {
             IoType::Read | IoType::Write => self.data(&kids, &d),
@@ -99,11 +119,19 @@ pub struct ConcatChannel {
 impl BdevChannel for ConcatChannel {
     fn submit(&self, io: IoHandle) {
         let d = io.desc();
+        let end = d.offset_blocks + d.num_blocks;
+        if d.kind != IoType::Reset {
+            // On one member: it takes the I/O itself.
+            let i = self.starts.partition_point(|s| *s <= d.offset_blocks);
+            if i > 0 && i < self.starts.len() && end <= self.starts[i] {
+                let at = d.offset_blocks - self.starts[i - 1];
+                return io.forward(&self.members[i - 1], self.off + at);
+            }
+        }
         let kids = io.into_children();
         if d.kind == IoType::Reset {
             return reset_all(&kids, &self.members);
         }
-        let end = d.offset_blocks + d.num_blocks;
         for (i, m) in self.members.iter().enumerate() {
             let (a, b) = (self.starts[i], self.starts[i + 1]);
             let (s, e) = (d.offset_blocks.max(a), end.min(b));
