@@ -113,6 +113,26 @@ impl RemoteCompletions {
         self.ring.inflight.load(Ordering::Relaxed)
     }
 
+    /// Whether `c` completes into this end (the I/O is this reactor's).
+    pub fn owns(&self, c: &Completer) -> bool {
+        Arc::ptr_eq(&self.ring, &c.0)
+    }
+
+    /// Completes one of this end's own I/Os right here (owner reactor),
+    /// skipping the ring: for a driver that reaps its library's
+    /// completions on the owner reactor (librbd's event socket). Check
+    /// [`Self::owns`] first.
+    pub fn complete_here(&self, io: RemoteIo, res: Result<(), BdevError>) {
+        let left = self.ring.inflight.load(Ordering::Relaxed);
+        self.ring
+            .inflight
+            .store(left.saturating_sub(1), Ordering::Relaxed);
+        match IoHandle::from_token(io.0) {
+            Some(io) => io.complete(res),
+            None => tracing::error!("local completion for a recycled bdev I/O slot"),
+        }
+    }
+
     /// Completes what has come back (also done by the doorbell).
     pub fn reap(&self) -> usize {
         reap(&self.ring)

@@ -8,8 +8,10 @@
 //! per bdev rather than per reactor: several handles of one image would
 //! pass its exclusive lock back and forth on every write.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 
@@ -25,6 +27,7 @@ use ustor_bdev::{
 use ustor_runtime::RuntimeHandle;
 
 use crate::cluster::{check, Cluster, ClusterOpts, Clusters};
+use crate::events::{self, CompletionMode};
 use crate::{ffi, RbdError};
 
 /// `bdev_rbd_create` parameters (SPDK's).
@@ -49,6 +52,9 @@ pub struct RbdOpts {
     pub uuid: Option<uuid::Uuid>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// ustor's own (not SPDK's): how completions reach the reactors.
+    #[serde(default, skip_serializing_if = "CompletionMode::is_default")]
+    pub completion: CompletionMode,
 }
 
 /// An open image and the io context it lives in.
@@ -68,6 +74,8 @@ pub struct Image {
     /// `pool/image`, for the log.
     name: String,
     pool: CString,
+    /// The eventfd librbd bumps in [`CompletionMode::Event`].
+    events: OnceLock<std::os::fd::OwnedFd>,
 }
 
 /// Failing I/O, as the bdev reports it: written on librbd's finisher
@@ -192,6 +200,7 @@ impl Image {
             health: Health::default(),
             name: format!("{pool}/{name}"),
             pool: pc.clone(),
+            events: OnceLock::new(),
         };
         let r = img.cluster.clone().placed(|| {
             // SAFETY: a valid ioctx and C strings; the handle is written on
@@ -209,6 +218,26 @@ impl Image {
         }
         check(r, || format!("opening image `{pool}/{name}`"))?;
         Ok(img)
+    }
+
+    pub(crate) fn handle(&self) -> ffi::rbd_image_t {
+        self.handle
+    }
+
+    /// The eventfd of [`CompletionMode::Event`], if on.
+    pub(crate) fn event_fd(&self) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        self.events.get().map(|f| f.as_raw_fd())
+    }
+
+    /// Switches librbd to the event socket (before any I/O).
+    fn enable_events(&self) -> Result<(), RbdError> {
+        let fd = events::enable(self.handle).map_err(|errno| RbdError::Rados {
+            what: "setting the image's event socket".into(),
+            errno,
+        })?;
+        let _ = self.events.set(fd);
+        Ok(())
     }
 
     pub fn size(&self) -> Result<u64, RbdError> {
@@ -326,12 +355,17 @@ impl Bdev for RbdBdev {
         !self.info.write_cache
     }
     fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
-        let rc = RemoteCompletions::new(self.rt.clone(), TABLE_SLOTS);
+        let rc = Rc::new(RemoteCompletions::new(self.rt.clone(), TABLE_SLOTS));
+        let stop = Rc::new(Cell::new(false));
+        if self.image.event_fd().is_some() {
+            ustor_runtime::spawn(events::reap(self.image.clone(), rc.clone(), stop.clone()));
+        }
         Ok(Box::new(RbdChannel {
             image: self.image.clone(),
             completer: rc.completer(),
             rc,
             bs: self.info.block_size as u64,
+            stop,
         }))
     }
     fn config_json(&self) -> Value {
@@ -350,7 +384,7 @@ impl Bdev for RbdBdev {
 }
 
 /// What the librbd callback needs: where to complete, and what.
-struct Pending {
+pub(crate) struct Pending {
     completer: Completer,
     io: RemoteIo,
     /// Bytes a read must return (0 for other kinds).
@@ -367,6 +401,12 @@ unsafe extern "C" fn on_complete(c: ffi::rbd_completion_t, arg: *mut c_void) {
     let p = unsafe { Box::from_raw(arg.cast::<Pending>()) };
     let r = unsafe { ffi::rbd_aio_get_return_value(c) };
     unsafe { ffi::rbd_aio_release(c) };
+    finish(p, r, None);
+}
+
+/// Completes a finished librbd I/O (`r`: its return value): right here
+/// when `here` (the current reactor's end) owns it, else through its ring.
+pub(crate) fn finish(p: Box<Pending>, r: isize, here: Option<&RemoteCompletions>) {
     // SAFETY: see `Pending::image`.
     let img = unsafe { &*p.image };
     let status = if r < 0 {
@@ -379,7 +419,10 @@ unsafe extern "C" fn on_complete(c: ffi::rbd_completion_t, arg: *mut c_void) {
         img.health.succeeded(&img.name);
         Ok(())
     };
-    p.completer.complete(p.io, status);
+    match here {
+        Some(rc) if rc.owns(&p.completer) => rc.complete_here(p.io, status),
+        _ => p.completer.complete(p.io, status),
+    }
 }
 
 fn errno_err(e: i32) -> BdevError {
@@ -392,9 +435,20 @@ fn errno_err(e: i32) -> BdevError {
 
 struct RbdChannel {
     image: Arc<Image>,
-    rc: RemoteCompletions,
+    rc: Rc<RemoteCompletions>,
     completer: Completer,
     bs: u64,
+    /// Event mode: tells this channel's reaper task to end.
+    stop: Rc<Cell<bool>>,
+}
+
+impl Drop for RbdChannel {
+    fn drop(&mut self) {
+        self.stop.set(true);
+        if let Some(fd) = self.image.event_fd() {
+            events::kick(fd);
+        }
+    }
 }
 
 impl RbdChannel {
@@ -445,7 +499,12 @@ impl BdevChannel for RbdChannel {
         // SAFETY: `p` is handed to librbd, which gives it back to
         // `on_complete` once; the iovecs stay in the I/O's slot until it
         // completes.
-        let mut r = unsafe { ffi::rbd_aio_create_completion(p.cast(), Some(on_complete), &mut c) };
+        let cb = if self.image.event_fd().is_some() {
+            None
+        } else {
+            Some(on_complete as unsafe extern "C" fn(_, _))
+        };
+        let mut r = unsafe { ffi::rbd_aio_create_completion(p.cast(), cb, &mut c) };
         if r >= 0 {
             r = unsafe { self.start(d.kind, off, len, d.iov, d.iovcnt, c) };
         }
@@ -529,6 +588,9 @@ impl RbdModule {
             o.read_only,
         )?);
         close_at_exit(&image);
+        if o.completion == CompletionMode::Event {
+            image.enable_events()?;
+        }
         let size = image.size()?;
         let num_blocks = size / bs as u64;
         if num_blocks == 0 {

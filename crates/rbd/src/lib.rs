@@ -6,9 +6,11 @@
 //!   by their images) and where their threads run: off the reactor cores.
 //! - [`bdev`]: the `rbd` bdev module (`bdev_rbd_create`), its channels and
 //!   the completion path from librbd's threads to the owning reactor.
+//! - [`events`]: librbd's event-socket completion mode, the alternative.
 
 pub mod bdev;
 pub mod cluster;
+pub mod events;
 pub mod ffi;
 
 use std::sync::Arc;

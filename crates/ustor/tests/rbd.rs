@@ -1,7 +1,8 @@
 //! The rbd bdev against a real one-node Ceph cluster (one mon, one memstore
 //! OSD, cephx) that this test binary starts once with
 //! `scripts/ceph-cluster.sh` and stops at exit: `ustor bench --verify` on
-//! RBD images (two images on two reactors at once); an image exported over
+//! RBD images (two images on two reactors at once, one per completion
+//! mode: librbd's callback and its event socket); an image exported over
 //! NBD, written by qemu-img, and one over NVMe/TCP, written by the Linux
 //! kernel's nvme-tcp initiator in a QEMU guest (a pattern and fio verify),
 //! both read back with `rbd export` (checksums);
@@ -131,7 +132,13 @@ fn bench_verify_on_two_images_on_two_reactors() {
     let conf = bdev_config(vec![
         c.register("c1"),
         rbd_bdev("r0", "bench0"),
-        rbd_bdev("r1", "bench1"),
+        // The other completion mode: librbd's event socket, polled by
+        // both reactors.
+        {
+            let mut b = rbd_bdev("r1", "bench1");
+            b["params"]["completion"] = json!("event");
+            b
+        },
     ]);
     std::fs::write(&cfg, conf.to_string()).unwrap();
     // Both images at once, each from its own reactor (two bench processes
