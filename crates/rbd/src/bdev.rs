@@ -401,12 +401,12 @@ unsafe extern "C" fn on_complete(c: ffi::rbd_completion_t, arg: *mut c_void) {
     let p = unsafe { Box::from_raw(arg.cast::<Pending>()) };
     let r = unsafe { ffi::rbd_aio_get_return_value(c) };
     unsafe { ffi::rbd_aio_release(c) };
-    finish(p, r, None);
+    finish(*p, r, None);
 }
 
 /// Completes a finished librbd I/O (`r`: its return value): right here
 /// when `here` (the current reactor's end) owns it, else through its ring.
-pub(crate) fn finish(p: Box<Pending>, r: isize, here: Option<&RemoteCompletions>) {
+pub(crate) fn finish(p: Pending, r: isize, here: Option<&RemoteCompletions>) {
     // SAFETY: see `Pending::image`.
     let img = unsafe { &*p.image };
     let status = if r < 0 {

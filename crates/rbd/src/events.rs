@@ -100,7 +100,7 @@ pub(crate) async fn reap(img: Arc<Image>, rc: Rc<RemoteCompletions>, stop: Rc<Ce
                     ffi::rbd_aio_release(c);
                     (p, r)
                 };
-                finish(p, r, Some(&rc));
+                finish(*p, r, Some(&rc));
             }
             if (n as usize) < BATCH {
                 break;
