@@ -1,0 +1,392 @@
+//! `Client`: typed file operations over a `Conn`, with reconnection. A
+//! request whose connection broke is sent again on a new connection when
+//! it is idempotent (lookup, getattr, setattr, read, write at an offset,
+//! readdir, readlink, statfs, fsync); the others (create, mkdir, unlink,
+//! rename...) fail with `Disconnected` (EIO), since the server may or may
+//! not have done them. Every wait is bounded by `Config::timeout`, and
+//! reconnecting gives up after `Config::reconnect_for`: a dead server
+//! makes calls fail, never hang.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ustor_fs::proto::{self, Request, SET_ATIME, SET_GID, SET_MODE, SET_MTIME, SET_SIZE, SET_UID};
+use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE};
+
+use crate::conn::{Conn, Frame};
+use crate::{wire, ClientError, Result};
+
+/// Where and how to connect.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// HOST:PORT of the server.
+    pub addr: String,
+    /// The export's name.
+    pub export: String,
+    /// The export's shared secret (empty when it has none).
+    pub secret: Vec<u8>,
+    /// How long one request may wait for its reply.
+    pub timeout: Duration,
+    /// How long to keep trying to reconnect before failing a call.
+    pub reconnect_for: Duration,
+}
+
+impl Config {
+    pub fn new(addr: &str, export: &str, secret: &[u8]) -> Self {
+        Self {
+            addr: addr.to_string(),
+            export: export.to_string(),
+            secret: secret.to_vec(),
+            timeout: Duration::from_secs(30),
+            reconnect_for: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A connection to one export, shared by any number of threads.
+pub struct Client {
+    cfg: Config,
+    conn: Mutex<Option<Arc<Conn>>>,
+    tag: AtomicU64,
+    reconnects: AtomicU64,
+}
+
+fn idempotent(r: &Request<'_>) -> bool {
+    matches!(
+        r,
+        Request::Lookup { .. }
+            | Request::Getattr
+            | Request::Setattr { .. }
+            | Request::Readlink
+            | Request::Readdir { .. }
+            | Request::Read { .. }
+            | Request::Write { .. }
+            | Request::Statfs
+            | Request::Fsync
+    )
+}
+
+fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
+    let v: Vec<_> = addr
+        .to_socket_addrs()
+        .map_err(|e| ClientError::Disconnected(format!("{addr}: {e}")))?
+        .collect();
+    if v.is_empty() {
+        return Err(ClientError::Disconnected(format!("{addr}: no address")));
+    }
+    Ok(v)
+}
+
+impl Client {
+    /// Connects and authenticates; fails at once when the server refuses
+    /// (a wrong secret is `ClientError::Auth`).
+    pub fn connect(cfg: Config) -> Result<Self> {
+        let c = Self {
+            cfg,
+            conn: Mutex::new(None),
+            tag: AtomicU64::new(2),
+            reconnects: AtomicU64::new(0),
+        };
+        let conn = c.dial()?;
+        *c.conn.lock().expect("conn") = Some(Arc::new(conn));
+        Ok(c)
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// How many times the connection was re-established.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    fn dial(&self) -> Result<Conn> {
+        let mut last = ClientError::Disconnected("no address".into());
+        for a in resolve(&self.cfg.addr)? {
+            let e = self.cfg.export.as_bytes();
+            match Conn::open(&a, e, &self.cfg.secret, self.cfg.timeout) {
+                Ok(c) => return Ok(c),
+                Err(err @ (ClientError::Auth | ClientError::Errno(_))) => return Err(err),
+                Err(err) => last = err,
+            }
+        }
+        Err(last)
+    }
+
+    /// The live connection, reconnecting (with backoff, up to
+    /// `reconnect_for`) when it died.
+    fn conn(&self) -> Result<Arc<Conn>> {
+        let mut g = self.conn.lock().expect("conn");
+        if let Some(c) = g.as_ref().filter(|c| !c.is_dead()) {
+            return Ok(c.clone());
+        }
+        *g = None;
+        let deadline = Instant::now() + self.cfg.reconnect_for;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.dial() {
+                Ok(c) => {
+                    self.reconnects.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(addr = %self.cfg.addr, "file service: reconnected");
+                    let c = Arc::new(c);
+                    *g = Some(c.clone());
+                    return Ok(c);
+                }
+                Err(e @ ClientError::Auth) => return Err(e),
+                Err(e) if Instant::now() + pause > deadline => return Err(e),
+                // Backoff between attempts: the server is restarting.
+                Err(_) => std::thread::sleep(pause),
+            }
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    fn next_tag(&self) -> u64 {
+        self.tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends a request without waiting: the start of a pipelined call.
+    fn submit(&self, ino: u64, req: &Request<'_>, payload: &[u8]) -> Result<Pending> {
+        let conn = self.conn()?;
+        let tag = self.next_tag();
+        let head = proto::encode_request(tag, ino, req);
+        let rx = conn.send(tag, &head, payload)?;
+        Ok(Pending { conn, rx })
+    }
+
+    fn wait(&self, p: Pending) -> Result<Frame> {
+        let f = match p.rx.recv_timeout(self.cfg.timeout) {
+            Ok(r) => r?,
+            Err(RecvTimeoutError::Timeout) => {
+                p.conn.kill("request timed out");
+                return Err(ClientError::Timeout(self.cfg.timeout));
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(ClientError::Disconnected("reader gone".into()))
+            }
+        };
+        match f.errno {
+            0 => Ok(f),
+            e => Err(ClientError::Errno(e as i32)),
+        }
+    }
+
+    /// One request and its reply; an idempotent request is sent once more
+    /// on a new connection if the first one broke.
+    fn call(&self, ino: u64, req: &Request<'_>, payload: &[u8]) -> Result<Frame> {
+        let r = self.submit(ino, req, payload).and_then(|p| self.wait(p));
+        match r {
+            Err(ClientError::Disconnected(_)) if idempotent(req) => {
+                self.submit(ino, req, payload).and_then(|p| self.wait(p))
+            }
+            r => r,
+        }
+    }
+
+    fn attr_call(&self, ino: u64, req: &Request<'_>) -> Result<Attr> {
+        wire::decode_attr(&self.call(ino, req, &[])?.body)
+    }
+
+    pub fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
+        self.attr_call(dir, &Request::Lookup { name })
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.attr_call(ino, &Request::Getattr)
+    }
+
+    pub fn setattr(&self, ino: u64, a: &SetAttr) -> Result<Attr> {
+        let bit = |o: bool, b: u32| if o { b } else { 0 };
+        let mask = bit(a.mode.is_some(), SET_MODE)
+            | bit(a.uid.is_some(), SET_UID)
+            | bit(a.gid.is_some(), SET_GID)
+            | bit(a.size.is_some(), SET_SIZE)
+            | bit(a.atime_ns.is_some(), SET_ATIME)
+            | bit(a.mtime_ns.is_some(), SET_MTIME);
+        let req = Request::Setattr {
+            mask,
+            mode: a.mode.unwrap_or(0),
+            uid: a.uid.unwrap_or(0),
+            gid: a.gid.unwrap_or(0),
+            size: a.size.unwrap_or(0),
+            atime_ns: a.atime_ns.unwrap_or(0),
+            mtime_ns: a.mtime_ns.unwrap_or(0),
+        };
+        self.attr_call(ino, &req)
+    }
+
+    pub fn create(&self, dir: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let req = Request::Create {
+            mode,
+            uid,
+            gid,
+            name,
+        };
+        self.attr_call(dir, &req)
+    }
+
+    pub fn mkdir(&self, dir: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let req = Request::Mkdir {
+            mode,
+            uid,
+            gid,
+            name,
+        };
+        self.attr_call(dir, &req)
+    }
+
+    pub fn symlink(
+        &self,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        let req = Request::Symlink {
+            uid,
+            gid,
+            name,
+            target,
+        };
+        self.attr_call(dir, &req)
+    }
+
+    /// Links inode `ino` into `dir` as `name`.
+    pub fn link(&self, ino: u64, dir: u64, name: &[u8]) -> Result<Attr> {
+        self.attr_call(ino, &Request::Link { dir, name })
+    }
+
+    pub fn unlink(&self, dir: u64, name: &[u8]) -> Result<()> {
+        self.call(dir, &Request::Unlink { name }, &[]).map(drop)
+    }
+
+    pub fn rmdir(&self, dir: u64, name: &[u8]) -> Result<()> {
+        self.call(dir, &Request::Rmdir { name }, &[]).map(drop)
+    }
+
+    pub fn rename(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8]) -> Result<()> {
+        let req = Request::Rename { ddir, sname, dname };
+        self.call(sdir, &req, &[]).map(drop)
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        Ok(self.call(ino, &Request::Readlink, &[])?.body)
+    }
+
+    /// Up to `max` entries of `dir` from `cookie` (0 = the start).
+    pub fn readdir(&self, dir: u64, cookie: u64, max: u32) -> Result<Vec<DirEntry>> {
+        wire::decode_entries(&self.call(dir, &Request::Readdir { cookie, max }, &[])?.body)
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        wire::decode_statfs(&self.call(ustor_fs::ROOT_INO, &Request::Statfs, &[])?.body)
+    }
+
+    pub fn fsync(&self, ino: u64) -> Result<()> {
+        self.call(ino, &Request::Fsync, &[]).map(drop)
+    }
+
+    /// Reads up to `len` bytes at `off` (fewer at the end of the file). A
+    /// read over 1 MiB goes out as pipelined 1 MiB requests.
+    pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        if len <= MAX_WRITE {
+            let req = Request::Read {
+                off,
+                len: len as u32,
+            };
+            return Ok(self.call(ino, &req, &[])?.body);
+        }
+        let mut out = Vec::with_capacity(len);
+        let chunks = chunk(off, len);
+        for (i, r) in self.pipeline(ino, &chunks, None)?.into_iter().enumerate() {
+            let short = r.body.len() < chunks[i].1;
+            out.extend_from_slice(&r.body);
+            if short {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `off`; the payload goes from `data` to the socket
+    /// without a copy. Returns the file's attribute after the write when
+    /// the server sends it. Over 1 MiB goes out as pipelined requests.
+    pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
+        let chunks = chunk(off, data.len());
+        let frames = if chunks.len() == 1 {
+            let req = Request::Write {
+                off,
+                len: data.len() as u32,
+            };
+            vec![self.call(ino, &req, data)?]
+        } else {
+            self.pipeline(ino, &chunks, Some((off, data)))?
+        };
+        let last = frames.last().map(|f| f.body.as_slice()).unwrap_or(&[]);
+        wire::decode_write(last)
+    }
+
+    /// Sends every chunk before waiting for any reply; if the connection
+    /// breaks, the whole batch (idempotent) is sent once more.
+    fn pipeline(
+        &self,
+        ino: u64,
+        chunks: &[(u64, usize)],
+        data: Option<(u64, &[u8])>,
+    ) -> Result<Vec<Frame>> {
+        let once = || -> Result<Vec<Frame>> {
+            let mut sent = Vec::with_capacity(chunks.len());
+            for &(o, n) in chunks {
+                let p = match data {
+                    Some((base, d)) => {
+                        let s = (o - base) as usize;
+                        let req = Request::Write {
+                            off: o,
+                            len: n as u32,
+                        };
+                        self.submit(ino, &req, &d[s..s + n])?
+                    }
+                    None => self.submit(
+                        ino,
+                        &Request::Read {
+                            off: o,
+                            len: n as u32,
+                        },
+                        &[],
+                    )?,
+                };
+                sent.push(p);
+            }
+            sent.into_iter().map(|p| self.wait(p)).collect()
+        };
+        match once() {
+            Err(ClientError::Disconnected(_)) => once(),
+            r => r,
+        }
+    }
+}
+
+/// Splits `len` bytes at `off` into requests of at most `MAX_WRITE`.
+fn chunk(off: u64, len: usize) -> Vec<(u64, usize)> {
+    let mut v = Vec::new();
+    let mut done = 0;
+    loop {
+        let n = (len - done).min(MAX_WRITE);
+        v.push((off + done as u64, n));
+        done += n;
+        if done >= len {
+            return v;
+        }
+    }
+}
+
+/// A request sent and not yet answered.
+struct Pending {
+    conn: Arc<Conn>,
+    rx: Receiver<Result<Frame>>,
+}

@@ -1,0 +1,1 @@
+//! The FUSE file system (placeholder until the mount lands).
