@@ -26,6 +26,16 @@
 //! burst never spawns (allocates). Left at their defaults they change
 //! nothing.
 //!
+//! Opt-ins for clients (the NVMe/TCP initiator), whose units originate
+//! locally and whose peer's PDUs complete them: [`start`] hands out the
+//! connection before it runs ([`serve`]) so the client can [`Conn::send`]
+//! its requests (queued like [`Recv::Interim`]: no budget, no worker);
+//! [`Recv::Place`] receives a payload into memory the protocol names
+//! ([`Protocol::place`]: a read's own buffers, not a pool buffer); and
+//! [`Conn::set_drain_timeout`] bounds how long the sender may take
+//! to finish after the receiver stopped (a last PDU such as a
+//! termination request to a peer that no longer reads).
+//!
 //! All tasks of a connection live on one reactor and share [`Conn`] through
 //! an `Rc`: no lock, no atomic, no allocation per unit (queues, worker
 //! slots, the group and staging are allocated when the driver starts).
@@ -40,11 +50,13 @@ use std::future::Future;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::task::Waker;
+use std::time::Duration;
 
 use ustor_runtime::IoBuf;
 
 use crate::coalesce::{CoalesceConfig, Coalescer};
 use crate::group::PduGroup;
+use crate::recv::Seg;
 use crate::staging::{RecvMode, Rewind, Staging};
 
 /// What the receiver tells the protocol (the event of [`Protocol::apply`]).
@@ -105,6 +117,11 @@ pub enum Recv<P: Protocol> {
     Park,
     /// Stop reading; the connection ends once every reply is sent.
     Close,
+    /// Client opt-in: receive into the segments [`Protocol::place`] names
+    /// (what is staged is copied first), with up to `tail` bytes of what
+    /// follows into the emptied staging buffer in the same `recvmsg`,
+    /// then [`RecvEvent::Next`] (the protocol knows what it placed).
+    Place { tail: usize },
 }
 
 /// Costs the driver reports to the protocol's counters.
@@ -195,6 +212,18 @@ pub trait Protocol: Sized + 'static {
     /// parked on its side must now finish, or the connection never ends.
     fn on_close(&self) {}
 
+    /// Client opt-in: the destination of a [`Recv::Place`], written to
+    /// `out` (at most `out.len()` segments, their number returned).
+    ///
+    /// # Safety
+    /// The implementation promises that every segment it names is valid
+    /// for writes, and written by nobody else, until the receiver next
+    /// calls [`Protocol::apply`]; the caller (the receiver) writes only
+    /// there and only until then.
+    unsafe fn place(&self, _out: &mut [Seg]) -> usize {
+        unreachable!("Recv::Place from a protocol without Protocol::place")
+    }
+
     /// Accounting hook.
     fn on_io(&self, _ev: IoEvent) {}
 }
@@ -270,6 +299,8 @@ pub struct Conn<P: Protocol> {
     closing: Cell<bool>,
     /// The socket failed: replies can no longer be sent.
     dead: Cell<bool>,
+    /// [`Conn::set_drain_timeout`].
+    drain: Cell<Option<Duration>>,
 }
 
 fn wake(slot: &RefCell<Option<Waker>>) {
@@ -290,6 +321,26 @@ impl<P: Protocol> Conn<P> {
     /// Units received and not yet answered.
     pub fn outstanding(&self) -> usize {
         self.outstanding.get()
+    }
+
+    /// Client opt-in: queues a locally originated request for the sender,
+    /// like [`Recv::Interim`] (no budget, not counted in flight: the
+    /// protocol counts its own requests).
+    pub fn send(&self, reply: P::Reply) {
+        self.queue_reply(reply, 0, false);
+    }
+
+    /// Client opt-in: after the receiver stopped, how long the sender may
+    /// take to send what is queued before the socket is shut down under
+    /// it (default `None`: as long as it takes; the peer's leaving ends
+    /// it). Bounds a last PDU to a peer that no longer reads.
+    pub fn set_drain_timeout(&self, d: Option<Duration>) {
+        self.drain.set(d);
+    }
+
+    /// The receiver stopped: nothing more is read.
+    pub fn is_closing(&self) -> bool {
+        self.closing.get()
     }
 
     fn queue_reply(&self, reply: P::Reply, charge: u64, unit: bool) {
@@ -325,7 +376,14 @@ impl<P: Protocol> Conn<P> {
 /// a dead socket); the socket is shut down then. Allocates the connection's
 /// staging, queues and group here, once.
 pub async fn run<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) {
-    let conn = Rc::new(Conn {
+    serve(start(fd, proto, cfg)).await
+}
+
+/// Allocates a connection's queues and worker slots without running it
+/// (client opt-in: the protocol's owner keeps the `Rc` to
+/// [`Conn::send`]); [`serve`] runs it.
+pub fn start<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) -> Rc<Conn<P>> {
+    Rc::new(Conn {
         fd,
         proto,
         jobs: RefCell::new(VecDeque::with_capacity(cfg.max_outstanding)),
@@ -337,8 +395,14 @@ pub async fn run<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) {
         sender: RefCell::new(None),
         closing: Cell::new(false),
         dead: Cell::new(false),
+        drain: Cell::new(None),
         cfg,
-    });
+    })
+}
+
+/// Runs a connection made by [`start`] as [`run`] does; when it returns no
+/// task of the connection touches the socket or a buffer any more.
+pub async fn serve<P: Protocol>(conn: Rc<Conn<P>>) {
     workers::prespawn(&conn);
     let sender = ustor_runtime::spawn(sender::run(conn.clone()));
     let mut st = Staging::new(conn.cfg.staging_len, conn.cfg.rewind);
@@ -348,6 +412,13 @@ pub async fn run<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) {
     conn.workers.wake_all();
     wake(&conn.sender);
     // The sender returns once every received unit has been answered.
+    let mut sender = std::pin::pin!(sender);
+    if let Some(d) = conn.drain.get() {
+        if crate::time::timeout(d, sender.as_mut()).await.is_none() {
+            // The peer stopped reading: the failed send ends the sender.
+            crate::recv::shutdown(conn.raw_fd());
+        }
+    }
     sender.await;
     crate::recv::shutdown(conn.raw_fd());
 }

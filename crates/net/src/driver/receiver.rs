@@ -82,6 +82,12 @@ pub(super) async fn run<P: Protocol>(conn: &Rc<Conn<P>>, st: &mut Staging) {
                 RecvEvent::Resumed
             }
             Recv::Close => return,
+            Recv::Place { tail } => {
+                if !place(conn, st, tail).await {
+                    return;
+                }
+                RecvEvent::Next
+            }
         };
     }
 }
@@ -177,4 +183,30 @@ async fn payload<P: Protocol>(
         }
     }
     Some(buf)
+}
+
+/// Receives into the segments the protocol names ([`Protocol::place`]);
+/// false when the socket ended.
+async fn place<P: Protocol>(conn: &Conn<P>, st: &mut Staging, tail: usize) -> bool {
+    let mut segs = [Seg {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    }; crate::recv::MAX_RECV_IOV - 1];
+    // SAFETY: the protocol keeps the segments valid and unshared until
+    // the next `apply`, which follows this receive.
+    let n = unsafe { conn.proto.place(&mut segs) };
+    // SAFETY: as above; the receive is done when it returns.
+    let Ok(p) = (unsafe { st.recv_payload(conn.raw_fd(), &segs[..n], tail) }).await else {
+        return false;
+    };
+    if p.copied > 0 {
+        conn.proto.on_io(IoEvent::Copied { bytes: p.copied });
+    }
+    if p.calls > 0 {
+        conn.proto.on_io(IoEvent::Received {
+            calls: p.calls,
+            moved: 0,
+        });
+    }
+    true
 }
