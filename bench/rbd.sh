@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Ceph RBD client cost (issue 22), in one run against one one-node cluster
-# (scripts/ceph-cluster.sh, memstore OSD, no auth) on one image:
+# (scripts/ceph-cluster.sh, memstore OSD, no auth) on 1..4 images:
 #
-#   4 KiB randread / randwrite at QD1 and QD32 through
+#   4 KiB randread / randwrite at QD1 and QD32 on N images (IMAGES) through
 #   - ustor:      `ustor bench` on an rbd bdev (reactor on CORE, librados
 #                 threads on the cores without a reactor: the default),
 #   - ustor-same: the same with the cluster's core_mask = CORE (reactor and
 #                 librados threads share one core: the placement experiment),
 #   - ustor-poll: as ustor, the reactor in poll mode (never sleeps),
-#   - fio:        fio's rbd engine (librbd, fio's own thread),
-#   - bdevperf:   SPDK bdevperf with bdev_rbd (when SPDK_DIR has it),
+#   - ustor-event: as ustor, completions through librbd's event socket
+#                 (`completion: "event"`) instead of its callback,
+#   - fio:        fio's rbd engine (librbd, fio's own thread; N jobs, one
+#                 per image, each its own connection, all on CORE),
+#   - bdevperf:   SPDK bdevperf with bdev_rbd (when SPDK_DIR has it; N
+#                 bdevs on one reactor, one shared cluster),
 #   rounds alternating tool by tool. Per point: IOPS, mean latency, and the
 #   client's CPU per I/O, from the process's user+system time (/usr/bin/time,
 #   so every tool is measured the same way, connect included). The summary
@@ -18,11 +22,15 @@
 #   CPU per I/O is the figure that compares the clients. ustor's reactor
 #   runs in its default adaptive mode (it sleeps while waiting on Ceph);
 #   SPDK's reactor polls, so bdevperf's CPU includes its spinning.
-#   Not yet here: 2..4 images, librbd's event-socket completion mode.
+#   With N > 1 images ustor benches one raid0 bdev (4 KiB strips) over the
+#   N rbd bdevs (one `ustor bench` drives one bdev): every 4 KiB I/O goes to
+#   one image, spread evenly; QD is the total over the images for every
+#   tool (fio and bdevperf: QD/N per image, rounded up).
 #
 # Usage: [REPEAT=3] [RUNTIME=5] bench/rbd.sh
 # Environment: CORE=1 QDS="1 32" RWS="randread randwrite"
-#   TOOLS="ustor ustor-same fio bdevperf" SPDK_DIR=../spdk NOBUILD=1 USTOR=path
+#   TOOLS="ustor ustor-same ustor-poll ustor-event fio bdevperf" IMAGES="1 2 4"
+#   SPDK_DIR=../spdk NOBUILD=1 USTOR=path
 # Output: bench/results/rbd-<date>.txt (raw lines, then the summary).
 set -euo pipefail
 
@@ -31,7 +39,9 @@ RUNTIME=${RUNTIME:-5}
 CORE=${CORE:-1}
 QDS=${QDS:-"1 32"}
 RWS=${RWS:-"randread randwrite"}
-TOOLS=${TOOLS:-"ustor ustor-same ustor-poll fio bdevperf"}
+TOOLS=${TOOLS:-"ustor ustor-same ustor-poll ustor-event fio bdevperf"}
+IMAGES=${IMAGES:-1}
+MAXIMG=$(tr ' ' '\n' <<<"$IMAGES" | sort -n | tail -1)
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -56,21 +66,32 @@ BDEVPERF=$SPDK_DIR/build/examples/bdevperf
 
 scripts/ceph-cluster.sh start "$tmp/ceph" --store memstore --auth none >/dev/null
 export CEPH_CONF=$tmp/ceph/ceph.conf
-rbd create --size 256M rbd/img0
-# Written once, so reads return data rather than holes.
-rbd bench --io-type write --io-pattern seq --io-size 4M --io-total 256M rbd/img0 >/dev/null
+for i in $(seq 0 $((MAXIMG - 1))); do
+    rbd create --size 256M rbd/img$i
+    # Written once, so reads return data rather than holes.
+    rbd bench --io-type write --io-pattern seq --io-size 4M --io-total 256M rbd/img$i >/dev/null
+done
 
-# config MASK: ustor/SPDK config with one cluster (core_mask MASK, or the
-# default placement when empty) and one rbd bdev "r0".
+# config MASK N [COMPLETION] [RAID]: ustor/SPDK config with one cluster
+# (core_mask MASK, or the default placement when empty), rbd bdevs r0..rN-1
+# and, with RAID, a raid0 "all" over them.
 config() {
-    local mask=""
+    local mask="" comp="" n=$2 i sep="" bases=""
     [ -n "$1" ] && mask=", \"core_mask\": \"$1\""
-    cat >"$tmp/cfg.json" <<EOF
-{"subsystems": [{"subsystem": "bdev", "config": [
-  {"method": "bdev_rbd_register_cluster", "params": {"name": "c1", "config_file": "$CEPH_CONF"$mask}},
-  {"method": "bdev_rbd_create", "params": {"name": "r0", "cluster_name": "c1", "pool_name": "rbd",
-   "rbd_name": "img0", "block_size": 4096}}]}]}
-EOF
+    [ -n "${3:-}" ] && comp=", \"completion\": \"$3\""
+    {
+        echo '{"subsystems": [{"subsystem": "bdev", "config": ['
+        echo "  {\"method\": \"bdev_rbd_register_cluster\", \"params\": {\"name\": \"c1\", \"config_file\": \"$CEPH_CONF\"$mask}}"
+        for i in $(seq 0 $((n - 1))); do
+            echo "  ,{\"method\": \"bdev_rbd_create\", \"params\": {\"name\": \"r$i\", \"cluster_name\": \"c1\", \"pool_name\": \"rbd\", \"rbd_name\": \"img$i\", \"block_size\": 4096$comp}}"
+            bases="$bases$sep\"r$i\""
+            sep=", "
+        done
+        if [ -n "${4:-}" ]; then
+            echo "  ,{\"method\": \"bdev_raid_create\", \"params\": {\"name\": \"all\", \"raid_level\": \"raid0\", \"strip_size_kb\": 4, \"base_bdevs\": [$bases]}}"
+        fi
+        echo ']}]}'
+    } >"$tmp/cfg.json"
 }
 
 # cpu_us_per_io IOPS: client CPU per I/O from /usr/bin/time's output.
@@ -78,37 +99,43 @@ cpu_per_io() {
     awk -v iops="$1" -v t="$RUNTIME" '/^CPU / {u=$2; s=$3} END {if (iops > 0) printf "%.2f", (u + s) * 1e6 / (iops * t); else print "nan"}' "$tmp/time"
 }
 
-point() { # TOOL RW QD
-    local tool=$1 rw=$2 qd=$3 r="" iops
+point() { # TOOL RW QD N
+    local tool=$1 rw=$2 qd=$3 n=$4 r="" iops i
     local timed=(/usr/bin/time -o "$tmp/time" -f "CPU %U %S" timeout $((RUNTIME + 60)))
+    local raid="" bdev=r0 mask="" comp="" perimg=$(((qd + n - 1) / n))
+    if [ "$n" -gt 1 ]; then raid=1 bdev=all; fi
     case $tool in
-    ustor | ustor-same | ustor-poll)
+    ustor | ustor-same | ustor-poll | ustor-event)
         local mode=adaptive
         [ "$tool" = ustor-poll ] && mode=poll
-        if [ "$tool" = ustor-same ]; then config "[$CORE]"; else config ""; fi
-        r=$("${timed[@]}" "$USTOR" bench -c "$tmp/cfg.json" -b r0 --cores "$CORE" --poll-mode "$mode" \
+        [ "$tool" = ustor-same ] && mask="[$CORE]"
+        [ "$tool" = ustor-event ] && comp=event
+        config "$mask" "$n" "$comp" "$raid"
+        r=$("${timed[@]}" "$USTOR" bench -c "$tmp/cfg.json" -b "$bdev" --cores "$CORE" --poll-mode "$mode" \
             -w "$rw" --bs 4096 -q "$qd" -t "$RUNTIME" --json 2>/dev/null |
-            python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("iops=%.1f lat_avg_us=%.1f" % (t["iops"], t["lat_avg_us"]))') || true
+            python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (t["iops"], t["lat_avg_us"], t["lat_p99_us"]))') || true
         ;;
     fio)
-        r=$("${timed[@]}" taskset -c "$CORE" fio --name=rbd --ioengine=rbd --clientname=admin \
-            --pool=rbd --rbdname=img0 --rw="$rw" --bs=4k --iodepth="$qd" --direct=1 \
-            --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null |
-            python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000))') || true
+        local jobs=()
+        for i in $(seq 0 $((n - 1))); do jobs+=(--name="rbd$i" --rbdname="img$i"); done
+        r=$("${timed[@]}" taskset -c "$CORE" fio --ioengine=rbd --clientname=admin \
+            --pool=rbd --rw="$rw" --bs=4k --iodepth="$perimg" --direct=1 --group_reporting \
+            --time_based --runtime="$RUNTIME" --output-format=json "${jobs[@]}" 2>/dev/null |
+            python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000, d["clat_ns"]["percentile"]["99.000000"] / 1000))') || true
         ;;
     bdevperf)
         [ -n "$BDEVPERF" ] || return 0
-        config ""
+        config "" "$n"
         LD_LIBRARY_PATH=$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
             "${timed[@]}" "$BDEVPERF" --no-pci --json "$tmp/cfg.json" -m $((1 << CORE)) \
-            -q "$qd" -o 4096 -w "$rw" -t "$RUNTIME" -T r0 >"$tmp/bdevperf.out" 2>&1 || true
+            -q "$perimg" -o 4096 -w "$rw" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 || true
         r=$(tr -d '\r' <"$tmp/bdevperf.out" | awk '/^ *Total +:/ {print "iops=" $3 " lat_avg_us=" $7}')
         [ -n "$r" ] || tail -5 "$tmp/bdevperf.out" >&2
         ;;
     esac
     iops=$(sed -n 's/.*iops=\([0-9.]*\).*/\1/p' <<<"$r")
     if [ -n "$iops" ]; then r="$r cpu_us_per_io=$(cpu_per_io "$iops")"; fi
-    echo "rep=$rep tool=$tool rw=$rw qd=$qd ${r:-FAILED}"
+    echo "rep=$rep tool=$tool imgs=$n rw=$rw qd=$qd ${r:-FAILED}"
 }
 
 {
@@ -116,8 +143,10 @@ point() { # TOOL RW QD
     for rep in $(seq "$REPEAT"); do
         for rw in $RWS; do
             for qd in $QDS; do
-                for tool in $TOOLS; do
-                    point "$tool" "$rw" "$qd"
+                for n in $IMAGES; do
+                    for tool in $TOOLS; do
+                        point "$tool" "$rw" "$qd" "$n"
+                    done
                 done
             done
         done
@@ -133,20 +162,22 @@ for line in open(sys.argv[1]):
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
     if "iops" not in kv:
         continue
-    pts.setdefault((kv["tool"], kv["rw"], kv["qd"]), []).append(kv)
+    pts.setdefault((kv["tool"], kv.get("imgs", "1"), kv["rw"], kv["qd"]), []).append(kv)
 def med(k, f):
     v = [float(p[f]) for p in pts.get(k, []) if f in p and p[f] != "nan"]
     return statistics.median(v) if v else None
 def ratio(a, b):
     return "%.2f" % (a / b) if a is not None and b else "-"
-print("\n%-10s %-9s %4s %9s %9s %9s %11s %11s %11s %11s" % ("tool", "rw", "qd", "iops", "lat_us", "cpu_us/io",
-      "iops/fio", "cpu/fio", "iops/spdk", "cpu/spdk"))
-for (tool, rw, qd) in sorted(pts):
-    k = (tool, rw, qd)
+def num(v, f):
+    return f % v if v is not None else "-"
+print("\n%-11s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % ("tool", "imgs", "rw", "qd", "iops", "lat_us",
+      "p99_us", "cpu_us/io", "iops/fio", "cpu/fio", "iops/spdk", "cpu/spdk"))
+for (tool, n, rw, qd) in sorted(pts, key=lambda k: (k[2], int(k[3]), int(k[1]), k[0])):
+    k = (tool, n, rw, qd)
     iops, lat, cpu = med(k, "iops"), med(k, "lat_avg_us"), med(k, "cpu_us_per_io")
-    fio, spdk = ("fio", rw, qd), ("bdevperf", rw, qd)
-    print("%-10s %-9s %4s %9.0f %9.1f %9s %11s %11s %11s %11s" % (tool, rw, qd, iops, lat,
-          "%.2f" % cpu if cpu is not None else "-",
+    fio, spdk = ("fio", n, rw, qd), ("bdevperf", n, rw, qd)
+    print("%-11s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (tool, n, rw, qd, num(iops, "%.0f"),
+          num(lat, "%.1f"), num(med(k, "lat_p99_us"), "%.0f"), num(cpu, "%.2f"),
           ratio(iops, med(fio, "iops")), ratio(cpu, med(fio, "cpu_us_per_io")),
           ratio(iops, med(spdk, "iops")), ratio(cpu, med(spdk, "cpu_us_per_io"))))
 PY
