@@ -11,19 +11,22 @@
 //! pointing into guest memory ([`blk`] validates every chain first).
 //!
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
-//! [`memory`] (memory table), [`device`] (the served bdev), [`backend`]
+//! [`memory`] (memory table), [`coalesce`] (call-eventfd coalescing),
+//! [`workers`] (a queue's request workers), [`device`] (the served bdev), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
 //! thread, lifecycle), [`target`] (every controller by name, for the RPCs), [`fuzzing`]
 //! (the fuzz targets' bodies).
 
 pub mod backend;
 pub mod blk;
+pub mod coalesce;
 pub mod controller;
 pub mod device;
 pub mod fuzzing;
 pub mod memory;
 pub mod target;
 pub mod vring;
+pub mod workers;
 
 pub use controller::{BlkController, BlkControllerConfig};
 pub use target::VhostTarget;

@@ -148,6 +148,8 @@ impl VhostTarget {
                 poll_window: Duration::from_micros(50),
             },
         )?;
+        ctrl.device()
+            .set_coalescing(DEFAULT_DELAY_BASE_US, DEFAULT_IOPS_THRESHOLD);
         ctrls.insert(
             p.ctrlr.clone(),
             Entry {
@@ -190,6 +192,9 @@ impl VhostTarget {
             .ok_or_else(|| VhostError::NoController(ctrlr.to_string()))?;
         e.delay_base_us = delay_base_us;
         e.iops_threshold = iops_threshold;
+        e.ctrl
+            .device()
+            .set_coalescing(delay_base_us, iops_threshold);
         Ok(())
     }
 

@@ -1,6 +1,9 @@
 //! One virtqueue served on one reactor: the task that takes available
-//! chains, and the per-request futures that run them on the bdev with
-//! buffers pointing into guest memory (no copy).
+//! chains, and the workers ([`crate::workers`]) that run them on the bdev
+//! with buffers pointing into guest memory (no copy). Once warm the path
+//! allocates nothing: workers, segment lists, job slots and buffer lists
+//! are reused, and the memory map is reference-counted only when it
+//! changes (the `alloc_free` test holds it to that).
 //!
 //! Adaptive polling: while requests keep coming the task re-polls the
 //! avail index every reactor pass (notifications off, so the driver makes
@@ -12,21 +15,26 @@
 //! reports the ring indices back.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::fs::File;
+use std::future::poll_fn;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::task::Poll;
+use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel};
-use ustor_runtime::IoBuf;
+use ustor_runtime::{ticks, IoBuf};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::blk::{self, status, Kind, Request, Seg};
-use crate::device::BlkDevice;
+use crate::coalesce::Coalescer;
+use crate::device::{BlkDevice, QueueStats};
+use crate::workers::Pool;
 
 /// Everything a queue needs to run, sent from the control thread.
 pub struct VringStart {
@@ -47,26 +55,42 @@ pub struct VringStart {
     pub done: mpsc::Sender<(u16, u16)>,
 }
 
-/// Counters a queue keeps (read by `vhost_get_controllers`).
-#[derive(Default)]
-pub struct VringStats {
-    pub requests: Cell<u64>,
-    pub kicks: Cell<u64>,
-    pub notifications: Cell<u64>,
-    pub errors: Cell<u64>,
+/// A request taken from the ring, waiting for a worker.
+struct Job {
+    head: u16,
+    req: Request,
 }
 
-/// Per-queue state shared by the queue task and its requests (one reactor).
+/// Per-queue state shared by the queue task and its workers (one reactor).
 struct Vring {
+    index: usize,
     queue: RefCell<Queue>,
     ch: IoChannel,
     dev: Arc<BlkDevice>,
     call: Option<Arc<File>>,
+    /// Requests taken and not yet returned used (queued or running).
     inflight: Cell<u32>,
     /// Reused segment lists, one per request in flight.
     seg_pool: RefCell<Vec<Vec<Seg>>>,
-    stats: VringStats,
+    jobs: RefCell<VecDeque<Job>>,
+    workers: Pool,
+    closing: Cell<bool>,
+    /// The memory map requests use, and a generation bumped when the
+    /// frontend changes it (workers keep the map they last used until
+    /// they see a new generation: no reference count touched per I/O).
+    mem: RefCell<Arc<GuestMemoryMmap>>,
+    mem_gen: Cell<u64>,
+    coal: RefCell<Coalescer>,
+    /// The queue task sleeps on the kick eventfd: completions signal at
+    /// once (nothing would send a held-back signal).
+    parked: Cell<bool>,
     broken: Cell<bool>,
+}
+
+impl Vring {
+    fn stats(&self) -> &QueueStats {
+        &self.dev.queue_stats[self.index]
+    }
 }
 
 /// The queue task: spawned on the queue's reactor by the controller.
@@ -88,43 +112,56 @@ pub async fn run(s: VringStart) {
             return;
         }
     };
-    let poll_window = v.dev.poll_window;
-    let mut last_work = Instant::now();
+    let poll_window = ticks::from_duration(v.dev.poll_window);
+    let mut last_work = ticks::now();
     while !stop.load(Ordering::Acquire) {
-        let mem = mem_atomic.memory().into_inner();
-        let n = take_available(&v, &mem);
+        refresh_mem(&v, &mem_atomic);
+        let n = take_available(&v);
+        let now = ticks::now();
+        coalesce_tick(&v, now);
         if n > 0 {
-            last_work = Instant::now();
+            last_work = now;
             ustor_runtime::yield_now().await;
             continue;
         }
-        if last_work.elapsed() < poll_window {
+        // A held-back signal keeps the queue polling until it is due
+        // (a sleeping queue could not send it).
+        if now.wrapping_sub(last_work) < poll_window || v.coal.borrow().pending() {
             ustor_runtime::yield_now().await;
             continue;
         }
-        // Going to sleep: ask for kicks, then look once more (a chain made
-        // available between the last look and the re-enable would
+        // Going to sleep: ask for kicks, then look once more (a chain
+        // made available between the last look and the re-enable would
         // otherwise wait for the next kick).
-        let more = v
-            .queue
-            .borrow_mut()
-            .enable_notification(&*mem)
-            .unwrap_or(false);
-        drop(mem);
+        let more = {
+            let mem = v.mem.borrow();
+            v.queue
+                .borrow_mut()
+                .enable_notification(&**mem)
+                .unwrap_or(false)
+        };
         if !more {
+            v.parked.set(true);
             let _ = ustor_runtime::ops::poll_ready(kick.as_raw_fd(), libc::POLLIN as u32).await;
+            v.parked.set(false);
             drain_eventfd(&kick);
-            v.stats.kicks.set(v.stats.kicks.get() + 1);
+            QueueStats::bump(&v.stats().kicks);
         }
-        let mem = mem_atomic.memory();
-        let _ = v.queue.borrow_mut().disable_notification(&*mem);
-        last_work = Instant::now();
+        refresh_mem(&v, &mem_atomic);
+        let mem = v.mem.borrow();
+        let _ = v.queue.borrow_mut().disable_notification(&**mem);
+        last_work = ticks::now();
     }
     // Drain: the indices are reported only once every request taken has
     // been returned used, so a restarted ring repeats nothing.
     while v.inflight.get() > 0 {
         ustor_runtime::sleep(Duration::from_micros(100)).await;
     }
+    if v.coal.borrow_mut().flush(ticks::now()) {
+        signal_call(&v);
+    }
+    v.closing.set(true);
+    v.workers.wake_all();
     let q = v.queue.borrow();
     let _ = done.send((q.next_avail(), q.next_used()));
 }
@@ -138,9 +175,12 @@ fn setup(s: VringStart) -> Result<Vring, String> {
     q.set_used_ring_address(Some(s.used as u32), Some((s.used >> 32) as u32));
     q.set_event_idx(s.event_idx);
     q.set_ready(true);
-    let mem = s.mem.memory();
+    let mem = s.mem.memory().into_inner();
     if !q.is_valid(&*mem) {
         return Err(format!("queue {}: ring outside guest memory", s.index));
+    }
+    if s.index as usize >= s.dev.queue_stats.len() {
+        return Err(format!("queue {}: beyond num_queues", s.index));
     }
     q.set_next_avail(s.next_avail);
     // The used index in guest memory is where the previous backend (or
@@ -150,24 +190,55 @@ fn setup(s: VringStart) -> Result<Vring, String> {
         .map_err(|e| format!("{e:?}"))?;
     q.set_next_used(used.0);
     set_nonblocking(&s.kick);
+    let depth = s.size as usize;
     Ok(Vring {
+        index: s.index as usize,
         queue: RefCell::new(q),
         ch,
         dev: s.dev,
         call: s.call,
         inflight: Cell::new(0),
-        seg_pool: RefCell::new(Vec::new()),
-        stats: VringStats::default(),
+        seg_pool: RefCell::new(Vec::with_capacity(depth)),
+        jobs: RefCell::new(VecDeque::with_capacity(depth)),
+        workers: Pool::new(depth),
+        closing: Cell::new(false),
+        mem: RefCell::new(mem),
+        mem_gen: Cell::new(0),
+        coal: RefCell::new(Coalescer::new(ticks::hz(), ticks::now())),
+        parked: Cell::new(false),
         broken: Cell::new(false),
     })
 }
 
+/// Picks up a memory map the frontend changed (ADD_MEM_REG, REM_MEM_REG);
+/// idle workers are woken so they drop the old one.
+fn refresh_mem(v: &Vring, atomic: &GuestMemoryAtomic<GuestMemoryMmap>) {
+    let g = atomic.memory();
+    if std::ptr::eq(&*g, Arc::as_ptr(&v.mem.borrow())) {
+        return;
+    }
+    *v.mem.borrow_mut() = g.into_inner();
+    v.mem_gen.set(v.mem_gen.get() + 1);
+    v.workers.wake_all();
+}
+
+/// Once per pass: the rate check and a held-back signal that is due.
+fn coalesce_tick(v: &Vring, now: u64) {
+    let mut c = v.coal.borrow_mut();
+    c.check(now, v.dev.coalescing());
+    if c.due(now) {
+        drop(c);
+        signal_call(v);
+    }
+}
+
 /// Takes every available chain (at most a ring's worth per call: a budget
-/// so one queue cannot hold the reactor) and starts a request for each.
-fn take_available(v: &Rc<Vring>, mem: &Arc<GuestMemoryMmap>) -> usize {
+/// so one queue cannot hold the reactor) and hands each to a worker.
+fn take_available(v: &Rc<Vring>) -> usize {
     if v.broken.get() {
         return 0;
     }
+    let mem = v.mem.borrow();
     let mut descs = blk::chain_buf();
     let mut n = 0;
     let budget = v.queue.borrow().size() as usize;
@@ -183,45 +254,93 @@ fn take_available(v: &Rc<Vring>, mem: &Arc<GuestMemoryMmap>) -> usize {
         let head = chain.head_index();
         let k = blk::collect_chain(chain, &mut descs);
         let segs = v.seg_pool.borrow_mut().pop().unwrap_or_default();
+        QueueStats::bump(&v.stats().requests);
         match blk::parse_chain(&descs[..k], &**mem, segs) {
             Ok(req) => {
                 v.inflight.set(v.inflight.get() + 1);
-                v.stats.requests.set(v.stats.requests.get() + 1);
-                ustor_runtime::spawn(execute(v.clone(), mem.clone(), head, req));
+                v.jobs.borrow_mut().push_back(Job { head, req });
+                if let Some(id) = v.workers.dispatch() {
+                    ustor_runtime::spawn(worker(v.clone(), id));
+                }
             }
             Err((e, segs)) => {
                 v.seg_pool.borrow_mut().push(segs);
-                v.stats.errors.set(v.stats.errors.get() + 1);
+                QueueStats::bump(&v.stats().errors);
                 tracing::debug!("vhost-blk: queue request {head}: {e}");
                 if let Some(at) = e.status_addr() {
                     let _ = mem.write_obj(status::IOERR, at);
-                    complete(v, mem, head, 1);
+                    complete(v, &mem, head, 1);
                 } else {
-                    complete(v, mem, head, 0);
+                    complete(v, &mem, head, 0);
                 }
             }
         }
     }
+    v.coal.borrow_mut().taken(n as u64);
     n
 }
 
+/// Scratch space a worker reuses for every request.
+struct Scratch {
+    bufs: Vec<IoBuf>,
+    ranges: Vec<blk::Range>,
+}
+
+/// One worker: takes jobs until the queue stops.
+async fn worker(v: Rc<Vring>, id: usize) {
+    let mut mem: Option<(u64, Arc<GuestMemoryMmap>)> = None;
+    let mut scratch = Scratch {
+        bufs: Vec::with_capacity(blk::SEG_MAX),
+        ranges: Vec::with_capacity(blk::MAX_RANGES as usize),
+    };
+    loop {
+        let job = poll_fn(|cx| {
+            if let Some(job) = v.jobs.borrow_mut().pop_front() {
+                v.workers.unpark_self(id);
+                return Poll::Ready(Some(job));
+            }
+            if v.closing.get() {
+                v.workers.unpark_self(id);
+                return Poll::Ready(None);
+            }
+            // An old memory map is not kept alive by an idle worker.
+            if mem.as_ref().is_some_and(|m| m.0 != v.mem_gen.get()) {
+                mem = None;
+            }
+            v.workers.park(id, cx.waker());
+            Poll::Pending
+        })
+        .await;
+        let Some(job) = job else { break };
+        let gen = v.mem_gen.get();
+        let m = match &mem {
+            Some((g, m)) if *g == gen => m,
+            _ => &mem.insert((gen, v.mem.borrow().clone())).1,
+        };
+        execute(&v, m, job, &mut scratch).await;
+    }
+}
+
 /// Runs one request and returns it used.
-async fn execute(v: Rc<Vring>, mem: Arc<GuestMemoryMmap>, head: u16, mut req: Request) {
-    let (st, written) = run_request(&v, &mem, &req).await;
-    let len = if mem.write_obj(st, req.status).is_ok() {
+async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut Scratch) {
+    let (st, written) = run_request(v, mem, &job.req, scratch).await;
+    let len = if mem.write_obj(st, job.req.status).is_ok() {
         written + 1
     } else {
         0
     };
     if st != status::OK {
-        v.stats.errors.set(v.stats.errors.get() + 1);
+        QueueStats::bump(&v.stats().errors);
     }
-    v.seg_pool.borrow_mut().push(std::mem::take(&mut req.segs));
+    v.seg_pool
+        .borrow_mut()
+        .push(std::mem::take(&mut job.req.segs));
     v.inflight.set(v.inflight.get() - 1);
-    complete(&v, &mem, head, len);
+    complete(v, mem, job.head, len);
 }
 
-/// Adds `head` to the used ring and signals the driver if it asked.
+/// Adds `head` to the used ring and signals the driver if it asked (now,
+/// or later when coalescing holds the signal back).
 fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
     let mut q = v.queue.borrow_mut();
     if q.add_used(mem, head, len).is_err() {
@@ -230,15 +349,28 @@ fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
         return;
     }
     if q.needs_notification(mem).unwrap_or(true) {
-        if let Some(call) = &v.call {
-            signal(call);
-            v.stats.notifications.set(v.stats.notifications.get() + 1);
+        drop(q);
+        let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
+        if now_ok {
+            signal_call(v);
         }
     }
 }
 
+fn signal_call(v: &Vring) {
+    if let Some(call) = &v.call {
+        signal(call);
+        QueueStats::bump(&v.stats().signals);
+    }
+}
+
 /// (status, bytes the device wrote into the data segments).
-async fn run_request(v: &Vring, mem: &GuestMemoryMmap, req: &Request) -> (u8, u32) {
+async fn run_request(
+    v: &Vring,
+    mem: &GuestMemoryMmap,
+    req: &Request,
+    scratch: &mut Scratch,
+) -> (u8, u32) {
     let dev = &v.dev;
     match req.kind {
         Kind::Read | Kind::Write => {
@@ -249,7 +381,7 @@ async fn run_request(v: &Vring, mem: &GuestMemoryMmap, req: &Request) -> (u8, u3
             let Some((off, blocks)) = dev.blocks(req.sector, req.data_len as u64) else {
                 return (status::IOERR, 0);
             };
-            let r = rw(&v.ch, mem, write, off, blocks, &req.segs).await;
+            let r = rw(&v.ch, mem, write, off, blocks, &req.segs, &mut scratch.bufs).await;
             let r = match r {
                 Ok(()) if write && !dev.writeback.load(Ordering::Relaxed) => {
                     v.ch.flush(off, blocks).await
@@ -263,12 +395,12 @@ async fn run_request(v: &Vring, mem: &GuestMemoryMmap, req: &Request) -> (u8, u3
             Ok(n) => (status::OK, n),
             Err(_) => (status::IOERR, 0),
         },
-        Kind::Discard | Kind::WriteZeroes => (ranges(v, mem, req).await, 0),
+        Kind::Discard | Kind::WriteZeroes => (ranges(v, mem, req, &mut scratch.ranges).await, 0),
         Kind::Other(_) => (status::UNSUPP, 0),
     }
 }
 
-async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request) -> u8 {
+async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request, list: &mut Vec<blk::Range>) -> u8 {
     let dev = &v.dev;
     let discard = req.kind == Kind::Discard;
     if dev.read_only
@@ -281,11 +413,10 @@ async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request) -> u8 {
             status::UNSUPP
         };
     }
-    let mut list = Vec::with_capacity(blk::MAX_RANGES as usize);
-    if blk::read_ranges(req, mem, &mut list).is_err() {
+    if blk::read_ranges(req, mem, list).is_err() {
         return status::IOERR;
     }
-    for r in &list {
+    for r in list.iter() {
         let Some((off, blocks)) = dev.blocks(r.sector, r.num_sectors as u64 * blk::SECTOR_SIZE)
         else {
             return status::IOERR;
@@ -302,7 +433,8 @@ async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request) -> u8 {
     status::OK
 }
 
-/// Reads or writes with buffers that point into guest memory.
+/// Reads or writes with buffers that point into guest memory; `bufs` is
+/// the worker's reused list (handed to the bdev and back).
 async fn rw(
     ch: &IoChannel,
     mem: &GuestMemoryMmap,
@@ -310,6 +442,7 @@ async fn rw(
     off: u64,
     blocks: u64,
     segs: &[Seg],
+    bufs: &mut Vec<IoBuf>,
 ) -> Result<(), BdevError> {
     if segs.len() == 1 {
         let buf = guest_buf(mem, segs[0]).ok_or(BdevError::Io(libc::EFAULT))?;
@@ -320,28 +453,38 @@ async fn rw(
         };
         return r;
     }
-    let mut bufs = Vec::with_capacity(segs.len());
+    let mut list = std::mem::take(bufs);
+    list.clear();
     for s in segs {
-        bufs.push(guest_buf(mem, *s).ok_or(BdevError::Io(libc::EFAULT))?);
+        match guest_buf(mem, *s) {
+            Some(b) => list.push(b),
+            None => {
+                list.clear();
+                *bufs = list;
+                return Err(BdevError::Io(libc::EFAULT));
+            }
+        }
     }
-    let (r, _bufs) = if write {
-        ch.writev(off, blocks, bufs).await
+    let (r, mut list) = if write {
+        ch.writev(off, blocks, list).await
     } else {
-        ch.readv(off, blocks, bufs).await
+        ch.readv(off, blocks, list).await
     };
+    list.clear();
+    *bufs = list;
     r
 }
 
 /// A buffer over guest memory (checked to lie in one mapped region). The
-/// caller holds the `Arc` of the memory map until the I/O is done, so the
-/// mapping outlives the buffer.
+/// caller (a worker) holds an `Arc` of the memory map until the I/O is
+/// done, so the mapping outlives the buffer.
 fn guest_buf(mem: &GuestMemoryMmap, s: Seg) -> Option<IoBuf> {
     let slice = mem.get_slice(s.addr, s.len as usize).ok()?;
     let ptr = NonNull::new(slice.ptr_guard_mut().as_ptr())?;
     // SAFETY: get_slice checked that [addr, addr+len) lies inside one
-    // mapped region; the mapping stays alive while the request's
-    // Arc<GuestMemoryMmap> does, which outlives the I/O (the future owns
-    // both and drops the buffer first). Guest memory is shared with the
+    // mapped region; the mapping stays alive while the worker's
+    // Arc<GuestMemoryMmap> does, which outlives the I/O (the worker holds
+    // it across the request, and the bdev hands the buffer back first). Guest memory is shared with the
     // VM, so no Rust reference to it is created here: the bdev layer
     // reads and writes it through raw pointers (iovecs).
     Some(unsafe { IoBuf::borrowed(ptr, s.len) })
