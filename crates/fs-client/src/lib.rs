@@ -9,6 +9,7 @@
 mod client;
 mod conn;
 pub mod fuse;
+pub mod mount;
 pub mod wire;
 
 use thiserror::Error;

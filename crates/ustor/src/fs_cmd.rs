@@ -26,12 +26,16 @@ enum FsCmd {
         /// The region: a file (e.g. under /dev/shm) or a DAX device.
         region: std::path::PathBuf,
     },
+    /// Mount an export through FUSE and serve it until unmounted (umount
+    /// MOUNTPOINT) or interrupted.
+    Mount(crate::fs_mount::MountArgs),
 }
 
 pub fn run(a: FsArgs) -> i32 {
     let region = match a.cmd {
         FsCmd::Check { region } => region,
         FsCmd::Format { region, size } => return format(&region, size),
+        FsCmd::Mount(m) => return crate::fs_mount::run(m),
     };
     let bytes = match std::fs::read(&region) {
         Ok(b) => b,

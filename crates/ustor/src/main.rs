@@ -7,6 +7,7 @@ mod bench_cmd;
 mod control;
 mod docgen;
 mod fs_cmd;
+mod fs_mount;
 mod methods;
 mod metrics;
 mod rpc_cmd;
@@ -42,7 +43,7 @@ enum Cmd {
     Bench(bench_cmd::BenchArgs),
     /// Live view of a running server: reactors, bdevs, targets (like spdk_top).
     Top(top::TopArgs),
-    /// File service tools: `ustor fs check REGION`.
+    /// File service tools: `ustor fs format|check REGION`, `ustor fs mount`.
     Fs(fs_cmd::FsArgs),
     /// Print a shell completion script: `ustor completions bash`.
     Completions(docgen::CompletionsArgs),

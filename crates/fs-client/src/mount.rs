@@ -1,0 +1,125 @@
+//! Mounting an export (`ustor fs mount`): parses `HOST:PORT/EXPORT`, reads
+//! the secret (a file or `USTOR_FS_SECRET`, never the command line),
+//! connects, mounts through /dev/fuse and serves until the file system is
+//! unmounted (`umount MOUNTPOINT`) or the process gets SIGINT/SIGTERM,
+//! which unmount it first so no dead mount is left behind.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{MountOption, Session};
+
+use crate::fuse::FuseFs;
+use crate::{Client, Config};
+
+/// Splits `HOST:PORT/EXPORT` into the address and the export's name.
+pub fn parse_target(t: &str) -> Result<(String, String), String> {
+    let (addr, export) = t
+        .rsplit_once('/')
+        .ok_or_else(|| format!("{t}: expected HOST:PORT/EXPORT"))?;
+    if export.is_empty()
+        || addr
+            .rsplit_once(':')
+            .map_or(true, |(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+    {
+        return Err(format!("{t}: expected HOST:PORT/EXPORT"));
+    }
+    Ok((addr.to_string(), export.to_string()))
+}
+
+/// The secret from `file`, else from `USTOR_FS_SECRET`, else empty; a
+/// trailing newline in the file is not part of it.
+pub fn read_secret(file: Option<&Path>) -> std::io::Result<Vec<u8>> {
+    let mut s = match file {
+        Some(f) => std::fs::read(f)?,
+        None => std::env::var_os("USTOR_FS_SECRET")
+            .map(|v| std::os::unix::ffi::OsStrExt::as_bytes(v.as_os_str()).to_vec())
+            .unwrap_or_default(),
+    };
+    while s.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+        s.pop();
+    }
+    Ok(s)
+}
+
+/// What `ustor fs mount` was asked.
+pub struct MountRequest<'a> {
+    pub cfg: Config,
+    pub mountpoint: &'a Path,
+    pub ttl: Duration,
+    pub allow_other: bool,
+}
+
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a local set.
+    unsafe {
+        let mut s: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut s);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGUSR1] {
+            libc::sigaddset(&mut s, sig);
+        }
+        s
+    }
+}
+
+/// Mounts and serves until unmounted or signalled.
+pub fn mount(r: MountRequest<'_>) -> Result<(), String> {
+    // Block the signals before any thread starts, so every thread inherits
+    // the mask and this one takes them with sigwait.
+    let set = signal_set();
+    // SAFETY: the set is initialised; no old mask is asked for.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    let target = format!("{}/{}", r.cfg.addr, r.cfg.export);
+    let c = Client::connect(r.cfg).map_err(|e| format!("{target}: {e}"))?;
+    let mut opts = vec![
+        MountOption::FSName(target.clone()),
+        MountOption::Subtype("ustor".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if r.allow_other {
+        opts.push(MountOption::AllowOther);
+    }
+    let fs = FuseFs::new(Arc::new(c), r.ttl);
+    let mut se = Session::new(fs, r.mountpoint, &opts)
+        .map_err(|e| format!("mount {}: {e}", r.mountpoint.display()))?;
+    let mut unmounter = se.unmount_callable();
+    let run = std::thread::spawn(move || {
+        let res = se.run();
+        // Wakes the sigwait below: the file system was unmounted.
+        // SAFETY: kill on our own pid with a blocked, waited-for signal.
+        unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
+        res
+    });
+    tracing::info!(%target, mountpoint = %r.mountpoint.display(), "mounted");
+    let mut sig = 0;
+    // SAFETY: the set is initialised and `sig` is a valid out pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    if sig != libc::SIGUSR1 {
+        let _ = unmounter.unmount();
+    }
+    let res = run
+        .join()
+        .map_err(|_| "session thread panicked".to_string())?;
+    res.map_err(|e| format!("serving {}: {e}", r.mountpoint.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_or_explain() {
+        assert_eq!(
+            parse_target("127.0.0.1:4800/data").unwrap(),
+            ("127.0.0.1:4800".into(), "data".into())
+        );
+        assert_eq!(
+            parse_target("[::1]:9/e").unwrap(),
+            ("[::1]:9".into(), "e".into())
+        );
+        for bad in ["host/e", "host:port/e", ":1/e", "h:1/", "h:1", "h:70000/e"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
+}

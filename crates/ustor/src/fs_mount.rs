@@ -1,0 +1,68 @@
+//! `ustor fs mount HOST:PORT/EXPORT MOUNTPOINT`: mounts an export of the
+//! file service through FUSE (crates/fs-client) and serves it in the
+//! foreground until it is unmounted or the process is interrupted.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use ustor_fs_client::mount::{mount, parse_target, read_secret, MountRequest};
+use ustor_fs_client::Config;
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// The export: HOST:PORT/EXPORT.
+    target: String,
+    /// Where to mount it (an existing directory).
+    mountpoint: PathBuf,
+    /// File holding the export's secret (else USTOR_FS_SECRET; never on
+    /// the command line).
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Seconds the kernel caches entries and attributes.
+    #[arg(long, default_value_t = 1.0)]
+    attr_timeout: f64,
+    /// Seconds a request may wait for its reply before failing with EIO.
+    #[arg(long, default_value_t = 30)]
+    timeout: u64,
+    /// Seconds to keep reconnecting to a server that went away before
+    /// failing calls with EIO.
+    #[arg(long, default_value_t = 10)]
+    reconnect: u64,
+    /// Let other users than the one mounting access the file system.
+    #[arg(long)]
+    allow_other: bool,
+}
+
+pub fn run(a: MountArgs) -> i32 {
+    let (addr, export) = match parse_target(&a.target) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("ustor fs mount: {e}");
+            return 2;
+        }
+    };
+    let secret = match read_secret(a.secret_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ustor fs mount: secret file: {e}");
+            return 2;
+        }
+    };
+    let mut cfg = Config::new(&addr, &export, &secret);
+    cfg.timeout = Duration::from_secs(a.timeout.max(1));
+    cfg.reconnect_for = Duration::from_secs(a.reconnect);
+    let req = MountRequest {
+        cfg,
+        mountpoint: &a.mountpoint,
+        ttl: Duration::from_secs_f64(a.attr_timeout.max(0.0)),
+        allow_other: a.allow_other,
+    };
+    match mount(req) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ustor fs mount: {e}");
+            1
+        }
+    }
+}
