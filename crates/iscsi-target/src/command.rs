@@ -1,18 +1,19 @@
 //! One SCSI command's data phase on the wire, as the SCSI target core's
 //! [`DataPath`]: data to the device comes from the command's immediate
 //! data, then unsolicited Data-Out (FirstBurstLength), then Data-Out
-//! answering our R2Ts (MaxBurstLength each); data from the device leaves
-//! as Data-In PDUs (MaxRecvDataSegmentLength each, F at every
-//! MaxBurstLength), the last one held back so the status can ride in it
-//! (phase collapse). PDUs of other tasks that arrive while a command waits
-//! for its data are kept for the session loop, in order.
+//! answering our R2Ts (MaxBurstLength each), handed to the task by the
+//! session's receive loop; data from the device leaves as Data-In PDUs
+//! (MaxRecvDataSegmentLength each, F at every MaxBurstLength) on the
+//! connection's shared send queue, the last one held back so the status
+//! can ride in it (phase collapse). Many commands of a session run this at
+//! once, each on its own task.
 
-use ustor_iscsi::wire::{opcode, Bhs, RESERVED_TAG};
+use ustor_iscsi::wire::{Bhs, RESERVED_TAG};
 use ustor_scsi_target::{DataPath, Direction, XferError};
 
-use crate::io::{Received, Wire};
-use crate::negotiate::Params;
-use crate::pdu::{self, Seq};
+use crate::exec::Core;
+use crate::pdu;
+use crate::tasks::Task;
 
 /// The SCSI Command fields the data phase needs.
 #[derive(Clone, Copy, Debug)]
@@ -46,34 +47,27 @@ struct OutState {
     carry: Option<(usize, usize)>,
 }
 
-/// The data phase of one command; borrows the connection while it runs.
+/// The data phase of one command, on its task.
 pub struct WireData<'a> {
-    pub wire: &'a mut Wire,
-    pub deferred: &'a mut std::collections::VecDeque<(Bhs, Vec<u8>)>,
-    pub seq: &'a mut Seq,
-    pub params: &'a Params,
+    core: &'a Core,
+    task: &'a Task,
     pub info: CmdInfo,
-    pub next_ttt: &'a mut u32,
     /// Immediate data not yet taken.
     imm: &'a [u8],
     out: OutState,
+    /// The data segment of the Data-Out being taken.
+    cur: Vec<u8>,
     datasn: u32,
     sent: u32,
     /// A Data-Out came with the wrong DataSN: the data phase stops short.
     seq_error: bool,
+    /// The last Data-In PDU, held so the status can ride in it.
+    held: Option<(Bhs, Vec<u8>)>,
 }
 
 impl<'a> WireData<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        wire: &'a mut Wire,
-        deferred: &'a mut std::collections::VecDeque<(Bhs, Vec<u8>)>,
-        seq: &'a mut Seq,
-        params: &'a Params,
-        next_ttt: &'a mut u32,
-        info: CmdInfo,
-        imm: &'a [u8],
-    ) -> WireData<'a> {
+    pub fn new(core: &'a Core, task: &'a Task, info: CmdInfo, imm: &'a [u8]) -> WireData<'a> {
+        let params = &core.params;
         let unsolicited_end = if info.unsolicited {
             params.first_burst.min(info.edtl)
         } else {
@@ -87,18 +81,22 @@ impl<'a> WireData<'a> {
             ..OutState::default()
         };
         WireData {
-            wire,
-            deferred,
-            seq,
-            params,
+            core,
+            task,
             info,
-            next_ttt,
             imm: &imm[..(info.immediate as usize).min(imm.len())],
             out,
+            cur: Vec::new(),
             datasn: 0,
             sent: 0,
             seq_error: false,
+            held: None,
         }
+    }
+
+    /// The held last Data-In, taken for the status to ride in it.
+    pub fn take_held(&mut self) -> Option<(Bhs, Vec<u8>)> {
+        self.held.take()
     }
 
     /// Whether a Data-Out broke the DataSN order.
@@ -124,52 +122,53 @@ impl<'a> WireData<'a> {
             return 0;
         };
         let n = (to - from).min(dst.len());
-        dst[..n].copy_from_slice(&self.wire.data()[from..from + n]);
+        dst[..n].copy_from_slice(&self.cur[from..from + n]);
         self.out.carry = (from + n < to).then_some((from + n, to));
         self.out.have += n as u32;
         n
     }
 
-    /// Receives the next Data-Out of this command, keeping other PDUs.
+    /// Takes the next Data-Out of this command from its mailbox. One that
+    /// does not fit the burst ends the connection (ERL 0).
     async fn next_data_out(&mut self) -> Result<(), XferError> {
-        loop {
-            let b = match self.wire.recv().await {
-                Ok(Received::Pdu(b)) => b,
-                Ok(Received::BadDataDigest(_)) | Err(_) => return Err(XferError::Disconnected),
-            };
-            if b.opcode() != opcode::DATA_OUT {
-                let data = self.wire.data().to_vec();
-                self.deferred.push_back((b, data));
-                continue;
-            }
-            let (itt, ttt, off) = (b.itt(), b.u32_at(20), b.u32_at(40));
-            let len = b.data_len() as u32;
-            if itt != self.info.itt
-                || ttt != self.out.ttt
-                || off != self.out.have
-                || off + len > self.out.burst_end
-            {
-                // ERL 0: a PDU that does not fit the burst ends the
-                // connection.
-                return Err(XferError::Io(libc::EPROTO));
-            }
-            // A wrong DataSN on a PDU that otherwise fits: the command
-            // fails, the rest of its burst is still read (and dropped).
-            self.seq_error |= b.u32_at(36) != self.out.datasn;
-            self.out.datasn += 1;
-            if b.final_bit() {
-                self.out.burst_open = false;
-            }
-            self.out.carry = (len > 0).then_some((0, len as usize));
-            return Ok(());
+        let Some((b, data)) = self.task.next_data_out().await else {
+            return Err(XferError::Disconnected);
+        };
+        self.cur = data;
+        let (itt, ttt, off) = (b.itt(), b.u32_at(20), b.u32_at(40));
+        let len = b.data_len() as u32;
+        if itt != self.info.itt
+            || ttt != self.out.ttt
+            || off != self.out.have
+            || off + len > self.out.burst_end
+        {
+            // ERL 0: a PDU that does not fit the burst ends the
+            // connection.
+            self.core.tx.close();
+            return Err(XferError::Io(libc::EPROTO));
         }
+        // A wrong DataSN on a PDU that otherwise fits: the command
+        // fails, the rest of its burst is still read (and dropped).
+        self.seq_error |= b.u32_at(36) != self.out.datasn;
+        self.out.datasn += 1;
+        if b.final_bit() {
+            self.out.burst_open = false;
+        }
+        self.out.carry = (len > 0).then_some((0, len as usize));
+        Ok(())
     }
 
     /// Opens the next solicited burst with an R2T.
     async fn send_r2t(&mut self) -> Result<(), XferError> {
-        let len = self.params.max_burst.min(self.info.edtl - self.out.have);
-        let ttt = *self.next_ttt;
-        *self.next_ttt = next_tag(ttt);
+        if self.task.aborted() {
+            return Err(XferError::Disconnected);
+        }
+        let len = self
+            .core
+            .params
+            .max_burst
+            .min(self.info.edtl - self.out.have);
+        let ttt = self.core.ttt();
         let b = pdu::r2t(
             self.info.lun,
             self.info.itt,
@@ -177,14 +176,15 @@ impl<'a> WireData<'a> {
             self.out.r2tsn,
             self.out.have,
             len,
-            self.seq,
+            &self.core.tx.seq.get(),
         );
         self.out.r2tsn += 1;
         self.out.datasn = 0;
         self.out.ttt = ttt;
         self.out.burst_end = self.out.have + len;
         self.out.burst_open = true;
-        self.wire
+        self.core
+            .tx
             .send(&b, &[])
             .await
             .map_err(|_| XferError::Disconnected)
@@ -203,10 +203,10 @@ impl<'a> WireData<'a> {
         Ok(())
     }
 
-    /// Queues the Data-In PDUs for `src` at `offset`; the last stays queued.
+    /// Queues the Data-In PDUs for `src` at `offset`; the last is held.
     fn queue_data_in(&mut self, offset: u32, src: &[u8]) {
-        let max = self.params.max_send_data.max(512) as usize;
-        let burst = self.params.max_burst.max(512);
+        let max = self.core.params.max_send_data.max(512) as usize;
+        let burst = self.core.params.max_burst.max(512);
         let mut at = 0;
         while at < src.len() {
             let n = (src.len() - at).min(max);
@@ -220,10 +220,14 @@ impl<'a> WireData<'a> {
                 self.datasn,
                 off,
                 n,
-                self.seq,
+                &self.core.tx.seq.get(),
             );
             self.datasn += 1;
-            self.wire.queue(&b, &src[at..at + n]);
+            if at + n < src.len() {
+                self.core.tx.queue(&b, &src[at..at + n]);
+            } else {
+                self.held = Some((b, src[at..at + n].to_vec()));
+            }
             at += n;
         }
         self.sent = self.sent.max(offset + src.len() as u32);
@@ -278,19 +282,19 @@ impl DataPath for WireData<'_> {
         let n = src
             .len()
             .min(self.info.edtl.saturating_sub(offset) as usize);
+        if self.task.aborted() {
+            return Err(XferError::Disconnected);
+        }
         // Earlier chunks leave now; this chunk's last PDU may carry status.
-        self.wire
+        if let Some((b, d)) = self.held.take() {
+            self.core.tx.queue(&b, &d);
+        }
+        self.core
+            .tx
             .flush()
             .await
             .map_err(|_| XferError::Disconnected)?;
         self.queue_data_in(offset, &src[..n]);
         Ok(n)
     }
-}
-
-/// Whether the last queued PDU is this command's Data-In (phase collapse
-/// possible).
-pub fn last_is_data_in(wire: &Wire, itt: u32) -> Option<Bhs> {
-    wire.last_header()
-        .filter(|b| b.opcode() == opcode::DATA_IN && b.itt() == itt)
 }

@@ -84,8 +84,8 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         qd,
     );
     s.count_into(counters);
-    s.pings = Some(svc.shared.pings());
-    s.drain = Some(svc.shared.drain.watch());
+    s.set_pings(svc.shared.pings());
+    s.set_drain(svc.shared.drain.watch());
     if let Err(e) = s.run().await {
         tracing::debug!("iscsi: connection ended: {e}");
     }

@@ -33,6 +33,8 @@ pub enum ConnError {
     NopTimeout(u32),
     #[error("the target drained and the initiator did not log out in time")]
     Drained,
+    #[error("the initiator took no data for {0} s")]
+    SendTimeout(u64),
 }
 
 /// One connection's socket, receive buffers and send queue.

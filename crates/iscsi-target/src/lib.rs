@@ -10,15 +10,19 @@
 //!   connections past login, [`netmask`] initiator-group netmasks.
 //! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
 //!   operational keys.
-//! - [`session`]: the full feature phase, [`command`] one SCSI command's
-//!   data phase (immediate, unsolicited, R2T, Data-In with phase collapse),
-//!   [`pdu`] the target PDUs, [`io`] the socket side of a connection,
+//! - [`session`]: the full feature phase (the receive loop), `exec` one
+//!   SCSI command as a task of its own, `tasks` the session's task set
+//!   (attributes, aborts), [`command`] one SCSI command's data phase
+//!   (immediate, unsolicited, R2T, Data-In with phase collapse), [`pdu`]
+//!   the target PDUs, [`io`] the receive side of a connection, `tx` its
+//!   shared send queue (with the send timeout),
 //!   [`drain`] the shutdown that asks every initiator to log out.
 
 pub mod command;
 pub mod config;
 mod conn;
 pub mod drain;
+mod exec;
 pub mod io;
 mod live;
 pub mod login;
@@ -28,6 +32,8 @@ pub mod options;
 pub mod pdu;
 pub mod session;
 pub mod target;
+mod tasks;
+mod tx;
 
 pub use config::*;
 pub use live::ConnInfo;

@@ -1,0 +1,261 @@
+//! One SCSI command as a task of its own: what the session's tasks share
+//! ([`Core`]: the send queue, the task set, the LUN table), and the task
+//! body — wait for the task attribute's turn, execute on the SCSI target
+//! core with [`crate::command::WireData`] as the data path, answer with
+//! status (in the last Data-In when possible, phase collapse) as soon as
+//! the command finishes, whatever the order the commands were sent in.
+//! An aborted task sends nothing; a data phase that breaks the protocol
+//! ends the connection.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use ustor_iscsi::wire::Bhs;
+use ustor_scsi_proto::lun::decode_lun;
+use ustor_scsi_target::{Direction, LunTable, Outcome};
+
+use crate::command::{next_tag, CmdInfo, WireData};
+use crate::live::ConnCounters;
+use crate::negotiate::Params;
+use crate::pdu;
+use crate::tasks::{Task, TaskSet};
+use crate::tx::Tx;
+
+/// What a session's tasks share (one per connection, on its reactor).
+pub struct Core {
+    pub tx: Tx,
+    pub tasks: TaskSet,
+    pub params: Params,
+    pub table: LunTable,
+    next_ttt: Cell<u32>,
+    pub(crate) counters: RefCell<Rc<ConnCounters>>,
+}
+
+impl Core {
+    pub fn new(tx: Tx, params: Params, table: LunTable) -> Core {
+        Core {
+            tx,
+            tasks: TaskSet::default(),
+            params,
+            table,
+            next_ttt: Cell::new(1),
+            counters: RefCell::default(),
+        }
+    }
+
+    /// A fresh Target Transfer Tag (R2T, NOP-In ping, Text Continue).
+    pub fn ttt(&self) -> u32 {
+        let t = self.next_ttt.get();
+        self.next_ttt.set(next_tag(t));
+        t
+    }
+}
+
+/// A SCSI Command PDU's fields (its CDB and immediate data copied).
+pub struct Command {
+    pub info: CmdInfo,
+    pub cdb: [u8; 16],
+    pub data: Vec<u8>,
+}
+
+impl Command {
+    /// The command of `b` with its data segment; `None` for a
+    /// bidirectional command (not offered).
+    pub fn parse(b: &Bhs, data: &[u8]) -> Option<Command> {
+        let f = b.flags();
+        let (read, write) = (f & 0x40 != 0, f & 0x20 != 0);
+        if read && write {
+            return None;
+        }
+        let edtl = b.u32_at(20);
+        let info = CmdInfo {
+            lun: b.lun(),
+            itt: b.itt(),
+            edtl: if read || write { edtl } else { 0 },
+            dir: match (read, write) {
+                (true, false) => Direction::FromDevice,
+                (false, true) => Direction::ToDevice,
+                _ => Direction::None,
+            },
+            immediate: if write {
+                data.len().min(edtl as usize) as u32
+            } else {
+                0
+            },
+            unsolicited: write && f & 0x80 == 0,
+        };
+        let mut cdb = [0u8; 16];
+        cdb.copy_from_slice(&b.0[32..48]);
+        let data = if write { data.to_vec() } else { Vec::new() };
+        Some(Command { info, cdb, data })
+    }
+}
+
+/// The body of one command's task: runs it and answers it, then leaves
+/// the task set.
+pub async fn run(core: Rc<Core>, task: Rc<Task>, cmd: Command) {
+    core.tasks.may_start(&task).await;
+    if !task.aborted() {
+        execute(&core, &task, &cmd).await;
+    }
+    core.tasks.remove(&task);
+    if task.windowed {
+        // Its slot of the window is free again.
+        let mut seq = core.tx.seq.get();
+        seq.max_cmdsn = seq.max_cmdsn.wrapping_add(1);
+        core.tx.seq.set(seq);
+    }
+}
+
+async fn execute(core: &Core, task: &Task, cmd: &Command) {
+    let info = cmd.info;
+    let lun = decode_lun(info.lun);
+    let mut wd = WireData::new(core, task, info, &cmd.data);
+    let mut res = core.table.execute(lun, &cmd.cdb, &mut wd).await;
+    if res.is_ok() && info.dir == Direction::ToDevice {
+        if let Err(e) = wd.drain().await {
+            res = Err(e);
+        }
+    }
+    let (sent, seq_error, held) = (wd.sent(), wd.sequence_error(), wd.take_held());
+    let Ok(mut outcome) = res else {
+        if !task.aborted() {
+            // The data phase broke (or the connection did): ERL 0 ends
+            // the connection.
+            tracing::debug!("iscsi: data phase of ITT {:#x} failed", info.itt);
+            core.tx.close();
+        }
+        return;
+    };
+    if task.aborted() {
+        return;
+    }
+    let written = match info.dir {
+        Direction::ToDevice if !seq_error => info.edtl,
+        _ => 0,
+    };
+    core.counters
+        .borrow()
+        .note(u64::from(sent), u64::from(written));
+    if seq_error {
+        // A Data-Out out of DataSN order: the command ends ABORTED
+        // COMMAND (nothing of its data written), the session goes on.
+        outcome = Outcome::check(
+            ustor_scsi_proto::SenseKey::AbortedCommand,
+            DATA_PHASE_ERROR,
+            info.edtl,
+        );
+    }
+    let want = wanted_len(&core.table, lun, &cmd.cdb);
+    respond(core, &info, outcome, sent, want, held).await;
+}
+
+/// Status: in the last Data-In when there is one and no sense to send,
+/// otherwise a SCSI Response (with the sense as its data).
+async fn respond(
+    core: &Core,
+    info: &CmdInfo,
+    o: Outcome,
+    sent: u32,
+    want: Option<u64>,
+    held: Option<(Bhs, Vec<u8>)>,
+) {
+    let edtl = info.edtl as u64;
+    let resid = match want {
+        // The command wanted more than the initiator expected: overflow.
+        Some(w) if o.status.is_good() && w > edtl => {
+            Some((true, (w - edtl).min(u32::MAX as u64) as u32))
+        }
+        // A write that wanted less: underflow.
+        Some(w) if o.status.is_good() && w < edtl && info.dir == Direction::ToDevice => {
+            Some((false, (edtl - w) as u32))
+        }
+        _ => residual(info, &o, sent),
+    };
+    let status = o.status.as_u8();
+    let tx = &core.tx;
+    match (held, o.sense) {
+        (Some((last, data)), None) => {
+            let seq = tx.bump();
+            let b = pdu::data_in(
+                info.lun,
+                info.itt,
+                true,
+                Some((status, resid)),
+                last.u32_at(36),
+                last.u32_at(40),
+                data.len(),
+                &seq,
+            );
+            tx.queue(&b, &data);
+        }
+        (held, _) => {
+            if let Some((mut last, data)) = held {
+                last.0[1] |= 0x80;
+                tx.queue(&last, &data);
+            }
+            let mut sense = [0u8; 2 + ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
+            let n = encode_sense(&o, &mut sense);
+            let mut r = pdu::scsi_response(info.itt, status, resid, &tx.bump());
+            r.set_data_len(n);
+            tx.queue(&r, &sense[..n]);
+        }
+    }
+    if let Err(e) = tx.flush().await {
+        tracing::debug!("iscsi: response to ITT {:#x} not sent: {e}", info.itt);
+    }
+}
+
+/// The sense data segment (SenseLength, then the sense); its length.
+fn encode_sense(o: &Outcome, out: &mut [u8]) -> usize {
+    let len = match o.sense {
+        Some(s) if s.descriptor => {
+            let mut d = [0u8; ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
+            let len = s.encode_descriptor(o.field, &mut d);
+            out[2..2 + len].copy_from_slice(&d[..len]);
+            len
+        }
+        Some(s) => {
+            let mut fixed = [0u8; 18];
+            let len = s.encode_fixed(&mut fixed);
+            if let Some(f) = o.field {
+                f.encode(&mut fixed);
+            }
+            out[2..2 + len].copy_from_slice(&fixed[..len]);
+            len
+        }
+        None => return 0,
+    };
+    out[..2].copy_from_slice(&(len as u16).to_be_bytes());
+    2 + len
+}
+
+/// DATA PHASE ERROR (ASC, ASCQ).
+const DATA_PHASE_ERROR: (u8, u8) = (0x4b, 0x00);
+
+/// Bytes a READ or WRITE moves by its CDB (for its residual); `None` for
+/// other commands.
+fn wanted_len(table: &LunTable, lun: u64, cdb: &[u8; 16]) -> Option<u64> {
+    use ustor_scsi_proto::cdb::Command;
+    let lu = table.get(lun)?;
+    match Command::parse(cdb).ok()? {
+        c @ (Command::Read { .. } | Command::Write { .. } | Command::WriteAndVerify { .. }) => {
+            Some(c.transfer_len(lu.channel().block_size()))
+        }
+        _ => None,
+    }
+}
+
+/// The residual to report: what the command moved against what the
+/// initiator expected.
+fn residual(info: &CmdInfo, o: &Outcome, sent: u32) -> Option<(bool, u32)> {
+    if info.edtl == 0 {
+        return None;
+    }
+    let moved = match info.dir {
+        Direction::FromDevice => sent,
+        _ => info.edtl.saturating_sub(o.resid),
+    };
+    let r = info.edtl.saturating_sub(moved).max(o.resid);
+    (r > 0).then_some((false, r))
+}

@@ -1,0 +1,179 @@
+//! A session's task set: the SCSI commands running at once (spawned in
+//! CmdSN order by the receive loop), each with its mailbox of Data-Out
+//! PDUs, its abort flag and its task attribute. SIMPLE tasks start at
+//! once unless an earlier ORDERED task is still in the set; an ORDERED
+//! task starts when every earlier task has ended; HEAD OF QUEUE starts at
+//! once (SAM-5 §8.6). Task management finds tasks here: ABORT TASK by
+//! tag, ABORT/CLEAR TASK SET and LUN RESET by LUN, target resets all; the
+//! TMF answers only once the aborted tasks have ended.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use ustor_iscsi::wire::Bhs;
+
+/// SAM task attributes as the SCSI Command PDU carries them (ATTR field);
+/// the others (untagged, SIMPLE, ACA) run as SIMPLE.
+pub mod attr {
+    pub const ORDERED: u8 = 2;
+    pub const HEAD_OF_QUEUE: u8 = 3;
+}
+
+/// One running command.
+pub struct Task {
+    pub itt: u32,
+    pub lun: u64,
+    /// Spawn order (CmdSN order for non-immediate commands).
+    n: u64,
+    attr: u8,
+    /// Takes a slot of the command window (not an immediate command).
+    pub windowed: bool,
+    aborted: Cell<bool>,
+    /// Data-Out PDUs for this task, in arrival order.
+    mailbox: RefCell<VecDeque<(Bhs, Vec<u8>)>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Task {
+    /// Whether task management (or the connection's end) aborted it: it
+    /// sends nothing more.
+    pub fn aborted(&self) -> bool {
+        self.aborted.get()
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// The next Data-Out for this task; `None` once it is aborted.
+    pub async fn next_data_out(&self) -> Option<(Bhs, Vec<u8>)> {
+        poll_fn(|cx| {
+            if self.aborted.get() {
+                return Poll::Ready(None);
+            }
+            if let Some(p) = self.mailbox.borrow_mut().pop_front() {
+                return Poll::Ready(Some(p));
+            }
+            *self.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// The tasks of one session.
+#[derive(Default)]
+pub struct TaskSet {
+    tasks: RefCell<Vec<Rc<Task>>>,
+    next: Cell<u64>,
+    /// Woken whenever a task ends.
+    waiters: RefCell<Vec<Waker>>,
+}
+
+impl TaskSet {
+    /// Enters a new task (before it is spawned, so its Data-Out finds it).
+    pub fn add(&self, itt: u32, lun: u64, attr: u8, windowed: bool) -> Rc<Task> {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        let t = Rc::new(Task {
+            itt,
+            lun,
+            n,
+            attr,
+            windowed,
+            aborted: Cell::new(false),
+            mailbox: RefCell::default(),
+            waker: RefCell::default(),
+        });
+        self.tasks.borrow_mut().push(t.clone());
+        t
+    }
+
+    pub fn len(&self) -> usize {
+        self.tasks.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hands a Data-Out to its task; `false` when no task has this tag.
+    pub fn deliver(&self, itt: u32, pdu: (Bhs, Vec<u8>)) -> bool {
+        let tasks = self.tasks.borrow();
+        let Some(t) = tasks.iter().find(|t| t.itt == itt && !t.aborted()) else {
+            return false;
+        };
+        t.mailbox.borrow_mut().push_back(pdu);
+        t.wake();
+        true
+    }
+
+    /// The task with this tag, if it runs.
+    pub fn find(&self, itt: u32) -> Option<Rc<Task>> {
+        self.tasks.borrow().iter().find(|t| t.itt == itt).cloned()
+    }
+
+    /// Aborts every task `which` selects; returns how many.
+    pub fn abort(&self, which: impl Fn(&Task) -> bool) -> usize {
+        let tasks = self.tasks.borrow();
+        let mut n = 0;
+        for t in tasks.iter().filter(|t| which(t)) {
+            t.aborted.set(true);
+            t.wake();
+            n += 1;
+        }
+        drop(tasks);
+        // Tasks waiting to start see the abort too.
+        self.wake_all();
+        n
+    }
+
+    /// Removes an ended task.
+    pub fn remove(&self, t: &Rc<Task>) {
+        self.tasks.borrow_mut().retain(|x| !Rc::ptr_eq(x, t));
+        self.wake_all();
+    }
+
+    fn wake_all(&self) {
+        let w = std::mem::take(&mut *self.waiters.borrow_mut());
+        w.into_iter().for_each(Waker::wake);
+    }
+
+    /// Waits until `done` holds, rechecked whenever a task ends or is
+    /// aborted.
+    async fn until(&self, done: impl Fn(&[Rc<Task>]) -> bool) {
+        poll_fn(|cx| {
+            if done(&self.tasks.borrow()) {
+                return Poll::Ready(());
+            }
+            self.waiters.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Waits until `t` may start by its task attribute (or is aborted).
+    pub async fn may_start(&self, t: &Task) {
+        if t.attr == attr::HEAD_OF_QUEUE {
+            return;
+        }
+        let ordered = t.attr == attr::ORDERED;
+        self.until(|ts| {
+            t.aborted()
+                || !ts
+                    .iter()
+                    .any(|o| o.n < t.n && (ordered || o.attr == attr::ORDERED))
+        })
+        .await
+    }
+
+    /// Waits until none of the tasks `which` selects is left.
+    pub async fn ended(&self, which: impl Fn(&Task) -> bool) {
+        self.until(|ts| !ts.iter().any(|t| which(t))).await
+    }
+}

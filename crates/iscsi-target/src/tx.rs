@@ -1,0 +1,214 @@
+//! The send side of a session's connection, shared by the receive loop and
+//! every running task: PDUs are queued into one buffer (StatSN stamped in
+//! queue order) and leave with one `send` per flush, one flush at a time;
+//! a task whose PDUs ride in a flush under way waits for it. A flush that
+//! does not finish within the send timeout shuts the socket down, so a
+//! client that stops reading cannot hold a session (or a drain) forever.
+
+use std::cell::{Cell, RefCell};
+use std::future::{poll_fn, Future};
+use std::io;
+use std::os::fd::RawFd;
+use std::pin::pin;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use ustor_iscsi::wire::{pad4, Bhs, BHS_LEN};
+use ustor_runtime::ops::send_all;
+use ustor_runtime::IoBuf;
+
+use crate::io::ConnError;
+use crate::pdu::Seq;
+
+/// First size of each send buffer; they grow to the largest flush.
+const FIRST_OUT: usize = 64 << 10;
+
+struct State {
+    out: IoBuf,
+    /// The other buffer (none while a flush sends it).
+    spare: Option<IoBuf>,
+    flushing: bool,
+    failed: bool,
+    /// PDUs queued so far, and how many of them have been sent.
+    queued: u64,
+    sent: u64,
+}
+
+/// One connection's shared send queue.
+pub struct Tx {
+    fd: RawFd,
+    st: RefCell<State>,
+    waiters: RefCell<Vec<Waker>>,
+    header_digest: bool,
+    data_digest: bool,
+    timeout: Cell<Duration>,
+    /// StatSN, ExpCmdSN and MaxCmdSN stamped on responses.
+    pub seq: Cell<Seq>,
+}
+
+impl Tx {
+    pub fn new(fd: RawFd, digests: (bool, bool), timeout: Duration, seq: Seq) -> Tx {
+        let buf = || {
+            let mut b = IoBuf::heap(FIRST_OUT);
+            b.set_len(0);
+            b
+        };
+        Tx {
+            fd,
+            st: RefCell::new(State {
+                out: buf(),
+                spare: Some(buf()),
+                flushing: false,
+                failed: false,
+                queued: 0,
+                sent: 0,
+            }),
+            waiters: RefCell::default(),
+            header_digest: digests.0,
+            data_digest: digests.1,
+            timeout: Cell::new(timeout),
+            seq: Cell::new(seq),
+        }
+    }
+
+    /// How long one flush may take before the connection ends.
+    pub fn set_timeout(&self, d: Duration) {
+        self.timeout.set(d);
+    }
+
+    /// The sequence numbers for a response, StatSN advanced past it.
+    pub fn bump(&self) -> Seq {
+        let s = self.seq.get();
+        let mut n = s;
+        n.statsn = n.statsn.wrapping_add(1);
+        self.seq.set(n);
+        s
+    }
+
+    /// Queues one PDU (header digest, padding and data digest added here).
+    pub fn queue(&self, b: &Bhs, data: &[u8]) {
+        debug_assert_eq!(b.data_len(), data.len());
+        let mut st = self.st.borrow_mut();
+        let need = st.out.len() + BHS_LEN + 4 + pad4(data.len()) + 4;
+        if need > st.out.capacity() {
+            let len = st.out.len();
+            let mut bigger = IoBuf::heap(need.next_power_of_two());
+            bigger.spare_mut()[..len].copy_from_slice(&st.out);
+            bigger.set_len(len);
+            st.out = bigger;
+        }
+        append(&mut st.out, &b.0);
+        if self.header_digest {
+            append(&mut st.out, &crc32c::crc32c(&b.0).to_le_bytes());
+        }
+        if !data.is_empty() {
+            append(&mut st.out, data);
+            let pad = [0u8; 3];
+            let p = pad4(data.len()) - data.len();
+            append(&mut st.out, &pad[..p]);
+            if self.data_digest {
+                let d = crc32c::crc32c_append(crc32c::crc32c(data), &pad[..p]);
+                append(&mut st.out, &d.to_le_bytes());
+            }
+        }
+        st.queued += 1;
+    }
+
+    /// Ends the connection: the socket is shut down (the receive loop sees
+    /// its end) and nothing more is sent.
+    pub fn close(&self) {
+        self.st.borrow_mut().failed = true;
+        ustor_net::recv::shutdown(self.fd);
+    }
+
+    /// Queues one PDU and waits until it is sent.
+    pub async fn send(&self, b: &Bhs, data: &[u8]) -> Result<(), ConnError> {
+        self.queue(b, data);
+        self.flush().await
+    }
+
+    /// Returns once everything queued before the call has been sent.
+    pub async fn flush(&self) -> Result<(), ConnError> {
+        let want = self.st.borrow().queued;
+        // Budget: each round either sends a buffer or waits for the flush
+        // under way, which ends (sent, failed or timed out).
+        loop {
+            let buf = {
+                let mut st = self.st.borrow_mut();
+                if st.failed {
+                    return Err(ConnError::Io(io::ErrorKind::BrokenPipe.into()));
+                }
+                if st.sent >= want {
+                    return Ok(());
+                }
+                if st.flushing {
+                    None
+                } else {
+                    st.flushing = true;
+                    let spare = st.spare.take().expect("idle sender has its spare");
+                    Some((std::mem::replace(&mut st.out, spare), st.queued))
+                }
+            };
+            let Some((buf, upto)) = buf else {
+                self.changed().await;
+                continue;
+            };
+            let (res, mut buf) = self.send_timed(buf).await;
+            buf.set_len(0);
+            {
+                let mut st = self.st.borrow_mut();
+                st.spare = Some(buf);
+                st.flushing = false;
+                st.sent = upto;
+                st.failed |= res.is_err();
+            }
+            self.waiters.borrow_mut().drain(..).for_each(Waker::wake);
+            res?;
+        }
+    }
+
+    /// Waits until the flush under way ends.
+    async fn changed(&self) {
+        let mut parked = false;
+        poll_fn(|cx| {
+            if parked {
+                return Poll::Ready(());
+            }
+            parked = true;
+            self.waiters.borrow_mut().push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Sends `buf`; past the timeout the socket is shut down, which ends
+    /// the send (the buffer is never abandoned to the kernel).
+    async fn send_timed(&self, buf: IoBuf) -> (Result<(), ConnError>, IoBuf) {
+        let mut s = pin!(send_all(self.fd, buf));
+        let mut t = pin!(ustor_runtime::sleep(self.timeout.get()));
+        let mut late = false;
+        let (res, buf) = poll_fn(|cx| {
+            if let Poll::Ready(v) = s.as_mut().poll(cx) {
+                return Poll::Ready(v);
+            }
+            if !late && t.as_mut().poll(cx).is_ready() {
+                late = true;
+                ustor_net::recv::shutdown(self.fd);
+                cx.waker().wake_by_ref();
+            }
+            Poll::Pending
+        })
+        .await;
+        let res = match res {
+            Err(_) if late => Err(ConnError::SendTimeout(self.timeout.get().as_secs())),
+            r => r.map_err(ConnError::Io),
+        };
+        (res, buf)
+    }
+}
+
+fn append(out: &mut IoBuf, bytes: &[u8]) {
+    let len = out.len();
+    out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
+    out.set_len(len + bytes.len());
+}
