@@ -1,27 +1,56 @@
 //! What every virtual bdev does with its bases: open them writable, claim
 //! them exclusively (so they cannot be deleted or claimed under it), hear
-//! their hot-remove (which hot-removes the virtual bdev in turn), and
+//! their hot-remove (which hot-removes the virtual bdev in turn) and their
+//! resize (followed by 1:1 vbdevs, reported by the others), and
 //! derive its own limits from theirs.
 
 use std::sync::{Arc, Mutex, Weak};
 
 use ustor_bdev::{BdevEntry, BdevEvent, BdevInfo, ControlError, Desc, IoType, Registry};
 
+/// What a virtual bdev does when its base is resized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnResize {
+    /// Takes the base's new size (a 1:1 mapping: passthru, delay, error).
+    Follow,
+    /// Keeps its size and says so in the log (its layout is fixed at
+    /// creation: split, raid).
+    Report,
+}
+
 /// Opens base `name` for virtual bdev `by` and claims it exclusively. When
 /// the base is hot-removed, `by` is hot-removed too (its I/O would fail
-/// anyway; its own openers must hear it).
+/// anyway; its own openers must hear it). When the base is resized, `by`
+/// follows or reports it (`on_resize`).
 pub fn open(
     reg: &Registry,
     weak: &Weak<Registry>,
     name: &str,
     by: &str,
+    on_resize: OnResize,
 ) -> Result<Desc, ControlError> {
-    let (w, parent) = (weak.clone(), by.to_string());
+    let (w, parent, base) = (weak.clone(), by.to_string(), name.to_string());
     let d = reg.open(name, true, move |ev| {
-        if ev == BdevEvent::Remove {
-            if let Some(r) = w.upgrade() {
+        let Some(r) = w.upgrade() else { return };
+        match ev {
+            BdevEvent::Remove => {
                 // Already gone (deleted first) is fine.
                 let _ = r.hot_remove(&parent);
+            }
+            BdevEvent::Resize => {
+                let Some(b) = r.get(&base) else { return };
+                match on_resize {
+                    // Its openers hear it in turn (targets, other vbdevs).
+                    OnResize::Follow => {
+                        if let Some(top) = r.get(&parent) {
+                            top.resize(b.num_blocks());
+                        }
+                    }
+                    OnResize::Report => tracing::warn!(
+                        bdev = %parent, base = %base, base_blocks = b.num_blocks(),
+                        "base bdev resized; this bdev keeps its size"
+                    ),
+                }
             }
         }
     })?;

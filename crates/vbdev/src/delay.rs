@@ -200,7 +200,13 @@ pub fn create(
         }
     }
     base::check_free(reg, &p.name)?;
-    let base = [base::open(reg, weak, &p.base_bdev_name, &p.name)?];
+    let base = [base::open(
+        reg,
+        weak,
+        &p.base_bdev_name,
+        &p.name,
+        base::OnResize::Follow,
+    )?];
     let n = base[0].info().num_blocks;
     let info = base::info(&p.name, p.uuid, "delay", "delay", &base, n)?;
     // A sixteenth of the shortest latency, within 2..=100 µs.

@@ -185,7 +185,13 @@ pub fn create(
 ) -> Result<Arc<BdevEntry>, ControlError> {
     let name = format!("EE_{}", p.base_name);
     base::check_free(reg, &name)?;
-    let base = [base::open(reg, weak, &p.base_name, &name)?];
+    let base = [base::open(
+        reg,
+        weak,
+        &p.base_name,
+        &name,
+        base::OnResize::Follow,
+    )?];
     let n = base[0].info().num_blocks;
     let info = base::info(&name, p.uuid, "Error Injection Disk", "error", &base, n)?;
     let shared = Arc::new(Shared::default());

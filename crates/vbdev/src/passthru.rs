@@ -73,7 +73,13 @@ pub fn create(
     p: PassthruParams,
 ) -> Result<Arc<BdevEntry>, ControlError> {
     base::check_free(reg, &p.name)?;
-    let b = base::open(reg, weak, &p.base_bdev_name, &p.name)?;
+    let b = base::open(
+        reg,
+        weak,
+        &p.base_bdev_name,
+        &p.name,
+        base::OnResize::Follow,
+    )?;
     let base = [b];
     let n = base[0].info().num_blocks;
     let info = base::info(&p.name, p.uuid, "passthru", "passthru", &base, n)?;

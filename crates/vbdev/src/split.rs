@@ -99,15 +99,20 @@ pub fn create(
     for n in &names {
         base::check_free(reg, n)?;
     }
-    let (w, parts) = (weak.clone(), names.clone());
-    let d = reg.open(&p.base_bdev, true, move |ev| {
-        if ev == BdevEvent::Remove {
+    let (w, parts, base) = (weak.clone(), names.clone(), p.base_bdev.clone());
+    let d = reg.open(&p.base_bdev, true, move |ev| match ev {
+        BdevEvent::Remove => {
             if let Some(r) = w.upgrade() {
                 for n in &parts {
                     let _ = r.hot_remove(n);
                 }
             }
         }
+        // The parts' layout is fixed at creation: they keep their sizes.
+        BdevEvent::Resize => tracing::warn!(
+            base = %base,
+            "split base bdev resized; its parts keep their sizes"
+        ),
     })?;
     d.claim_exclusive(&format!("split ({}p*)", p.base_bdev))?;
     let bi = d.info().clone();

@@ -2,7 +2,8 @@
 //! passthru over a raid0 of splits of one base, a raid1 of two raid0s of
 //! splits), bad parameters refused
 //! with nothing created (a raid1 member that would close a cycle too),
-//! claims that stop deleting a member under its parent, hot-remove of a member that removes every bdev above it.
+//! claims that stop deleting a member under its parent, hot-remove of a member that removes every bdev above it,
+//! a base resize followed by passthru (and its openers), kept by split and raid.
 
 mod common;
 
@@ -259,4 +260,69 @@ fn raid1_of_two_raid0s_of_splits_keeps_both_copies_on_the_base() {
         reg.delete("s0"),
         Err(ControlError::Claimed { .. })
     ));
+}
+
+/// A base's resize (here its size in the bdev layer, shrunk as a driver
+/// such as rbd would set it) reaches the 1:1 vbdevs above it, and through
+/// them their own openers; split parts and raid keep their sizes.
+#[test]
+fn base_resize_is_followed_by_passthru_and_kept_by_split_and_raid() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "b1", 4 << 20);
+    ram(&reg, "b2", 4 << 20);
+    ram(&reg, "b3", 4 << 20);
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "b1", "name": "pt"}),
+    )
+    .unwrap();
+    create(
+        &reg,
+        "passthru",
+        json!({"base_bdev_name": "pt", "name": "pt2"}),
+    )
+    .unwrap();
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = heard.clone();
+    let top = reg
+        .open("pt2", false, move |ev| {
+            if ev == ustor_bdev::BdevEvent::Resize {
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    ustor_vbdev::split::create(
+        &reg,
+        &std::sync::Arc::downgrade(&reg),
+        serde_json::from_value(json!({"base_bdev": "b2", "split_count": 2})).unwrap(),
+    )
+    .unwrap();
+    raid(&reg, "r", "raid0", &["b3"], 8);
+    let full = (4u64 << 20) / BS;
+    let (part, raid_blocks) = (
+        reg.get("b2p0").unwrap().num_blocks(),
+        reg.get("r").unwrap().num_blocks(),
+    );
+    for b in ["b1", "b2", "b3"] {
+        assert!(reg.get(b).unwrap().resize(full / 2));
+    }
+    assert_eq!(reg.get("pt").unwrap().num_blocks(), full / 2);
+    assert_eq!(reg.get("pt2").unwrap().num_blocks(), full / 2);
+    assert_eq!(top.num_blocks(), full / 2);
+    assert_eq!(heard.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(reg.get("b2p0").unwrap().num_blocks(), part);
+    assert_eq!(reg.get("r").unwrap().num_blocks(), raid_blocks);
+    // A read past the new end of the passthru is refused by the bdev layer.
+    let desc = top;
+    let r = rt
+        .handle()
+        .block_on(0, move || async move {
+            let ch = desc.channel().unwrap();
+            let b = ustor_runtime::IoBuf::alloc(BS as usize).await;
+            ch.read(full / 2, 1, b).await.0
+        })
+        .unwrap();
+    assert!(r.is_err(), "{r:?}");
 }

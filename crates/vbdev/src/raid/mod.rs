@@ -228,7 +228,7 @@ pub fn create(
     let members = cfg
         .members
         .iter()
-        .map(|m| base::open(reg, weak, m, &cfg.name))
+        .map(|m| base::open(reg, weak, m, &cfg.name, base::OnResize::Report))
         .collect::<Result<Box<[Desc]>, _>>()?;
     let bs = members[0].info().block_size as u64;
     let off = match &cfg.existing {
