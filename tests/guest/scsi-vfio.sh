@@ -1,9 +1,10 @@
 #!/bin/sh
-# scsi-vfio.sh: ustor's virtio-scsi PCI LLD over VFIO inside a q35 guest
-# with an emulated Intel IOMMU. The test (crates/ustor/tests/scsi_vfio.rs)
-# gives the guest a virtio-scsi-pci HBA (iommu_platform=on) at VFIO_BDF
-# with three disks (target 0 LUN 0 and 1, target 2 LUN 0), and an LSI
-# 53C895A at WRONG_BDF for the wrong-driver check.
+# scsi-vfio.sh: ustor's PCI SCSI LLDs over VFIO inside a q35 guest with an
+# emulated Intel IOMMU. The test (crates/ustor/tests/scsi_vfio.rs) gives
+# the guest a virtio-scsi-pci HBA (iommu_platform=on) at VFIO_BDF with
+# three disks (target 0 LUN 0 and 1, target 2 LUN 0), an LSI 53C895A at
+# WRONG_BDF for the wrong-driver check, and an LSI SAS1068 (mptsas1068) at
+# MPT_BDF with two disks (targets 1 and 3, LUN 0).
 #  1. `ustor serve`: attaching the HBA while the kernel's virtio-pci owns
 #     it fails saying how to bind; bind it (driver_override +
 #     drivers_probe); a wrong driver for a device fails; attach, the scan
@@ -12,15 +13,20 @@
 #  2. `ustor bench --verify` on SCSI bdevs at OFF MiB of target 0 LUN 0 and
 #     target 2 LUN 0: a write pass, then a read pass on two reactors; the
 #     host checks the disk image files.
-# env: VFIO_BDF, WRONG_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S
+#  3. The MPT driver: a wrong driver fails, attach (IOC reset, handshake),
+#     the scan finds both disks, LUN and host reset, detach and re-attach,
+#     then `ustor bench --verify` write and read passes on both targets.
+# env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S
 # reports: unbound_error, wrong_driver_error, disks, reset_ok,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
-#          zero_copy
+#          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
+#          mpt_reattach_disks, {m1,m3}_{write,read}_ios
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
 BDF=${VFIO_BDF:-0000:00:05.0}
 WRONG=${WRONG_BDF:-0000:00:06.0}
+MPT=${MPT_BDF:-0000:00:07.0}
 SEED=${SEED:-4242}
 OFF=${OFF_MIB:-1}
 LEN=${SIZE_MIB:-4}
@@ -83,7 +89,8 @@ kill "$SERVE"
 wait "$SERVE" || log "serve exited with $?"
 
 # ---- 2. verified I/O ---------------------------------------------------
-# bench PASS TAG HCTL ARGS...: one bench run on a SCSI bdev at OFF MiB.
+# bench PASS TAG HCTL ARGS...: one bench run on a SCSI bdev at OFF MiB of
+# the HBA that $ATTACH names.
 bench() {
     _pass=$1 _tag=$2 _dev=$3
     shift 3
@@ -109,4 +116,36 @@ bench write t0 0:0:0:0 -w write -q 8 --cores 0
 bench read t0 0:0:0:0 -w read -q 4 --cores 0,1
 bench write t2 0:0:2:0 -w write -q 8 --cores 0
 bench read t2 0:0:2:0 -w read -q 4 --cores 0
+
+# ---- 3. the MPT Fusion SAS driver ------------------------------------------
+bind_vfio "$MPT"
+"$U" serve -c /tmp/empty.json -r "$SOCK" $RT --log-level warn > /tmp/serve.log 2>&1 &
+SERVE=$!
+_i=600
+while [ ! -S "$SOCK" ] && [ "$_i" -gt 0 ]; do sleep 0.1; _i=$((_i - 1)); done
+[ -S "$SOCK" ] || { cat /tmp/serve.log >&2; die "serve did not start"; }
+rpc scsi_vfio_attach_host --json "{\"pci_address\": \"$WRONG\", \"driver\": \"mptsas\"}" \
+    > /tmp/e3 2>&1 && die "mptsas attached to an LSI 53C895A"
+cat /tmp/e3 >&2
+grep -q "not an LSI SAS1068" /tmp/e3 && kv mpt_wrong_driver_error 1
+ATTACH="{\"pci_address\": \"$MPT\", \"driver\": \"mptsas\"}"
+H=$(rpc scsi_vfio_attach_host --json "$ATTACH") || { cat /tmp/serve.log >&2; die "mptsas attach"; }
+log "MPT attached as host $H"
+rpc scsi_get_devices > /tmp/devs.json || die "scsi_get_devices"
+cat /tmp/devs.json >&2
+kv mpt_disks "$(grep -c '"driver": "sd"' /tmp/devs.json)"
+rpc scsi_get_hosts >&2
+rpc scsi_device_reset --json '{"device": "'"$H"':0:3:0"}' | grep -q true || die "MPT LUN reset"
+rpc scsi_host_reset --json '{"host": '"$H"'}' | grep -q true || die "MPT host reset"
+kv mpt_reset_ok 1
+run rpc scsi_vfio_detach_host --json "{\"pci_address\": \"$MPT\"}"
+run rpc scsi_vfio_attach_host --json "$ATTACH"
+kv mpt_reattach_disks "$(rpc scsi_get_devices | grep -c '"driver": "sd"')"
+kill "$SERVE"
+wait "$SERVE" || log "serve exited with $?"
+
+bench write m1 0:0:1:0 -w write -q 8 --cores 0
+bench read m1 0:0:1:0 -w read -q 4 --cores 0,1
+bench write m3 0:0:3:0 -w write -q 8 --cores 0
+bench read m3 0:0:3:0 -w read -q 4 --cores 0
 exit 0

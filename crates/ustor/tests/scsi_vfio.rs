@@ -2,12 +2,14 @@
 //! with an emulated Intel IOMMU, one boot): the guest runs
 //! `tests/guest/scsi-vfio.sh` with the `ustor` binary against a
 //! virtio-scsi-pci HBA (iommu_platform=on) holding three disks backed by
-//! host files — target 0 LUNs 0 and 1, target 2 LUN 0 — and an LSI 53C895A
-//! for the wrong-driver check. Checks: clear errors for an unbound device
-//! and a wrong driver, the scan finds all three disks, LUN and host reset,
-//! save_config, detach and re-attach, and `ustor bench --verify` through
-//! SCSI bdevs on two disks, whose blocks the host then finds in the image
-//! files at the bdevs' offset.
+//! host files — target 0 LUNs 0 and 1, target 2 LUN 0 —, an LSI 53C895A
+//! for the wrong-driver checks, and an LSI SAS1068 (`mptsas1068`, the MPT
+//! Fusion driver) with two disks on targets 1 and 3. Checks, for both
+//! drivers: clear errors for an unbound device and a wrong driver, the
+//! scan finds all the disks, LUN and host reset, detach and re-attach, and
+//! `ustor bench --verify` through SCSI bdevs on two disks, whose blocks the
+//! host then finds in the image files at the bdevs' offset; save_config
+//! lists the attach.
 //!
 //! Skips (`SKIPPED: reason`) only when no guest can run here.
 
@@ -24,6 +26,7 @@ const SIZE_MIB: u64 = 4;
 const SEED: u64 = 0xf10;
 const HBA: &str = "0000:00:05.0";
 const WRONG: &str = "0000:00:06.0";
+const MPT: &str = "0000:00:07.0";
 
 /// What `bench --verify -w read` leaves in a bdev of 512-byte blocks.
 fn expected_md5(seed: u64) -> String {
@@ -41,8 +44,22 @@ fn disk(dir: &Path, name: &str) -> std::path::PathBuf {
     p
 }
 
+/// Checks the verify blocks of `tag`'s write and read passes in `img`.
+fn check_image(out: &testvm::GuestOutcome, tag: &str, img: &Path, want: &str) {
+    for pass in ["write", "read"] {
+        let ios: u64 = out
+            .value(&format!("{tag}_{pass}_ios"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(ios > 0, "{tag} {pass}: no I/O");
+    }
+    // The blocks ustor wrote by DMA reached the right disk's file.
+    let host = md5_range(img, OFFSET_MIB << 20, (SIZE_MIB << 20) as usize).unwrap();
+    assert_eq!(host, want, "{tag}: image differs from the verify blocks");
+}
+
 #[test]
-fn virtio_scsi_over_vfio_in_guest() {
+fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
     require_guest!();
     let dir = common::tmpdir("scsi-vfio");
     let disks = [
@@ -50,6 +67,7 @@ fn virtio_scsi_over_vfio_in_guest() {
         disk(&dir, "t0l1.img"),
         disk(&dir, "t2l0.img"),
     ];
+    let mpt_disks = [disk(&dir, "m1.img"), disk(&dir, "m3.img")];
     let mut g = GuestBuilder::new()
         .script_file(guest_script("scsi-vfio.sh"))
         .binary(env!("CARGO_BIN_EXE_ustor"))
@@ -61,10 +79,13 @@ fn virtio_scsi_over_vfio_in_guest() {
         )
         .qemu_arg("-device")
         .qemu_arg("lsi53c895a,bus=pcie.0,addr=0x6")
+        .qemu_arg("-device")
+        .qemu_arg("mptsas1068,id=mpt,bus=pcie.0,addr=0x7")
         .cpus(2)
         .memory_mib(1024)
         .env("VFIO_BDF", HBA)
         .env("WRONG_BDF", WRONG)
+        .env("MPT_BDF", MPT)
         .env("SEED", SEED.to_string())
         .env("OFF_MIB", OFFSET_MIB.to_string())
         .env("SIZE_MIB", SIZE_MIB.to_string())
@@ -82,6 +103,16 @@ fn virtio_scsi_over_vfio_in_guest() {
                 "scsi-hd,drive=vd{i},bus=vscsi.0,channel=0,scsi-id={t},lun={l}"
             ));
     }
+    for (i, (d, t)) in mpt_disks.iter().zip([1, 3]).enumerate() {
+        g = g
+            .qemu_arg("-drive")
+            .qemu_arg(format!(
+                "file={},if=none,format=raw,id=md{i},cache=writeback",
+                d.display()
+            ))
+            .qemu_arg("-device")
+            .qemu_arg(format!("scsi-hd,drive=md{i},bus=mpt.0,scsi-id={t},lun=0"));
+    }
     let out = g.run().and_then(|o| o.success()).unwrap();
     assert_eq!(out.value("unbound_error"), Some("1"), "{}", out.log);
     assert_eq!(out.value("wrong_driver_error"), Some("1"));
@@ -90,18 +121,15 @@ fn virtio_scsi_over_vfio_in_guest() {
     assert_eq!(out.value("saved_attach"), Some("1"));
     assert_eq!(out.value("reattach_disks"), Some("3"));
     let want = expected_md5(SEED);
-    for (tag, img) in [("t0", &disks[0]), ("t2", &disks[2])] {
-        for pass in ["write", "read"] {
-            let ios: u64 = out
-                .value(&format!("{tag}_{pass}_ios"))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            assert!(ios > 0, "{tag} {pass}: no I/O");
-        }
-        // The blocks ustor wrote by DMA reached the right disk's file.
-        let host = md5_range(img, OFFSET_MIB << 20, (SIZE_MIB << 20) as usize).unwrap();
-        assert_eq!(host, want, "{tag}: image differs from the verify blocks");
-    }
+    check_image(&out, "t0", &disks[0], &want);
+    check_image(&out, "t2", &disks[2], &want);
+    // The MPT Fusion SAS driver on the SAS1068.
+    assert_eq!(out.value("mpt_wrong_driver_error"), Some("1"));
+    assert_eq!(out.value("mpt_disks"), Some("2"));
+    assert_eq!(out.value("mpt_reset_ok"), Some("1"));
+    assert_eq!(out.value("mpt_reattach_disks"), Some("2"));
+    check_image(&out, "m1", &mpt_disks[0], &want);
+    check_image(&out, "m3", &mpt_disks[1], &want);
     // LUN 1 of target 0 was never written.
     let zero = md5_bytes(&vec![0u8; (SIZE_MIB << 20) as usize]).unwrap();
     let l1 = md5_range(&disks[1], OFFSET_MIB << 20, (SIZE_MIB << 20) as usize).unwrap();

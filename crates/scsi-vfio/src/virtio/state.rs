@@ -14,6 +14,7 @@ use super::pci::{self, Transport};
 use super::vq::{layout, Seg, SplitQueue};
 use super::wire::{self, CmdResp};
 use super::VirtioError;
+use crate::sg::{gather, scatter};
 
 pub const CTRL_Q: usize = 0;
 pub const EVENT_Q: usize = 1;
@@ -511,28 +512,5 @@ impl State {
         self.ctrl_done = None;
         self.tp.notify(self.notify[CTRL_Q], CTRL_Q as u16);
         true
-    }
-}
-
-fn gather(iovs: &[libc::iovec], out: &mut [u8]) {
-    let mut at = 0;
-    for v in iovs {
-        let n = v.iov_len.min(out.len() - at);
-        // SAFETY: the mid-layer's iovec, alive while the command is.
-        let src = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, n) };
-        out[at..at + n].copy_from_slice(src);
-        at += n;
-    }
-}
-
-fn scatter(src: &[u8], iovs: &[libc::iovec]) {
-    let mut at = 0;
-    for v in iovs {
-        let n = v.iov_len.min(src.len() - at);
-        // SAFETY: the mid-layer's iovec, alive until it hears of the
-        // completion, and not otherwise borrowed meanwhile.
-        let dst = unsafe { std::slice::from_raw_parts_mut(v.iov_base as *mut u8, n) };
-        dst.copy_from_slice(&src[at..at + n]);
-        at += n;
     }
 }

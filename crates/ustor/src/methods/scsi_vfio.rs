@@ -51,10 +51,7 @@ fn attach(c: &Ctx, p: &Attach) -> Result<u32, RpcError> {
     let (w, bdf, driver) = (why.clone(), p.pci_address.clone(), p.driver.clone());
     let r = c.scsi.add_host(p.reactor, hc, move || {
         ustor_scsi_vfio::attach(&bdf, &driver).map_err(|e| {
-            let errno = match &e {
-                ustor_scsi_vfio::VirtioError::Vfio(v) => v.errno(),
-                ustor_scsi_vfio::VirtioError::Transport(_) => libc::ENODEV,
-            };
+            let errno = e.errno();
             *w.lock().unwrap_or_else(|e| e.into_inner()) = Some((errno, e.to_string()));
             TransportError::NoDevice
         })
