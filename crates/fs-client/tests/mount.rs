@@ -187,3 +187,73 @@ fn posix_calls_tar_and_two_clients_through_a_mount() {
         "client b served a stale page cache"
     );
 }
+
+fn run(cmd: &mut Command) -> String {
+    let o = cmd.output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{cmd:?} failed:\n{out}");
+    out
+}
+
+#[test]
+fn fio_verify_and_sqlite_integrity_through_a_mount() {
+    testkit::require!(fuse_usable(), "a kernel with FUSE, run as root");
+    if !testkit::need("fio") || !testkit::need("sqlite3") {
+        return;
+    }
+    let (_d, fs) = region(96 << 20);
+    let s = TestServer::start("127.0.0.1:0", fs, "exp", b"k");
+    let t = tempdir::Dir::new();
+    let mp = t.0.join("m");
+    std::fs::create_dir(&mp).unwrap();
+    let _m = mount(&s, &mp);
+    // fio writes with crc32c verify headers and reads every block back,
+    // at 4 KiB random and 1 MiB sequential.
+    for (bs, rw) in [("4k", "randwrite"), ("1m", "write")] {
+        run(Command::new("fio")
+            .args([
+                "--name=v",
+                "--ioengine=psync",
+                "--size=2m",
+                "--verify=crc32c",
+            ])
+            .arg(format!("--bs={bs}"))
+            .arg(format!("--rw={rw}"))
+            .args(["--do_verify=1", "--verify_fatal=1", "--group_reporting"])
+            .arg(format!(
+                "--filename={}",
+                mp.join(format!("fio-{bs}")).display()
+            )));
+    }
+    // sqlite: tables, an index, updates and deletes in transactions (its
+    // journal files are created, written, fsync'ed and unlinked), then
+    // integrity_check and a sum computed both ways.
+    let db = mp.join("t.db");
+    let sql = "PRAGMA journal_mode=DELETE;\
+        CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT, n INT);\
+        CREATE INDEX tn ON t(n);\
+        WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c WHERE x<3000)\
+          INSERT INTO t SELECT x, hex(randomblob(40)), x%97 FROM c;\
+        BEGIN; UPDATE t SET n=n+1 WHERE id%3=0; DELETE FROM t WHERE id%5=0; COMMIT;\
+        VACUUM;\
+        PRAGMA integrity_check; SELECT count(*), sum(n) FROM t;";
+    let out = run(Command::new("sqlite3").arg(&db).arg(sql));
+    let want = {
+        let (mut cnt, mut sum) = (0u64, 0u64);
+        for id in 1..=3000u64 {
+            if id % 5 != 0 {
+                cnt += 1;
+                sum += id % 97 + (id % 3 == 0) as u64;
+            }
+        }
+        format!("ok\n{cnt}|{sum}\n")
+    };
+    assert!(
+        out.ends_with(&want),
+        "sqlite said:\n{out}\nwanted the end:\n{want}"
+    );
+    let out = run(Command::new("sqlite3")
+        .arg(&db)
+        .arg("PRAGMA integrity_check;"));
+    assert_eq!(out, "ok\n");
+}
