@@ -47,6 +47,8 @@ pub struct GuestBuilder {
     /// Socket and queue count of each vhost-user-blk device.
     vhost_user_blk: Vec<(PathBuf, u16)>,
     vhost_user_scsi: Vec<PathBuf>,
+    /// QEMU reconnects to vhost-user sockets (`reconnect=1`).
+    vhost_user_reconnect: bool,
     scsi_disks: Vec<PathBuf>,
     shares: Vec<(PathBuf, String)>,
     timeout: Duration,
@@ -73,6 +75,7 @@ impl GuestBuilder {
             binaries: Vec::new(),
             vhost_user_blk: Vec::new(),
             vhost_user_scsi: Vec::new(),
+            vhost_user_reconnect: false,
             scsi_disks: Vec::new(),
             shares: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
@@ -129,6 +132,14 @@ impl GuestBuilder {
     /// [`Self::vhost_user_blk`] with `queues` virtqueues (`num-queues`).
     pub fn vhost_user_blk_queues(mut self, socket: impl Into<PathBuf>, queues: u16) -> Self {
         self.vhost_user_blk.push((socket.into(), queues));
+        self
+    }
+
+    /// QEMU reconnects to its vhost-user sockets every second after the
+    /// backend goes away (`-chardev socket,...,reconnect=1`), so a
+    /// backend may be killed and started again under a running guest.
+    pub fn vhost_user_reconnect(mut self) -> Self {
+        self.vhost_user_reconnect = true;
         self
     }
 
@@ -463,10 +474,15 @@ impl GuestBuilder {
                 "node,memdev=mem".into(),
             ]);
         }
+        let reconnect = if self.vhost_user_reconnect {
+            ",reconnect=1"
+        } else {
+            ""
+        };
         for (i, (sock, queues)) in self.vhost_user_blk.iter().enumerate() {
             a.extend([
                 "-chardev".into(),
-                format!("socket,id=vublk{i},path={}", sock.display()),
+                format!("socket,id=vublk{i},path={}{reconnect}", sock.display()),
                 "-device".into(),
                 format!("vhost-user-blk-pci,chardev=vublk{i},num-queues={queues}"),
             ]);
@@ -474,7 +490,7 @@ impl GuestBuilder {
         for (i, sock) in self.vhost_user_scsi.iter().enumerate() {
             a.extend([
                 "-chardev".into(),
-                format!("socket,id=vuscsi{i},path={}", sock.display()),
+                format!("socket,id=vuscsi{i},path={}{reconnect}", sock.display()),
                 "-device".into(),
                 format!("vhost-user-scsi-pci,chardev=vuscsi{i}"),
             ]);

@@ -5,6 +5,10 @@
 //! host reads back from the file, discards a region (zeroes in the file),
 //! runs fio with crc32c verify over a region, and makes, fills, fscks and
 //! re-reads an ext4 on the second disk, which the host fscks again.
+//! During fio's writes ustor is killed with SIGKILL and started again on
+//! the same sockets: QEMU (`reconnect=1`) reconnects, the new process
+//! resubmits what the inflight region says was in flight, and fio's
+//! verify must still pass.
 //!
 //! Skips (`SKIPPED: reason`) only when no guest can run here.
 
@@ -48,25 +52,46 @@ fn guest_virtio_blk_on_ustor_vhost() {
         {"subsystem": "bdev", "config": [bdev(&raw, "Raw"), bdev(&fs, "Fs")]},
         {"subsystem": "vhost_blk", "config": [ctrl("vraw", "Raw"), ctrl("vfs", "Fs")]},
     ]});
-    let s = Server::start(
-        &dir,
-        &config,
-        &["-S", sockets.to_str().unwrap(), "--cores", "0,1"],
-    );
+    let args = ["-S", sockets.to_str().unwrap(), "--cores", "0,1"];
+    let s = Server::start(&dir, &config, &args);
 
     let started = Instant::now();
-    let result = GuestBuilder::new()
+    let guest = GuestBuilder::new()
         .script_file(guest_script("vhost-user-blk.sh"))
         .binary("/usr/bin/fio")
         .vhost_user_blk_queues(sockets.join("vraw"), 2)
         .vhost_user_blk(sockets.join("vfs"))
+        .vhost_user_reconnect()
         .env("VUB_READ_MIB", "8:4")
         .env("VUB_WRITE_MIB", "16:4")
         .env("VUB_DISCARD_MIB", "24:4")
         .env("VUB_FIO_MIB", "32:16")
         .env("VUB_FS_DEV", "/dev/vdb")
-        .timeout(Duration::from_secs(300))
-        .run();
+        .timeout(Duration::from_secs(300));
+    let run = std::thread::spawn(move || guest.run());
+    // SIGKILL in the middle of fio's writes (the raw round trip writes
+    // 4 MiB first, fio 16 MiB), start again on the same sockets: QEMU
+    // reconnects, the new process resubmits what was in flight.
+    let written = |s: &Server| -> u64 {
+        let st = s.ok("bdev_get_iostat", json!({"name": "Raw"}));
+        st["bdevs"][0]["bytes_written"].as_u64().unwrap_or(0)
+    };
+    let mid_fio = testkit::try_wait_for(Duration::from_secs(240), || {
+        (written(&s) >= 10 * MIB || run.is_finished()).then_some(())
+    });
+    assert!(
+        mid_fio.is_some() && !run.is_finished(),
+        "fio never got going"
+    );
+    let killed = Instant::now();
+    s.kill();
+    let s = Server::start(&dir, &config, &args);
+    let resumed =
+        testkit::try_wait_for(Duration::from_secs(60), || (written(&s) > 0).then_some(()));
+    let restart = killed.elapsed();
+    assert!(resumed.is_some(), "no I/O after the restart");
+    eprintln!("vhost-user-blk: SIGKILL to resumed guest writes: {restart:?}");
+    let result = run.join().expect("guest thread");
     let elapsed = started.elapsed();
     let ctrls = s.ok("vhost_get_controllers", json!({"name": "vraw"}));
     let (code, log) = s.stop();

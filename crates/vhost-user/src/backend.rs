@@ -27,6 +27,7 @@ use vhost::VhostUserMemoryRegionBase;
 
 use crate::blk::feature;
 use crate::device::BlkDevice;
+use crate::inflight::InflightRegion;
 use crate::memory::{MemTable, RegionDesc, MAX_SLOTS};
 use crate::vring::{self, VringStart};
 
@@ -62,6 +63,9 @@ pub struct BlkBackend {
     protocol: u64,
     mem: MemTable,
     vrings: Vec<VringCtl>,
+    /// The inflight region (GET_INFLIGHT_FD / SET_INFLIGHT_FD), when the
+    /// frontend uses one.
+    inflight: Option<Arc<InflightRegion>>,
 }
 
 fn internal(why: &'static str) -> VuError {
@@ -79,6 +83,7 @@ impl BlkBackend {
             protocol: 0,
             mem: MemTable::default(),
             vrings: (0..n).map(|_| VringCtl::default()).collect(),
+            inflight: None,
         }
     }
 
@@ -123,6 +128,11 @@ impl BlkBackend {
             dev: self.dev.clone(),
             stop: stop.clone(),
             done: tx,
+            inflight: self
+                .inflight
+                .as_ref()
+                .filter(|r| r.queue_size() == v.size)
+                .map(|r| r.queue(i as u16)),
         };
         let reactor = self.reactors[i % self.reactors.len()];
         self.rt
@@ -165,6 +175,7 @@ impl BlkBackend {
             self.vrings[i] = VringCtl::default();
         }
         self.mem.clear();
+        self.inflight = None;
         self.acked = 0;
         self.protocol = 0;
     }
@@ -282,7 +293,8 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
         Ok(VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::RESET_DEVICE)
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
     }
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
         self.protocol = features;
@@ -341,12 +353,40 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
     }
     fn get_inflight_fd(
         &mut self,
-        _inflight: &VhostUserInflight,
+        inflight: &VhostUserInflight,
     ) -> VuResult<(VhostUserInflight, File)> {
-        Err(internal("no inflight tracking"))
+        let (nq, qs) = (inflight.num_queues, inflight.queue_size);
+        if nq == 0 || nq as usize > self.vrings.len() || qs == 0 || qs > QUEUE_SIZE_MAX {
+            return Err(VuError::InvalidParam);
+        }
+        let (region, file) = InflightRegion::create(nq, qs).map_err(|e| {
+            tracing::warn!("vhost: {e}");
+            internal("inflight region")
+        })?;
+        let size = crate::inflight::queue_region_size(qs) * nq as u64;
+        self.inflight = Some(region);
+        Ok((
+            VhostUserInflight {
+                mmap_size: size,
+                mmap_offset: 0,
+                num_queues: nq,
+                queue_size: qs,
+            },
+            file,
+        ))
     }
-    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> VuResult<()> {
-        Err(internal("no inflight tracking"))
+    fn set_inflight_fd(&mut self, inflight: &VhostUserInflight, file: File) -> VuResult<()> {
+        let (nq, qs) = (inflight.num_queues, inflight.queue_size);
+        if nq == 0 || nq as usize > self.vrings.len() || qs == 0 || qs > QUEUE_SIZE_MAX {
+            return Err(VuError::InvalidParam);
+        }
+        let region = InflightRegion::open(file, inflight.mmap_offset, inflight.mmap_size, nq, qs)
+            .map_err(|e| {
+            tracing::warn!("vhost: {e}");
+            VuError::InvalidParam
+        })?;
+        self.inflight = Some(region);
+        Ok(())
     }
     fn get_max_mem_slots(&mut self) -> VuResult<u64> {
         Ok(MAX_SLOTS as u64)

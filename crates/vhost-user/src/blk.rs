@@ -6,7 +6,7 @@
 //! through `vm-memory` (which bounds every access to a mapped region) and is
 //! unit-tested and fuzzed with an anonymous guest memory.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 /// virtio-blk feature bits (virtio 1.2, 5.2.3).
 pub mod feature {
@@ -240,6 +240,59 @@ where
             write: d.is_write_only(),
         };
         k += 1;
+    }
+    k
+}
+
+/// Reads the chain with head `head` straight from the descriptor table at
+/// `table` (`queue_size` entries) into `out`, for a request resubmitted
+/// after a restart (its avail ring slot may have been reused since).
+/// Follows NEXT links and one indirect table; stops at an index outside
+/// its table, after as many steps as the table has entries (a loop), at a
+/// descriptor it cannot read, or when `out` is full.
+pub fn read_chain<M: GuestMemory>(
+    mem: &M,
+    table: GuestAddress,
+    queue_size: u16,
+    head: u16,
+    out: &mut ChainBuf,
+) -> usize {
+    const F_NEXT: u16 = 1;
+    const F_WRITE: u16 = 2;
+    const F_INDIRECT: u16 = 4;
+    let (mut table, mut len, mut idx) = (table, queue_size as u64, head as u64);
+    let (mut k, mut steps, mut indirect) = (0usize, 0u64, false);
+    while k < out.len() && idx < len && steps <= len {
+        let mut raw = [0u8; 16];
+        let Some(at) = table.checked_add(idx * 16) else {
+            break;
+        };
+        if mem.read_slice(&mut raw, at).is_err() {
+            break;
+        }
+        let addr = u64::from_le_bytes(raw[0..8].try_into().unwrap_or_default());
+        let dlen = u32::from_le_bytes(raw[8..12].try_into().unwrap_or_default());
+        let flags = u16::from_le_bytes(raw[12..14].try_into().unwrap_or_default());
+        let next = u16::from_le_bytes(raw[14..16].try_into().unwrap_or_default());
+        if flags & F_INDIRECT != 0 {
+            if indirect || k > 0 || dlen % 16 != 0 {
+                break;
+            }
+            indirect = true;
+            (table, len, idx, steps) = (GuestAddress(addr), dlen as u64 / 16, 0, 0);
+            continue;
+        }
+        out[k] = Desc {
+            addr,
+            len: dlen,
+            write: flags & F_WRITE != 0,
+        };
+        k += 1;
+        if flags & F_NEXT == 0 {
+            break;
+        }
+        idx = next as u64;
+        steps += 1;
     }
     k
 }

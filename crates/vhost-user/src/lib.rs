@@ -12,7 +12,8 @@
 //!
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
 //! [`memory`] (memory table), [`coalesce`] (call-eventfd coalescing),
-//! [`workers`] (a queue's request workers), [`device`] (the served bdev), [`backend`]
+//! [`workers`] (a queue's request workers), [`inflight`] (inflight
+//! tracking for restarts), [`device`] (the served bdev), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
 //! thread, lifecycle), [`target`] (every controller by name, for the RPCs), [`fuzzing`]
 //! (the fuzz targets' bodies).
@@ -23,6 +24,7 @@ pub mod coalesce;
 pub mod controller;
 pub mod device;
 pub mod fuzzing;
+pub mod inflight;
 pub mod memory;
 pub mod target;
 pub mod vring;

@@ -29,11 +29,14 @@ use std::time::Duration;
 use ustor_bdev::{BdevError, IoChannel};
 use ustor_runtime::{ticks, IoBuf};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+};
 
 use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
 use crate::device::{BlkDevice, QueueStats};
+use crate::inflight::QueueInflight;
 use crate::workers::Pool;
 
 /// Everything a queue needs to run, sent from the control thread.
@@ -53,6 +56,8 @@ pub struct VringStart {
     pub stop: Arc<AtomicBool>,
     /// Where the task reports `(next_avail, next_used)` once stopped.
     pub done: mpsc::Sender<(u16, u16)>,
+    /// This queue's part of the inflight region, when the frontend set one.
+    pub inflight: Option<QueueInflight>,
 }
 
 /// A request taken from the ring, waiting for a worker.
@@ -85,6 +90,12 @@ struct Vring {
     /// once (nothing would send a held-back signal).
     parked: Cell<bool>,
     broken: Cell<bool>,
+    /// Inflight tracking and the order counter of takes.
+    track: Option<QueueInflight>,
+    counter: Cell<u64>,
+    /// Heads to resubmit first (taken by a backend that was killed).
+    resubmit: RefCell<Vec<u16>>,
+    desc_table: u64,
 }
 
 impl Vring {
@@ -112,6 +123,7 @@ pub async fn run(s: VringStart) {
             return;
         }
     };
+    resubmit(&v);
     let poll_window = ticks::from_duration(v.dev.poll_window);
     let mut last_work = ticks::now();
     while !stop.load(Ordering::Acquire) {
@@ -182,13 +194,27 @@ fn setup(s: VringStart) -> Result<Vring, String> {
     if s.index as usize >= s.dev.queue_stats.len() {
         return Err(format!("queue {}: beyond num_queues", s.index));
     }
-    q.set_next_avail(s.next_avail);
     // The used index in guest memory is where the previous backend (or
     // this one before a stop) left it.
     let used = q
         .used_idx(&*mem, Ordering::Acquire)
         .map_err(|e| format!("{e:?}"))?;
     q.set_next_used(used.0);
+    let (mut next_avail, mut counter, mut again) = (s.next_avail, 1, Vec::new());
+    if let Some(t) = &s.inflight {
+        // After a kill the frontend's base is its guess (the used index):
+        // the region knows what was taken.
+        let rec = t.recover(used.0);
+        if !rec.resubmit.is_empty() {
+            tracing::info!(
+                "vhost: queue {}: resubmitting {} requests in flight at the last stop",
+                s.index,
+                rec.resubmit.len()
+            );
+        }
+        (next_avail, counter, again) = (rec.next_avail, rec.counter, rec.resubmit);
+    }
+    q.set_next_avail(next_avail);
     set_nonblocking(&s.kick);
     let depth = s.size as usize;
     Ok(Vring {
@@ -207,6 +233,10 @@ fn setup(s: VringStart) -> Result<Vring, String> {
         coal: RefCell::new(Coalescer::new(ticks::hz(), ticks::now())),
         parked: Cell::new(false),
         broken: Cell::new(false),
+        track: s.inflight,
+        counter: Cell::new(counter),
+        resubmit: RefCell::new(again),
+        desc_table: s.desc,
     })
 }
 
@@ -252,10 +282,38 @@ fn take_available(v: &Rc<Vring>) -> usize {
         };
         n += 1;
         let head = chain.head_index();
+        if let Some(t) = &v.track {
+            t.taken(head, v.counter.get());
+            v.counter.set(v.counter.get() + 1);
+        }
         let k = blk::collect_chain(chain, &mut descs);
+        start_request(v, &mem, head, &descs[..k]);
+    }
+    v.coal.borrow_mut().taken(n as u64);
+    n
+}
+
+/// Requests a killed backend had taken: run again before any new one.
+fn resubmit(v: &Rc<Vring>) {
+    let heads = std::mem::take(&mut *v.resubmit.borrow_mut());
+    if heads.is_empty() {
+        return;
+    }
+    let mem = v.mem.borrow();
+    let size = v.queue.borrow().size();
+    let mut descs = blk::chain_buf();
+    for head in heads {
+        let k = blk::read_chain(&**mem, GuestAddress(v.desc_table), size, head, &mut descs);
+        start_request(v, &mem, head, &descs[..k]);
+    }
+}
+
+/// Validates one chain and hands it to a worker, or answers it at once.
+fn start_request(v: &Rc<Vring>, mem: &GuestMemoryMmap, head: u16, descs: &[blk::Desc]) {
+    {
         let segs = v.seg_pool.borrow_mut().pop().unwrap_or_default();
         QueueStats::bump(&v.stats().requests);
-        match blk::parse_chain(&descs[..k], &**mem, segs) {
+        match blk::parse_chain(descs, mem, segs) {
             Ok(req) => {
                 v.inflight.set(v.inflight.get() + 1);
                 v.jobs.borrow_mut().push_back(Job { head, req });
@@ -269,15 +327,13 @@ fn take_available(v: &Rc<Vring>) -> usize {
                 tracing::debug!("vhost-blk: queue request {head}: {e}");
                 if let Some(at) = e.status_addr() {
                     let _ = mem.write_obj(status::IOERR, at);
-                    complete(v, &mem, head, 1);
+                    complete(v, mem, head, 1);
                 } else {
-                    complete(v, &mem, head, 0);
+                    complete(v, mem, head, 0);
                 }
             }
         }
     }
-    v.coal.borrow_mut().taken(n as u64);
-    n
 }
 
 /// Scratch space a worker reuses for every request.
@@ -343,10 +399,16 @@ async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut S
 /// or later when coalescing holds the signal back).
 fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
     let mut q = v.queue.borrow_mut();
+    if let Some(t) = &v.track {
+        t.pre_put(head);
+    }
     if q.add_used(mem, head, len).is_err() {
         // The used ring is not writable: the driver broke the device.
         v.broken.set(true);
         return;
+    }
+    if let Some(t) = &v.track {
+        t.post_put(head, q.next_used());
     }
     if q.needs_notification(mem).unwrap_or(true) {
         drop(q);

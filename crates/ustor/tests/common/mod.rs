@@ -80,6 +80,13 @@ impl Server {
             .expect("nbd server running")
     }
 
+    /// SIGKILL and wait (a crash: nothing is drained or removed).
+    pub fn kill(mut self) {
+        // SAFETY: kill(2) on our own child's PID.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM and wait: returns the exit code and what it printed.
     pub fn stop(mut self) -> (i32, String) {
         // SAFETY: kill(2) on our own child's PID.

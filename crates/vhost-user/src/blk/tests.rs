@@ -237,3 +237,66 @@ fn config_space_layout() {
     );
     assert_ne!(ro.features() & feature::RO, 0);
 }
+
+fn desc_at(m: &GuestMemoryMmap, table: u64, i: u64, addr: u64, len: u32, flags: u16, next: u16) {
+    let mut raw = [0u8; 16];
+    raw[0..8].copy_from_slice(&addr.to_le_bytes());
+    raw[8..12].copy_from_slice(&len.to_le_bytes());
+    raw[12..14].copy_from_slice(&flags.to_le_bytes());
+    raw[14..16].copy_from_slice(&next.to_le_bytes());
+    m.write_slice(&raw, GA(table + i * 16)).unwrap();
+}
+
+#[test]
+fn read_chain_by_head_direct_and_indirect() {
+    let m = mem();
+    let table = 0x8000;
+    // Head 3 -> 5 -> 1 (write).
+    desc_at(&m, table, 3, 0x1000, 16, 1, 5);
+    desc_at(&m, table, 5, 0x2000, 512, 1 | 2, 1);
+    desc_at(&m, table, 1, 0x3000, 1, 2, 0);
+    let mut out = chain_buf();
+    let k = read_chain(&m, GA(table), 8, 3, &mut out);
+    assert_eq!(
+        &out[..k],
+        &[
+            d(0x1000, 16, false),
+            d(0x2000, 512, true),
+            d(0x3000, 1, true)
+        ]
+    );
+    // Head 6: an indirect table of two.
+    let ind = 0x9000;
+    desc_at(&m, table, 6, ind, 32, 4, 0);
+    desc_at(&m, ind, 0, 0x4000, 16, 1, 1);
+    desc_at(&m, ind, 1, 0x5000, 1, 2, 0);
+    let k = read_chain(&m, GA(table), 8, 6, &mut out);
+    assert_eq!(&out[..k], &[d(0x4000, 16, false), d(0x5000, 1, true)]);
+}
+
+#[test]
+fn read_chain_ends_loops_and_bad_links() {
+    let m = mem();
+    let table = 0x8000;
+    desc_at(&m, table, 0, 0x1000, 16, 1, 1);
+    desc_at(&m, table, 1, 0x2000, 16, 1, 0);
+    let mut out = chain_buf();
+    let k = read_chain(&m, GA(table), 2, 0, &mut out);
+    assert!(k <= 3, "a loop ends ({k})");
+    desc_at(&m, table, 0, 0x1000, 16, 1, 9);
+    assert_eq!(
+        read_chain(&m, GA(table), 2, 0, &mut out),
+        1,
+        "next outside the table"
+    );
+    assert_eq!(
+        read_chain(&m, GA(table), 2, 7, &mut out),
+        0,
+        "head outside the table"
+    );
+    assert_eq!(
+        read_chain(&m, GA(MEM - 8), 2, 0, &mut out),
+        0,
+        "table outside memory"
+    );
+}
