@@ -82,7 +82,7 @@ impl InflightRegion {
     ) -> Result<Arc<Self>, InflightError> {
         let want = queue_region_size(queue_size) * num_queues as u64;
         let have = file.metadata()?.len();
-        if size < want || offset.checked_add(size).is_none_or(|end| end > have) {
+        if size < want || offset.checked_add(size).map_or(true, |end| end > have) {
             return Err(InflightError::TooSmall {
                 got: size.min(have.saturating_sub(offset)),
                 want,
