@@ -25,8 +25,12 @@ PARTS=${PARTS:-"bdev nvmf"}
 NVMF_POINTS=${NVMF_POINTS:-"randread:4096:1 randread:4096:32 randread:4096:128 randwrite:4096:32 randread:16384:32 randwrite:16384:128"}
 [ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor -p ustor-nvme --example nvmf_initiator_load
 declare -A BIN=([base]="$BASE/target/release" [new]="$PWD/target/release")
+# Only the binaries the chosen parts run must exist.
+need=""
+case " $PARTS " in *" bdev "*) need="ustor" ;; esac
+case " $PARTS " in *" nvmf "*) need="$need examples/nvmf_initiator_load" ;; esac
 for v in base new; do
-  for b in ustor examples/nvmf_initiator_load; do
+  for b in $need; do
     [ -x "${BIN[$v]}/$b" ] || { echo "ab.sh: ${BIN[$v]}/$b missing" >&2; exit 1; }
   done
 done

@@ -177,7 +177,9 @@ fn local_requests_answered_in_place() {
     let out = (0..lens.len())
         .map(|t| Out::Req(t as u8, lens[t]))
         .collect();
-    let (_rt, mut peer, rx) = run_client(client(lens.len(), 0), out, None);
+    // A drain timeout far beyond the test's: the sender ends on its own.
+    let drain = Some(Duration::from_secs(600));
+    let (_rt, mut peer, rx) = run_client(client(lens.len(), 0), out, drain);
     let mut reqs = Vec::new();
     for _ in 0..lens.len() {
         let mut h = [0u8; 4];

@@ -90,7 +90,8 @@ pub enum Via {
 pub enum Recv<P: Protocol> {
     /// Have at least `need` bytes staged, each receive asking for at most
     /// `max` staged bytes in all (`max == need`: exact; `usize::MAX`:
-    /// greedy, up to the buffer), then [`RecvEvent::Staged`].
+    /// greedy, up to the buffer; [`ASK`]: [`Protocol::stage_max`]), then
+    /// [`RecvEvent::Staged`].
     Stage { need: usize, max: usize },
     /// Receive `len` bytes into `buf[off..off + len]` (`None`: a pool
     /// buffer of `off + len` bytes, waited for if the pool is empty), then
@@ -123,6 +124,10 @@ pub enum Recv<P: Protocol> {
     /// then [`RecvEvent::Next`] (the protocol knows what it placed).
     Place { tail: usize },
 }
+
+/// [`Recv::Stage`]'s `max` that asks [`Protocol::stage_max`] before each
+/// receive.
+pub const ASK: usize = usize::MAX - 1;
 
 /// Costs the driver reports to the protocol's counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,6 +216,13 @@ pub trait Protocol: Sized + 'static {
     /// The receiver stopped (close, EOF, error): units the protocol holds
     /// parked on its side must now finish, or the connection never ends.
     fn on_close(&self) {}
+
+    /// Client opt-in: the bound of a [`Recv::Stage`] whose `max` is
+    /// [`ASK`], asked before each receive (it may change while the
+    /// receiver waits: a client's reads submitted meanwhile).
+    fn stage_max(&self) -> usize {
+        usize::MAX
+    }
 
     /// Client opt-in: the destination of a [`Recv::Place`], written to
     /// `out` (at most `out.len()` segments, their number returned).
@@ -413,12 +425,19 @@ pub async fn serve<P: Protocol>(conn: Rc<Conn<P>>) {
     wake(&conn.sender);
     // The sender returns once every received unit has been answered.
     let mut sender = std::pin::pin!(sender);
-    if let Some(d) = conn.drain.get() {
-        if crate::time::timeout(d, sender.as_mut()).await.is_none() {
-            // The peer stopped reading: the failed send ends the sender.
-            crate::recv::shutdown(conn.raw_fd());
+    let drained = match conn.drain.get() {
+        Some(d) => {
+            let done = crate::time::timeout(d, sender.as_mut()).await.is_some();
+            if !done {
+                // The peer stopped reading: the failed send ends the sender.
+                crate::recv::shutdown(conn.raw_fd());
+            }
+            done
         }
+        None => false,
+    };
+    if !drained {
+        sender.await;
     }
-    sender.await;
     crate::recv::shutdown(conn.raw_fd());
 }

@@ -37,7 +37,15 @@ pub(super) async fn run<P: Protocol>(conn: &Rc<Conn<P>>, st: &mut Staging) {
         ev = match next {
             Recv::Stage { need, max } => {
                 let mode = conn.cfg.recv_mode;
-                match st.fill(conn.raw_fd(), need, || max, mode).await {
+                // `ASK`: the protocol's bound, asked before each receive.
+                let max = || {
+                    if max == super::ASK {
+                        conn.proto.stage_max()
+                    } else {
+                        max
+                    }
+                };
+                match st.fill(conn.raw_fd(), need, max, mode).await {
                     Ok(f) => {
                         report_fill(conn, f);
                         RecvEvent::Staged
