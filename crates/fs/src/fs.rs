@@ -27,6 +27,10 @@ pub struct WritePlan {
     pub segs: Vec<(usize, usize)>,
     ino: u64,
     inode: Inode,
+    off: u64,
+    /// The inode when the write was planned: a change meanwhile (another
+    /// connection's write, truncate or unlink) is a conflict at finish.
+    before: Inode,
     tx: Tx,
     fresh: Vec<u64>,
 }
@@ -39,6 +43,14 @@ pub struct Fs {
     pub(crate) free_inodes: u64,
     blk_hint: u64,
     ino_hint: u64,
+    /// Writes planned and not finished: while any is, freed blocks wait in
+    /// `deferred`, so a payload still being received never lands in a block
+    /// another file got meanwhile.
+    pins: usize,
+    deferred: Vec<u64>,
+    /// Payload bytes copied out of the region to redo a write whose inode
+    /// changed while its payload was received (`Stats::copied_bytes`).
+    pub conflict_copied: u64,
 }
 
 /// Every block an inode owns, indirect blocks included. Errors on a pointer
@@ -120,6 +132,9 @@ impl Fs {
             free_inodes: 0,
             blk_hint: 0,
             ino_hint: 1,
+            pins: 0,
+            deferred: Vec::new(),
+            conflict_copied: 0,
         };
         fs.recover()?;
         Ok(fs)
@@ -227,6 +242,10 @@ impl Fs {
     /// Marks blocks free; only after the transaction that unlinked them
     /// committed, so a crash never leaves a block reachable and reused.
     pub(crate) fn free_blocks(&mut self, blocks: &[u64]) {
+        if self.pins > 0 {
+            self.deferred.extend_from_slice(blocks);
+            return;
+        }
         for &b in blocks {
             set_bit(self.m.bytes_mut(), &self.g, b, false);
             self.free_blocks += 1;
@@ -362,9 +381,12 @@ impl Fs {
             segs: Vec::new(),
             ino,
             inode: i,
+            off,
+            before: i,
             tx: Tx::default(),
             fresh: Vec::new(),
         };
+        self.pins += 1;
         let mut pos = off;
         while pos < end {
             let (idx, within) = (pos / BLOCK_SIZE as u64, (pos % BLOCK_SIZE as u64) as usize);
@@ -393,18 +415,47 @@ impl Fs {
     }
 
     /// Makes a planned write durable: the payload first, then the metadata
-    /// pointing to it.
+    /// pointing to it. If the inode changed since `begin_write` (a write
+    /// racing on another connection, a truncate), the payload is copied out
+    /// of the planned ranges and the write redone on the current inode
+    /// (counted in `conflict_copied`).
     pub fn finish_write(&mut self, mut plan: WritePlan) -> Result<(), FsError> {
-        for &(o, n) in &plan.segs {
-            self.m.persist(o, n)?;
+        if self.live(plan.ino).ok() != Some(plan.before) {
+            let mut data = Vec::new();
+            for &(o, n) in &plan.segs {
+                data.extend_from_slice(&self.m.bytes()[o..o + n]);
+            }
+            self.conflict_copied += data.len() as u64;
+            let (ino, off) = (plan.ino, plan.off);
+            self.abort_write(plan);
+            return self.write(ino, off, &data);
         }
-        plan.tx.put_inode(plan.ino, plan.inode);
-        plan.tx.commit(&mut *self.m, &self.g)
+        let r = (|| {
+            for &(o, n) in &plan.segs {
+                self.m.persist(o, n)?;
+            }
+            plan.tx.put_inode(plan.ino, plan.inode);
+            plan.tx.commit(&mut *self.m, &self.g)
+        })();
+        if r.is_err() {
+            self.free_blocks(&plan.fresh);
+        }
+        self.unpin();
+        r
     }
 
     /// Drops a planned write (the client vanished): its new blocks go back.
     pub fn abort_write(&mut self, plan: WritePlan) {
         self.free_blocks(&plan.fresh);
+        self.unpin();
+    }
+
+    fn unpin(&mut self) {
+        self.pins -= 1;
+        if self.pins == 0 {
+            let d = std::mem::take(&mut self.deferred);
+            self.free_blocks(&d);
+        }
     }
 
     /// Writes `data` at `off` (a copy: for clients and tests).

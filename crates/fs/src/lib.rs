@@ -4,8 +4,9 @@
 //! redo log that makes metadata changes atomic (`tx`), the data path that
 //! plans reads and writes as byte ranges of the region (`fs`), the namespace
 //! operations (`ns`), the offline checker (`check`) and the wire protocol's
-//! frames (`proto`) and the
-//! transport-independent request handler (`serve`).
+//! frames (`proto`), the
+//! transport-independent request handler (`serve`) and the TCP server on
+//! the reactors with its control plane (`server`).
 
 pub mod check;
 pub mod fs;
@@ -15,6 +16,7 @@ pub mod media;
 pub mod ns;
 pub mod proto;
 pub mod serve;
+pub mod server;
 mod tx;
 
 use thiserror::Error;

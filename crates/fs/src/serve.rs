@@ -23,6 +23,9 @@ pub struct Stats {
     pub bytes_written: u64,
     /// Bytes we copied on the data path (payloads go region <-> socket).
     pub copied_bytes: u64,
+    /// Payload bytes the kernel copied between the socket and the region
+    /// (a plain send or receive; a zero-copy send does not count).
+    pub kernel_copied_bytes: u64,
 }
 
 /// What a request answers, before encoding.

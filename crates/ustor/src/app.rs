@@ -18,6 +18,9 @@ pub const DRAIN_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct App {
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer>,
+    /// The file service (its writes are durable when answered: nothing to
+    /// flush at exit).
+    pub fs: Arc<ustor_fs::server::FsServer>,
     pub nvmf: ustor_nvme::nvmf::Target,
     /// The vhost-user controllers (`ustor serve -S DIR` sets their socket
     /// directory).
@@ -42,6 +45,7 @@ impl App {
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         ustor_vbdev::register(&registry).map_err(|e| std::io::Error::other(e.to_string()))?;
         let nbd = Arc::new(NbdServer::new(rt.clone()));
+        let fs = Arc::new(ustor_fs::server::FsServer::new(rt.clone()));
         let iscsi = Arc::new(ustor_iscsi_target::IscsiTarget::new(
             rt.clone(),
             registry.clone(),
@@ -55,6 +59,7 @@ impl App {
             rt: rt.clone(),
             registry: registry.clone(),
             nbd: nbd.clone(),
+            fs: fs.clone(),
             iscsi: iscsi.clone(),
             nvmf: nvmf.clone(),
             scsi,
@@ -75,6 +80,7 @@ impl App {
         Ok(App {
             registry,
             nbd,
+            fs,
             nvmf,
             vhost,
             targets,
@@ -94,6 +100,7 @@ impl App {
             return Vec::new();
         }
         let stopped = targets::stop_all(&self.targets, DRAIN_BUDGET);
+        self.fs.stop();
         self.flush_all();
         if let Some(mut rt) = self.runtime.take() {
             rt.stop();

@@ -4,6 +4,7 @@
 
 pub mod bdev;
 pub mod framework;
+pub mod fs;
 pub mod iscsi;
 pub mod nbd;
 pub mod nvmf;
@@ -29,6 +30,7 @@ pub struct Ctx {
     pub rt: RuntimeHandle,
     pub registry: Arc<Registry>,
     pub nbd: Arc<NbdServer>,
+    pub fs: Arc<ustor_fs::server::FsServer>,
     pub iscsi: Arc<ustor_iscsi_target::IscsiTarget>,
     pub nvmf: ustor_nvme::nvmf::Target,
     pub scsi: ustor_scsi::ScsiStack,
@@ -57,6 +59,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     rbd::register(ctx)?;
     bdev::register(ctx)?;
     nbd::register(ctx)?;
+    fs::register(ctx)?;
     iscsi::register(ctx)?;
     nvmf::register(ctx)?;
     scsi::register(ctx)?;
@@ -92,6 +95,7 @@ pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::C
     let method = match c.method.as_str() {
         "bdev_nvme_attach_controller" => "bdev_nvme_detach_controller".to_string(),
         "nbd_export_create" => "nbd_export_delete".to_string(),
+        "fs_create" => "fs_delete".to_string(),
         "iscsi_create_target_node" => {
             return Some(ustor_rpc::ConfigCall::new(
                 "iscsi_delete_target_node",

@@ -1,0 +1,490 @@
+//! One client connection on one reactor: the shared-secret handshake
+//! (Hello, then Auth: HMAC-SHA256 under the export's secret of the client's
+//! nonce followed by the server's), under the listener's handshake timeout;
+//! then requests on the connection driver with [`FsProto`].
+//!
+//! Zero copy: a write's header and 8-byte prefix are staged exactly (never
+//! more), its payload is received straight into the region ranges
+//! `Fs::begin_write` planned; a read's reply leaves with iovecs pointing
+//! into the region (holes from a shared zero page). The driver reports any
+//! payload it had to copy out of staging, counted in `copied_bytes`.
+//!
+//! A frame the decoder refuses (oversize, unknown op, malformed body) is
+//! answered with its errno (EMSGSIZE, ENOSYS, EINVAL) and the connection
+//! closes: the stream can no longer be trusted to be in step.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use ustor_net::driver::{self, DriverConfig, IoEvent, Protocol, Recv, RecvEvent, Via};
+use ustor_net::listener::Accepted;
+use ustor_net::recv::recv_exact;
+use ustor_net::{PduGroup, Staging};
+use ustor_runtime::IoBuf;
+
+use super::ExportSvc;
+use crate::fs::{ReadSeg, WritePlan};
+use crate::proto::{self, Header, Op, ProtoError, Request, HEADER_LEN, NONCE_LEN};
+use crate::serve::{self, Reply};
+use crate::{FsError, MAX_WRITE, NAME_MAX};
+
+/// Requests received and not yet answered, per connection.
+const MAX_OUTSTANDING: usize = 128;
+/// Largest Hello body: nonce, name length, name.
+const MAX_HELLO: usize = NONCE_LEN + 2 + NAME_MAX;
+
+fn driver_config() -> DriverConfig {
+    DriverConfig {
+        max_outstanding: MAX_OUTSTANDING,
+        max_outstanding_bytes: 64 << 20,
+        max_workers: 1,
+        staging_len: 64 << 10,
+        ..DriverConfig::default()
+    }
+}
+
+/// Zeros for holes, shared by every connection (sent, never written).
+fn zeros() -> &'static [u8] {
+    static Z: OnceLock<Box<[u8]>> = OnceLock::new();
+    Z.get_or_init(|| vec![0u8; MAX_WRITE].into_boxed_slice())
+}
+
+/// A reply header with a raw op byte (a refused frame's op may be unknown).
+fn raw_header(len: u32, op: u8, tag: u64, errno: u64) -> Vec<u8> {
+    let mut f = Vec::with_capacity(HEADER_LEN + len as usize);
+    f.extend_from_slice(&len.to_le_bytes());
+    f.extend_from_slice(&[op, 0, 0, 0]);
+    f.extend_from_slice(&tag.to_le_bytes());
+    f.extend_from_slice(&errno.to_le_bytes());
+    f
+}
+
+fn proto_errno(e: &ProtoError) -> u64 {
+    (match e {
+        ProtoError::Oversize(_) => libc::EMSGSIZE,
+        ProtoError::UnknownOp(_) => libc::ENOSYS,
+        ProtoError::Malformed { .. } => libc::EINVAL,
+    }) as u64
+}
+
+/// Serves one admitted socket until it closes.
+pub(crate) async fn serve(conn: Accepted, svc: Arc<ExportSvc>) {
+    let fd = conn.fd.as_raw_fd();
+    match conn.handshake(handshake(fd, &svc)).await {
+        Some(Ok(true)) => {
+            let Accepted { fd, guard, .. } = conn;
+            let proto = FsProto {
+                svc,
+                st: RefCell::new(St::Idle),
+                close_after: Cell::new(false),
+            };
+            driver::run(fd, proto, driver_config()).await;
+            drop(guard);
+        }
+        Some(Ok(false)) => {}
+        Some(Err(e)) => tracing::debug!("fs: handshake ended: {e}"),
+        None => tracing::debug!("fs: handshake timed out"),
+    }
+}
+
+async fn send(fd: RawFd, b: &[u8]) -> io::Result<()> {
+    let mut buf = IoBuf::heap(b.len());
+    buf.spare_mut()[..b.len()].copy_from_slice(b);
+    buf.set_len(b.len());
+    ustor_runtime::ops::send_all(fd, buf).await.0
+}
+
+/// Receives one handshake frame of `op` with a body of at most `max`;
+/// anything else is answered with its errno (`Err` ends the connection).
+async fn recv_frame(fd: RawFd, op: Op, max: usize) -> io::Result<(Header, Vec<u8>)> {
+    let (r, mut b) = recv_exact(fd, IoBuf::heap(HEADER_LEN), 0, HEADER_LEN).await;
+    r?;
+    let raw: [u8; HEADER_LEN] = b.spare_mut()[..HEADER_LEN].try_into().expect("header");
+    let tag = u64::from_le_bytes(raw[8..16].try_into().expect("tag"));
+    let refuse = |errno: i32| raw_header(0, raw[4], tag, errno as u64);
+    let h = match proto::decode_header(&raw) {
+        Ok(h) if h.op == op && h.len as usize <= max => h,
+        Ok(_) => {
+            // Nothing but the handshake before it completes.
+            send(fd, &refuse(libc::EACCES)).await?;
+            return Err(io::Error::other("request before authentication"));
+        }
+        Err(e) => {
+            send(fd, &refuse(proto_errno(&e) as i32)).await?;
+            return Err(io::Error::other(e.to_string()));
+        }
+    };
+    let n = h.len as usize;
+    let (r, mut b) = recv_exact(fd, IoBuf::heap(n.max(1)), 0, n).await;
+    r?;
+    Ok((h, b.spare_mut()[..n].to_vec()))
+}
+
+/// Hello/Auth; `Ok(true)` when the client proved the secret.
+async fn handshake(fd: RawFd, svc: &ExportSvc) -> io::Result<bool> {
+    let (h, body) = recv_frame(fd, Op::Hello, MAX_HELLO).await?;
+    let (cn, export) = match proto::decode_request(&h, &body) {
+        Ok(Request::Hello { nonce, export }) => (nonce, export),
+        _ => {
+            send(fd, &raw_header(0, h.op as u8, h.tag, libc::EINVAL as u64)).await?;
+            return Ok(false);
+        }
+    };
+    if export != svc.vol.name.as_bytes() {
+        send(fd, &raw_header(0, h.op as u8, h.tag, libc::ENOENT as u64)).await?;
+        return Ok(false);
+    }
+    let sn = nonce()?;
+    let mut r = raw_header(NONCE_LEN as u32, Op::Hello as u8, h.tag, 0);
+    r.extend_from_slice(&sn);
+    send(fd, &r).await?;
+    let (h, body) = recv_frame(fd, Op::Auth, NONCE_LEN).await?;
+    let ok = match proto::decode_request(&h, &body) {
+        Ok(Request::Auth { mac }) => svc.secret.is_empty() || mac_ok(&svc.secret, &cn, &sn, &mac),
+        _ => false,
+    };
+    let errno = if ok { 0 } else { libc::EACCES as u64 };
+    if !ok {
+        svc.auth_failures.fetch_add(1, Ordering::Relaxed);
+    }
+    send(fd, &raw_header(0, Op::Auth as u8, h.tag, errno)).await?;
+    Ok(ok)
+}
+
+/// Checks the client's MAC in constant time.
+pub(crate) fn mac_ok(
+    secret: &[u8],
+    cn: &[u8; NONCE_LEN],
+    sn: &[u8; NONCE_LEN],
+    mac: &[u8; NONCE_LEN],
+) -> bool {
+    let Ok(mut m) = Hmac::<Sha256>::new_from_slice(secret) else {
+        return false;
+    };
+    m.update(cn);
+    m.update(sn);
+    m.verify_slice(mac).is_ok()
+}
+
+fn nonce() -> io::Result<[u8; NONCE_LEN]> {
+    use std::io::Read;
+    let mut n = [0u8; NONCE_LEN];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut n)?;
+    Ok(n)
+}
+
+/// Where the receive state machine is.
+enum St {
+    Idle,
+    /// The header is staged; the body prefix is being staged.
+    Body(Header),
+    /// A write's payload is being received into `plan.segs[seg..]`.
+    Write {
+        h: Header,
+        plan: Box<WritePlan>,
+        seg: usize,
+    },
+    /// A refused write's payload is being skipped; then this reply.
+    Skip(FsReply),
+}
+
+/// A reply for the sender.
+pub(crate) enum FsReply {
+    /// Header and body (metadata).
+    Bytes(Vec<u8>),
+    /// A read: header, then region segments (`at` of them already sent).
+    Data {
+        head: Option<Vec<u8>>,
+        segs: Vec<ReadSeg>,
+        at: usize,
+    },
+}
+
+/// The file service's requests on the connection driver.
+pub(crate) struct FsProto {
+    svc: Arc<ExportSvc>,
+    st: RefCell<St>,
+    /// A refused frame was answered: read no more.
+    close_after: Cell<bool>,
+}
+
+impl FsProto {
+    /// Answers a refused frame with its errno; the connection then closes
+    /// (the stream is out of step).
+    fn refuse(&self, raw: &[u8], e: &ProtoError) -> Recv<Self> {
+        let tag = u64::from_le_bytes(raw[8..16].try_into().expect("tag"));
+        tracing::debug!("fs: refused frame: {e}");
+        self.close_after.set(true);
+        *self.st.borrow_mut() = St::Idle;
+        Recv::Reply(FsReply::Bytes(raw_header(0, raw[4], tag, proto_errno(e))))
+    }
+
+    /// A header is staged: decode it and stage the body prefix.
+    fn header(&self, st: &mut Staging) -> Recv<Self> {
+        let raw: [u8; HEADER_LEN] = st.peek(HEADER_LEN).try_into().expect("header");
+        let h = match proto::decode_header(&raw) {
+            Ok(h) => h,
+            Err(e) => return self.refuse(&raw, &e),
+        };
+        st.consume(HEADER_LEN);
+        let pre = proto::body_prefix(&h);
+        *self.st.borrow_mut() = St::Body(h);
+        if pre == 0 {
+            return self.body(st);
+        }
+        Recv::Stage {
+            need: pre,
+            max: pre,
+        }
+    }
+
+    /// The body prefix is staged: run the request (or plan the write).
+    fn body(&self, st: &mut Staging) -> Recv<Self> {
+        let St::Body(h) = std::mem::replace(&mut *self.st.borrow_mut(), St::Idle) else {
+            return Recv::Close;
+        };
+        let pre = proto::body_prefix(&h);
+        let req = match proto::decode_request(&h, st.peek(pre)) {
+            Ok(r) => r,
+            Err(e) => {
+                let raw = proto::encode_header(&h);
+                return self.refuse(&raw, &e);
+            }
+        };
+        if let Request::Write { off, len } = req {
+            st.consume(pre);
+            return self.begin_write(h, off, len);
+        }
+        let vol = &self.svc.vol;
+        let mut g = vol.lock();
+        let inner = &mut *g;
+        let r = serve::handle(
+            &mut inner.fs,
+            self.svc.read_only,
+            &mut inner.st,
+            h.ino,
+            &req,
+        );
+        st.consume(pre);
+        let rep = match r {
+            Ok(Reply::Data(segs)) => {
+                inner.st.kernel_copied_bytes +=
+                    segs.iter().map(serve::seg_len).sum::<usize>() as u64;
+                let head = serve::encode_reply(h.tag, h.op, &Ok(Reply::Data(Vec::new())));
+                let mut head = head;
+                let total: usize = segs.iter().map(serve::seg_len).sum();
+                head[..4].copy_from_slice(&(total as u32).to_le_bytes());
+                FsReply::Data {
+                    head: Some(head),
+                    segs,
+                    at: 0,
+                }
+            }
+            r => FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r)),
+        };
+        Recv::Reply(rep)
+    }
+
+    fn begin_write(&self, h: Header, off: u64, len: u32) -> Recv<Self> {
+        let vol = &self.svc.vol;
+        let mut g = vol.lock();
+        g.st.requests += 1;
+        let plan = if self.svc.read_only {
+            Err(FsError::ReadOnly)
+        } else {
+            g.fs.begin_write(h.ino, off, len as usize)
+        };
+        match plan {
+            Ok(plan) => {
+                drop(g);
+                *self.st.borrow_mut() = St::Write {
+                    h,
+                    plan: Box::new(plan),
+                    seg: 0,
+                };
+                self.next_seg()
+            }
+            Err(e) => {
+                g.st.errors += 1;
+                let r = FsReply::Bytes(serve::encode_reply(h.tag, h.op, &Err(e)));
+                *self.st.borrow_mut() = St::Skip(r);
+                Recv::Skip(len as u64)
+            }
+        }
+    }
+
+    /// Receives the next planned range, or finishes the write.
+    fn next_seg(&self) -> Recv<Self> {
+        let mut s = self.st.borrow_mut();
+        let St::Write { plan, seg, .. } = &mut *s else {
+            return Recv::Close;
+        };
+        if let Some(&(o, n)) = plan.segs.get(*seg) {
+            *seg += 1;
+            // SAFETY: `o..o + n` lies inside the region (planned by
+            // begin_write, checked against the geometry), the mapping lives
+            // as long as the volume this connection holds, and the planned
+            // blocks are the write's own until finish/abort: freed blocks
+            // are deferred while a write is planned, so nothing else is
+            // handed these bytes meanwhile.
+            let buf = unsafe {
+                IoBuf::borrowed(NonNull::new_unchecked(self.svc.vol.base.add(o)), n as u32)
+            };
+            return Recv::Payload {
+                buf: Some(buf),
+                off: 0,
+                len: n,
+                via: Via::Direct { tail: 0 },
+            };
+        }
+        let St::Write { h, plan, .. } = std::mem::replace(&mut *s, St::Idle) else {
+            return Recv::Close;
+        };
+        drop(s);
+        let mut g = self.svc.vol.lock();
+        let inner = &mut *g;
+        let len: usize = plan.segs.iter().map(|s| s.1).sum();
+        let before = inner.fs.conflict_copied;
+        let r = inner
+            .fs
+            .finish_write(*plan)
+            .and_then(|_| inner.fs.getattr(h.ino));
+        inner.st.copied_bytes += inner.fs.conflict_copied - before;
+        match &r {
+            Ok(_) => {
+                inner.st.bytes_written += len as u64;
+                inner.st.kernel_copied_bytes += len as u64;
+            }
+            Err(_) => inner.st.errors += 1,
+        }
+        let r = r.map(Reply::Attr);
+        Recv::Reply(FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r)))
+    }
+}
+
+impl Protocol for FsProto {
+    type Job = ();
+    type Reply = FsReply;
+
+    fn apply(&self, ev: RecvEvent, st: &mut Staging) -> Recv<Self> {
+        match ev {
+            RecvEvent::Next if self.close_after.get() => Recv::Close,
+            RecvEvent::Next => Recv::Stage {
+                need: HEADER_LEN,
+                max: HEADER_LEN,
+            },
+            RecvEvent::Staged => {
+                if matches!(*self.st.borrow(), St::Body(_)) {
+                    self.body(st)
+                } else {
+                    self.header(st)
+                }
+            }
+            RecvEvent::Payload(_) => self.next_seg(),
+            RecvEvent::Skipped => match std::mem::replace(&mut *self.st.borrow_mut(), St::Idle) {
+                St::Skip(r) => Recv::Reply(r),
+                _ => Recv::Close,
+            },
+            RecvEvent::Resumed => Recv::Close,
+        }
+    }
+
+    async fn execute(&self, _job: ()) -> FsReply {
+        FsReply::Bytes(Vec::new())
+    }
+
+    fn encode(&self, reply: FsReply, g: &mut PduGroup) -> Result<(), FsReply> {
+        match reply {
+            FsReply::Bytes(b) => encode_bytes(b, g),
+            FsReply::Data { head, segs, at } => self.encode_data(head, segs, at, g),
+        }
+    }
+
+    fn on_close(&self) {
+        // A client that vanished mid-write: its fresh blocks go back.
+        if let St::Write { plan, .. } = std::mem::replace(&mut *self.st.borrow_mut(), St::Idle) {
+            self.svc.vol.lock().fs.abort_write(*plan);
+        }
+    }
+
+    fn on_io(&self, ev: IoEvent) {
+        if let IoEvent::Copied { bytes } = ev {
+            self.svc.vol.lock().st.copied_bytes += bytes as u64;
+        }
+    }
+}
+
+impl FsProto {
+    fn encode_data(
+        &self,
+        mut head: Option<Vec<u8>>,
+        segs: Vec<ReadSeg>,
+        mut at: usize,
+        g: &mut PduGroup,
+    ) -> Result<(), FsReply> {
+        if let Some(h) = head.take() {
+            if !g.fits(h.len(), 1, 1) {
+                return Err(FsReply::Data {
+                    head: Some(h),
+                    segs,
+                    at,
+                });
+            }
+            g.push_bytes(&h);
+        }
+        while at < segs.len() {
+            if !g.fits(0, 0, 1) {
+                // The rest goes first in the next group: the stream stays
+                // in order.
+                g.end_pdu(false);
+                return Err(FsReply::Data { head, segs, at });
+            }
+            let (ptr, len) = match segs[at] {
+                ReadSeg::Region { off, len } => {
+                    // SAFETY: read_plan ranges lie inside the region.
+                    (unsafe { self.svc.vol.base.add(off) } as *const u8, len)
+                }
+                ReadSeg::Zero(len) => (zeros().as_ptr(), len),
+            };
+            // SAFETY: the region stays mapped while this connection holds
+            // its volume (the sender finishes before the protocol drops);
+            // the zero page is static. A write racing this read on another
+            // connection may show through, as with any shared file.
+            unsafe { g.push_raw(ptr, len) };
+            at += 1;
+        }
+        g.end_pdu(false);
+        Ok(())
+    }
+}
+
+fn encode_bytes(b: Vec<u8>, g: &mut PduGroup) -> Result<(), FsReply> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    // Small replies go into the arena; a large body (readdir) by value.
+    if b.len() <= 512 {
+        if !g.fits(b.len(), 1, 0) {
+            return Err(FsReply::Bytes(b));
+        }
+        g.push_bytes(&b);
+    } else {
+        if !g.fits(HEADER_LEN, 1, 1) {
+            return Err(FsReply::Bytes(b));
+        }
+        g.push_bytes(&b[..HEADER_LEN]);
+        let n = b.len() - HEADER_LEN;
+        let mut buf = IoBuf::heap(n);
+        buf.spare_mut()[..n].copy_from_slice(&b[HEADER_LEN..]);
+        buf.set_len(n);
+        g.push_data(buf, 0, n);
+    }
+    g.end_pdu(false);
+    Ok(())
+}
