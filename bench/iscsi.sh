@@ -5,7 +5,9 @@
 # 4 KiB random reads at QD1 and QD32 with 1 and 4 sessions (one iscsi-perf
 # process per session). iscsi-perf in libiscsi 1.19 only reads: randwrite
 # needs fio's libiscsi engine (fio --enable-libiscsi), not built here.
-# SPDK's iscsi_tgt is not built here either, so it is not in the table.
+# SPDK's iscsi_tgt joins when SPDK_TGT names its binary (a build of
+# bench/spdk-build.sh, e.g. spdk/build/bin/iscsi_tgt; a malloc LUN, its
+# reactor on CORES: it busy-polls, so its CPU per I/O is the whole core).
 #
 # Both targets run for the whole benchmark pinned to CORES (one core by
 # default); iscsi-perf runs on the other cores. Workloads are interleaved
@@ -16,7 +18,8 @@
 # (% of a core over IDLE seconds with no session), then ustor/tgtd ratios.
 #
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
-#                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>)
+#                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>
+#                         SPDK_TGT=<iscsi_tgt binary>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,8 +51,13 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 declare -A PID URL
-UPID=
-cleanup() { [ -z "$UPID" ] || kill "$UPID" 2>/dev/null || true; tgtd_stop; }
+UPID= SPID=
+TARGETS="ustor tgtd"
+cleanup() {
+  [ -z "$UPID" ] || kill "$UPID" 2>/dev/null || true
+  [ -z "$SPID" ] || kill "$SPID" 2>/dev/null || true
+  tgtd_stop
+}
 trap cleanup EXIT
 
 UPORT=$(free_port)
@@ -58,6 +66,28 @@ UPID=$!; wait_port "$UPORT"
 PID[ustor]=$UPID; URL[ustor]="iscsi://127.0.0.1:$UPORT/$IQN/0"
 tgtd_start /dev/shm/ustor-bench-iscsi-tgt.img "$SIZE_MIB" "$IQN" "$OUT/tgtd.log" taskset -c "$CORES"
 PID[tgtd]=$TGT_PID; URL[tgtd]="iscsi://127.0.0.1:$PORT/$IQN/1"
+if [ -n "${SPDK_TGT:-}" ]; then
+  SPORT=$(free_port)
+  cat >"$OUT/spdk.json" <<JSON
+{"subsystems": [
+ {"subsystem": "bdev", "config": [{"method": "bdev_malloc_create",
+   "params": {"name": "Malloc0", "num_blocks": $((SIZE_MIB * 2048)), "block_size": 512}}]},
+ {"subsystem": "iscsi", "config": [
+  {"method": "iscsi_create_portal_group",
+   "params": {"tag": 1, "portals": [{"host": "127.0.0.1", "port": "$SPORT"}]}},
+  {"method": "iscsi_create_initiator_group",
+   "params": {"tag": 1, "initiators": ["ANY"], "netmasks": ["ANY"]}},
+  {"method": "iscsi_create_target_node",
+   "params": {"name": "disk1", "alias_name": "spdk", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 1}],
+              "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 128,
+              "disable_chap": true}}]}]}
+JSON
+  MASK=$(python3 -c 'import sys; print(hex(sum(1 << int(c) for c in sys.argv[1].split(","))))' "$CORES")
+  "$SPDK_TGT" -m "$MASK" -r "$OUT/spdk.sock" --json "$OUT/spdk.json" >"$OUT/spdk.log" 2>&1 &
+  SPID=$!; wait_port "$SPORT"
+  PID[spdk]=$SPID; URL[spdk]="iscsi://127.0.0.1:$SPORT/$IQN/0"
+  TARGETS="$TARGETS spdk"
+fi
 
 idle_pct() { # pid
   local b a; b=$(cpu_ticks "$1"); sleep "$IDLE"; a=$(cpu_ticks "$1")
@@ -90,7 +120,7 @@ PY
 
 IDLE_U=$(idle_pct "${PID[ustor]}"); IDLE_T=$(idle_pct "${PID[tgtd]}")
 for r in $(seq "$ROUNDS"); do
-  for qd in $QDS; do for s in $SESS; do for t in ustor tgtd; do
+  for qd in $QDS; do for s in $SESS; do for t in $TARGETS; do
     run_one "$r" "$t" "$qd" "$s"
   done; done; done
 done
@@ -105,11 +135,20 @@ for r in rows:
     # cpu_us_per_io above divides CPU over the whole run by one second's IOPS.
     cpu = float(r["cpu_us_per_io"]) / runtime
     cells.setdefault(k, []).append((int(r["iops"]), cpu))
+others = [t for t in ("tgtd", "spdk") if any(k[2] == t for k in cells)]
 print(f"idle target CPU (% of a core): ustor {iu}  tgtd {it}")
-print("qd sess | ustor IOPS  cpu us/io | tgtd IOPS  cpu us/io | IOPS ratio  cpu ratio")
+head = "qd sess | ustor IOPS  cpu us/io"
+for t in others:
+    head += f" | {t} IOPS  cpu us/io | ustor/{t} IOPS  cpu"
+print(head)
+def med(k):
+    v = cells[k]
+    return statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)
 for qd, s in sorted({(k[0], k[1]) for k in cells}, key=lambda x: (int(x[0]), int(x[1]))):
-    u = cells[(qd, s, "ustor")]; t = cells[(qd, s, "tgtd")]
-    ui = statistics.median(x[0] for x in u); uc = statistics.median(x[1] for x in u)
-    ti = statistics.median(x[0] for x in t); tc = statistics.median(x[1] for x in t)
-    print(f"{qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f} | {ti:>9.0f} {tc:>9.2f} | {ui/max(ti,1):>10.2f} {uc/max(tc,1e-9):>9.2f}")
+    ui, uc = med((qd, s, "ustor"))
+    line = f"{qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f}"
+    for t in others:
+        ti, tc = med((qd, s, t))
+        line += f" | {ti:>9.0f} {tc:>9.2f} | {ui/max(ti,1):>10.2f} {uc/max(tc,1e-9):>5.2f}"
+    print(line)
 PY

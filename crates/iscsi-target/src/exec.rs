@@ -130,6 +130,7 @@ async fn execute(core: &Core, task: &Task, cmd: &Command) {
     if task.aborted() {
         return;
     }
+    task.answer();
     let written = match info.dir {
         Direction::ToDevice if !seq_error => info.edtl,
         _ => 0,

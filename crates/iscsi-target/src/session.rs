@@ -286,7 +286,13 @@ impl<'a, D: Discovery> Session<'a, D> {
             // Bidirectional commands are not offered.
             return self.reject(b, reject::NOT_SUPPORTED).await;
         };
-        let attr = b.flags() & 0x07;
+        // COMPARE AND WRITE and ORWRITE read before they write: they run
+        // alone in the session (as ORDERED) so none of its own writes
+        // interleave (crates/scsi-target's rmw relies on it).
+        let attr = match b.0[32] {
+            0x89 | 0x8b => crate::tasks::attr::ORDERED,
+            _ => b.flags() & 0x07,
+        };
         let lun = decode_lun(cmd.info.lun);
         let windowed = b.0[0] & 0x40 == 0;
         let task = self.core.tasks.add(cmd.info.itt, lun, attr, windowed);

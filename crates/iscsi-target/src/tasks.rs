@@ -32,6 +32,9 @@ pub struct Task {
     /// Takes a slot of the command window (not an immediate command).
     pub windowed: bool,
     aborted: Cell<bool>,
+    /// Its status is queued: too late to abort, task management no
+    /// longer sees it.
+    answered: Cell<bool>,
     /// Data-Out PDUs for this task, in arrival order.
     mailbox: RefCell<VecDeque<(Bhs, Vec<u8>)>>,
     waker: RefCell<Option<Waker>>,
@@ -42,6 +45,11 @@ impl Task {
     /// sends nothing more.
     pub fn aborted(&self) -> bool {
         self.aborted.get()
+    }
+
+    /// Its status is about to be queued (no await until it is).
+    pub fn answer(&self) {
+        self.answered.set(true);
     }
 
     fn wake(&self) {
@@ -87,6 +95,7 @@ impl TaskSet {
             attr,
             windowed,
             aborted: Cell::new(false),
+            answered: Cell::new(false),
             mailbox: RefCell::default(),
             waker: RefCell::default(),
         });
@@ -115,14 +124,18 @@ impl TaskSet {
 
     /// The task with this tag, if it runs.
     pub fn find(&self, itt: u32) -> Option<Rc<Task>> {
-        self.tasks.borrow().iter().find(|t| t.itt == itt).cloned()
+        let tasks = self.tasks.borrow();
+        tasks
+            .iter()
+            .find(|t| t.itt == itt && !t.answered.get())
+            .cloned()
     }
 
     /// Aborts every task `which` selects; returns how many.
     pub fn abort(&self, which: impl Fn(&Task) -> bool) -> usize {
         let tasks = self.tasks.borrow();
         let mut n = 0;
-        for t in tasks.iter().filter(|t| which(t)) {
+        for t in tasks.iter().filter(|t| !t.answered.get() && which(t)) {
             t.aborted.set(true);
             t.wake();
             n += 1;

@@ -3,7 +3,8 @@
 //! if they match; MISCOMPARE with the offset of the first differing byte
 //! otherwise) and ORWRITE(16) (data-out ORed into the blocks).
 //!
-//! Commands of one I_T nexus run one at a time, so nothing of that nexus
+//! Transports run these alone among the commands of their I_T nexus (the
+//! iSCSI target runs them as ORDERED tasks), so nothing of that nexus
 //! interleaves between the read and the write; writes of other sessions
 //! are not held off (no range locks in the core yet).
 
