@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use ustor_bdev::{BdevError, Desc, IoChannel, IoType};
 use ustor_scsi_proto::inquiry::{BlockLimits, DeviceType};
-use ustor_scsi_proto::Sense;
+use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::{Sense, SenseKey};
 
 use crate::mode::ModeParams;
 use crate::pr::Reservations;
@@ -87,6 +88,9 @@ pub struct Lun {
     pub(crate) shared: Arc<LuShared>,
     /// Logical blocks per physical block exponent (READ CAPACITY(16)).
     pub(crate) lbppbe: u8,
+    /// The capacity this nexus last heard of: when the bdev's differs (a
+    /// resize), the next command gets CAPACITY DATA HAS CHANGED.
+    known_blocks: Cell<u64>,
 }
 
 impl Lun {
@@ -101,6 +105,7 @@ impl Lun {
             provisioning_page: false,
             shared: LuShared::new(),
             lbppbe: 0,
+            known_blocks: Cell::new(desc.num_blocks()),
         })
     }
 
@@ -152,6 +157,14 @@ impl Lun {
 
     pub(crate) fn num_blocks(&self) -> u64 {
         self.ch.num_blocks()
+    }
+
+    /// CAPACITY DATA HAS CHANGED once after the bdev was resized (SBC:
+    /// the unit attention a resize raises); one relaxed load per command.
+    pub(crate) fn capacity_ua(&self) -> Option<Sense> {
+        let n = self.num_blocks();
+        (n != self.known_blocks.replace(n))
+            .then(|| Sense::new(SenseKey::UnitAttention, asc::CAPACITY_CHANGED))
     }
 
     /// Whether [lba, lba+blocks) lies on the medium.

@@ -178,7 +178,8 @@ impl LunTable {
             return Ok(Outcome::invalid_field(exp));
         }
         if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
-            if let Some(ua) = lu.ua.take().or_else(|| lu.shared.pr.take_ua(&self.nexus)) {
+            let ua = lu.ua.take().or_else(|| lu.capacity_ua());
+            if let Some(ua) = ua.or_else(|| lu.shared.pr.take_ua(&self.nexus)) {
                 return Ok(Outcome::sense(ua, exp));
             }
         }

@@ -378,3 +378,28 @@ proptest! {
         crate::fuzz::cdb(&data);
     }
 }
+
+/// A resized bdev: the next command gets CAPACITY DATA HAS CHANGED (once),
+/// READ CAPACITY shows the new size, and the new end is enforced.
+#[test]
+fn resize_raises_capacity_changed_and_read_capacity_follows() {
+    let r = rig();
+    let name = format!("tgt-core-{}-0", std::process::id());
+    assert!(r._reg.get(&name).unwrap().resize(BLOCKS / 2));
+    let tur = [op::TEST_UNIT_READY, 0, 0, 0, 0, 0];
+    let o = exec(&r, 0, &tur, &mut BufData::none());
+    assert_eq!(
+        sense_of(o),
+        (SenseKey::UnitAttention, asc::CAPACITY_CHANGED)
+    );
+    assert_eq!(exec(&r, 0, &tur, &mut BufData::none()), Outcome::good(0));
+    // The other LUN's bdev did not change: no attention there.
+    assert_eq!(exec(&r, 3, &tur, &mut BufData::none()), Outcome::good(0));
+    let mut d = BufData::read(32);
+    exec(&r, 0, Cdb::read_capacity_16(32).as_bytes(), &mut d);
+    let c = Capacity::decode(&d.input).unwrap();
+    assert_eq!(c.num_blocks, BLOCKS / 2);
+    let mut d = BufData::read(BS);
+    let o = exec(&r, 0, Cdb::read_16(BLOCKS / 2, 1, false).as_bytes(), &mut d);
+    assert_eq!(sense_of(o).1, asc::LBA_OUT_OF_RANGE);
+}
