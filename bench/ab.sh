@@ -43,11 +43,11 @@ bdev_point() { # version spec workload qd
 }
 nvmf_point() { # version rw bs qd
   "${BIN[$1]}/examples/nvmf_initiator_load" adaptive "$2" "$3" "$4" "$SECS" 2>/dev/null | tail -1 |
-    grep -o 'iops=[0-9.]*'
+    grep -o 'iops=[0-9.]*\|tgt_busy_ns_per_io=[0-9.]*' | tr '\n' ' '
 }
 {
   echo "# $(date -u) $(uname -r) $(nproc) cpus; base=$(git -C "$BASE" rev-parse --short HEAD) new=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo +dirty)"
-  echo "# cmd: BASE=$BASE ROUNDS=$ROUNDS SECS=$SECS PARTS=\"$PARTS\" bench/ab.sh"
+  echo "# cmd: BASE=$BASE ROUNDS=$ROUNDS SECS=$SECS PARTS=\"$PARTS\" NVMF_POINTS=\"$NVMF_POINTS\" bench/ab.sh"
   for r in $(seq "$ROUNDS"); do
     # Which build goes first alternates by round, so neither always gets
     # the warmer (or the quieter) half of the round.
@@ -71,19 +71,29 @@ nvmf_point() { # version rw bs qd
 } | tee "$out"
 python3 - "$out" <<'PY' | tee -a "$out"
 import re, statistics as st, sys
-runs = {}
+# metric -> (part, point) -> round -> version -> value
+runs = {"iops": {}, "busy": {}}
 for line in open(sys.argv[1]):
-    m = re.match(r"round=(\d+) part=(\S+) point=(\S+) v=(\S+) iops=([\d.]+)", line)
-    if m:
-        r, part, point, v, iops = m.groups()
-        runs.setdefault((part, point), {}).setdefault(int(r), {})[v] = float(iops)
-print("\n%-6s %-26s %12s %12s %8s %s" % ("part", "point", "base IOPS", "new IOPS", "new/base", "per-round ratio min-max"))
-for (part, point), rounds in runs.items():
-    both = [x for x in rounds.values() if "base" in x and "new" in x]
-    if not both:
+    m = re.match(r"round=(\d+) part=(\S+) point=(\S+) v=(\S+) (.*)", line)
+    if not m:
         continue
-    ratios = [x["new"] / x["base"] for x in both]
-    print("%-6s %-26s %12.0f %12.0f %8.3f %.3f-%.3f (n=%d)" % (part, point,
-        st.median(x["base"] for x in both), st.median(x["new"] for x in both),
-        st.median(ratios), min(ratios), max(ratios), len(both)))
+    r, part, point, v, rest = m.groups()
+    for key, pat in (("iops", r"(?:^| )iops=([\d.]+)"), ("busy", r"tgt_busy_ns_per_io=([\d.]+)")):
+        x = re.search(pat, rest)
+        if x:
+            runs[key].setdefault((part, point), {}).setdefault(int(r), {})[v] = float(x.group(1))
+def rows(key):
+    for (part, point), rounds in runs[key].items():
+        both = [x for x in rounds.values() if "base" in x and "new" in x and x["base"] > 0]
+        if both:
+            ratios = [x["new"] / x["base"] for x in both]
+            yield part, point, st.median(x["base"] for x in both), st.median(x["new"] for x in both), \
+                st.median(ratios), min(ratios), max(ratios), len(both)
+print("\n%-6s %-26s %12s %12s %8s %s" % ("part", "point", "base IOPS", "new IOPS", "new/base", "per-round ratio min-max"))
+for r in rows("iops"):
+    print("%-6s %-26s %12.0f %12.0f %8.3f %.3f-%.3f (n=%d)" % r)
+# The target's busy CPU per I/O (nvmf only): load moves it less than IOPS.
+print("\n%-6s %-26s %12s %12s %8s %s" % ("part", "point", "base busy ns", "new busy ns", "new/base", "per-round ratio min-max"))
+for r in rows("busy"):
+    print("%-6s %-26s %12.0f %12.0f %8.3f %.3f-%.3f (n=%d)" % r)
 PY

@@ -21,7 +21,9 @@ pub(super) async fn run<P: Protocol>(conn: &Rc<Conn<P>>, st: &mut Staging) {
     // the unit budget below still keeps from starving the reactor).
     loop {
         if matches!(ev, RecvEvent::Next) {
-            if !wait_budget(conn).await {
+            // Checked here first: under load the budget is almost always
+            // there, and the wait's future is then never built.
+            if (conn.dead.get() || !conn.has_budget()) && !wait_budget(conn).await {
                 return;
             }
             if conn.cfg.recv_budget.is_some() {
