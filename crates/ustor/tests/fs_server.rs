@@ -248,7 +248,69 @@ fn tcp_server_zero_copy_auth_and_rpcs() {
     };
     s.write_all(&encode_request(5, ino, &req)).unwrap();
     assert_eq!(sha256(&read_frame(&mut s).unwrap().body), sha256(&big));
+    // A client that vanishes mid-write: its planned blocks go back, the
+    // next client writes and reads as usual.
+    let req = Request::Write {
+        off: 4 << 20,
+        len: 1 << 20,
+    };
+    s.write_all(&encode_request(6, ino, &req)).unwrap();
+    s.write_all(&big[..1000]).unwrap();
     drop(s);
+    let ex = || srv.ok("fs_get_exports", Value::Null)[0]["connections"].clone();
+    testkit::wait_until("the writer gone", Duration::from_secs(10), || ex() == 0);
+    let (mut s, _) = connect(port, "vol", SECRET);
+    s.write_all(&encode_request(7, ino, &Request::Getattr))
+        .unwrap();
+    assert_eq!(size_of(&read_frame(&mut s).unwrap().body), total);
+    drop(s);
+
+    // A read-only export with a cap of one connection: writes refused with
+    // EROFS (the payload skipped, the connection goes on), reads served,
+    // a second connection closed at once.
+    let ro = dir.join("ro");
+    srv.ok(
+        "fs_create",
+        json!({"name": "ro", "path": ro.to_str().unwrap(), "size": 8u64 << 20}),
+    );
+    let a = srv.ok(
+        "fs_export",
+        json!({"name": "ro", "listen": "127.0.0.1:0", "read_only": true, "max_connections": 1}),
+    );
+    let rport: u16 = a["listen"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (mut r, e) = connect(rport, "ro", "");
+    assert_eq!(e, 0, "no secret: any answer passes");
+    let mut second = TcpStream::connect(("127.0.0.1", rport)).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert!(closed(&mut second));
+    r.write_all(&encode_request(1, ROOT_INO, &create)).unwrap();
+    assert_eq!(read_frame(&mut r).unwrap().errno, libc::EROFS as u64);
+    let req = Request::Write { off: 0, len: 4096 };
+    r.write_all(&encode_request(2, ROOT_INO, &req)).unwrap();
+    r.write_all(&[0u8; 4096]).unwrap();
+    let f = read_frame(&mut r).unwrap();
+    assert_eq!((f.tag, f.errno), (2, libc::EROFS as u64));
+    r.write_all(&encode_request(3, ROOT_INO, &Request::Statfs))
+        .unwrap();
+    let f = read_frame(&mut r).unwrap();
+    assert_eq!((f.tag, f.errno), (3, 0));
+    drop(r);
+
     let (code, out) = srv.stop();
     assert_eq!(code, 0, "{out}");
+    // The region is consistent after the server is gone.
+    let c = std::process::Command::new(BIN)
+        .args(["fs", "check", region.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
 }
