@@ -3,7 +3,8 @@
 //! one delay, not 16; an ORDERED command waits for the commands before it
 //! and holds back the ones after it; ABORT TASK and ABORT TASK SET abort
 //! running tasks (no response for them, the TMF answered once they have
-//! ended); a client that stops reading is cut at the send timeout.
+//! ended); a client that stops reading is cut at the send timeout;
+//! libiscsi's iscsi-perf at QD16 overlaps the delay.
 //! Raw-socket clients, data checked against what was written.
 
 mod common;
@@ -272,7 +273,9 @@ fn client_that_stops_reading_is_cut() {
         .unwrap()
     });
     let mut s = login(f.port);
-    assert_eq!(f.target.get_connections().len(), 1);
+    testkit::wait_until("the session is listed", Duration::from_secs(5), || {
+        f.target.get_connections().len() == 1
+    });
     // A window of 512 KiB READs (32 MiB, beyond what the socket buffers
     // hold), and never a byte read back.
     let mut burst = Vec::new();
@@ -302,4 +305,40 @@ fn client_that_stops_reading_is_cut() {
         t0.elapsed()
     );
     drop(s);
+}
+
+/// libiscsi's iscsi-perf at QD16 (a real initiator): far more than one
+/// command per delay.
+#[test]
+fn iscsi_perf_at_qd16_overlaps_the_delay() {
+    if !have("iscsi-perf") {
+        return;
+    }
+    let f = slow_target(|_| {});
+    let url = format!("iscsi://127.0.0.1:{}/{SLOW}/0", f.port);
+    // iscsi-perf runs until interrupted; it prints its average as it goes.
+    let out = std::process::Command::new("timeout")
+        .args([
+            "-s",
+            "INT",
+            "3",
+            "iscsi-perf",
+            "-m",
+            "16",
+            "-b",
+            "8",
+            "-r",
+            &url,
+        ])
+        .output()
+        .expect("iscsi-perf runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let avg: u64 = text
+        .rsplit("iops average ")
+        .next()
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no average in iscsi-perf's output: {text}"));
+    // One at a time: 1 s / 300 ms = 3 IOPS; 16 at once: about 53.
+    assert!(avg >= 20, "iscsi-perf at QD16 did {avg} IOPS: {text}");
 }
