@@ -11,6 +11,8 @@
 
 mod conn;
 
+pub use conn::replay_session;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
