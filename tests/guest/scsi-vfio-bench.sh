@@ -6,16 +6,19 @@
 #   kernel: the HBA on virtio-pci (virtio_scsi, sd), `ustor bench` on
 #           uring:/dev/sdX (io_uring, O_DIRECT);
 #   ustor:  the HBA on vfio-pci, `ustor bench -c` with
-#           scsi_vfio_attach_host + a SCSI bdev over the whole disk.
+#           scsi_vfio_attach_host + a SCSI bdev over the whole disk;
+#   mptsas: (with MPT_BDF) an LSI SAS1068 on vfio-pci with a disk of the
+#           same size, through ustor's MPT Fusion LLD, the same way.
 # Same tool, workload and disk; only the path differs. Each run prints
 # `USTOR-BENCH ROUND PATH RW QD CPU_TICKS {json}`; CPU_TICKS is the guest's
 # busy time (user+system+irq+softirq, in USER_HZ ticks) during the run.
-# env: VFIO_BDF, ROUNDS (3), RUNTIME (5), POLL (adaptive),
+# env: VFIO_BDF, MPT_BDF (optional), ROUNDS (3), RUNTIME (5), POLL (adaptive),
 #      WORKLOADS ("randread:1 randwrite:1 randread:32 randwrite:32")
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
 BDF=${VFIO_BDF:-0000:00:05.0}
+MPT_BDF=${MPT_BDF:-}
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-5}
 POLL=${POLL:-adaptive}
@@ -76,7 +79,16 @@ EOF
 ustor_round() {
     to_driver vfio-pci
     workloads "$1" ustor -c /tmp/ustor.json -b vd
+    if [ -n "$MPT_BDF" ]; then workloads "$1" mptsas -c /tmp/mpt.json -b vd; fi
 }
+
+if [ -n "$MPT_BDF" ]; then
+    _m=/sys/bus/pci/devices/$MPT_BDF
+    echo vfio-pci > "$_m/driver_override"
+    if [ -e "$_m/driver" ]; then echo "$MPT_BDF" > "$_m/driver/unbind"; fi
+    echo "$MPT_BDF" > /sys/bus/pci/drivers_probe
+    sed -e "s/$BDF/$MPT_BDF/" -e s/virtio-scsi/mptsas/ /tmp/ustor.json > /tmp/mpt.json
+fi
 
 r=1
 while [ "$r" -le "$ROUNDS" ]; do

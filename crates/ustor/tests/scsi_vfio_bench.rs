@@ -1,12 +1,14 @@
 //! Boots the QEMU/TCG guest for `bench/scsi-vfio.sh`: one virtio-scsi-pci
 //! HBA (iommu_platform=on, q35 + intel-iommu) with one disk backed by a
 //! host file, measured through the kernel's virtio_scsi + sd and through
-//! ustor's virtio-scsi LLD over VFIO by `tests/guest/scsi-vfio-bench.sh`.
+//! ustor's virtio-scsi LLD over VFIO by `tests/guest/scsi-vfio-bench.sh`;
+//! with SCSI_VFIO_MPT_DISK, also an LSI SAS1068 (mptsas1068) with that disk,
+//! measured through ustor's MPT Fusion LLD.
 //!
 //! Ignored: a benchmark, not a test. Run it through the script, or with
 //! `SCSI_VFIO_DISK=<64 MiB file> cargo test --release -p ustor --test
 //! scsi_vfio_bench -- --ignored --nocapture`. Environment: SCSI_VFIO_DISK
-//! (required); USTOR_BIN; SCSI_VFIO_LOG (copy of the serial log);
+//! (required); SCSI_VFIO_MPT_DISK; USTOR_BIN; SCSI_VFIO_LOG (copy of the serial log);
 //! GUEST_TIMEOUT_S (900); ROUNDS, RUNTIME, POLL, WORKLOADS go to the guest.
 
 use std::path::PathBuf;
@@ -45,6 +47,18 @@ fn scsi_vfio_bench() {
         .memory_mib(1024)
         .env("VFIO_BDF", "0000:00:05.0")
         .timeout(Duration::from_secs(timeout));
+    if let Ok(mpt) = std::env::var("SCSI_VFIO_MPT_DISK") {
+        b = b
+            .qemu_arg("-device")
+            .qemu_arg("mptsas1068,id=mpt,bus=pcie.0,addr=0x7")
+            .qemu_arg("-drive")
+            .qemu_arg(format!(
+                "file={mpt},if=none,format=raw,id=md0,cache=writeback"
+            ))
+            .qemu_arg("-device")
+            .qemu_arg("scsi-hd,drive=md0,bus=mpt.0,scsi-id=0,lun=0")
+            .env("MPT_BDF", "0000:00:07.0");
+    }
     for k in ["ROUNDS", "RUNTIME", "POLL", "WORKLOADS"] {
         if let Ok(v) = std::env::var(k) {
             b = b.env(k, v);
