@@ -219,7 +219,7 @@ fn fio_verify_and_sqlite_integrity_through_a_mount() {
             ])
             .arg(format!("--bs={bs}"))
             .arg(format!("--rw={rw}"))
-            .args(["--do_verify=1", "--verify_fatal=1", "--group_reporting"])
+            .args(["--do_verify=1", "--verify_fatal=1", "--verify_state_save=0"])
             .arg(format!(
                 "--filename={}",
                 mp.join(format!("fio-{bs}")).display()
