@@ -155,7 +155,7 @@ pub fn seg_len(s: &ReadSeg) -> usize {
     }
 }
 
-/// Encodes an attribute (84 bytes).
+/// Encodes an attribute (64 bytes).
 pub fn encode_attr(b: &mut Vec<u8>, a: &Attr) {
     for w in [
         a.ino,
