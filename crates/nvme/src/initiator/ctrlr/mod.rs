@@ -263,7 +263,7 @@ impl Ctrlr {
 }
 
 use adminq::AdminQ;
-pub(crate) use adminq::{connect_queue, send_term_req, QueueConn};
+pub(crate) use adminq::{connect_queue, QueueConn};
 use ustor_net::timeout;
 
 /// Brings the controller up (reports the namespaces through `tx`), then

@@ -1,6 +1,7 @@
 //! The queue's connection life: connect (after the controller's admin
-//! queue is up), serve until the connection drops, requeue what it left
-//! unfinished, reconnect; or fail everything once the controller failed.
+//! queue is up), serve it on the connection driver until it drops, requeue
+//! what it left unfinished, reconnect; or fail everything once the
+//! controller failed.
 
 use std::future::{poll_fn, Future};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -9,13 +10,12 @@ use std::task::Poll;
 use std::time::Duration;
 
 use ustor_bdev::BdevError;
-use ustor_net::recv;
+use ustor_net::driver::{self, DriverConfig};
+use ustor_net::staging::{RecvMode, Rewind};
 
-use super::super::ctrlr::{connect_queue, send_term_req, CtrlrState, QueueConn};
+use super::super::ctrlr::{connect_queue, CtrlrState, QueueConn};
 use super::super::InitiatorError;
-use super::rx::{receiver, stage, RecvErr};
-use super::tx::sender;
-use super::{bump, wake, Out, Qp, QpState, TERM_WAIT, WAIT_TICK};
+use super::{bump, Link, Out, Qp, QpState, RxState, RECV_BUDGET, STAGE_LEN, TERM_WAIT, WAIT_TICK};
 
 /// Drives the queue: connect, serve, and on loss requeue and reconnect.
 pub(crate) async fn drive(qp: Rc<Qp>) {
@@ -129,70 +129,64 @@ async fn idle(qp: &Qp, d: Duration) {
     .await
 }
 
+/// The driver's shape for one queue: no unit is received (the queue sends
+/// its own commands), headers staged with direct receives and rewound
+/// before each, the hand-written sender's group size (64 segments: a
+/// bigger group would wait longer for LANoT's degree, see docs/nvmf.md).
+fn driver_config(qp: &Qp) -> DriverConfig {
+    DriverConfig {
+        // The send queue's capacity: a capsule and an R2T's data per
+        // command, and a termination request.
+        max_outstanding: 2 * qp.depth as usize + 8,
+        max_outstanding_bytes: u64::MAX,
+        max_workers: 1,
+        prespawn_workers: 0,
+        staging_len: STAGE_LEN,
+        rewind: Rewind::Eager,
+        recv_mode: RecvMode::Direct,
+        recv_budget: Some(RECV_BUDGET),
+        max_replies: u32::MAX,
+        group_iov: ustor_runtime::ops::MAX_IOV,
+        group_arena: ustor_net::group::ARENA_LEN,
+        // The queue's own coalescer (Protocol::coalescer).
+        coalesce: None,
+    }
+}
+
 /// Serves one connection until it drops; returns with no task touching the
 /// I/O buffers and every unfinished command queued for resending.
 async fn serve(qp: &Rc<Qp>, fd: OwnedFd, gen: u64) {
-    let raw = fd.as_raw_fd();
-    qp.fd.set(raw);
+    qp.fd.set(fd.as_raw_fd());
     qp.gen.set(gen);
     qp.icd_max.set(qp.ctrlr.icd_max());
+    qp.rx.set(RxState::Common);
+    qp.exact.set(false);
+    qp.grp_cmds.set(0);
     bump(&qp.counters.connects, 1);
+    let conn = driver::start(fd, Link(qp.clone()), driver_config(qp));
+    // A termination request to a controller that stopped reading must
+    // not hold the queue: the socket is shut down under it.
+    conn.set_drain_timeout(Some(TERM_WAIT));
     // Resend what the last connection left unfinished (same CIDs).
-    {
-        let cmds = qp.cmds.borrow();
-        let mut out = qp.out.borrow_mut();
-        out.clear();
-        for (cid, c) in cmds.iter().enumerate() {
-            if c.io.is_some() {
-                out.push_back(Out::Cmd(cid as u16));
-                bump(&qp.counters.requeued, 1);
-            }
+    for (cid, c) in qp.cmds.borrow().iter().enumerate() {
+        if c.io.is_some() {
+            conn.send(Out::Cmd(cid as u16));
+            bump(&qp.counters.requeued, 1);
         }
     }
+    *qp.conn.borrow_mut() = Some(conn.clone());
     qp.state.set(QpState::Live);
-    qp.sender_running.set(true);
-    ustor_runtime::spawn(sender(qp.clone(), raw));
     qp.start_pending();
-    let mut st = stage();
-    let r = receiver(qp, raw, &mut st).await;
-    if let Err(e) = &r {
-        tracing::debug!("nvme: I/O queue {} lost: {e}", qp.qid);
-    }
+    // Returns once its receiver and sender stopped (the socket shut down).
+    driver::serve(conn).await;
     if qp.state.get() == QpState::Live {
         qp.state.set(QpState::Down);
     }
-    if let Err(RecvErr::Fatal { f, hdr, .. }) = r {
-        // Tell the controller why. The sender (woken, it sees the queue
-        // down) first finishes the group it is writing, so the request
-        // starts on a PDU boundary; the offending header is still staged.
-        wake(&qp.sender_w);
-        let _ = ustor_net::timeout(TERM_WAIT, sender_stopped(qp)).await;
-        if !qp.sender_running.get() {
-            let n = hdr.min(st.avail());
-            send_term_req(raw, f, &st.staged()[..n]);
-        }
-    }
-    recv::shutdown(raw);
-    wake(&qp.sender_w);
-    // The sender may be in a sendmsg that still reads write buffers.
-    sender_stopped(qp).await;
+    // Drops the connection (its socket, its `Rc` to the queue).
+    qp.conn.borrow_mut().take();
     qp.fd.set(-1);
-    drop(fd);
     let mut cmds = qp.cmds.borrow_mut();
     for c in cmds.iter_mut() {
         c.err = None;
     }
-}
-
-/// Waits until the sender task has stopped touching the socket and the
-/// write buffers.
-async fn sender_stopped(qp: &Qp) {
-    poll_fn(|cx| {
-        if !qp.sender_running.get() {
-            return Poll::Ready(());
-        }
-        *qp.driver_w.borrow_mut() = Some(cx.waker().clone());
-        Poll::Pending
-    })
-    .await
 }

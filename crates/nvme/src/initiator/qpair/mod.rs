@@ -3,18 +3,22 @@
 //! Commands take CIDs from a table preallocated at channel creation (CID =
 //! slot index); I/O beyond the queue depth, or issued while the connection
 //! is down, waits in a FIFO bounded by the bdev layer's I/O table. The
-//! driver task connects (after the controller's admin queue is up), runs the
-//! receiver inline and the sender as a task, and on a lost connection waits
-//! for both to stop touching the I/O buffers before it requeues every
-//! command for the next connection, or fails them once the controller is
+//! queue's task connects (after the controller's admin queue is up) and
+//! runs each connection on the connection layer's driver
+//! (`ustor_net::driver`, as a client: commands are sent with
+//! `Conn::send`, the controller's PDUs complete them); once the driver
+//! returned nothing touches the I/O buffers, so every unfinished command is
+//! requeued for the next connection, or failed once the controller is
 //! failed (ctrlr_loss_timeout_sec) or detached.
 //!
-//! Receive path: headers are staged (many per receive after capsule
-//! responses; exactly one after data, so the next payload is not swallowed);
-//! C2HData payload is received straight into the I/O's iovecs, together
-//! with its digest and the next header in one `recvmsg`. Send path: the
-//! LANoT coalescer groups capsules and H2CData PDUs; write data leaves from
-//! the I/O's buffers (`PduGroup::push_raw`).
+//! Receive path (`rx`, `Protocol::apply`): headers are staged (many per
+//! receive after capsule responses; exactly one while reads are in flight,
+//! so no payload is swallowed); C2HData payload is received straight into
+//! the I/O's iovecs (`Recv::Place`), together with its digest and the next
+//! header in one `recvmsg`. Send path (`tx`, `Protocol::encode`): the LANoT
+//! coalescer groups capsules and H2CData PDUs (answering R2Ts, queued as
+//! `Recv::Interim`); write data leaves from the I/O's buffers
+//! (`PduGroup::push_raw`).
 
 mod conn;
 mod rx;
@@ -32,6 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use ustor_bdev::{BdevError, IoHandle, IoType};
 use ustor_net::coalesce::{CoalesceStats, Coalescer};
+use ustor_net::driver;
 use ustor_net::recv::Seg;
 use ustor_runtime::ops;
 
@@ -45,6 +50,8 @@ const _: () = assert!(MAX_RECV_IOV <= ustor_net::recv::MAX_RECV_IOV);
 
 /// PDUs handled per receiver pass before yielding to the reactor.
 const RECV_BUDGET: u32 = 64;
+/// The header of a fatal PDU quoted in the H2CTermReq, at most.
+const TERM_QUOTE: usize = MAX_TERM_DATA;
 /// Header staging bytes.
 const STAGE_LEN: usize = 8192;
 /// Data segments one PDU may carry in a group (header, digest besides).
@@ -133,7 +140,7 @@ enum QpState {
 
 /// Something for the sender.
 #[derive(Clone, Copy, Debug)]
-enum Out {
+pub(crate) enum Out {
     /// A command capsule (with in-capsule data for small writes).
     Cmd(u16),
     /// Write data the controller asked for with an R2T: [off, end).
@@ -143,6 +150,23 @@ enum Out {
         off: u32,
         end: u32,
     },
+    /// An H2CTermReq for the fatal error the receiver found (`Qp::term`).
+    Term,
+}
+
+/// Where the receiver is in the controller's PDU stream.
+#[derive(Clone, Copy, Debug)]
+enum RxState {
+    /// The common header is being staged.
+    Common,
+    /// The whole header is being staged.
+    Header(PduLayout),
+    /// A C2HData's padding is being staged (then its data is placed).
+    Pad(PduLayout, DataHdr),
+    /// A C2HData's data is being placed (then it is finished).
+    Data(PduLayout, DataHdr),
+    /// A fatal error was queued for the controller: stop.
+    Stop,
 }
 
 /// One command slot (CID = index).
@@ -233,16 +257,24 @@ pub(crate) struct Qp {
     cmds: RefCell<Box<[Cmd]>>,
     free: RefCell<Vec<u16>>,
     pending: RefCell<VecDeque<IoHandle>>,
-    out: RefCell<VecDeque<Out>>,
+    /// The live connection (commands are sent on it).
+    conn: RefCell<Option<Rc<driver::Conn<Link>>>>,
+    rx: Cell<RxState>,
+    /// The last receive was C2HData: stage the next header exactly.
+    exact: Cell<bool>,
+    /// The data digest of the C2HData being placed lands here.
+    ddgst: Cell<[u8; DIGEST_LEN]>,
+    /// The fatal error for the H2CTermReq, with the header it quotes.
+    term: RefCell<(Fatal, [u8; TERM_QUOTE], usize)>,
+    /// Capsules in the group being filled (LANoT's "others" leave them out).
+    grp_cmds: Cell<u32>,
     /// Commands holding a CID.
     active: Cell<u32>,
     /// Reads among them: while any is in flight, headers are received
     /// exactly, so no read payload lands in the staging buffer.
     reads: Cell<u32>,
     coal: RefCell<Coalescer>,
-    sender_w: RefCell<Option<Waker>>,
     driver_w: RefCell<Option<Waker>>,
-    sender_running: Cell<bool>,
     pub counters: Arc<QpCounters>,
 }
 
@@ -273,13 +305,16 @@ impl Qp {
             cmds: RefCell::new((0..depth).map(|_| Cmd::empty()).collect()),
             free: RefCell::new((0..depth).rev().collect()),
             pending: RefCell::new(VecDeque::with_capacity(ustor_bdev::io::TABLE_SLOTS)),
-            out: RefCell::new(VecDeque::with_capacity(2 * depth as usize + 8)),
+            conn: RefCell::new(None),
+            rx: Cell::new(RxState::Common),
+            exact: Cell::new(false),
+            ddgst: Cell::new([0; DIGEST_LEN]),
+            term: RefCell::new((Fatal { fes: 0, fei: 0 }, [0; TERM_QUOTE], 0)),
+            grp_cmds: Cell::new(0),
             active: Cell::new(0),
             reads: Cell::new(0),
             coal: RefCell::new(Coalescer::new(cfg)),
-            sender_w: RefCell::new(None),
             driver_w: RefCell::new(None),
-            sender_running: Cell::new(false),
             counters,
         })
     }
@@ -337,8 +372,7 @@ impl Qp {
         if d.kind == IoType::Read {
             self.reads.set(self.reads.get() + 1);
         }
-        self.out.borrow_mut().push_back(Out::Cmd(cid));
-        wake(&self.sender_w);
+        self.send(Out::Cmd(cid));
     }
 
     /// Completes command `cid`, then starts waiting I/O on the freed CID.
@@ -378,8 +412,7 @@ impl Qp {
 
     /// Fails every command and waiting I/O with `e` (no connection is up).
     fn fail_all(&self, e: BdevError) {
-        debug_assert!(!self.sender_running.get());
-        self.out.borrow_mut().clear();
+        debug_assert!(self.conn.borrow().is_none());
         for cid in 0..self.depth {
             self.complete(cid, Err(e));
         }
@@ -400,7 +433,18 @@ impl Qp {
         if fd >= 0 {
             ustor_net::recv::shutdown(fd);
         }
-        wake(&self.sender_w);
         wake(&self.driver_w);
     }
+
+    /// Queues `o` on the live connection (none: the command is sent when
+    /// the next connection requeues it).
+    fn send(&self, o: Out) {
+        if let Some(c) = &*self.conn.borrow() {
+            c.send(o);
+        }
+    }
 }
+
+/// The queue as the driver's protocol (an `Rc` to it: the queue outlives
+/// its connections).
+pub(crate) struct Link(Rc<Qp>);

@@ -1,147 +1,288 @@
-//! The receive side: the controller's PDUs from the staging buffer
-//! (responses, R2Ts, C2HData received straight into the I/O's buffers).
-
-use std::os::fd::RawFd;
-use std::rc::Rc;
+//! The receive side: the controller's PDUs as the driver stages them
+//! (responses, R2Ts, C2HData placed straight into the I/O's buffers),
+//! [`Protocol::apply`] for the queue.
 
 use ustor_bdev::{BdevError, IoType};
+use ustor_net::driver::{self, IoEvent, Protocol, Recv, RecvEvent};
 use ustor_net::recv::Seg;
-use ustor_net::staging::{RecvMode, Rewind, Staging};
+use ustor_net::staging::Staging;
+use ustor_net::PduGroup;
 
-use super::{bump, wake, Out, Qp, QpState, MAX_RECV_IOV, RECV_BUDGET, RESP_CID_OFF, STAGE_LEN};
+use super::{bump, Link, Out, Qp, QpState, RxState, MAX_RECV_IOV, RESP_CID_OFF, STAGE_LEN};
 use crate::wire::*;
 
-#[derive(Debug, thiserror::Error)]
-pub(super) enum RecvErr {
-    #[error("socket: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("protocol: {0}")]
-    Proto(&'static str),
-    /// A fatal error in a controller PDU whose first `hdr` header bytes
-    /// are still staged (at `Stage::pos`): reported in an H2CTermReq.
-    #[error("protocol: {what} ({f})")]
-    Fatal {
-        what: &'static str,
-        f: Fatal,
-        hdr: usize,
-    },
-    #[error("controller terminated the connection (fes {0:#x})")]
-    Term(u16),
+impl Protocol for Link {
+    /// A client executes nothing: the controller does.
+    type Job = std::convert::Infallible;
+    type Reply = Out;
+
+    fn apply(&self, ev: RecvEvent, st: &mut Staging) -> Recv<Self> {
+        let qp = &*self.0;
+        match (qp.rx.get(), ev) {
+            (RxState::Stop, _) => Recv::Close,
+            (RxState::Common, RecvEvent::Staged) => on_common(qp, st),
+            (RxState::Header(l), RecvEvent::Staged) => on_pdu(qp, st, &l),
+            (RxState::Pad(l, h), RecvEvent::Staged) => {
+                st.consume(l.pad());
+                qp.rx.set(RxState::Data(l, h));
+                Recv::Place {
+                    tail: hdr_exact(qp),
+                }
+            }
+            (RxState::Data(l, h), _) => {
+                c2h_done(qp, &l, h);
+                qp.exact.set(true);
+                next(qp)
+            }
+            _ => next(qp),
+        }
+    }
+
+    fn stage_max(&self) -> usize {
+        let qp = &*self.0;
+        if qp.exact.get() || qp.reads.get() > 0 {
+            hdr_exact(qp)
+        } else {
+            STAGE_LEN
+        }
+    }
+
+    unsafe fn place(&self, out: &mut [Seg]) -> usize {
+        let qp = &*self.0;
+        let RxState::Data(l, h) = qp.rx.get() else {
+            unreachable!("placed only after a C2HData header")
+        };
+        let mut segs = [Seg::EMPTY; MAX_RECV_IOV];
+        let mut n = {
+            let cmds = qp.cmds.borrow();
+            let c = &cmds[h.cccid as usize];
+            debug_assert!(c.io.is_some() && c.kind == IoType::Read);
+            // SAFETY: the command holds its I/O (c2h_check): the iovecs
+            // are valid, and the I/O completes only after the data was
+            // placed (c2h_done).
+            unsafe { c.segs(h.offset as usize, l.data_len, &mut segs) }
+        };
+        // The digest lands behind the data (at most MAX_SEGMENTS data
+        // segments, so there is room).
+        if l.ddgst {
+            segs[n] = Seg {
+                ptr: qp.ddgst.as_ptr().cast(),
+                len: DIGEST_LEN,
+            };
+            n += 1;
+        }
+        assert!(n <= out.len(), "C2HData segments beyond a receive");
+        out[..n].copy_from_slice(&segs[..n]);
+        n
+    }
+
+    async fn execute(&self, job: Self::Job) -> Out {
+        match job {}
+    }
+
+    fn encode(&self, o: Out, g: &mut PduGroup) -> Result<(), Out> {
+        super::tx::encode(&self.0, o, g)
+    }
+
+    fn urgent(&self, o: &Out) -> bool {
+        // The controller waits for R2T data; a termination leaves at once.
+        matches!(o, Out::H2C { .. } | Out::Term)
+    }
+
+    fn backlog(&self, _queued: usize, _interim: u32) -> Option<driver::Backlog> {
+        // Commands already sent may complete and make the application
+        // submit more, which could join this group.
+        let qp = &*self.0;
+        let others = qp.active.get().saturating_sub(qp.grp_cmds.get());
+        Some(driver::Backlog {
+            others,
+            depth: others,
+        })
+    }
+
+    fn coalescer(&self) -> Option<&std::cell::RefCell<ustor_net::coalesce::Coalescer>> {
+        Some(&self.0.coal)
+    }
+
+    fn on_io(&self, ev: IoEvent) {
+        let qp = &*self.0;
+        match ev {
+            IoEvent::Sent { calls, .. } => {
+                qp.grp_cmds.set(0);
+                bump(&qp.counters.sendmsg_calls, calls);
+                super::tx::record(qp);
+            }
+            IoEvent::Copied { bytes } => bump(&qp.counters.payload_copy_bytes, bytes as u64),
+            IoEvent::Received { .. } => {}
+        }
+    }
 }
 
-/// Staged header bytes: the connection layer's staging buffer, received
-/// with direct non-blocking receives (a readiness poll when nothing is
-/// queued) and rewound before every receive (it holds headers only).
-pub(super) type Stage = Staging;
-
-/// A staging buffer for one connection.
-pub(super) fn stage() -> Stage {
-    Staging::new(STAGE_LEN, Rewind::Eager)
+/// Header bytes staged exactly: a data PDU's header with its digest.
+fn hdr_exact(qp: &Qp) -> usize {
+    DATA_HLEN + qp.dg.get().hdgst_len()
 }
 
-/// Receives the controller's PDUs until the connection drops or fails. A
-/// header stays staged until it has been checked, so a fatal error can
-/// quote it in the H2CTermReq.
-pub(super) async fn receiver(qp: &Rc<Qp>, fd: RawFd, st: &mut Stage) -> Result<(), RecvErr> {
-    let dg = qp.dg.get();
-    let hdr_exact = DATA_HLEN + dg.hdgst_len();
+/// The next PDU's common header (or the end, once the queue is down).
+fn next(qp: &Qp) -> Recv<Link> {
+    if qp.state.get() != QpState::Live {
+        return Recv::Close;
+    }
+    qp.rx.set(RxState::Common);
+    Recv::Stage {
+        need: CH_LEN,
+        max: driver::ASK,
+    }
+}
+
+/// The common header is staged: check it, then stage the whole header.
+fn on_common(qp: &Qp, st: &mut Staging) -> Recv<Link> {
     let lim = RecvLimits {
         max_incapsule: 0,
         max_data_pdu: qp.ctrlr.mdts_bytes().max(1 << 20),
     };
-    let mut exact = false;
-    loop {
-        for _ in 0..RECV_BUDGET {
-            if qp.state.get() != QpState::Live {
-                return Ok(());
-            }
-            let max = || {
-                if exact || qp.reads.get() > 0 {
-                    hdr_exact
-                } else {
-                    STAGE_LEN
-                }
-            };
-            st.fill(fd, CH_LEN, max, RecvMode::Direct).await?;
-            let ch = CommonHeader::decode(st.staged()).ok_or(RecvErr::Proto("short header"))?;
-            let l = check_header(&ch, dg, true, &lim).map_err(|f| RecvErr::Fatal {
-                what: "bad header",
-                f,
-                hdr: CH_LEN,
-            })?;
-            let hdr_need = if l.ty == PduType::C2HTermReq {
-                l.plen
-            } else {
-                l.header_total
-            };
-            if hdr_need > STAGE_LEN {
-                return Err(RecvErr::Proto("header too long"));
-            }
-            st.fill(fd, hdr_need, || max().max(hdr_need), RecvMode::Direct)
-                .await?;
-            exact = on_pdu(qp, fd, st, &l, hdr_exact).await?;
-        }
-        ustor_runtime::yield_now().await;
+    let Some(ch) = CommonHeader::decode(st.staged()) else {
+        return lost(qp, "short header");
+    };
+    let l = match check_header(&ch, qp.dg.get(), true, &lim) {
+        Ok(l) => l,
+        Err(f) => return fatal(qp, st, f, CH_LEN, "bad header"),
+    };
+    let need = if l.ty == PduType::C2HTermReq {
+        l.plen
+    } else {
+        l.header_total
+    };
+    if need > STAGE_LEN {
+        return lost(qp, "header too long");
+    }
+    qp.rx.set(RxState::Header(l));
+    Recv::Stage {
+        need,
+        max: driver::ASK,
     }
 }
 
+/// The connection is unusable (no termination request is owed).
+fn lost(qp: &Qp, why: &str) -> Recv<Link> {
+    tracing::debug!("nvme: I/O queue {} lost: protocol: {why}", qp.qid);
+    qp.rx.set(RxState::Stop);
+    Recv::Close
+}
+
+/// A fatal error in a controller PDU whose first `hdr` header bytes are
+/// staged: tell the controller (an H2CTermReq quoting them, sent after
+/// what is queued, so on a PDU boundary), then stop.
+fn fatal(qp: &Qp, st: &Staging, f: Fatal, hdr: usize, what: &str) -> Recv<Link> {
+    tracing::debug!("nvme: I/O queue {} lost: protocol: {what} ({f})", qp.qid);
+    let staged = st.staged();
+    let n = hdr.min(staged.len()).min(super::TERM_QUOTE);
+    {
+        let mut t = qp.term.borrow_mut();
+        t.0 = f;
+        t.1[..n].copy_from_slice(&staged[..n]);
+        t.2 = n;
+    }
+    qp.rx.set(RxState::Stop);
+    Recv::Interim(Out::Term)
+}
+
 /// Handles one PDU whose header (`l`) is staged: checks its digest, then
-/// consumes it and acts on it. True for C2HData (the next headers are then
-/// read exactly).
-async fn on_pdu(
-    qp: &Rc<Qp>,
-    fd: RawFd,
-    st: &mut Stage,
-    l: &PduLayout,
-    hdr_exact: usize,
-) -> Result<bool, RecvErr> {
-    let dg = qp.dg.get();
-    let fatal = |(f, what)| RecvErr::Fatal {
-        what,
-        f,
-        hdr: l.hlen,
-    };
+/// consumes it and acts on it.
+fn on_pdu(qp: &Qp, st: &mut Staging, l: &PduLayout) -> Recv<Link> {
     let hdr = &st.staged()[..l.header_total];
-    if dg.header && !header_digest_ok(hdr, l.hlen) {
+    if qp.dg.get().header && !header_digest_ok(hdr, l.hlen) {
         let f = Fatal {
             fes: fes::HEADER_DIGEST_ERROR,
             fei: 0,
         };
-        return Err(fatal((f, "header digest")));
+        return fatal(qp, st, f, l.hlen, "header digest");
     }
     // Each handler checks the header before it is consumed.
-    match l.ty {
-        PduType::CapsuleResp => {
-            let cqe = Cqe::decode(&hdr[CH_LEN..]).ok_or(RecvErr::Proto("short CQE"))?;
-            on_response(qp, cqe).map_err(fatal)?;
-            st.consume(l.header_total);
-        }
-        PduType::R2T => {
-            let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short R2T"))?;
-            on_r2t(qp, h).map_err(fatal)?;
-            st.consume(l.header_total);
-        }
-        PduType::C2HData => {
-            let h = DataHdr::decode(hdr).ok_or(RecvErr::Proto("short C2HData"))?;
-            c2h_check(qp, l, &h).map_err(fatal)?;
-            st.consume(l.header_total);
-            c2h_data(qp, fd, st, l, h, hdr_exact).await?;
-            return Ok(true);
-        }
+    let r = match l.ty {
+        PduType::CapsuleResp => match Cqe::decode(&hdr[CH_LEN..]) {
+            Some(cqe) => on_response(qp, cqe).map(|()| None),
+            None => return lost(qp, "short CQE"),
+        },
+        PduType::R2T => match DataHdr::decode(hdr) {
+            Some(h) => on_r2t(qp, h).map(Some),
+            None => return lost(qp, "short R2T"),
+        },
+        PduType::C2HData => match DataHdr::decode(hdr) {
+            Some(h) => match c2h_check(qp, l, &h) {
+                Ok(()) => {
+                    st.consume(l.header_total);
+                    return c2h_start(qp, l, h);
+                }
+                Err(e) => Err(e),
+            },
+            None => return lost(qp, "short C2HData"),
+        },
         PduType::C2HTermReq => {
             let t = TermReq::decode(hdr).map(|t| t.fes).unwrap_or(0);
-            return Err(RecvErr::Term(t));
+            tracing::debug!(
+                "nvme: I/O queue {} lost: controller terminated the connection (fes {t:#x})",
+                qp.qid
+            );
+            qp.rx.set(RxState::Stop);
+            return Recv::Close;
         }
         // check_header admits nothing else from a controller.
-        _ => {
-            let f = Fatal {
+        _ => Err((
+            Fatal {
                 fes: fes::PDU_SEQUENCE_ERROR,
                 fei: ch_off::PDU_TYPE,
-            };
-            return Err(fatal((f, "unexpected PDU")));
+            },
+            "unexpected PDU",
+        )),
+    };
+    match r {
+        Ok(out) => {
+            st.consume(l.header_total);
+            qp.exact.set(false);
+            match out {
+                Some(o) => Recv::Interim(o),
+                None => next(qp),
+            }
         }
+        Err((f, what)) => fatal(qp, st, f, l.hlen, what),
     }
-    Ok(false)
+}
+
+/// A checked C2HData whose header is consumed: its padding (if any),
+/// then its data into the command's buffers.
+fn c2h_start(qp: &Qp, l: &PduLayout, h: DataHdr) -> Recv<Link> {
+    let pad = l.pad();
+    if pad > 0 {
+        // We ask for HPDA 0, but a PDO past the header is still valid:
+        // drop the padding, staged or not (never reading into the data).
+        qp.rx.set(RxState::Pad(*l, h));
+        return Recv::Stage {
+            need: pad,
+            max: pad,
+        };
+    }
+    qp.rx.set(RxState::Data(*l, h));
+    Recv::Place {
+        tail: hdr_exact(qp),
+    }
+}
+
+/// A C2HData's data (and digest) arrived: check the digest, complete the
+/// command on its last PDU.
+fn c2h_done(qp: &Qp, l: &PduLayout, h: DataHdr) {
+    let cid = h.cccid;
+    let mut res = Ok(());
+    if l.ddgst
+        && data_digest(qp, cid, h.offset as usize, l.data_len) != u32::from_le_bytes(qp.ddgst.get())
+    {
+        res = Err(BdevError::Io(libc::EIO));
+        qp.cmds.borrow_mut()[cid as usize].err = Some(BdevError::Io(libc::EIO));
+    }
+    if l.flags & flags::SUCCESS != 0 {
+        // LAST_PDU too: c2h_check.
+        qp.complete(cid, res);
+    }
 }
 
 fn status_err(s: Status) -> BdevError {
@@ -181,7 +322,7 @@ fn on_response(qp: &Qp, cqe: Cqe) -> Result<(), PduErr> {
     Ok(())
 }
 
-fn on_r2t(qp: &Qp, h: DataHdr) -> Result<(), PduErr> {
+fn on_r2t(qp: &Qp, h: DataHdr) -> Result<Out, PduErr> {
     {
         let cmds = qp.cmds.borrow();
         // CCCID must name a write whose data is not in its capsule.
@@ -203,14 +344,12 @@ fn on_r2t(qp: &Qp, h: DataHdr) -> Result<(), PduErr> {
             return Err((f, "R2T out of range"));
         }
     }
-    qp.out.borrow_mut().push_back(Out::H2C {
+    Ok(Out::H2C {
         cid: h.cccid,
         ttag: h.ttag,
         off: h.offset,
         end: h.offset + h.length,
-    });
-    wake(&qp.sender_w);
-    Ok(())
+    })
 }
 
 /// Checks a C2HData header (before any of its data is read): flags, DATAL
@@ -235,68 +374,6 @@ fn c2h_check(qp: &Qp, l: &PduLayout, h: &DataHdr) -> Result<(), PduErr> {
             fei: 12,
         };
         return Err((f, "C2HData out of range"));
-    }
-    Ok(())
-}
-
-/// Receives one C2HData payload (checked by [`c2h_check`], header
-/// consumed) straight into the command's buffers, with its digest and
-/// (opportunistically) the next header.
-async fn c2h_data(
-    qp: &Qp,
-    fd: RawFd,
-    st: &mut Staging,
-    l: &PduLayout,
-    h: DataHdr,
-    hdr_exact: usize,
-) -> Result<(), RecvErr> {
-    let pad = l.pad();
-    if pad > 0 {
-        // We ask for HPDA 0, but a PDO past the header is still valid:
-        // drop the padding, staged or not (never reading into the data).
-        st.fill(fd, pad, || pad, RecvMode::Direct).await?;
-        st.consume(pad);
-    }
-    let cid = h.cccid;
-    let off = h.offset as usize;
-    let len = l.data_len;
-    let mut segs = [Seg::EMPTY; MAX_RECV_IOV];
-    let mut n = {
-        let cmds = qp.cmds.borrow();
-        let c = &cmds[cid as usize];
-        debug_assert!(c.io.is_some() && c.kind == IoType::Read && off + len <= c.len as usize);
-        // SAFETY: the command holds its I/O (checked by c2h_check): the
-        // iovecs are valid, and the I/O completes only after this receive
-        // returned.
-        unsafe { c.segs(off, len, &mut segs) }
-    };
-    // The digest lands behind the data (at most MAX_SEGMENTS data segments,
-    // so there is room).
-    let mut ddgst = [0u8; DIGEST_LEN];
-    if l.ddgst {
-        segs[n] = Seg {
-            ptr: ddgst.as_mut_ptr(),
-            len: DIGEST_LEN,
-        };
-        n += 1;
-    }
-    // Staged bytes are copied (counted); the rest arrives straight in the
-    // I/O's buffers with the next header behind it in one recvmsg.
-    // SAFETY: the data segments are the I/O's buffers (valid until it
-    // completes, which is after this call); the digest is ours.
-    let p = unsafe { st.recv_payload(fd, &segs[..n], hdr_exact) }.await?;
-    let copied = p.copied.min(len);
-    if copied > 0 {
-        bump(&qp.counters.payload_copy_bytes, copied as u64);
-    }
-    let mut res = Ok(());
-    if l.ddgst && data_digest(qp, cid, off, len) != u32::from_le_bytes(ddgst) {
-        res = Err(BdevError::Io(libc::EIO));
-        qp.cmds.borrow_mut()[cid as usize].err = Some(BdevError::Io(libc::EIO));
-    }
-    if l.flags & flags::SUCCESS != 0 {
-        // LAST_PDU too: c2h_check.
-        qp.complete(cid, res);
     }
     Ok(())
 }

@@ -1,46 +1,79 @@
-//! The send side: command capsules (with in-capsule data) and H2CData for
-//! R2Ts encoded into the PDU group, sent as the LANoT coalescer decides.
+//! The send side: command capsules (with in-capsule data), H2CData for
+//! R2Ts and the H2CTermReq encoded into the driver's PDU group
+//! ([`ustor_net::driver::Protocol::encode`]); the driver sends it as the
+//! queue's LANoT coalescer decides.
 
-use std::future::{poll_fn, Future};
-use std::os::fd::RawFd;
-use std::pin::Pin;
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::task::Poll;
 
 use ustor_bdev::IoType;
-use ustor_net::recv::{self, Seg};
+use ustor_net::recv::Seg;
 use ustor_net::PduGroup;
 
-use super::{bump, wake, Cmd, Out, Qp, QpState, MAX_PDU_SEGS, MAX_RECV_IOV};
+use super::{Cmd, Out, Qp, MAX_PDU_SEGS, MAX_RECV_IOV};
 use crate::wire::*;
 
-/// Encodes queued commands and data into `g`; false when the front item
-/// did not fit (the group is full).
-fn encode(qp: &Qp, g: &mut PduGroup, cmds_in_group: &mut u32) -> bool {
-    let Some(item) = qp.out.borrow().front().copied() else {
-        return true;
+/// Encodes `o` into `g`, or gives back what did not fit (the driver
+/// sends the group first): a capsule whole, an R2T's data from the first
+/// H2CData PDU that did not fit.
+pub(super) fn encode(qp: &Qp, o: Out, g: &mut PduGroup) -> Result<(), Out> {
+    let cid = match o {
+        Out::Cmd(cid) | Out::H2C { cid, .. } => cid,
+        Out::Term => return encode_term(qp, g).then_some(()).ok_or(o),
     };
     let cmds = qp.cmds.borrow();
-    let cid = match item {
-        Out::Cmd(cid) | Out::H2C { cid, .. } => cid,
-    };
     let c = &cmds[cid as usize];
     if c.io.is_none() {
-        qp.out.borrow_mut().pop_front();
-        return true;
+        // Completed (failed) meanwhile: nothing to send.
+        return Ok(());
     }
-    match item {
+    match o {
         Out::Cmd(_) => {
             if !encode_cmd(qp, g, c, cid) {
-                return false;
+                return Err(o);
             }
-            *cmds_in_group += 1;
-            qp.out.borrow_mut().pop_front();
-            true
+            qp.grp_cmds.set(qp.grp_cmds.get() + 1);
+            Ok(())
         }
-        Out::H2C { ttag, off, end, .. } => encode_h2c(qp, g, c, cid, ttag, off, end),
+        Out::H2C {
+            ttag, mut off, end, ..
+        } => {
+            // Budget: each round encodes a PDU of at least one byte of
+            // [off, end), or stops.
+            while off < end {
+                match encode_h2c(qp, g, c, cid, ttag, off, end) {
+                    Some(next) => off = next,
+                    None => {
+                        return Err(Out::H2C {
+                            cid,
+                            ttag,
+                            off,
+                            end,
+                        })
+                    }
+                }
+            }
+            Ok(())
+        }
+        Out::Term => unreachable!("encoded above"),
     }
+}
+
+/// The H2CTermReq for the fatal error the receiver recorded; false if it
+/// does not fit.
+fn encode_term(qp: &Qp, g: &mut PduGroup) -> bool {
+    let t = qp.term.borrow();
+    let mut b = [0u8; TERM_HLEN + MAX_TERM_DATA];
+    let req = TermReq {
+        fes: t.0.fes,
+        fei: t.0.fei,
+    };
+    let n = encode_term_req(&mut b, PduType::H2CTermReq, req, &t.1[..t.2]);
+    if !g.fits(n, 1, 0) {
+        return false;
+    }
+    g.push_bytes(&b[..n]);
+    g.end_pdu(true);
+    true
 }
 
 /// The command's SQE, and how many bytes of data go in its capsule.
@@ -129,9 +162,17 @@ fn encode_cmd(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16) -> bool {
 }
 
 /// One H2CData PDU of write data an R2T asked for ([off, end), at most
-/// MAXH2CDATA of it); false if it does not fit.
+/// MAXH2CDATA of it): where the next one starts, `None` if it does not fit.
 #[inline]
-fn encode_h2c(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16, ttag: u16, off: u32, end: u32) -> bool {
+fn encode_h2c(
+    qp: &Qp,
+    g: &mut PduGroup,
+    c: &Cmd,
+    cid: u16,
+    ttag: u16,
+    off: u32,
+    end: u32,
+) -> Option<u32> {
     let dg = qp.dg.get();
     let cpda = qp.cpda.get();
     let chunk = (end - off).min(qp.maxh2c.get());
@@ -140,7 +181,7 @@ fn encode_h2c(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16, ttag: u16, off: u32,
     let k = unsafe { c.segs(off as usize, chunk as usize, &mut segs) }.min(MAX_PDU_SEGS);
     let chunk: usize = segs[..k].iter().map(|s| s.len).sum();
     if !g.fits(data_pdo(DATA_HLEN + DIGEST_LEN, cpda) + DIGEST_LEN, 2, k) {
-        return false;
+        return None;
     }
     let last = off as usize + chunk == end as usize;
     let dh = DataHdr {
@@ -158,13 +199,7 @@ fn encode_h2c(qp: &Qp, g: &mut PduGroup, c: &Cmd, cid: u16, ttag: u16, off: u32,
     unsafe { push_data(g, data, dg.data) };
     // The controller waits for this data: do not hold it back.
     g.end_pdu(true);
-    let mut out = qp.out.borrow_mut();
-    if last {
-        out.pop_front();
-    } else if let Some(Out::H2C { off: o, .. }) = out.front_mut() {
-        *o += chunk as u32;
-    }
-    true
+    Some(off + chunk as u32)
 }
 
 /// Appends write data to the group by pointer (no copy), then its data
@@ -189,72 +224,8 @@ unsafe fn push_data(g: &mut PduGroup, segs: impl Iterator<Item = (*const u8, usi
     }
 }
 
-/// Sends queued capsules and data through the coalescer.
-pub(super) async fn sender(qp: Rc<Qp>, fd: RawFd) {
-    let mut group = PduGroup::new();
-    let mut deadline: Option<u64> = None;
-    loop {
-        let timer_fired = {
-            let mut sleep = deadline.map(ustor_runtime::sleep_until);
-            poll_fn(|cx| {
-                if qp.state.get() != QpState::Live || !qp.out.borrow().is_empty() {
-                    return Poll::Ready(false);
-                }
-                if let Some(s) = sleep.as_mut() {
-                    if Pin::new(s).poll(cx).is_ready() {
-                        return Poll::Ready(true);
-                    }
-                }
-                *qp.sender_w.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            })
-            .await
-        };
-        if qp.state.get() != QpState::Live {
-            break;
-        }
-        let mut cmds_in_group = 0;
-        let mut full = false;
-        // Budget: the queue holds at most 2 * depth items and each pass
-        // either encodes one or stops.
-        for _ in 0..(4 * qp.depth as usize + 8) {
-            if qp.out.borrow().is_empty() {
-                break;
-            }
-            if !encode(&qp, &mut group, &mut cmds_in_group) {
-                full = true;
-                break;
-            }
-        }
-        if group.is_empty() {
-            continue;
-        }
-        // Others in flight: commands already sent may complete and make the
-        // application submit more, which could join this group.
-        let others = qp.active.get().saturating_sub(cmds_in_group);
-        let Some(why) = qp.coal.borrow().flush_reason(
-            &group,
-            full,
-            timer_fired,
-            others,
-            group.urgent(),
-            &mut deadline,
-        ) else {
-            continue;
-        };
-        let pdus = group.pdus();
-        qp.coal.borrow_mut().on_flush(why, pdus, others);
-        record(&qp);
-        group = match flush(&qp, fd, group).await {
-            Some(g) => g,
-            None => break,
-        };
-    }
-    qp.sender_running.set(false);
-    wake(&qp.driver_w);
-}
-
-fn record(qp: &Qp) {
+/// Publishes the coalescer's counters (after each sent group).
+pub(super) fn record(qp: &Qp) {
     let s = qp.coal.borrow().stats();
     let c = &qp.counters;
     c.groups.store(s.groups, Ordering::Relaxed);
@@ -266,19 +237,4 @@ fn record(qp: &Qp) {
     c.timer_us.store(u64::from(s.timer_us), Ordering::Relaxed);
     c.raises.store(s.raises, Ordering::Relaxed);
     c.lowers.store(s.lowers, Ordering::Relaxed);
-}
-
-/// Sends the whole group; `None` when the connection failed.
-async fn flush(qp: &Qp, fd: RawFd, group: PduGroup) -> Option<PduGroup> {
-    let mut calls = 0;
-    let (r, group) = group.send_all(fd, &mut calls).await;
-    bump(&qp.counters.sendmsg_calls, calls);
-    if r.is_err() {
-        if qp.state.get() == QpState::Live {
-            qp.state.set(QpState::Down);
-        }
-        recv::shutdown(fd);
-        return None;
-    }
-    Some(group)
 }
