@@ -377,7 +377,11 @@ impl<P: Protocol> Conn<P> {
         self.outstanding_bytes
             .set(self.outstanding_bytes.get() - bytes);
         wake(&self.receiver);
-        if self.outstanding.get() == 0 {
+        // Only a closing connection's sender waits for the count to reach
+        // 0 (the sender calls this itself and rechecks anyway; a wake for
+        // every group of a client, whose count stays 0, was a spurious
+        // poll per group).
+        if self.outstanding.get() == 0 && self.closing.get() {
             wake(&self.sender);
         }
     }
