@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ustor_bdev::Registry;
 
-use super::mirror::Mirror;
+use super::mirror::{Mirror, ONLINE};
 use super::sb::{self, Superblock};
 
 /// The array's current record and the state of its writer.
@@ -119,6 +119,33 @@ impl Records {
     }
 }
 
+impl Mirror {
+    /// The members in sync (online), by slot, with name and UUID: what the
+    /// record lists and where it is written.
+    pub(super) fn in_sync_members(&self) -> Vec<(usize, String, uuid::Uuid)> {
+        let s = self.slots();
+        (0..s.len())
+            .filter_map(|i| match &s[i] {
+                Some(d) if self.state(i) == ONLINE => {
+                    Some((i, d.name().to_string(), d.info().uuid))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The membership changed: an array with superblocks writes a new
+    /// record (in the background); returns its sequence number.
+    pub(super) fn note_membership(self: &Arc<Self>) -> Option<u64> {
+        let r = self.records.get()?;
+        let mut in_sync = vec![None; self.slots().len()];
+        for (i, _, uuid) in self.in_sync_members() {
+            in_sync[i] = Some(uuid);
+        }
+        Some(r.note(self, &in_sync))
+    }
+}
+
 /// The writer: the newest record to every member in sync, again while the
 /// record changes under it.
 async fn write_passes(m: Arc<Mirror>) {
@@ -130,7 +157,7 @@ async fn write_passes(m: Arc<Mirror>) {
             st.sb.clone()
         };
         let mut ok = true;
-        for (slot, name) in m.in_sync_members() {
+        for (slot, name, _) in m.in_sync_members() {
             if let Err(e) = sb::write_one(r.reg.clone(), name.clone(), sb.for_slot(slot)).await {
                 tracing::warn!("raid1 {}: superblock to {name}: {e}", m.name);
                 ok = false;

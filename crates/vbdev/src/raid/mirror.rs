@@ -29,7 +29,7 @@ use super::membership::Records;
 use super::{Level, RaidConfig};
 use crate::base;
 
-const ONLINE: u8 = 0;
+pub(super) const ONLINE: u8 = 0;
 const FAILED: u8 = 1;
 /// Written, not read: the background copy has not reached the end.
 const REBUILDING: u8 = 2;
@@ -80,12 +80,12 @@ const GEN_SHIFT: u32 = 17;
 const UNCOUNTED: u32 = 1 << 18;
 
 impl Mirror {
-    fn slots(&self) -> MutexGuard<'_, Vec<Option<Desc>>> {
+    pub(super) fn slots(&self) -> MutexGuard<'_, Vec<Option<Desc>>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     #[inline]
-    fn state(&self, i: usize) -> u8 {
+    pub(super) fn state(&self, i: usize) -> u8 {
         self.state[i].load(Ordering::Relaxed)
     }
 
@@ -101,35 +101,6 @@ impl Mirror {
             tracing::warn!("raid1 {}: member {i} failed ({e}); degraded", self.name);
             self.note_membership();
         }
-    }
-
-    /// Per slot, the member's UUID when it is in sync (online).
-    fn in_sync(&self) -> Vec<Option<uuid::Uuid>> {
-        let s = self.slots();
-        (0..s.len())
-            .map(|i| match &s[i] {
-                Some(d) if self.state(i) == ONLINE => Some(d.info().uuid),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The members in sync, by slot and name: where records are written.
-    pub(super) fn in_sync_members(&self) -> Vec<(usize, String)> {
-        let s = self.slots();
-        (0..s.len())
-            .filter_map(|i| match &s[i] {
-                Some(d) if self.state(i) == ONLINE => Some((i, d.name().to_string())),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The membership changed: an array with superblocks writes a new
-    /// record (in the background); returns its sequence number.
-    fn note_membership(self: &Arc<Self>) -> Option<u64> {
-        let r = self.records.get()?;
-        Some(r.note(self, &self.in_sync()))
     }
 
     /// A write over `[lo, hi)` overlaps the chunk being rebuilt.
