@@ -307,14 +307,16 @@ fn top_in_tmux_shows_load_sorts_and_quits() {
         String::from_utf8_lossy(&r.stderr)
     );
     // The loaded bdev shows non-zero IOPS, and by IOPS (the default sort)
-    // it comes before the idle one.
+    // it comes before the idle one. tmux may capture a screen mid-draw, so
+    // the wait is for a whole one: the NBD target row and the key line.
     let screen = testkit::wait_for(
-        "hot's IOPS above zero on the screen",
+        "hot's IOPS above zero and the NBD target on the screen",
         Duration::from_secs(20),
         || {
             let sc = tmux.screen();
             let iops: f64 = row(&sc, "hot")?.get(1)?.parse().ok()?;
-            (iops > 0.0).then_some(sc)
+            let whole = sc.contains("nbd") && sc.contains("q quit");
+            (iops > 0.0 && whole).then_some(sc)
         },
     );
     assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80));
