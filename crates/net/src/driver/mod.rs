@@ -238,6 +238,12 @@ pub trait Protocol: Sized + 'static {
 
     /// Accounting hook.
     fn on_io(&self, _ev: IoEvent) {}
+
+    /// The driver's connection state, handed over once when the driver
+    /// starts: a protocol whose units can be answered from outside the
+    /// receiver and the workers (NVMe/TCP's Abort of a command awaiting
+    /// its data) keeps it (weakly) for [`Conn::reply`].
+    fn attach(&self, _conn: &Rc<Conn<Self>>) {}
 }
 
 /// Limits and shape of one connection's driver.
@@ -355,6 +361,14 @@ impl<P: Protocol> Conn<P> {
         self.closing.get()
     }
 
+    /// Queues a reply that answers a unit the receiver and the workers do
+    /// not hold (one the protocol ended on its own, e.g. aborted while it
+    /// waited for data). Counts as a unit received and answered.
+    pub fn reply(&self, reply: P::Reply) {
+        self.outstanding.set(self.outstanding.get() + 1);
+        self.queue_reply(reply, 0, true);
+    }
+
     fn queue_reply(&self, reply: P::Reply, charge: u64, unit: bool) {
         self.replies.borrow_mut().push_back(Queued {
             reply,
@@ -419,6 +433,7 @@ pub fn start<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) -> Rc<Conn<P
 /// Runs a connection made by [`start`] as [`run`] does; when it returns no
 /// task of the connection touches the socket or a buffer any more.
 pub async fn serve<P: Protocol>(conn: Rc<Conn<P>>) {
+    conn.proto.attach(&conn);
     workers::prespawn(&conn);
     let sender = ustor_runtime::spawn(sender::run(conn.clone()));
     let mut st = Staging::new(conn.cfg.staging_len, conn.cfg.rewind);

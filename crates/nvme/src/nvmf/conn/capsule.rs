@@ -1,15 +1,16 @@
 //! A command's arrival: a command capsule takes a slot, its SGL is checked,
 //! its data comes in the capsule or after an R2T as H2CData PDUs (matched
-//! to the slot by transfer tag), and the command goes to a worker.
+//! to the slot by transfer tag), and the command goes to a worker. Each
+//! step answers the driver's next instruction ([`Recv`]).
 
-use std::rc::Rc;
-
+use ustor_net::driver::{Recv, Via};
+use ustor_net::Staging;
 use ustor_runtime::IoBuf;
 
 use super::super::stats::{self, inc};
-use super::recv::{pdu_data, RecvResult};
-use super::slots::{self, SlotState};
-use super::staging::Staging;
+use super::proto::{Data, Into, Qp, Rx};
+use super::recv::{self, RecvResult};
+use super::slots::SlotState;
 use super::{Conn, Out};
 use crate::wire::*;
 
@@ -22,37 +23,34 @@ fn direction(sqe: &Sqe) -> u8 {
     }
 }
 
-impl Conn {
-    /// Answers slot `i`'s command with `s` before it ran, freeing the slot.
-    fn fail_slot(&self, i: u16, cid: u16, s: Status) {
-        let c = self.cqe(cid, s);
-        self.free_slot(i);
-        stats::with(|c| inc(&c.errors, 1));
-        self.push_out(Out::Resp(c));
-    }
+/// A command capsule: a slot (the receiver parks while the host is beyond
+/// its depth), the data SGL, then the data or an R2T for it.
+pub(super) fn capsule(conn: &Conn, st: &mut Staging, l: PduLayout) -> RecvResult {
+    let sqe = Sqe::from_slice(&conn.hdr.borrow()[CH_LEN..])
+        .ok_or(Some(Fatal::header(ch_off::HLEN)))?;
+    stats::with(|c| inc(&c.commands, 1));
+    conn.slot_wait.set(Some(sqe.cid()));
+    slot_wait(conn, st, l, sqe)
+}
 
-    fn slot_aborted(&self, i: u16) -> bool {
-        self.slots.borrow()[i as usize].aborted
+/// Takes a free slot for `sqe`, or parks the receiver until one is free.
+pub(super) fn slot_wait(conn: &Conn, st: &mut Staging, l: PduLayout, sqe: Sqe) -> RecvResult {
+    if conn.closing.get() {
+        return Err(None);
+    }
+    match conn.alloc_slot() {
+        Some(i) => slot_taken(conn, st, l, sqe, i),
+        None => {
+            *conn.rx.borrow_mut() = Rx::SlotWait(l, sqe);
+            Ok(Recv::Park)
+        }
     }
 }
 
-/// A command capsule: a slot (waiting for one if the host is beyond its
-/// depth), the data SGL, then the data or an R2T for it.
-pub(super) async fn capsule(
-    conn: &Rc<Conn>,
-    st: &mut Staging,
-    l: &PduLayout,
-    hdr: &[u8],
-) -> RecvResult {
-    let sqe = Sqe::from_slice(&hdr[CH_LEN..]).ok_or(Some(Fatal::header(ch_off::HLEN)))?;
-    stats::with(|c| inc(&c.commands, 1));
-    conn.slot_wait.set(Some(sqe.cid()));
-    let i = slots::slot(conn).await;
+fn slot_taken(conn: &Conn, st: &mut Staging, l: PduLayout, sqe: Sqe, i: u16) -> RecvResult {
+    let _ = st;
     conn.slot_wait.set(None);
     let aborted = conn.slot_wait_aborted.replace(false);
-    let Some(i) = i else {
-        return Err(None);
-    };
     let sq = conn.sqsize.get().max(1);
     conn.sqhd.set((conn.sqhd.get() + 1) % (sq + 1));
     let sgl = if sqe.psdt() == 0 {
@@ -65,11 +63,15 @@ pub(super) async fn capsule(
         Err(s) => {
             // Refused: drop whatever data the capsule carried.
             let rest = l.plen - l.header_total;
-            if st.skip(conn.raw(), rest).await.is_err() {
-                return Err(None);
+            if rest == 0 {
+                return Ok(Recv::Reply(conn.fail_out(i, sqe.cid(), s)));
             }
-            conn.fail_slot(i, sqe.cid(), s);
-            return Ok(());
+            *conn.rx.borrow_mut() = Rx::SkipFail {
+                i,
+                cid: sqe.cid(),
+                status: s,
+            };
+            return Ok(Recv::Skip(rest as u64));
         }
     };
     {
@@ -84,38 +86,41 @@ pub(super) async fn capsule(
         slot.set_state(SlotState::Receiving);
     }
     if l.data_len > 0 {
-        return in_capsule_data(conn, st, l, i, sgl).await;
+        let d = Data {
+            l,
+            to: Into::Capsule { i, sgl },
+            buf: None,
+            off: 0,
+        };
+        return Ok(recv::start_data(conn, d));
     }
-    match sgl {
+    Ok(match sgl {
         DataSgl::Transport { len } if direction(&sqe) & 1 != 0 => {
-            request_data(conn, i, sqe.cid(), len).await;
+            request_data(conn, i, sqe.cid(), len)
         }
-        _ if conn.slot_aborted(i) => conn.complete_aborted(i),
-        _ => conn.queue_job(i),
-    }
-    Ok(())
+        _ if conn.slot_aborted(i) => Recv::Reply(conn.aborted_out(i)),
+        _ => Recv::Dispatch(conn.queue_job(i)),
+    })
 }
 
-/// The capsule's own data into a pool buffer, then to a worker.
-async fn in_capsule_data(
-    conn: &Rc<Conn>,
-    st: &mut Staging,
-    l: &PduLayout,
-    i: u16,
-    sgl: DataSgl,
-) -> RecvResult {
-    let mut buf = IoBuf::alloc(l.data_len).await;
-    buf.set_len(l.data_len);
-    let (r, mut buf) = pdu_data(conn, st, l, buf, 0).await;
-    let ok = r?;
+/// The PDU's data (and digest, `ok`: it matched) is in `buf`.
+pub(super) fn data_done(conn: &Conn, st: &mut Staging, d: Data, buf: IoBuf, ok: bool) -> Recv<Qp> {
+    let hlen = d.l.hlen;
+    let r = match d.to {
+        Into::Capsule { i, sgl } => Ok(in_capsule_done(conn, i, sgl, buf, ok)),
+        Into::H2C { i, total } => h2c_done(conn, st, &d.l, i, d.off as u32, total, buf, ok),
+    };
+    recv::settle(conn, r, hlen)
+}
+
+/// The capsule's own data is in: the command goes to a worker.
+fn in_capsule_done(conn: &Conn, i: u16, sgl: DataSgl, mut buf: IoBuf, ok: bool) -> Recv<Qp> {
     if conn.slot_aborted(i) {
-        conn.complete_aborted(i);
-        return Ok(());
+        return Recv::Reply(conn.aborted_out(i));
     }
     if !ok {
         let cid = conn.slots.borrow()[i as usize].sqe.cid();
-        conn.fail_slot(i, cid, Status::TRANSIENT_TRANSPORT);
-        return Ok(());
+        return Recv::Reply(conn.fail_out(i, cid, Status::TRANSIENT_TRANSPORT));
     }
     if let DataSgl::InCapsule { offset, len } = sgl {
         if offset != 0 {
@@ -126,17 +131,32 @@ async fn in_capsule_data(
         buf.set_len(len as usize);
     }
     conn.slots.borrow_mut()[i as usize].buf = Some(buf);
-    conn.queue_job(i);
-    Ok(())
+    Recv::Dispatch(conn.queue_job(i))
 }
 
 /// Host-to-controller data not in the capsule: a buffer for it, then an
-/// R2T asking for it (transfer tag = slot index).
-async fn request_data(conn: &Rc<Conn>, i: u16, cid: u16, len: u32) {
-    let mut buf = IoBuf::alloc(len as usize).await;
+/// R2T asking for it (transfer tag = slot index). When the pool is empty
+/// the driver waits for a buffer (a payload of no bytes into a buffer of
+/// `len`).
+fn request_data(conn: &Conn, i: u16, cid: u16, len: u32) -> Recv<Qp> {
+    match IoBuf::try_alloc(len as usize) {
+        Some(buf) => r2t(conn, i, cid, len, buf),
+        None => {
+            *conn.rx.borrow_mut() = Rx::R2tBuf { i, cid, len };
+            Recv::Payload {
+                buf: None,
+                off: len as usize,
+                len: 0,
+                via: Via::Staging,
+            }
+        }
+    }
+}
+
+/// The R2T for slot `i`, whose data will land in `buf`.
+pub(super) fn r2t(conn: &Conn, i: u16, cid: u16, len: u32, mut buf: IoBuf) -> Recv<Qp> {
     if conn.slot_aborted(i) {
-        conn.complete_aborted(i);
-        return;
+        return Recv::Reply(conn.aborted_out(i));
     }
     buf.set_len(len as usize);
     {
@@ -146,18 +166,13 @@ async fn request_data(conn: &Rc<Conn>, i: u16, cid: u16, len: u32) {
     }
     stats::with(|c| inc(&c.r2ts, 1));
     conn.r2t_due(len);
-    conn.push_out(Out::R2T { cid, ttag: i, len });
+    Recv::Interim(Out::R2T { cid, ttag: i, len })
 }
 
 /// An H2CData PDU: checked against its R2T before any data is read, then
 /// received into the command's buffer at its offset.
-pub(super) async fn h2c_data(
-    conn: &Rc<Conn>,
-    st: &mut Staging,
-    l: &PduLayout,
-    hdr: &[u8],
-) -> RecvResult {
-    let h = DataHdr::decode(hdr).ok_or(Some(Fatal::header(ch_off::HLEN)))?;
+pub(super) fn h2c_data(conn: &Conn, l: PduLayout) -> RecvResult {
+    let h = DataHdr::decode(&conn.hdr.borrow()[..]).ok_or(Some(Fatal::header(ch_off::HLEN)))?;
     stats::with(|c| inc(&c.h2c, 1));
     let i = h.ttag as usize;
     let (buf, expect_off, total) = {
@@ -185,12 +200,32 @@ pub(super) async fn h2c_data(
     let Some(buf) = buf else {
         return Err(None);
     };
-    let (r, buf) = pdu_data(conn, st, l, buf, expect_off as usize).await;
-    let ok = r?;
-    let got = expect_off + h.length;
+    let d = Data {
+        l,
+        to: Into::H2C { i: i as u16, total },
+        buf: Some(buf),
+        off: expect_off as usize,
+    };
+    Ok(recv::start_data(conn, d))
+}
+
+/// An H2CData PDU's data is in: the command goes to a worker once all of
+/// its data is.
+#[allow(clippy::too_many_arguments)]
+fn h2c_done(
+    conn: &Conn,
+    st: &mut Staging,
+    l: &PduLayout,
+    i: u16,
+    expect_off: u32,
+    total: u32,
+    buf: IoBuf,
+    ok: bool,
+) -> RecvResult {
+    let got = expect_off + l.data_len as u32;
     let (done, aborted) = {
         let mut s = conn.slots.borrow_mut();
-        let slot = &mut s[i];
+        let slot = &mut s[i as usize];
         slot.buf = Some(buf);
         slot.got = got;
         if !ok {
@@ -206,15 +241,16 @@ pub(super) async fn h2c_data(
         conn.r2t_settled(total);
     }
     if aborted {
-        conn.complete_aborted(i as u16);
+        Ok(Recv::Reply(conn.aborted_out(i)))
     } else if done {
-        conn.queue_job(i as u16);
+        Ok(Recv::Dispatch(conn.queue_job(i)))
     } else if l.flags & flags::LAST_PDU != 0 {
         // The host says it is done before the R2T's data is in.
-        return Err(Some(Fatal {
+        Err(Some(Fatal {
             fes: fes::PDU_SEQUENCE_ERROR,
             fei: ch_off::FLAGS,
-        }));
+        }))
+    } else {
+        Ok(recv::next_pdu(conn, st, false))
     }
-    Ok(())
 }

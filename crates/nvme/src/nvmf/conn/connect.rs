@@ -140,7 +140,6 @@ fn connect_io(
     admin_queue::register(&ctrl, cmd.qid, conn);
     conn.qid.set(Some(cmd.qid));
     conn.sqsize.set(cmd.sqsize);
-    conn.prespawn_workers(cmd.sqsize as usize + 1);
     conn.sqflow_off
         .set(cmd.cattr & ConnectCmd::CATTR_DISABLE_SQFLOW != 0);
     *conn.ctrl.borrow_mut() = Some(ctrl.clone());
@@ -158,7 +157,7 @@ fn connect_io(
 async fn kato_watch(conn: Rc<Conn>, ctrl: Arc<Ctrl>) {
     loop {
         ustor_runtime::sleep(Duration::from_millis(100)).await;
-        if conn.closing.get() || conn.dead.get() {
+        if conn.closing.get() {
             return;
         }
         if ctrl.kato_expired() {

@@ -2,9 +2,7 @@
 //! or NVM I/O against the namespace's bdev channel) and queues the answer
 //! for the sender.
 
-use std::future::poll_fn;
 use std::rc::Rc;
-use std::task::Poll;
 
 use ustor_runtime::IoBuf;
 
@@ -13,43 +11,30 @@ use super::super::ctrlr::Ctrl;
 use super::super::io as nvm;
 use super::super::stats::{self, inc};
 use super::slots::SlotState;
-use super::{admin_queue, connect, wake, Conn, Out};
+use super::{admin_queue, connect, Conn, Out};
 use crate::wire::*;
 
-pub(super) async fn worker(conn: Rc<Conn>) {
-    loop {
-        let job = poll_fn(|cx| {
-            if let Some(j) = conn.jobs.borrow_mut().pop_front() {
-                return Poll::Ready(Some(j));
-            }
-            if conn.closing.get() {
-                return Poll::Ready(None);
-            }
-            conn.idle_workers.borrow_mut().push(cx.waker().clone());
-            Poll::Pending
-        })
-        .await;
-        let Some(i) = job else { break };
-        let (sqe, sgl, buf, failed) = {
-            let mut s = conn.slots.borrow_mut();
-            let slot = &mut s[i as usize];
-            slot.set_state(SlotState::Running);
-            (slot.sqe, slot.sgl, slot.buf.take(), slot.failed)
-        };
-        let out = match failed {
-            Some(st) => Out::Resp(conn.cqe(sqe.cid(), st)),
-            None => execute(&conn, &sqe, sgl, buf).await,
-        };
-        conn.free_slot(i);
-        conn.executing.set(conn.executing.get() - 1);
-        if let Out::Resp(c) = &out {
-            if !c.status().is_success() {
-                stats::with(|c| inc(&c.errors, 1));
-            }
+/// Runs slot `i`'s command (a driver job) and frees the slot; its answer
+/// goes to the sender.
+pub(super) async fn run(conn: Rc<Conn>, i: u16) -> Out {
+    let (sqe, sgl, buf, failed) = {
+        let mut s = conn.slots.borrow_mut();
+        let slot = &mut s[i as usize];
+        slot.set_state(SlotState::Running);
+        (slot.sqe, slot.sgl, slot.buf.take(), slot.failed)
+    };
+    let out = match failed {
+        Some(st) => Out::Resp(conn.cqe(sqe.cid(), st)),
+        None => execute(&conn, &sqe, sgl, buf).await,
+    };
+    conn.free_slot(i);
+    conn.executing.set(conn.executing.get() - 1);
+    if let Out::Resp(c) = &out {
+        if !c.status().is_success() {
+            stats::with(|c| inc(&c.errors, 1));
         }
-        conn.push_out(out);
     }
-    conn.workers.set(conn.workers.get() - 1);
+    out
 }
 
 fn admin_out(conn: &Conn, sqe: &Sqe, sgl: DataSgl, o: AdminOut) -> Out {
@@ -85,8 +70,8 @@ async fn execute(conn: &Rc<Conn>, sqe: &Sqe, sgl: DataSgl, buf: Option<IoBuf>) -
         match sqe.fctype() {
             fctype::CONNECT => return connect::connect(conn, sqe, buf),
             fctype::DISCONNECT => {
+                // The socket ends once this is answered (`Qp::sent`).
                 conn.closing.set(true);
-                wake(&conn.receiver);
                 return Out::Resp(conn.cqe(cid, Status::SUCCESS));
             }
             _ => {}

@@ -29,30 +29,29 @@ mod admin_queue;
 mod capsule;
 mod connect;
 mod exec;
+mod proto;
 mod recv;
 mod send;
 mod slots;
-mod staging;
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
-use std::task::Waker;
 
 use ustor_bdev::IoChannel;
 use ustor_net::coalesce::Coalescer;
+use ustor_net::driver;
 use ustor_net::{Accepted, ConnGuard};
-use ustor_runtime::{spawn, IoBuf};
+use ustor_runtime::IoBuf;
 
 use super::ctrlr::{Ctrl, HostIo};
 use super::stats::{self, inc};
 use super::subsystem::{ListenAddress, Namespace};
 use super::{Shared, TransportOpts};
 use crate::wire::*;
+use proto::{Qp, Rx};
 use slots::{Slot, SLOTS};
-use staging::Staging;
 
 /// A response waiting for the sender.
 enum Out {
@@ -86,7 +85,8 @@ struct NsCache {
 }
 
 pub(crate) struct Conn {
-    fd: OwnedFd,
+    /// The socket (owned by the driver while the queue runs).
+    fd: RawFd,
     /// Counts the connection against the target's cap while it exists.
     _guard: ConnGuard,
     shared: Arc<Shared>,
@@ -107,16 +107,19 @@ pub(crate) struct Conn {
     ns: RefCell<NsCache>,
     slots: RefCell<Vec<Slot>>,
     free: RefCell<Vec<u16>>,
-    jobs: RefCell<VecDeque<u16>>,
-    idle_workers: RefCell<Vec<Waker>>,
-    workers: Cell<usize>,
-    out: RefCell<VecDeque<Out>>,
-    sender: RefCell<Option<Waker>>,
-    receiver: RefCell<Option<Waker>>,
+    /// The driver running this queue, for replies that answer a command
+    /// outside the receiver and the workers (an Abort from another queue).
+    driver: RefCell<Weak<driver::Conn<Qp>>>,
+    /// Where the receive state machine stands, and the header it holds.
+    rx: RefCell<Rx>,
+    hdr: RefCell<[u8; MAX_HDR_LEN]>,
+    /// Headers are read exactly (a large payload may follow).
+    exact: Cell<bool>,
+    /// A termination request was encoded: the socket ends once it is sent.
+    term_sent: Cell<bool>,
     /// Commands queued or running (not AERs, not those awaiting H2CData).
     executing: Cell<usize>,
     closing: Cell<bool>,
-    dead: Cell<bool>,
     coal: Rc<RefCell<Coalescer>>,
     /// R2Ts whose data is still due.
     r2t_out: Cell<u32>,
@@ -128,12 +131,6 @@ pub(crate) struct Conn {
     /// whether an Abort named it meanwhile.
     slot_wait: Cell<Option<u16>>,
     slot_wait_aborted: Cell<bool>,
-}
-
-fn wake(slot: &RefCell<Option<Waker>>) {
-    if let Some(w) = slot.borrow_mut().take() {
-        w.wake();
-    }
 }
 
 /// Serves one accepted socket until it closes. Nothing is allocated for
@@ -148,22 +145,14 @@ pub(crate) async fn serve(acc: Accepted, shared: Arc<Shared>, listen: ListenAddr
     };
     let limit = acc.handshake_timeout();
     let Accepted { fd, guard, .. } = acc;
-    let conn = Rc::new(Conn::new(fd, guard, shared, listen, opts));
+    let conn = Rc::new(Conn::new(fd.as_raw_fd(), guard, shared, listen, opts));
     // Keep-alive starts at Connect: until then the handshake timeout runs.
     ustor_runtime::spawn(connect::connect_watch(Rc::downgrade(&conn), limit));
     conn.dg.set(ic.digests);
     conn.hpda.set(ic.hpda);
     let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
     stats::with(|c| c.live.borrow_mut().push(live));
-    let mut staging = Staging::new();
-    let sender = spawn(send::sender(conn.clone()));
-    recv::receiver(&conn, &mut staging).await;
-    conn.closing.set(true);
-    for w in conn.idle_workers.borrow_mut().drain(..) {
-        w.wake();
-    }
-    wake(&conn.sender);
-    sender.await;
+    driver::run(fd, Qp(conn.clone()), proto::driver_config()).await;
     conn.finish();
 }
 
@@ -186,7 +175,7 @@ impl stats::LiveQueue for Conn {
 
 impl Conn {
     fn new(
-        fd: OwnedFd,
+        fd: RawFd,
         guard: ConnGuard,
         shared: Arc<Shared>,
         listen: ListenAddress,
@@ -210,15 +199,13 @@ impl Conn {
             ns: RefCell::new(NsCache::default()),
             slots: RefCell::new((0..SLOTS).map(|_| Slot::new()).collect()),
             free: RefCell::new((0..SLOTS as u16).rev().collect()),
-            jobs: RefCell::new(VecDeque::with_capacity(SLOTS)),
-            idle_workers: RefCell::new(Vec::with_capacity(SLOTS)),
-            workers: Cell::new(0),
-            out: RefCell::new(VecDeque::with_capacity(SLOTS * 2)),
-            sender: RefCell::new(None),
-            receiver: RefCell::new(None),
+            driver: RefCell::new(Weak::new()),
+            rx: RefCell::new(Rx::Idle),
+            hdr: RefCell::new([0; MAX_HDR_LEN]),
+            exact: Cell::new(true),
+            term_sent: Cell::new(false),
             executing: Cell::new(0),
             closing: Cell::new(false),
-            dead: Cell::new(false),
             coal,
             r2t_out: Cell::new(0),
             r2t_big_out: Cell::new(0),
@@ -228,7 +215,7 @@ impl Conn {
     }
 
     fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd
     }
 
     fn limits(&self) -> RecvLimits {
@@ -243,22 +230,25 @@ impl Conn {
         }
     }
 
+    /// Queues a reply for a command answered outside the receiver and the
+    /// workers (an Abort from another queue).
     fn push_out(&self, o: Out) {
-        self.out.borrow_mut().push_back(o);
-        wake(&self.sender);
+        if let Some(d) = self.driver.borrow().upgrade() {
+            d.reply(o);
+        }
     }
 
-    fn queue_term(&self, f: Fatal, hdr: &[u8]) {
+    fn term_out(&self, f: Fatal, hdr: &[u8]) -> Out {
         let mut h = [0u8; MAX_TERM_DATA];
         let n = hdr.len().min(MAX_TERM_DATA);
         h[..n].copy_from_slice(&hdr[..n]);
         stats::with(|c| inc(&c.term_sent, 1));
-        self.push_out(Out::Term {
+        Out::Term {
             fes: f.fes,
             fei: f.fei,
             hdr: h,
             len: n,
-        });
+        }
     }
 
     fn cqe(&self, cid: u16, status: Status) -> Cqe {

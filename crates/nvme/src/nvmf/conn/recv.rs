@@ -5,19 +5,17 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::rc::Rc;
 
+use ustor_net::driver::{Recv, Via};
+use ustor_net::{Staging, COPY_MAX};
 use ustor_runtime::{ops, IoBuf};
 
 use super::super::stats::{self, inc};
 use super::super::TransportOpts;
 use super::capsule;
-use super::staging::{Staging, COPY_MAX, STAGING_LEN};
+use super::proto::{Data, Qp, Rx, STAGING_LEN};
 use super::Conn;
 use crate::wire::*;
-
-/// PDUs the receiver handles from staging before it yields to other tasks.
-const RECV_BUDGET: usize = 32;
 
 /// The receive state machine (one `set_state`, a counter per state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,14 +30,15 @@ pub(super) enum RecvState {
     Quiesced = 3,
 }
 
-fn set_state(state: &mut RecvState, to: RecvState) {
-    *state = to;
+/// Counts a state entered (the state itself is the connection's [`Rx`]).
+fn count_state(to: RecvState) {
     stats::with(|c| inc(&c.recv_states[to as usize], 1));
 }
 
-/// What a PDU handler returns: `Err(None)` ends the connection quietly
-/// (EOF, closing), `Err(Some(f))` with a termination request.
-pub(super) type RecvResult = Result<(), Option<Fatal>>;
+/// What a PDU handler returns: the driver's next instruction; `Err(None)`
+/// ends the connection quietly (closing), `Err(Some(f))` with a
+/// termination request.
+pub(super) type RecvResult = Result<Recv<Qp>, Option<Fatal>>;
 
 /// ICReq/ICResp: the host's digests and data alignment. A bad ICReq is
 /// answered with a termination request that quotes it (`Err`). Runs under
@@ -92,137 +91,167 @@ async fn terminate(fd: RawFd, f: Fatal, hdr: &[u8]) {
     ustor_net::recv::shutdown(fd);
 }
 
-/// Reads PDUs until EOF, a fatal error or Disconnect.
-pub(super) async fn receiver(conn: &Rc<Conn>, st: &mut Staging) {
-    let mut state = RecvState::AwaitCh;
-    let mut budget = RECV_BUDGET;
-    let mut hdr = [0u8; MAX_HDR_LEN];
-    loop {
-        if conn.closing.get() || conn.dead.get() {
-            return;
-        }
-        set_state(&mut state, RecvState::AwaitCh);
-        budget -= 1;
-        if budget == 0 {
-            budget = RECV_BUDGET;
-            ustor_runtime::yield_now().await;
-        }
-        let Some(layout) = read_header(conn, st, &mut state, &mut hdr).await else {
-            return;
-        };
-        // This PDU's data, or the next one's, may be large: keep what
-        // follows out of the staging buffer.
-        st.exact = layout.data_len > COPY_MAX || conn.r2t_big_out.get() > 0;
-        if layout.data_len > 0 {
-            set_state(&mut state, RecvState::AwaitPayload);
-        }
-        let r = match layout.ty {
-            PduType::CapsuleCmd => capsule::capsule(conn, st, &layout, &hdr).await,
-            PduType::H2CData => capsule::h2c_data(conn, st, &layout, &hdr).await,
-            PduType::H2CTermReq => {
-                let t = TermReq::decode(&hdr);
-                tracing::debug!("nvmf: host terminated the connection: {t:?}");
-                stats::with(|c| inc(&c.term_recv, 1));
-                return;
-            }
-            // check_header admits nothing else from a host.
-            _ => Err(Some(Fatal::header(ch_off::PDU_TYPE))),
-        };
-        match r {
-            Ok(()) => {}
-            Err(None) => return,
-            Err(Some(f)) => return fatal(conn, &mut state, f, &hdr[..layout.hlen]),
-        }
+/// The next PDU: its common header (at most a capsule header when headers
+/// are read exactly). Entered on the driver's `Next` (`noted`: the driver
+/// marked the unit in staging) or straight after a PDU that queued nothing.
+pub(super) fn next_pdu(conn: &Conn, st: &mut Staging, noted: bool) -> Recv<Qp> {
+    if conn.closing.get() {
+        return Recv::Close;
     }
-}
-
-/// The common header, checked, then the rest of the header (and its
-/// digest) into `hdr`. None ends the receiver: EOF, or a fatal error whose
-/// termination request is queued.
-#[inline]
-async fn read_header(
-    conn: &Conn,
-    st: &mut Staging,
-    state: &mut RecvState,
-    hdr: &mut [u8; MAX_HDR_LEN],
-) -> Option<PduLayout> {
-    let fd = conn.raw();
+    if !noted {
+        st.note_unit();
+    }
+    count_state(RecvState::AwaitCh);
     // Exact mode reads at most a capsule header (+ digest): all of a
     // capsule's, or an H2CData header and the first few bytes of its
     // data (copied), never a large payload.
-    st.exact |= conn.r2t_big_out.get() > 0;
-    let exact = CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len();
-    st.fill(fd, CH_LEN, exact).await.ok()?;
+    let exact = conn.exact.get() || conn.r2t_big_out.get() > 0;
+    conn.exact.set(exact);
+    let max = if exact {
+        CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
+    } else {
+        usize::MAX
+    };
+    *conn.rx.borrow_mut() = Rx::Ch;
+    Recv::Stage { need: CH_LEN, max }
+}
+
+/// The common header is staged: checked, then the rest of the header (and
+/// its digest) is staged.
+pub(super) fn common_header(conn: &Conn, st: &mut Staging) -> Recv<Qp> {
     let ch = CommonHeader::decode(st.peek(CH_LEN)).expect("8 bytes staged");
-    st.note_pdu();
-    let layout = match check_header(&ch, conn.dg.get(), false, &conn.limits()) {
+    let l = match check_header(&ch, conn.dg.get(), false, &conn.limits()) {
         Ok(l) => l,
         Err(f) => {
+            let mut h = [0u8; CH_LEN];
             let n = st.avail().min(CH_LEN);
-            let h = st.peek(n).to_vec();
-            fatal(conn, state, f, &h);
-            return None;
+            h[..n].copy_from_slice(st.peek(n));
+            return fatal(conn, f, &h[..n]);
         }
     };
-    set_state(state, RecvState::AwaitPsh);
-    let ht = layout.header_total;
-    st.fill(fd, ht, ht).await.ok()?;
-    hdr[..ht].copy_from_slice(st.peek(ht));
-    st.consume(ht);
-    if ht > layout.hlen && !header_digest_ok(&hdr[..ht], layout.hlen) {
-        stats::with(|c| inc(&c.digest_errors, 1));
-        let f = Fatal {
-            fes: fes::HEADER_DIGEST_ERROR,
-            fei: 0,
-        };
-        fatal(conn, state, f, &hdr[..layout.hlen]);
-        return None;
-    }
-    Some(layout)
+    count_state(RecvState::AwaitPsh);
+    let ht = l.header_total;
+    let max = if conn.exact.get() { ht } else { usize::MAX };
+    *conn.rx.borrow_mut() = Rx::Psh(l);
+    Recv::Stage { need: ht, max }
 }
 
-fn fatal(conn: &Conn, state: &mut RecvState, f: Fatal, hdr: &[u8]) {
-    set_state(state, RecvState::Quiesced);
+/// The whole header is staged: its digest checked, then the PDU goes to
+/// [`capsule`] or ends the connection.
+pub(super) fn pdu_header(conn: &Conn, st: &mut Staging, l: PduLayout) -> Recv<Qp> {
+    let ht = l.header_total;
+    {
+        let mut hdr = conn.hdr.borrow_mut();
+        hdr[..ht].copy_from_slice(st.peek(ht));
+        st.consume(ht);
+        if ht > l.hlen && !header_digest_ok(&hdr[..ht], l.hlen) {
+            stats::with(|c| inc(&c.digest_errors, 1));
+            let f = Fatal {
+                fes: fes::HEADER_DIGEST_ERROR,
+                fei: 0,
+            };
+            drop(hdr);
+            return fatal_hdr(conn, f, l.hlen);
+        }
+    }
+    // This PDU's data, or the next one's, may be large: keep what follows
+    // out of the staging buffer.
+    conn.exact
+        .set(l.data_len > COPY_MAX || conn.r2t_big_out.get() > 0);
+    if l.data_len > 0 {
+        count_state(RecvState::AwaitPayload);
+    }
+    let r = match l.ty {
+        PduType::CapsuleCmd => capsule::capsule(conn, st, l),
+        PduType::H2CData => capsule::h2c_data(conn, l),
+        PduType::H2CTermReq => {
+            let t = TermReq::decode(&conn.hdr.borrow()[..]);
+            tracing::debug!("nvmf: host terminated the connection: {t:?}");
+            stats::with(|c| inc(&c.term_recv, 1));
+            return Recv::Close;
+        }
+        // check_header admits nothing else from a host.
+        _ => Err(Some(Fatal::header(ch_off::PDU_TYPE))),
+    };
+    settle(conn, r, l.hlen)
+}
+
+/// A PDU handler's outcome as the driver's next instruction.
+#[inline]
+pub(super) fn settle(conn: &Conn, r: RecvResult, hlen: usize) -> Recv<Qp> {
+    match r {
+        Ok(next) => next,
+        Err(None) => Recv::Close,
+        Err(Some(f)) => fatal_hdr(conn, f, hlen),
+    }
+}
+
+/// A fatal error on the PDU whose header the connection holds.
+fn fatal_hdr(conn: &Conn, f: Fatal, hlen: usize) -> Recv<Qp> {
+    let mut h = [0u8; MAX_TERM_DATA];
+    let n = hlen.min(MAX_TERM_DATA);
+    h[..n].copy_from_slice(&conn.hdr.borrow()[..n]);
+    fatal(conn, f, &h[..n])
+}
+
+/// Quiesces the receiver and answers with a termination request quoting
+/// `hdr`; the connection ends once it is sent.
+fn fatal(conn: &Conn, f: Fatal, hdr: &[u8]) -> Recv<Qp> {
+    count_state(RecvState::Quiesced);
     tracing::debug!("nvmf: fatal transport error {f}");
-    conn.queue_term(f, hdr);
+    *conn.rx.borrow_mut() = Rx::Quiesced;
+    Recv::Reply(conn.term_out(f, hdr))
 }
 
-/// Receives `len` bytes of a PDU's data (after `pad`) into `buf[off..]`,
-/// then its digest; returns whether the digest matched.
-pub(super) async fn pdu_data(
-    conn: &Conn,
-    st: &mut Staging,
-    l: &PduLayout,
-    buf: IoBuf,
-    off: usize,
-) -> (Result<bool, Option<Fatal>>, IoBuf) {
-    let fd: RawFd = conn.raw();
-    if st.skip(fd, l.pad()).await.is_err() {
-        return (Err(None), buf);
+/// The PDU's data: its padding skipped first, then the data received into
+/// the buffer (a pool buffer of `data_len` bytes when it has none).
+pub(super) fn start_data(conn: &Conn, d: Data) -> Recv<Qp> {
+    let pad = d.l.pad();
+    if pad > 0 {
+        *conn.rx.borrow_mut() = Rx::Pad(d);
+        return Recv::Skip(pad as u64);
     }
-    // What may follow the data in the same receive: everything (a greedy
-    // staging read) unless a large payload may come next, then just the
-    // digest and one capsule header.
-    let tail = if st.exact {
-        l.ddgst as usize * DIGEST_LEN + CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
+    payload(conn, d)
+}
+
+/// Receives the data in place, with what may follow it in the same
+/// receive: everything (a greedy staging read) unless a large payload may
+/// come next, then just the digest and one capsule header.
+pub(super) fn payload(conn: &Conn, mut d: Data) -> Recv<Qp> {
+    let tail = if conn.exact.get() {
+        d.l.ddgst as usize * DIGEST_LEN + CAPSULE_CMD_HLEN + conn.dg.get().hdgst_len()
     } else {
         STAGING_LEN
     };
-    let (r, buf) = st.payload(fd, buf, off, l.data_len, tail).await;
-    if r.is_err() {
-        return (Err(None), buf);
+    let (buf, off, len) = (d.buf.take(), d.off, d.l.data_len);
+    *conn.rx.borrow_mut() = Rx::Payload(d);
+    Recv::Payload {
+        buf,
+        off,
+        len,
+        via: Via::Direct { tail },
     }
-    if !l.ddgst {
-        return (Ok(true), buf);
+}
+
+/// The data is in `buf`: its digest is staged next, if it has one.
+pub(super) fn payload_in(conn: &Conn, st: &mut Staging, d: Data, buf: IoBuf) -> Recv<Qp> {
+    if !d.l.ddgst {
+        return capsule::data_done(conn, st, d, buf, true);
     }
-    if st.fill(fd, DIGEST_LEN, DIGEST_LEN).await.is_err() {
-        return (Err(None), buf);
+    *conn.rx.borrow_mut() = Rx::Digest(d, buf);
+    Recv::Stage {
+        need: DIGEST_LEN,
+        max: DIGEST_LEN,
     }
+}
+
+/// The data digest is staged: checked against the data.
+pub(super) fn digest_in(conn: &Conn, st: &mut Staging, d: Data, buf: IoBuf) -> Recv<Qp> {
     let want = le32(st.peek(DIGEST_LEN), 0);
     st.consume(DIGEST_LEN);
-    let got = crc(&buf[off..off + l.data_len]);
+    let got = crc(&buf[d.off..d.off + d.l.data_len]);
     if got != want {
         stats::with(|c| inc(&c.digest_errors, 1));
     }
-    (Ok(got == want), buf)
+    capsule::data_done(conn, st, d, buf, got == want)
 }

@@ -4,16 +4,12 @@
 //! checks the transition against [`ALLOWED`] and counts each state entered
 //! (`nvmf_get_stats` `slot_state_transitions`).
 
-use std::future::poll_fn;
-use std::rc::Rc;
-use std::task::Poll;
-
-use ustor_runtime::{spawn, IoBuf};
+use ustor_runtime::IoBuf;
 
 use super::super::ctrlr::{MAX_AERS, MAX_IO_QUEUE_DEPTH};
 use super::super::stats::{self, inc};
-use super::staging::COPY_MAX;
-use super::{exec, wake, Conn, Out};
+use super::{Conn, Out};
+use ustor_net::COPY_MAX;
 use crate::wire::*;
 
 /// Command slots per connection; the R2T transfer tag is the slot index.
@@ -120,6 +116,8 @@ impl Conn {
         self.free.borrow_mut().pop()
     }
 
+    /// Frees slot `i`. A receiver parked for a slot rechecks when the
+    /// driver has sent the slot's answer (`Protocol::may_resume`).
     pub(super) fn free_slot(&self, i: u16) {
         let mut s = self.slots.borrow_mut();
         let slot = &mut s[i as usize];
@@ -129,39 +127,27 @@ impl Conn {
         slot.aborted = false;
         drop(s);
         self.free.borrow_mut().push(i);
-        wake(&self.receiver);
     }
 
-    /// Starts idle workers up to `n` (at most one per slot) when an I/O
-    /// queue connects: its peak concurrency is its queue depth, and growing
-    /// the pool on demand would allocate in the middle of traffic whenever a
-    /// burst first reaches a new peak (a greedy receive queues several
-    /// commands in one pass).
-    pub(super) fn prespawn_workers(self: &Rc<Self>, n: usize) {
-        while self.workers.get() < n.min(SLOTS) {
-            self.workers.set(self.workers.get() + 1);
-            spawn(exec::worker(self.clone()));
-        }
-    }
-
-    pub(super) fn queue_job(self: &Rc<Self>, i: u16) {
+    /// Slot `i`'s command goes to a worker (the job the driver queues).
+    pub(super) fn queue_job(&self, i: u16) -> u16 {
         self.slots.borrow_mut()[i as usize].set_state(Queued);
         self.executing.set(self.executing.get() + 1);
-        self.jobs.borrow_mut().push_back(i);
-        let idle = self.idle_workers.borrow_mut().pop();
-        match idle {
-            Some(w) => w.wake(),
-            None if self.workers.get() < SLOTS => {
-                self.workers.set(self.workers.get() + 1);
-                spawn(exec::worker(self.clone()));
-            }
-            None => {}
-        }
+        i
     }
 
-    /// Completes slot `i`'s command with Command Abort Requested and frees
-    /// the slot (its buffer goes back to the pool).
-    pub(super) fn complete_aborted(&self, i: u16) {
+    /// Slot `i`'s answer when it was refused before it ran: `s`, and the
+    /// slot is free.
+    pub(super) fn fail_out(&self, i: u16, cid: u16, s: Status) -> Out {
+        let c = self.cqe(cid, s);
+        self.free_slot(i);
+        stats::with(|c| inc(&c.errors, 1));
+        Out::Resp(c)
+    }
+
+    /// Slot `i`'s answer when it was aborted: Command Abort Requested, and
+    /// the slot is free (its buffer goes back to the pool).
+    pub(super) fn aborted_out(&self, i: u16) -> Out {
         let cid = {
             let mut s = self.slots.borrow_mut();
             s[i as usize].buf = None;
@@ -170,7 +156,27 @@ impl Conn {
         let c = self.cqe(cid, Status::ABORT_REQUESTED);
         self.free_slot(i);
         stats::with(|c| inc(&c.aborted, 1));
-        self.push_out(Out::Resp(c));
+        Out::Resp(c)
+    }
+
+    /// Whether slot `i`'s command was aborted while it was being received.
+    pub(super) fn slot_aborted(&self, i: u16) -> bool {
+        self.slots.borrow()[i as usize].aborted
+    }
+
+    /// A queued job's answer when an Abort marked it before a worker took
+    /// it (`Protocol::aborted`).
+    #[inline]
+    pub(super) fn take_aborted(&self, i: u16) -> Option<Out> {
+        {
+            let s = self.slots.borrow();
+            let slot = &s[i as usize];
+            if !slot.aborted || slot.state != Queued {
+                return None;
+            }
+        }
+        self.executing.set(self.executing.get() - 1);
+        Some(self.aborted_out(i))
     }
 
     /// An R2T of `len` bytes is due: counted until [`Conn::r2t_settled`].
@@ -190,8 +196,9 @@ impl Conn {
     }
 
     /// Abort of command `cid`: true if it had not reached the bdev (it is
-    /// completed with Command Abort Requested now, or by the receiver as
-    /// soon as it has consumed the command's data).
+    /// completed with Command Abort Requested now, by the receiver as soon
+    /// as it has consumed the command's data, or by the worker that takes
+    /// it off the queue).
     pub(super) fn abort(&self, cid: u16) -> bool {
         if self.slot_wait.get() == Some(cid) {
             self.slot_wait_aborted.set(true);
@@ -202,7 +209,7 @@ impl Conn {
             return false;
         };
         match s[i].state {
-            Receiving => {
+            Receiving | Queued => {
                 s[i].aborted = true;
                 true
             }
@@ -210,34 +217,11 @@ impl Conn {
                 let len = s[i].len;
                 drop(s);
                 self.r2t_settled(len);
-                self.complete_aborted(i as u16);
-                true
-            }
-            Queued => {
-                drop(s);
-                self.jobs.borrow_mut().retain(|&j| j != i as u16);
-                self.executing.set(self.executing.get() - 1);
-                self.complete_aborted(i as u16);
+                let o = self.aborted_out(i as u16);
+                self.push_out(o);
                 true
             }
             Running | Free => false,
         }
     }
-}
-
-/// Waits for a free command slot (backpressure on a host beyond its depth).
-pub(super) async fn slot(conn: &Conn) -> Option<u16> {
-    poll_fn(|cx| {
-        if conn.closing.get() || conn.dead.get() {
-            return Poll::Ready(None);
-        }
-        match conn.alloc_slot() {
-            Some(i) => Poll::Ready(Some(i)),
-            None => {
-                *conn.receiver.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    })
-    .await
 }
