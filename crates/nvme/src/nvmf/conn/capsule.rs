@@ -25,21 +25,21 @@ fn direction(sqe: &Sqe) -> u8 {
 
 /// A command capsule: a slot (the receiver parks while the host is beyond
 /// its depth), the data SGL, then the data or an R2T for it.
-pub(super) fn capsule(conn: &Conn, st: &mut Staging, l: PduLayout) -> RecvResult {
-    let sqe = Sqe::from_slice(&conn.hdr.borrow()[CH_LEN..])
-        .ok_or(Some(Fatal::header(ch_off::HLEN)))?;
+pub(super) fn capsule(conn: &Conn, l: PduLayout) -> RecvResult {
+    let sqe =
+        Sqe::from_slice(&conn.hdr.borrow()[CH_LEN..]).ok_or(Some(Fatal::header(ch_off::HLEN)))?;
     stats::with(|c| inc(&c.commands, 1));
     conn.slot_wait.set(Some(sqe.cid()));
-    slot_wait(conn, st, l, sqe)
+    slot_wait(conn, l, sqe)
 }
 
 /// Takes a free slot for `sqe`, or parks the receiver until one is free.
-pub(super) fn slot_wait(conn: &Conn, st: &mut Staging, l: PduLayout, sqe: Sqe) -> RecvResult {
+pub(super) fn slot_wait(conn: &Conn, l: PduLayout, sqe: Sqe) -> RecvResult {
     if conn.closing.get() {
         return Err(None);
     }
     match conn.alloc_slot() {
-        Some(i) => slot_taken(conn, st, l, sqe, i),
+        Some(i) => slot_taken(conn, l, sqe, i),
         None => {
             *conn.rx.borrow_mut() = Rx::SlotWait(l, sqe);
             Ok(Recv::Park)
@@ -47,8 +47,7 @@ pub(super) fn slot_wait(conn: &Conn, st: &mut Staging, l: PduLayout, sqe: Sqe) -
     }
 }
 
-fn slot_taken(conn: &Conn, st: &mut Staging, l: PduLayout, sqe: Sqe, i: u16) -> RecvResult {
-    let _ = st;
+fn slot_taken(conn: &Conn, l: PduLayout, sqe: Sqe, i: u16) -> RecvResult {
     conn.slot_wait.set(None);
     let aborted = conn.slot_wait_aborted.replace(false);
     let sq = conn.sqsize.get().max(1);

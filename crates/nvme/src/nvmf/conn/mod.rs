@@ -1,17 +1,21 @@
 //! One NVMe/TCP queue pair (connection), owned by one reactor for its life.
 //!
-//! Three kinds of task share the connection state ([`Conn`]):
-//! - the *receiver* ([`recv`]) runs the receive state machine over a
-//!   [`staging`] buffer: common header, rest of the header (+ digest), then
-//!   the payload, received straight into the pool buffer the bdev writes
-//!   from; for each command ([`capsule`]) it sends R2Ts for writes whose
-//!   data was not in the capsule and matches H2CData PDUs to them by
-//!   transfer tag (the command slot's index);
-//! - *workers* ([`exec`], spawned on demand, reused, at most one per
-//!   [`slots`] entry) execute commands: Fabrics ([`connect`]), admin
-//!   ([`admin_queue`] for AER and Abort, `nvmf::admin` for the rest), I/O;
-//! - the *sender* ([`send`]) moves queued responses into the PDU Group and
-//!   flushes it as the LANoT coalescer decides.
+//! After ICReq the connection driver (`ustor_net::driver`) runs it as the
+//! [`proto::Qp`] protocol; the driver's receiver, workers and sender share
+//! the queue's state ([`Conn`]):
+//! - the receive state machine ([`recv`], [`proto::Rx`]) tells the driver
+//!   what to stage or receive: common header, rest of the header (+
+//!   digest), then the payload, received straight into the pool buffer the
+//!   bdev writes from; for each command ([`capsule`]) it asks for an R2T
+//!   (`Recv::Interim`) for writes whose data was not in the capsule and
+//!   matches H2CData PDUs to them by transfer tag (the command slot's
+//!   index); it parks the driver's receiver while no [`slots`] entry is
+//!   free;
+//! - the driver's workers (one per slot, started with the driver) execute
+//!   commands ([`exec`]): Fabrics ([`connect`]), admin ([`admin_queue`] for
+//!   AER and Abort, `nvmf::admin` for the rest), I/O;
+//! - the driver's sender encodes answers ([`send`]) into the PDU Group and
+//!   flushes it as the queue's own LANoT coalescer decides.
 //!
 //! A malformed PDU gets a C2HTermReq with the fatal error status and the
 //! connection closes; a bad command gets an NVMe status and nothing else

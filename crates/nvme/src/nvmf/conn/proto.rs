@@ -105,7 +105,7 @@ impl Protocol for Qp {
             (Rx::Ch, RecvEvent::Staged) => recv::common_header(c, st),
             (Rx::Psh(l), RecvEvent::Staged) => recv::pdu_header(c, st, l),
             (Rx::SlotWait(l, sqe), RecvEvent::Resumed) => {
-                let r = capsule::slot_wait(c, st, l, sqe);
+                let r = capsule::slot_wait(c, l, sqe);
                 recv::settle(c, r, l.hlen)
             }
             (Rx::SkipFail { i, cid, status }, RecvEvent::Skipped) => {
@@ -188,7 +188,8 @@ impl Protocol for Qp {
         let c = &self.0;
         c.closing.set(true);
         if let Some(ctrl) = c.ctrl.borrow().as_ref() {
-            let waiters = std::mem::take(&mut ctrl.aer.lock().unwrap_or_else(|p| p.into_inner()).waiters);
+            let waiters =
+                std::mem::take(&mut ctrl.aer.lock().unwrap_or_else(|p| p.into_inner()).waiters);
             for w in waiters {
                 w.wake();
             }

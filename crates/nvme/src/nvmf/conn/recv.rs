@@ -1,7 +1,8 @@
-//! The transport's receive side: ICReq/ICResp, then the receive state
-//! machine ([`RecvState`]: one `set_state`, a counter per state) reading
-//! PDU headers and data from the staging buffer; each PDU goes to
-//! [`capsule`] (command capsules, H2CData) or ends the connection.
+//! The transport's receive side: ICReq/ICResp, then the steps of the
+//! receive state machine ([`Rx`]; a counter per [`RecvState`] entered)
+//! that tell the driver which PDU header and data bytes to stage or
+//! receive; each PDU goes to [`capsule`] (command capsules, H2CData) or
+//! ends the connection.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -162,7 +163,7 @@ pub(super) fn pdu_header(conn: &Conn, st: &mut Staging, l: PduLayout) -> Recv<Qp
         count_state(RecvState::AwaitPayload);
     }
     let r = match l.ty {
-        PduType::CapsuleCmd => capsule::capsule(conn, st, l),
+        PduType::CapsuleCmd => capsule::capsule(conn, l),
         PduType::H2CData => capsule::h2c_data(conn, l),
         PduType::H2CTermReq => {
             let t = TermReq::decode(&conn.hdr.borrow()[..]);

@@ -9,8 +9,8 @@ use ustor_runtime::IoBuf;
 use super::super::ctrlr::{MAX_AERS, MAX_IO_QUEUE_DEPTH};
 use super::super::stats::{self, inc};
 use super::{Conn, Out};
-use ustor_net::COPY_MAX;
 use crate::wire::*;
+use ustor_net::COPY_MAX;
 
 /// Command slots per connection; the R2T transfer tag is the slot index.
 pub(super) const SLOTS: usize = MAX_IO_QUEUE_DEPTH as usize + MAX_AERS + 1;
