@@ -23,7 +23,10 @@
 //! the protocol end units parked on its side, [`Protocol::coalescer`]
 //! shares the protocol's coalescer (its statistics), and
 //! [`DriverConfig::prespawn_workers`] starts workers before traffic so a
-//! burst never spawns (allocates). Left at their defaults they change
+//! burst never spawns (allocates), and [`Protocol::attach`] hands the
+//! protocol the driver's [`Conn`] so a unit ended outside the receiver and
+//! the workers (NVMe/TCP's Abort of a command awaiting its data) is
+//! answered with [`Conn::reply`]. Left at their defaults they change
 //! nothing.
 //!
 //! Opt-ins for clients (the NVMe/TCP initiator), whose units originate
