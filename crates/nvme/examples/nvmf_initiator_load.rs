@@ -22,8 +22,12 @@
 //! binned 0.1 µs steps into 65536 bins: every sample above 6553.5 µs landed
 //! in the last bin, which is why p99 read "6553.5" whenever more than 1% of
 //! the samples were slower). Paced runs also report how late the pacer's
-//! timer fired (`pace_late_*`), and every run the reactors' sleeps per I/O and the target's busy time, task polls, loop passes and ring submits per I/O:
+//! timer fired (`pace_late_*`), and every run the reactors' sleeps per I/O:
 //! the two things a low-rate latency depends on besides the I/O itself.
+//! Every run also prints the target reactor's busy time, task polls, loop
+//! passes and ring submits per I/O (`tgt_busy_ns_per_io`, ...): with
+//! sendmsg and recv per I/O, the structure of the target's cost, which a
+//! loaded machine changes less than it changes IOPS.
 
 use std::cell::RefCell;
 use std::rc::Rc;
