@@ -72,11 +72,13 @@ enum Out {
         ttag: u16,
         len: u32,
     },
+    /// The offending header (at most `MAX_TERM_DATA` bytes) is boxed: a
+    /// fatal error is rare, and an inline array would make every `Out`
+    /// (moved through the driver's queues per command) ~150 bytes.
     Term {
         fes: u16,
         fei: u32,
-        hdr: [u8; MAX_TERM_DATA],
-        len: usize,
+        hdr: Box<[u8]>,
     },
 }
 
@@ -243,15 +245,12 @@ impl Conn {
     }
 
     fn term_out(&self, f: Fatal, hdr: &[u8]) -> Out {
-        let mut h = [0u8; MAX_TERM_DATA];
         let n = hdr.len().min(MAX_TERM_DATA);
-        h[..n].copy_from_slice(&hdr[..n]);
         stats::with(|c| inc(&c.term_sent, 1));
         Out::Term {
             fes: f.fes,
             fei: f.fei,
-            hdr: h,
-            len: n,
+            hdr: hdr[..n].into(),
         }
     }
 

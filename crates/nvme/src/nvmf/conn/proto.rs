@@ -144,15 +144,11 @@ impl Protocol for Qp {
     fn encode(&self, reply: Out, g: &mut PduGroup) -> Result<(), Out> {
         let c = &self.0;
         let term = matches!(reply, Out::Term { .. });
-        let mut o = Some(reply);
-        if send::encode(g, &mut o, c.dg.get(), c.hpda.get()) {
-            if term {
-                c.term_sent.set(true);
-            }
-            Ok(())
-        } else {
-            Err(o.expect("a reply that did not fit is given back"))
+        send::encode(g, reply, c.dg.get(), c.hpda.get())?;
+        if term {
+            c.term_sent.set(true);
         }
+        Ok(())
     }
 
     #[inline]

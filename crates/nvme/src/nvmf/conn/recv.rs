@@ -113,6 +113,13 @@ pub(super) fn next_pdu(conn: &Conn, st: &mut Staging, noted: bool) -> Recv<Qp> {
     } else {
         usize::MAX
     };
+    // A greedy receive usually staged the header already: check it in
+    // this call rather than in a driver round per header part. Only on
+    // the driver's `Next`, so a run of staged PDUs that queue nothing
+    // never nests these calls.
+    if noted && st.avail() >= CH_LEN {
+        return common_header(conn, st);
+    }
     *conn.rx.borrow_mut() = Rx::Ch;
     Recv::Stage { need: CH_LEN, max }
 }
@@ -132,6 +139,9 @@ pub(super) fn common_header(conn: &Conn, st: &mut Staging) -> Recv<Qp> {
     };
     count_state(RecvState::AwaitPsh);
     let ht = l.header_total;
+    if st.avail() >= ht {
+        return pdu_header(conn, st, l);
+    }
     let max = if conn.exact.get() { ht } else { usize::MAX };
     *conn.rx.borrow_mut() = Rx::Psh(l);
     Recv::Stage { need: ht, max }

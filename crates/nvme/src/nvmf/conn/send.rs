@@ -9,31 +9,31 @@ use super::super::stats::{self, inc};
 use super::Out;
 use crate::wire::*;
 
-/// Moves one response into the group; false if it does not fit. C2HData
-/// data starts at the PDO the host's `hpda` asks for; the zero padding
-/// joins the header in the arena (HPDA 0: none).
-pub(super) fn encode(g: &mut PduGroup, o: &mut Option<Out>, dg: Digests, hpda: u8) -> bool {
+/// Moves one response into the group; gives it back if it does not fit.
+/// C2HData data starts at the PDO the host's `hpda` asks for; the zero
+/// padding joins the header in the arena (HPDA 0: none).
+#[inline]
+pub(super) fn encode(g: &mut PduGroup, o: Out, dg: Digests, hpda: u8) -> Result<(), Out> {
     let hd = dg.hdgst_len();
-    let fits = match o.as_ref() {
-        Some(Out::Resp(_)) | Some(Out::R2T { .. }) => g.fits(DATA_HLEN + hd, 1, 0),
-        Some(Out::Data { .. }) => {
+    let fits = match &o {
+        Out::Resp(_) | Out::R2T { .. } => g.fits(DATA_HLEN + hd, 1, 0),
+        Out::Data { .. } => {
             let pad = data_pdo(DATA_HLEN + hd, hpda) - (DATA_HLEN + hd);
             g.fits(2 * (DATA_HLEN + hd) + pad + DIGEST_LEN, 3, 1)
         }
-        Some(Out::Term { len, .. }) => g.fits(TERM_HLEN + len, 1, 0),
-        None => return true,
+        Out::Term { hdr, .. } => g.fits(TERM_HLEN + hdr.len(), 1, 0),
     };
     if !fits {
-        return false;
+        return Err(o);
     }
     let mut h = [0u8; MAX_PADDED_HDR];
-    match o.take() {
-        Some(Out::Resp(c)) => {
+    match o {
+        Out::Resp(c) => {
             let n = encode_capsule_resp(&mut h, &c, dg);
             g.push_bytes(&h[..n]);
             g.end_pdu(false);
         }
-        Some(Out::R2T { cid, ttag, len }) => {
+        Out::R2T { cid, ttag, len } => {
             let d = DataHdr {
                 cccid: cid,
                 ttag,
@@ -48,26 +48,20 @@ pub(super) fn encode(g: &mut PduGroup, o: &mut Option<Out>, dg: Digests, hpda: u
             // host's H2CData follow together.
             g.end_pdu(false);
         }
-        Some(Out::Data {
+        Out::Data {
             cid,
             buf,
             len,
             resp,
-        }) => encode_data(g, &mut h, cid, buf, len, resp, dg, hpda),
-        Some(Out::Term { fes, fei, hdr, len }) => {
+        } => encode_data(g, &mut h, cid, buf, len, resp, dg, hpda),
+        Out::Term { fes, fei, hdr } => {
             let mut t = [0u8; TERM_HLEN + MAX_TERM_DATA];
-            let n = encode_term_req(
-                &mut t,
-                PduType::C2HTermReq,
-                TermReq { fes, fei },
-                &hdr[..len],
-            );
+            let n = encode_term_req(&mut t, PduType::C2HTermReq, TermReq { fes, fei }, &hdr);
             g.push_bytes(&t[..n]);
             g.end_pdu(true);
         }
-        None => {}
     }
-    true
+    Ok(())
 }
 
 /// A C2HData PDU with the read data (the buffer joins the group as is),
