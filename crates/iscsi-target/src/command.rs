@@ -176,7 +176,7 @@ impl<'a> WireData<'a> {
             self.out.r2tsn,
             self.out.have,
             len,
-            &self.core.tx.seq.get(),
+            &self.core.tx.seq(),
         );
         self.out.r2tsn += 1;
         self.out.datasn = 0;
@@ -220,7 +220,7 @@ impl<'a> WireData<'a> {
                 self.datasn,
                 off,
                 n,
-                &self.core.tx.seq.get(),
+                &self.core.tx.seq(),
             );
             self.datasn += 1;
             if at + n < src.len() {

@@ -18,26 +18,34 @@ use crate::command::{next_tag, CmdInfo, WireData};
 use crate::live::ConnCounters;
 use crate::negotiate::Params;
 use crate::pdu;
-use crate::tasks::{Task, TaskSet};
+use crate::sess::{Leave, Sess};
+use crate::tasks::Task;
 use crate::tx::Tx;
 
-/// What a session's tasks share (one per connection, on its reactor).
+/// One connection of a session, what the tasks that came on it share
+/// (on the session's reactor): its send queue and parameters, and the
+/// session ([`Sess`]: window, task set, LUN table).
 pub struct Core {
     pub tx: Tx,
-    pub tasks: TaskSet,
+    pub sess: Rc<Sess>,
     pub params: Params,
-    pub table: LunTable,
+    pub cid: u16,
+    /// Unique within the session (a reinstated CID gets a new one).
+    pub serial: u64,
+    pub(crate) leave: Cell<Leave>,
     next_ttt: Cell<u32>,
     pub(crate) counters: RefCell<Rc<ConnCounters>>,
 }
 
 impl Core {
-    pub fn new(tx: Tx, params: Params, table: LunTable) -> Core {
+    pub fn new(tx: Tx, params: Params, sess: Rc<Sess>, cid: u16) -> Core {
         Core {
             tx,
-            tasks: TaskSet::default(),
+            serial: sess.conn_serial(),
+            sess,
             params,
-            table,
+            cid,
+            leave: Cell::new(Leave::Failed),
             next_ttt: Cell::new(1),
             counters: RefCell::default(),
         }
@@ -94,16 +102,16 @@ impl Command {
 /// The body of one command's task: runs it and answers it, then leaves
 /// the task set.
 pub async fn run(core: Rc<Core>, task: Rc<Task>, cmd: Command) {
-    core.tasks.may_start(&task).await;
+    let tasks = &core.sess.tasks;
+    tasks.may_start(&task).await;
     if !task.aborted() {
         execute(&core, &task, &cmd).await;
     }
-    core.tasks.remove(&task);
+    tasks.remove(&task);
     if task.windowed {
         // Its slot of the window is free again.
-        let mut seq = core.tx.seq.get();
-        seq.max_cmdsn = seq.max_cmdsn.wrapping_add(1);
-        core.tx.seq.set(seq);
+        let w = &core.sess.window;
+        w.max.set(w.max.get().wrapping_add(1));
     }
 }
 
@@ -111,7 +119,7 @@ async fn execute(core: &Core, task: &Task, cmd: &Command) {
     let info = cmd.info;
     let lun = decode_lun(info.lun);
     let mut wd = WireData::new(core, task, info, &cmd.data);
-    let mut res = core.table.execute(lun, &cmd.cdb, &mut wd).await;
+    let mut res = core.sess.table.execute(lun, &cmd.cdb, &mut wd).await;
     if res.is_ok() && info.dir == Direction::ToDevice {
         if let Err(e) = wd.drain().await {
             res = Err(e);
@@ -147,7 +155,7 @@ async fn execute(core: &Core, task: &Task, cmd: &Command) {
             info.edtl,
         );
     }
-    let want = wanted_len(&core.table, lun, &cmd.cdb);
+    let want = wanted_len(&core.sess.table, lun, &cmd.cdb);
     respond(core, &info, outcome, sent, want, held).await;
 }
 

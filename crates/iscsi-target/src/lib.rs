@@ -10,6 +10,9 @@
 //!   connections past login, [`netmask`] initiator-group netmasks.
 //! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
 //!   operational keys.
+//! - `sessions`: the target's sessions across reactors (reinstatement,
+//!   connections joining, resets reaching other sessions), `sess` one
+//!   session on its reactor (command window, task set, connections).
 //! - [`session`]: the full feature phase (the receive loop), `exec` one
 //!   SCSI command as a task of its own, `tasks` the session's task set
 //!   (attributes, aborts), [`command`] one SCSI command's data phase
@@ -30,7 +33,9 @@ pub mod negotiate;
 pub mod netmask;
 pub mod options;
 pub mod pdu;
+mod sess;
 pub mod session;
+mod sessions;
 pub mod target;
 mod tasks;
 mod tx;

@@ -34,6 +34,10 @@ pub enum LoginFail {
     Missing,
     #[error("session does not exist")]
     NoSession,
+    #[error("too many connections in the session")]
+    TooManyConnections,
+    #[error("connection cannot be included in the session")]
+    CantInclude,
     #[error("invalid request during login")]
     Invalid,
     #[error("unsupported version")]
@@ -49,6 +53,8 @@ impl LoginFail {
             LoginFail::Authorization => (2, 2),
             LoginFail::NotFound => (2, 3),
             LoginFail::Version => (2, 5),
+            LoginFail::TooManyConnections => (2, 6),
+            LoginFail::CantInclude => (2, 8),
             LoginFail::Missing => (2, 7),
             LoginFail::NoSession => (2, 10),
             LoginFail::Invalid => (2, 11),
@@ -106,6 +112,19 @@ pub trait Catalog {
     fn discovery(&self) -> Access;
     /// A new session handle (TSIH, never 0).
     fn new_tsih(&self) -> u16;
+    /// The session-wide parameters of session `tsih`, which a connection
+    /// of this initiator port (name, ISID), arriving for `target` on
+    /// portal group `tag`, joins (MC/S or connection reinstatement).
+    fn session(
+        &self,
+        _tsih: u16,
+        _initiator: &str,
+        _isid: &[u8; 6],
+        _target: &str,
+        _tag: u32,
+    ) -> Result<Params, LoginFail> {
+        Err(LoginFail::NoSession)
+    }
 }
 
 /// What a finished login established.
@@ -116,6 +135,9 @@ pub struct Established<N> {
     pub initiator: String,
     pub isid: [u8; 6],
     pub tsih: u16,
+    /// The first connection of its session (the login's TSIH was 0);
+    /// otherwise it joins session `tsih`.
+    pub leading: bool,
     /// The connection's CID (from the final login request).
     pub cid: u16,
     pub params: Params,
@@ -157,6 +179,11 @@ pub struct Login<C: Catalog> {
     params: Params,
     sent_declarations: bool,
     isid: [u8; 6],
+    /// The TSIH the initiator asked for (0: a new session).
+    tsih: u16,
+    /// The session-wide parameters of the session a non-leading login
+    /// joins.
+    joins: Option<Params>,
     statsn: u32,
     pending: Vec<u8>,
 }
@@ -188,6 +215,8 @@ impl<C: Catalog> Login<C> {
             params: Params::defaults(&Offer::default()),
             sent_declarations: false,
             isid: [0; 6],
+            tsih: 0,
+            joins: None,
             statsn: 0,
             pending: Vec::new(),
         }
@@ -216,6 +245,11 @@ impl<C: Catalog> Login<C> {
         b
     }
 
+    /// The failed answer to `req` (the login ends).
+    pub fn refuse(&mut self, req: &Bhs, f: LoginFail) -> Answer<C::Node> {
+        self.fail(req, f)
+    }
+
     fn fail(&mut self, req: &Bhs, f: LoginFail) -> Answer<C::Node> {
         tracing::debug!("iscsi login failed: {f}");
         let mut b = self.header(req, false, 0, 0);
@@ -241,11 +275,9 @@ impl<C: Catalog> Login<C> {
         if self.first {
             self.statsn = req.u32_at(28);
             self.isid.copy_from_slice(&req.0[8..14]);
-            if req.u16_at(14) != 0 {
-                // Adding a connection to (or reinstating) a session: one
-                // connection per session here.
-                return Err(LoginFail::NoSession);
-            }
+            // Non-zero: a connection joins session `tsih` (checked with
+            // the login keys).
+            self.tsih = req.u16_at(14);
             if csg == OPERATIONAL {
                 self.stage = OPERATIONAL;
             }
@@ -282,7 +314,13 @@ impl<C: Catalog> Login<C> {
         let mut done = None;
         if may_transit && nsg == FULL_FEATURE {
             negotiate::finish(&mut self.params);
-            tsih = cat.new_tsih();
+            tsih = match self.joins {
+                Some(session) => {
+                    self.params = negotiate::joining(&session, &self.params);
+                    self.tsih
+                }
+                None => cat.new_tsih(),
+            };
         }
         let b = self.header(req, may_transit, nsg, tsih);
         if may_transit {
@@ -293,6 +331,7 @@ impl<C: Catalog> Login<C> {
                     initiator: self.initiator.clone().unwrap_or_default(),
                     isid: self.isid,
                     tsih,
+                    leading: self.joins.is_none(),
                     cid: req.u16_at(20),
                     params: self.params,
                     statsn: self.statsn,
@@ -330,6 +369,7 @@ impl<C: Catalog> Login<C> {
         let initiator = key(pairs, "InitiatorName").ok_or(LoginFail::Missing)?;
         self.initiator = Some(initiator.to_string());
         match key(pairs, "SessionType").unwrap_or("Normal") {
+            "Discovery" if self.tsih != 0 => return Err(LoginFail::NoSession),
             "Discovery" => {
                 self.discovery = true;
                 self.access = Some(cat.discovery());
@@ -337,6 +377,10 @@ impl<C: Catalog> Login<C> {
             "Normal" => {
                 let target = key(pairs, "TargetName").ok_or(LoginFail::Missing)?;
                 let (node, access) = cat.node(target, initiator, self.tag, self.peer)?;
+                if self.tsih != 0 {
+                    let p = cat.session(self.tsih, initiator, &self.isid, target, self.tag)?;
+                    self.joins = Some(p);
+                }
                 if let Some(a) = &access.alias {
                     out.push(("TargetAlias".into(), a.clone()));
                 }
@@ -461,6 +505,11 @@ impl<C: Catalog> Login<C> {
         ];
         for (k, v) in pairs {
             if LOGIN_KEYS.contains(&k.as_str()) || k.starts_with("CHAP_") {
+                continue;
+            }
+            if self.joins.is_some() && negotiate::LEADING_ONLY.contains(&k.as_str()) {
+                // The session's value holds.
+                out.push((k.clone(), "Irrelevant".into()));
                 continue;
             }
             match negotiate::answer(k, v, &access.offer, &mut self.params, out) {

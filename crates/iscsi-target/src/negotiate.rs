@@ -20,6 +20,8 @@ pub struct Params {
     pub max_outstanding_r2t: u32,
     pub time2wait: u32,
     pub time2retain: u32,
+    /// Connections the session may have (MC/S).
+    pub max_connections: u32,
 }
 
 /// The target's side of the negotiation: what it offers and accepts.
@@ -34,6 +36,8 @@ pub struct Offer {
     pub immediate_data: bool,
     pub initial_r2t: bool,
     pub max_outstanding_r2t: u32,
+    /// Most connections per session we accept.
+    pub max_connections: u32,
 }
 
 /// How a node treats a digest key.
@@ -57,6 +61,7 @@ impl Default for Offer {
             immediate_data: true,
             initial_r2t: false,
             max_outstanding_r2t: 1,
+            max_connections: 2,
         }
     }
 }
@@ -76,6 +81,7 @@ impl Params {
             max_outstanding_r2t: 1,
             time2wait: 2,
             time2retain: 20,
+            max_connections: 1,
         }
     }
 }
@@ -150,7 +156,10 @@ pub fn answer(
             put(if on { "CRC32C" } else { "None" }.into());
         }
         "MaxConnections" => match number(value, 1, 65535) {
-            Some(_) => put("1".into()),
+            Some(n) => {
+                p.max_connections = n.min(offer.max_connections.max(1));
+                put(p.max_connections.to_string());
+            }
             None => put(reject),
         },
         "InitialR2T" => match yes(value) {
@@ -226,6 +235,35 @@ pub fn answer(
     Some(Ok(()))
 }
 
+/// Keys a connection that joins a session may not negotiate: the
+/// session's (RFC 7143 §13, "LO"); they are answered `Irrelevant`.
+pub const LEADING_ONLY: [&str; 11] = [
+    "MaxConnections",
+    "InitialR2T",
+    "ImmediateData",
+    "MaxBurstLength",
+    "FirstBurstLength",
+    "DefaultTime2Wait",
+    "DefaultTime2Retain",
+    "MaxOutstandingR2T",
+    "DataPDUInOrder",
+    "DataSequenceInOrder",
+    "ErrorRecoveryLevel",
+];
+
+/// The parameters of a connection joining a session with `session`'s:
+/// the session-wide values, the connection's own (digests, data segment
+/// lengths) from `own`.
+pub fn joining(session: &Params, own: &Params) -> Params {
+    Params {
+        header_digest: own.header_digest,
+        data_digest: own.data_digest,
+        max_send_data: own.max_send_data,
+        max_recv_data: own.max_recv_data,
+        ..*session
+    }
+}
+
 /// Rules that tie keys together once all are in: FirstBurstLength never
 /// exceeds MaxBurstLength whatever order the keys came in.
 pub fn finish(p: &mut Params) {
@@ -261,6 +299,7 @@ mod tests {
                 ("DefaultTime2Wait", "0"),
                 ("DefaultTime2Retain", "60"),
                 ("ErrorRecoveryLevel", "2"),
+                ("MaxConnections", "8"),
             ],
             &offer,
         );
@@ -273,6 +312,8 @@ mod tests {
         let get = |k: &str| out.iter().find(|(x, _)| x == k).map(|(_, v)| v.as_str());
         assert_eq!(get("HeaderDigest"), Some("None"));
         assert_eq!(get("ErrorRecoveryLevel"), Some("0"));
+        assert_eq!(get("MaxConnections"), Some("2"));
+        assert_eq!(p.max_connections, 2);
         assert_eq!(get("MaxRecvDataSegmentLength"), None);
     }
 

@@ -1,7 +1,9 @@
 //! The target-wide options of `iscsi_set_options` / `iscsi_get_options`
-//! with SPDK's names. First burst length and immediate data feed the
-//! operational-key offer of every login from then on, the NOP-In interval
-//! and timeout the pings of sessions logging in from then on; the others
+//! with SPDK's names. First burst length, immediate data and the
+//! connections per session feed the operational-key offer of every login
+//! from then on, the NOP-In interval and timeout the pings of sessions
+//! logging in from then on, allow_duplicated_isid turns session
+//! reinstatement off; the others
 //! are kept and reported so that SPDK's tools see the fields they expect.
 
 use serde::{Deserialize, Serialize};

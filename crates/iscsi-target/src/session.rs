@@ -1,10 +1,14 @@
-//! Full feature phase of one connection (one connection per session):
-//! the receive loop. It keeps the command window (ExpCmdSN/MaxCmdSN) and
-//! serves each request PDU in turn: a SCSI Command becomes a task of its
+//! Full feature phase of one connection of a session: the receive loop.
+//! It admits requests by the session's command window (ExpCmdSN/MaxCmdSN,
+//! shared by the session's connections, [`crate::sess`]: a command that
+//! arrives ahead of one sent earlier on another connection waits for it)
+//! and serves each request PDU in turn: a SCSI Command becomes a task of its
 //! own ([`crate::exec`]) so every command the window admits runs at once,
 //! its status sent when it finishes; Data-Out goes to its task's mailbox;
 //! NOP-Out, Text (SendTargets), Task Management (which aborts real tasks,
-//! [`crate::tasks`]) and Logout are answered here; anything else is
+//! [`crate::tasks`]; resets reach the node's other sessions too,
+//! [`crate::sessions`]) and Logout (close the session or a connection)
+//! are answered here; anything else is
 //! rejected. The receive races the NOP-In timer: an idle connection is
 //! pinged every `nop_in_interval` seconds, and ends when a ping stays
 //! unanswered for `nop_timeout`. When the target drains, the session asks
@@ -19,15 +23,17 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
+use ustor_runtime::RuntimeHandle;
 use ustor_scsi_proto::lun::decode_lun;
-use ustor_scsi_target::LunTable;
+use ustor_scsi_proto::sense::asc;
+use ustor_scsi_proto::{Sense, SenseKey};
 
 use crate::exec::{self, Core};
 use crate::io::{ConnError, Received, Wire};
 use crate::live::ConnCounters;
-use crate::negotiate::Params;
-use crate::pdu::{self, reject, tmf_response, Seq};
-use crate::tx::Tx;
+use crate::pdu::{self, reject, tmf_response};
+use crate::sess::Leave;
+use crate::sessions::Sessions;
 
 /// Sent in answer to SendTargets: the text of what an initiator may see.
 pub trait Discovery {
@@ -45,7 +51,14 @@ pub struct Pings {
 }
 
 /// How long a send may stall when pings are off.
-const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a command that came ahead of its turn (MC/S) waits for the
+/// commands before it: at ERL 0 a CmdSN that never comes ends the session.
+const ORDER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// COMMANDS CLEARED BY ANOTHER INITIATOR (SAM-5 §7.3, TAS 0).
+const CLEARED_BY_ANOTHER: (u8, u8) = (0x2f, 0x00);
 
 /// Pings and the drain: what a wait for the next PDU watches.
 #[derive(Default)]
@@ -66,7 +79,8 @@ pub struct Session<'a, D: Discovery> {
     normal: bool,
     pub discovery: &'a D,
     pub initiator: String,
-    pub queue_depth: u32,
+    /// The target's sessions, for resets that reach other sessions.
+    peers: Option<(std::sync::Arc<Sessions>, RuntimeHandle)>,
     /// Text left to send after a Continue (SendTargets beyond one PDU).
     text_left: Vec<u8>,
     /// The data segment of the request being served (reused: NOP and
@@ -90,41 +104,31 @@ pub enum End {
 }
 
 impl<'a, D: Discovery> Session<'a, D> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    /// The receive loop of connection `core` (of a normal session when
+    /// `normal`, otherwise discovery).
+    pub(crate) fn new(
         wire: Wire,
-        params: Params,
-        table: Option<LunTable>,
+        core: Rc<Core>,
+        normal: bool,
         discovery: &'a D,
         initiator: String,
-        statsn: u32,
-        exp_cmdsn: u32,
-        queue_depth: u32,
     ) -> Session<'a, D> {
-        let queue_depth = queue_depth.max(1);
-        let seq = Seq {
-            statsn,
-            exp_cmdsn,
-            max_cmdsn: exp_cmdsn.wrapping_add(queue_depth - 1),
-        };
-        let tx = Tx::new(
-            wire.fd(),
-            (wire.header_digest, wire.data_digest),
-            SEND_TIMEOUT,
-            seq,
-        );
-        let normal = table.is_some();
         Session {
             wire,
-            core: Rc::new(Core::new(tx, params, table.unwrap_or_default())),
+            core,
             normal,
             discovery,
             initiator,
-            queue_depth,
+            peers: None,
             text_left: Vec::new(),
             scratch: Vec::new(),
             idle: Idle::default(),
         }
+    }
+
+    /// Lets resets reach the node's other sessions.
+    pub(crate) fn set_peers(&mut self, sessions: std::sync::Arc<Sessions>, rt: RuntimeHandle) {
+        self.peers = Some((sessions, rt));
     }
 
     /// Counts the commands answered into `counters`.
@@ -188,11 +192,18 @@ impl<'a, D: Discovery> Session<'a, D> {
     /// they finished before its Logout Response) and waited for.
     pub async fn run(&mut self) -> Result<End, ConnError> {
         let r = self.serve().await;
+        let core = &self.core;
+        let serial = core.serial;
         if !matches!(r, Ok(End::Logout)) {
-            self.core.tx.close();
-            self.core.tasks.abort(|_| true);
+            core.tx.close();
+            core.sess.tasks.abort(|t| t.conn == serial);
+            if core.leave.get() == Leave::Failed {
+                // ERL 0: the connection failed, the session ends with it.
+                core.sess.end();
+            }
         }
-        self.core.tasks.ended(|_| true).await;
+        core.sess.tasks.ended(|t| t.conn == serial).await;
+        core.sess.leave(core);
         r
     }
 
@@ -213,10 +224,11 @@ impl<'a, D: Discovery> Session<'a, D> {
                 // A Data-Out nobody waits for: its task is gone (ERL 0
                 // drops it).
                 let data = self.wire.data().to_vec();
-                self.core.tasks.deliver(b.itt(), (b, data));
+                let core = &self.core;
+                core.sess.tasks.deliver(b.itt(), core.serial, (b, data));
                 continue;
             }
-            if !self.admit(&b) {
+            if !self.admit(&b).await? {
                 continue;
             }
             if b.opcode() == opcode::SCSI_CMD && self.normal {
@@ -235,35 +247,42 @@ impl<'a, D: Discovery> Session<'a, D> {
     }
 
     /// CmdSN rules: a non-immediate request advances ExpCmdSN; one outside
-    /// the window is dropped (RFC 7143 §4.2.2.1). A SCSI command keeps its
-    /// slot of the window until it ends; other requests are answered at
-    /// once and give theirs back.
-    fn admit(&mut self, b: &Bhs) -> bool {
+    /// the window is dropped (RFC 7143 §4.2.2.1), except that in a session
+    /// of several connections one ahead of ExpCmdSN waits for the requests
+    /// before it, sent on the others. A SCSI command keeps its slot of the
+    /// window until it ends; other requests are answered at once and give
+    /// theirs back.
+    async fn admit(&mut self, b: &Bhs) -> Result<bool, ConnError> {
         let op = b.opcode();
-        if op == opcode::DATA_OUT || op == 0x10 {
-            return true;
-        }
         let immediate = b.0[0] & 0x40 != 0;
-        let cmdsn = b.u32_at(24);
-        if immediate {
-            return true;
+        if op == opcode::DATA_OUT || op == 0x10 || immediate {
+            return Ok(true);
         }
-        let mut seq = self.core.tx.seq.get();
-        let beyond = (cmdsn.wrapping_sub(seq.max_cmdsn) as i32) > 0;
-        if cmdsn != seq.exp_cmdsn || beyond {
+        let cmdsn = b.u32_at(24);
+        let sess = self.core.sess.clone();
+        let w = &sess.window;
+        let ahead = (cmdsn.wrapping_sub(w.exp.get()) as i32) > 0;
+        let beyond = |max: u32| (cmdsn.wrapping_sub(max) as i32) > 0;
+        if ahead && !beyond(w.max.get()) && sess.connections() > 1 {
+            match ustor_net::time::timeout(ORDER_TIMEOUT, sess.turn(cmdsn)).await {
+                Some(true) => {}
+                Some(false) => return Err(ConnError::Protocol("session ended")),
+                None => return Err(ConnError::Protocol("CmdSN gap across connections")),
+            }
+        }
+        if cmdsn != w.exp.get() || beyond(w.max.get()) {
             tracing::debug!(
                 "iscsi: CmdSN {cmdsn} outside the window [{}, {}]",
-                seq.exp_cmdsn,
-                seq.max_cmdsn
+                w.exp.get(),
+                w.max.get()
             );
-            return false;
+            return Ok(false);
         }
-        seq.exp_cmdsn = cmdsn.wrapping_add(1);
         if op != opcode::SCSI_CMD || !self.normal {
-            seq.max_cmdsn = seq.max_cmdsn.wrapping_add(1);
+            w.max.set(w.max.get().wrapping_add(1));
         }
-        self.core.tx.seq.set(seq);
-        true
+        sess.advance(cmdsn);
+        Ok(true)
     }
 
     async fn dispatch(&mut self, b: &Bhs, data: &[u8]) -> Result<Option<End>, ConnError> {
@@ -272,8 +291,9 @@ impl<'a, D: Discovery> Session<'a, D> {
             opcode::TEXT_REQ => self.text(b, data).await?,
             opcode::TMF_REQ if self.normal => self.tmf(b).await?,
             opcode::LOGOUT_REQ => {
-                self.logout(b).await?;
-                return Ok(Some(End::Logout));
+                if self.logout(b).await? {
+                    return Ok(Some(End::Logout));
+                }
             }
             _ => self.reject(b, reject::NOT_SUPPORTED).await?,
         }
@@ -295,7 +315,11 @@ impl<'a, D: Discovery> Session<'a, D> {
         };
         let lun = decode_lun(cmd.info.lun);
         let windowed = b.0[0] & 0x40 == 0;
-        let task = self.core.tasks.add(cmd.info.itt, lun, attr, windowed);
+        let core = &self.core;
+        let task = core
+            .sess
+            .tasks
+            .add(cmd.info.itt, lun, core.serial, attr, windowed);
         ustor_runtime::spawn(exec::run(self.core.clone(), task, cmd));
         Ok(())
     }
@@ -345,13 +369,16 @@ impl<'a, D: Discovery> Session<'a, D> {
         tx.send(&r, &chunk).await
     }
 
-    /// Task management on the running tasks; the answer leaves once the
-    /// tasks it aborts have ended (RFC 7143 §11.5.1).
+    /// Task management on the session's running tasks; the answer leaves
+    /// once the tasks it aborts have ended (RFC 7143 §11.5.1). The LUN's
+    /// task set is shared by every I_T nexus (TST 0): CLEAR TASK SET and
+    /// LUN RESET abort other sessions' tasks on the LUN too, the target
+    /// resets every task of the node (SAM-5 §7).
     async fn tmf(&mut self, b: &Bhs) -> Result<(), ConnError> {
         let function = b.flags() & 0x7f;
         let lun = decode_lun(b.lun());
         let core = self.core.clone();
-        let tasks = &core.tasks;
+        let (tasks, table) = (&core.sess.tasks, &core.sess.table);
         let response = match function {
             1 => {
                 let rtt = b.u32_at(20);
@@ -368,20 +395,25 @@ impl<'a, D: Discovery> Session<'a, D> {
             2 | 3 => {
                 tasks.abort(|t| t.lun == lun);
                 tasks.ended(|t| t.lun == lun).await;
+                if function == 3 {
+                    self.others(Some(lun), false).await;
+                }
                 tmf_response::COMPLETE
             }
             4 => tmf_response::COMPLETE,
-            5 if core.table.get(lun).is_some() => {
+            5 if table.get(lun).is_some() => {
                 tasks.abort(|t| t.lun == lun);
                 tasks.ended(|t| t.lun == lun).await;
-                core.table.reset_lun(lun);
+                self.others(Some(lun), true).await;
+                table.reset_lun(lun);
                 tmf_response::COMPLETE
             }
             5 => tmf_response::NO_LUN,
             6 | 7 => {
                 tasks.abort(|_| true);
                 tasks.ended(|_| true).await;
-                core.table.reset_all();
+                self.others(None, true).await;
+                table.reset_all();
                 tmf_response::COMPLETE
             }
             8 => tmf_response::NO_REASSIGN,
@@ -391,11 +423,41 @@ impl<'a, D: Discovery> Session<'a, D> {
         core.tx.send(&r, &[]).await
     }
 
+    /// Aborts the tasks of the node's other sessions on `lun` (every LUN:
+    /// `None`) and waits until they have ended. They end silently (TAS 0);
+    /// a reset gives those sessions POWER ON, RESET, a clear COMMANDS
+    /// CLEARED BY ANOTHER INITIATOR where it aborted something.
+    async fn others(&self, lun: Option<u64>, reset: bool) {
+        let (Some((sessions, rt)), Some(me)) = (&self.peers, &self.core.sess.ctl) else {
+            return;
+        };
+        let on = move |l: u64| lun.is_none() || lun == Some(l);
+        for ctl in sessions.of_node(&me.node) {
+            if ctl.tsih == me.tsih {
+                continue;
+            }
+            sessions
+                .on_session(rt, &ctl, move |s| async move {
+                    let n = s.tasks.abort(|t| on(t.lun));
+                    s.tasks.ended(|t| on(t.lun)).await;
+                    let ua = match (reset, n) {
+                        (true, _) => asc::POWER_ON_RESET,
+                        (false, 0) => return,
+                        (false, _) => CLEARED_BY_ANOTHER,
+                    };
+                    for (_, lu) in s.table.luns().filter(|(l, _)| on(*l)) {
+                        lu.set_ua(Some(Sense::new(SenseKey::UnitAttention, ua)));
+                    }
+                })
+                .await;
+        }
+    }
+
     /// ABORT TASK for a task not running: RFC 7143 §11.5.1 answers
     /// "complete" when its RefCmdSN is still in the window (not received
     /// yet), "task does not exist" when it is behind (it completed).
     fn gone(&self, ref_cmdsn: u32) -> u8 {
-        let seq = self.core.tx.seq.get();
+        let seq = self.core.tx.seq();
         // Serial arithmetic: a window full of running commands has MaxCmdSN
         // one below ExpCmdSN (RFC 7143 §4.2.2.1).
         let ahead = ref_cmdsn.wrapping_sub(seq.exp_cmdsn) as i32;
@@ -407,13 +469,64 @@ impl<'a, D: Discovery> Session<'a, D> {
         }
     }
 
-    /// The Logout Response, once every running task has answered.
-    async fn logout(&mut self, b: &Bhs) -> Result<(), ConnError> {
-        self.core.tasks.ended(|_| true).await;
-        let tx = &self.core.tx;
-        let r = pdu::logout(b.itt(), 0, self.core.params.time2wait as u16, 0, &tx.bump());
-        tx.send(&r, &[]).await
+    /// Logout (RFC 7143 §11.14): close the session (every connection) or
+    /// one connection (this one or another, by CID), answered once their
+    /// running tasks have answered; removing a connection for recovery
+    /// needs ERL 2 and is refused. Whether this connection ends.
+    async fn logout(&mut self, b: &Bhs) -> Result<bool, ConnError> {
+        let core = self.core.clone();
+        let (tasks, serial) = (&core.sess.tasks, core.serial);
+        let cid = b.u16_at(20);
+        let (response, ends) = match b.flags() & 0x7f {
+            logout_reason::SESSION => {
+                tasks.ended(|_| true).await;
+                core.sess.set_leave(&core, Leave::LoggedOut);
+                (logout_response::CLOSED, true)
+            }
+            logout_reason::CONNECTION if cid == core.cid => {
+                tasks.ended(|t| t.conn == serial).await;
+                core.sess.set_leave(&core, Leave::LoggedOut);
+                (logout_response::CLOSED, true)
+            }
+            logout_reason::CONNECTION => {
+                let gone = core.sess.close_cid(cid, Leave::LoggedOut);
+                tasks.ended(|t| gone.contains(&t.conn)).await;
+                if gone.is_empty() {
+                    (logout_response::NO_CID, false)
+                } else {
+                    (logout_response::CLOSED, false)
+                }
+            }
+            logout_reason::RECOVERY => (logout_response::NO_RECOVERY, false),
+            _ => {
+                self.reject(b, reject::INVALID_FIELD).await?;
+                return Ok(false);
+            }
+        };
+        let tx = &core.tx;
+        let wait = core.params.time2wait as u16;
+        let r = pdu::logout(b.itt(), response, wait, 0, &tx.bump());
+        tx.send(&r, &[]).await?;
+        if b.flags() & 0x7f == logout_reason::SESSION {
+            // The session's other connections end with it.
+            core.sess.end();
+        }
+        Ok(ends)
     }
+}
+
+/// Logout Request reason codes (RFC 7143 §11.14.1).
+mod logout_reason {
+    pub const SESSION: u8 = 0;
+    pub const CONNECTION: u8 = 1;
+    pub const RECOVERY: u8 = 2;
+}
+
+/// Logout Response codes (RFC 7143 §11.15.1).
+mod logout_response {
+    pub const CLOSED: u8 = 0;
+    pub const NO_CID: u8 = 1;
+    pub const NO_RECOVERY: u8 = 2;
 }
 
 impl Idle {
@@ -464,7 +577,7 @@ impl Idle {
     async fn ping(&mut self, core: &Core) -> Result<(), ConnError> {
         let ttt = core.ttt();
         self.ping_out = Some(ttt);
-        let r = pdu::nop_in([0; 8], RESERVED_TAG, ttt, 0, &core.tx.seq.get());
+        let r = pdu::nop_in([0; 8], RESERVED_TAG, ttt, 0, &core.tx.seq());
         core.tx.send(&r, &[]).await
     }
 }

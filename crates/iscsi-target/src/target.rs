@@ -91,6 +91,7 @@ pub(crate) struct Shared {
     options: Mutex<IscsiOptions>,
     pub(crate) live: Arc<Live>,
     pub(crate) drain: Arc<crate::drain::Drain>,
+    pub(crate) sessions: Arc<crate::sessions::Sessions>,
 }
 
 impl Shared {
@@ -109,6 +110,12 @@ impl Shared {
             interval: o.nop_in_interval,
             timeout: o.nop_timeout,
         }
+    }
+
+    /// SPDK's `allow_duplicated_isid`: a new session of an initiator port
+    /// that has one leaves the old one running (no reinstatement).
+    pub(crate) fn duplicated_isid(&self) -> bool {
+        self.options().allow_duplicated_isid
     }
 
     /// The physical block size new sessions' LUNs report (0: their own).
@@ -177,6 +184,7 @@ fn access(node: &NodeEntry, auth: &BTreeMap<u32, AuthGroupParams>, o: &IscsiOpti
             data_digest: digest(p.data_digest),
             first_burst: o.first_burst_length,
             immediate_data: o.immediate_data,
+            max_connections: o.max_connections_per_session,
             ..Offer::default()
         },
         alias: (!p.alias_name.is_empty()).then(|| p.alias_name.clone()),
@@ -224,13 +232,26 @@ impl Catalog for PortalService {
         }
     }
 
+    /// A TSIH no running session has (never 0).
     fn new_tsih(&self) -> u16 {
         loop {
             let t = self.shared.tsih.fetch_add(1, Ordering::Relaxed);
-            if t != 0 {
+            if t != 0 && !self.shared.sessions.has(t) {
                 return t;
             }
         }
+    }
+
+    fn session(
+        &self,
+        tsih: u16,
+        initiator: &str,
+        isid: &[u8; 6],
+        target: &str,
+        tag: u32,
+    ) -> Result<crate::negotiate::Params, LoginFail> {
+        let s = &self.shared.sessions;
+        Ok(s.joinable(tsih, initiator, isid, target, tag)?.params)
     }
 }
 
@@ -298,6 +319,7 @@ impl IscsiTarget {
                 options: Mutex::new(IscsiOptions::default()),
                 live: Arc::default(),
                 drain: Arc::default(),
+                sessions: Arc::default(),
             }),
             registry,
             services: Mutex::new(BTreeMap::new()),

@@ -1,5 +1,5 @@
-//! A session's task set: the SCSI commands running at once (spawned in
-//! CmdSN order by the receive loop), each with its mailbox of Data-Out
+//! A session's task set: the SCSI commands running at once, on any of its
+//! connections (spawned in CmdSN order by the receive loops), each with its mailbox of Data-Out
 //! PDUs, its abort flag and its task attribute. SIMPLE tasks start at
 //! once unless an earlier ORDERED task is still in the set; an ORDERED
 //! task starts when every earlier task has ended; HEAD OF QUEUE starts at
@@ -26,6 +26,8 @@ pub mod attr {
 pub struct Task {
     pub itt: u32,
     pub lun: u64,
+    /// The serial of the connection it came on (its allegiance).
+    pub conn: u64,
     /// Spawn order (CmdSN order for non-immediate commands).
     n: u64,
     attr: u8,
@@ -85,12 +87,13 @@ pub struct TaskSet {
 
 impl TaskSet {
     /// Enters a new task (before it is spawned, so its Data-Out finds it).
-    pub fn add(&self, itt: u32, lun: u64, attr: u8, windowed: bool) -> Rc<Task> {
+    pub fn add(&self, itt: u32, lun: u64, conn: u64, attr: u8, windowed: bool) -> Rc<Task> {
         let n = self.next.get();
         self.next.set(n + 1);
         let t = Rc::new(Task {
             itt,
             lun,
+            conn,
             n,
             attr,
             windowed,
@@ -111,10 +114,15 @@ impl TaskSet {
         self.len() == 0
     }
 
-    /// Hands a Data-Out to its task; `false` when no task has this tag.
-    pub fn deliver(&self, itt: u32, pdu: (Bhs, Vec<u8>)) -> bool {
+    /// Hands a Data-Out that came on connection `conn` to its task (data
+    /// travels on the connection its command came on); `false` when no
+    /// such task runs.
+    pub fn deliver(&self, itt: u32, conn: u64, pdu: (Bhs, Vec<u8>)) -> bool {
         let tasks = self.tasks.borrow();
-        let Some(t) = tasks.iter().find(|t| t.itt == itt && !t.aborted()) else {
+        let Some(t) = tasks
+            .iter()
+            .find(|t| t.itt == itt && t.conn == conn && !t.aborted())
+        else {
             return false;
         };
         t.mailbox.borrow_mut().push_back(pdu);

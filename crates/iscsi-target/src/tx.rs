@@ -10,6 +10,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::RawFd;
 use std::pin::pin;
+use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use ustor_runtime::IoBuf;
 
 use crate::io::ConnError;
 use crate::pdu::Seq;
+use crate::sess::Window;
 
 /// First size of each send buffer; they grow to the largest flush.
 const FIRST_OUT: usize = 64 << 10;
@@ -42,12 +44,20 @@ pub struct Tx {
     header_digest: bool,
     data_digest: bool,
     timeout: Cell<Duration>,
-    /// StatSN, ExpCmdSN and MaxCmdSN stamped on responses.
-    pub seq: Cell<Seq>,
+    /// StatSN of the next response (per connection).
+    statsn: Cell<u32>,
+    /// The session's ExpCmdSN and MaxCmdSN (shared by its connections).
+    window: Rc<Window>,
 }
 
 impl Tx {
-    pub fn new(fd: RawFd, digests: (bool, bool), timeout: Duration, seq: Seq) -> Tx {
+    pub fn new(
+        fd: RawFd,
+        digests: (bool, bool),
+        timeout: Duration,
+        statsn: u32,
+        window: Rc<Window>,
+    ) -> Tx {
         let buf = || {
             let mut b = IoBuf::heap(FIRST_OUT);
             b.set_len(0);
@@ -67,7 +77,8 @@ impl Tx {
             header_digest: digests.0,
             data_digest: digests.1,
             timeout: Cell::new(timeout),
-            seq: Cell::new(seq),
+            statsn: Cell::new(statsn),
+            window,
         }
     }
 
@@ -76,12 +87,20 @@ impl Tx {
         self.timeout.set(d);
     }
 
+    /// The sequence numbers now (StatSN not advanced: Data-In, R2T,
+    /// NOP-In pings).
+    pub fn seq(&self) -> Seq {
+        Seq {
+            statsn: self.statsn.get(),
+            exp_cmdsn: self.window.exp.get(),
+            max_cmdsn: self.window.max.get(),
+        }
+    }
+
     /// The sequence numbers for a response, StatSN advanced past it.
     pub fn bump(&self) -> Seq {
-        let s = self.seq.get();
-        let mut n = s;
-        n.statsn = n.statsn.wrapping_add(1);
-        self.seq.set(n);
+        let s = self.seq();
+        self.statsn.set(s.statsn.wrapping_add(1));
         s
     }
 

@@ -31,8 +31,12 @@ fn send_pdu(s: &mut TcpStream, mut b: Bhs, data: &[u8]) {
     s.write_all(&v).unwrap();
 }
 
-/// A normal session logged in straight from the operational stage.
+/// A normal session logged in straight from the operational stage, each
+/// with an ISID of its own (the same ISID would reinstate the session
+/// before it).
 fn login(port: u16) -> TcpStream {
+    static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(7);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let text = encode_text(&[
@@ -40,7 +44,7 @@ fn login(port: u16) -> TcpStream {
         ("TargetName", NODE),
         ("SessionType", "Normal"),
     ]);
-    let b = build::login([0x80, 0, 0, 0, 0, 7], 0, 1, 0, 0, 1, 3, true);
+    let b = build::login([0x80, 0, 0, 0, 0, id], 0, 1, 0, 0, 1, 3, true);
     send_pdu(&mut s, b, &text);
     let (r, _) = recv_pdu(&mut s).unwrap();
     assert_eq!(r.opcode(), opcode::LOGIN_RESP);

@@ -28,6 +28,86 @@ impl Catalog for Cat {
     }
 }
 
+/// A catalog with session 0x55 (initiator `iqn.i`, ISID ..01, on `iqn.t`
+/// through portal group 1).
+struct WithSession(Params);
+
+impl Catalog for WithSession {
+    type Node = u32;
+    fn node(
+        &self,
+        target: &str,
+        i: &str,
+        t: u32,
+        p: Option<std::net::IpAddr>,
+    ) -> Result<(u32, Access), LoginFail> {
+        Cat(Access::default()).node(target, i, t, p)
+    }
+    fn discovery(&self) -> Access {
+        Access::default()
+    }
+    fn new_tsih(&self) -> u16 {
+        9
+    }
+    fn session(
+        &self,
+        tsih: u16,
+        initiator: &str,
+        isid: &[u8; 6],
+        target: &str,
+        tag: u32,
+    ) -> Result<Params, LoginFail> {
+        let ours = (0x55, "iqn.i", [0x80, 0, 0, 0, 0, 1], "iqn.t");
+        match (tsih, initiator, *isid, target) == ours {
+            true if tag == 1 => Ok(self.0),
+            true => Err(LoginFail::CantInclude),
+            false => Err(LoginFail::NoSession),
+        }
+    }
+}
+
+/// A joining login: the session's parameters hold (its leading-only keys
+/// answered Irrelevant), the connection's own are negotiated.
+#[test]
+fn joining_login_takes_the_session_parameters() {
+    let mut session = Params::defaults(&Offer::default());
+    session.max_connections = 2;
+    session.max_burst = 65536;
+    let cat = WithSession(session);
+    let join = |tsih: u16, tag: u32, keys: &[(&str, &str)]| {
+        let mut l = Login::<WithSession>::new(tag);
+        let mut b = build::login([0x80, 0, 0, 0, 0, 1], tsih, 1, 0, 0, 1, 3, true);
+        b.set_u16(20, 4);
+        let mut all = vec![("InitiatorName", "iqn.i"), ("TargetName", "iqn.t")];
+        all.extend_from_slice(keys);
+        l.step(&cat, &b, &text(&all))
+    };
+    let a = join(
+        0x55,
+        1,
+        &[("MaxBurstLength", "262144"), ("HeaderDigest", "CRC32C")],
+    );
+    let e = a.done.clone().expect("joined");
+    assert!(!e.leading);
+    assert_eq!((e.tsih, e.cid), (0x55, 4));
+    assert_eq!(a.bhs.u16_at(14), 0x55);
+    assert_eq!(get(&a, "MaxBurstLength").as_deref(), Some("Irrelevant"));
+    assert_eq!(e.params.max_burst, 65536);
+    assert_eq!(e.params.max_connections, 2);
+    assert!(e.params.header_digest, "a connection key");
+    let a = join(0x56, 1, &[]);
+    assert!(a.failed);
+    assert_eq!((a.bhs.u8_at(36), a.bhs.u8_at(37)), (2, 0x0a));
+    let a = join(0x55, 2, &[]);
+    assert_eq!((a.bhs.u8_at(36), a.bhs.u8_at(37)), (2, 0x08));
+    // A discovery session has no session to join.
+    let mut l = Login::<WithSession>::new(1);
+    let b = build::login([0x80, 0, 0, 0, 0, 1], 0x55, 1, 0, 0, 1, 3, true);
+    let keys = [("InitiatorName", "iqn.i"), ("SessionType", "Discovery")];
+    let a = l.step(&cat, &b, &text(&keys));
+    assert_eq!((a.bhs.u8_at(36), a.bhs.u8_at(37)), (2, 0x0a));
+}
+
 fn req(csg: u8, nsg: u8, transit: bool) -> Bhs {
     build::login([0x80, 0, 0, 0, 0, 1], 0, 1, 0, 0, csg, nsg, transit)
 }

@@ -1,0 +1,393 @@
+//! Sessions and their connections, with raw-socket clients (libiscsi
+//! has no MC/S or reinstatement to drive): session reinstatement (a
+//! login with the same initiator port and TSIH 0 ends the old session,
+//! its pending task aborted, before the new one is up), the non-zero TSIH
+//! rules (unknown session, MaxConnections), MC/S (two connections of one
+//! session, commands ordered by CmdSN across them, each answered on its
+//! own connection; logout of a connection by another one; connection
+//! reinstatement by CID; a failed connection ends the session at ERL 0),
+//! and task management reaching other sessions (LUN RESET and CLEAR TASK
+//! SET abort their tasks and give them a unit attention; ABORT TASK SET
+//! does not touch them). Data is checked in the bdev.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ustor_iscsi::wire::{build, encode_text, opcode, pad4, parse_text, Bhs, BHS_LEN};
+
+const INITIATOR: &str = "iqn.2026-11.io.ustor:sessions";
+const ISID: [u8; 6] = [0x80, 0, 0, 0, 0, 0x21];
+
+fn recv_pdu(s: &mut TcpStream) -> std::io::Result<(Bhs, Vec<u8>)> {
+    let mut h = [0u8; BHS_LEN];
+    s.read_exact(&mut h)?;
+    let b = Bhs(h);
+    let mut d = vec![0u8; pad4(b.data_len())];
+    s.read_exact(&mut d)?;
+    d.truncate(b.data_len());
+    Ok((b, d))
+}
+
+fn pdu_bytes(mut b: Bhs, data: &[u8]) -> Vec<u8> {
+    b.set_data_len(data.len());
+    let mut v = b.0.to_vec();
+    v.extend_from_slice(data);
+    v.resize(BHS_LEN + pad4(data.len()), 0);
+    v
+}
+
+/// A login's outcome: the socket, status class and detail, TSIH, keys.
+struct Login {
+    s: TcpStream,
+    status: (u8, u8),
+    tsih: u16,
+    keys: Vec<(String, String)>,
+}
+
+/// Logs in to `disk1` straight to full feature phase as `initiator` with
+/// `isid`, asking for session `tsih` (0: a new one) with connection `cid`.
+fn login_as(
+    port: u16,
+    initiator: &str,
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    extra: &[(&str, &str)],
+) -> Login {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut keys = vec![
+        ("InitiatorName", initiator),
+        ("TargetName", NODE),
+        ("SessionType", "Normal"),
+    ];
+    keys.extend_from_slice(extra);
+    let mut b = build::login(isid, tsih, 0x100 + cid as u32, 1, 0, 1, 3, true);
+    b.set_u16(20, cid);
+    s.write_all(&pdu_bytes(b, &encode_text(&keys))).unwrap();
+    let (r, d) = recv_pdu(&mut s).unwrap();
+    assert_eq!(r.opcode(), opcode::LOGIN_RESP);
+    Login {
+        s,
+        status: (r.u8_at(36), r.u8_at(37)),
+        tsih: r.u16_at(14),
+        keys: parse_text(&d),
+    }
+}
+
+fn login(port: u16, isid: [u8; 6]) -> Login {
+    let l = login_as(port, INITIATOR, isid, 0, 0, &[]);
+    assert_eq!(l.status, (0, 0), "login failed");
+    l
+}
+
+fn cdb10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = op;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+/// A 4 KiB WRITE(10) at `lba` (512-byte blocks) with immediate data.
+fn write_cmd(itt: u32, cmdsn: u32, lba: u32, data: &[u8]) -> Vec<u8> {
+    let b = build::scsi_cmd(
+        [0; 8],
+        itt,
+        &cdb10(0x2a, lba, 8),
+        false,
+        true,
+        4096,
+        cmdsn,
+        0,
+    );
+    pdu_bytes(b, data)
+}
+
+/// A 4 KiB WRITE(10) without data: the target asks for it with an R2T
+/// and the task waits for Data-Out that never comes.
+fn pending_write(itt: u32, cmdsn: u32, lba: u32) -> Vec<u8> {
+    let b = build::scsi_cmd(
+        [0; 8],
+        itt,
+        &cdb10(0x2a, lba, 8),
+        false,
+        true,
+        4096,
+        cmdsn,
+        0,
+    );
+    pdu_bytes(b, &[])
+}
+
+/// A READ(10) of 4 KiB, ORDERED: it runs after every earlier command.
+fn read_cmd(itt: u32, cmdsn: u32, lba: u32) -> Vec<u8> {
+    let mut b = build::scsi_cmd(
+        [0; 8],
+        itt,
+        &cdb10(0x28, lba, 8),
+        true,
+        false,
+        4096,
+        cmdsn,
+        0,
+    );
+    b.0[1] = (b.0[1] & !0x07) | 2;
+    pdu_bytes(b, &[])
+}
+
+fn tur(itt: u32, cmdsn: u32) -> Vec<u8> {
+    let b = build::scsi_cmd([0; 8], itt, &[0u8; 6], false, false, 0, cmdsn, 0);
+    pdu_bytes(b, &[])
+}
+
+/// The next PDU, which must be for `itt`.
+fn expect(s: &mut TcpStream, op: u8, itt: u32) -> (Bhs, Vec<u8>) {
+    let (b, d) = recv_pdu(s).unwrap();
+    assert_eq!((b.opcode(), b.itt()), (op, itt), "unexpected PDU");
+    (b, d)
+}
+
+/// Status and data of one command (Data-In with status, or a Response).
+fn status_of(s: &mut TcpStream, itt: u32) -> (u8, Vec<u8>, Vec<u8>) {
+    let mut data = Vec::new();
+    loop {
+        let (b, d) = recv_pdu(s).unwrap();
+        assert_eq!(b.itt(), itt, "PDU {:#x} of another task", b.opcode());
+        match b.opcode() {
+            opcode::DATA_IN => {
+                data.extend_from_slice(&d);
+                if b.flags() & 0x01 != 0 {
+                    return (b.u8_at(3), data, Vec::new());
+                }
+            }
+            opcode::SCSI_RESP => return (b.u8_at(3), data, d),
+            op => panic!("unexpected opcode {op:#x}"),
+        }
+    }
+}
+
+/// Reads until the connection ends; every PDU seen must pass `ok`.
+fn until_closed(s: &mut TcpStream, ok: impl Fn(&Bhs) -> bool) {
+    loop {
+        match recv_pdu(s) {
+            Ok((b, _)) => assert!(ok(&b), "PDU {:#x} for {:#x}", b.opcode(), b.itt()),
+            Err(e) => {
+                assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "still open");
+                return;
+            }
+        }
+    }
+}
+
+fn logout(reason: u8, itt: u32, cmdsn: u32, cid: u16) -> Vec<u8> {
+    let mut b = build::logout(itt, cmdsn, 0);
+    b.0[1] = 0x80 | reason;
+    b.set_u16(20, cid);
+    pdu_bytes(b, &[])
+}
+
+fn tmf(function: u8, itt: u32, cmdsn: u32) -> Vec<u8> {
+    pdu_bytes(
+        build::tmf(function, [0; 8], itt, 0xffff_ffff, cmdsn, 0, 0),
+        &[],
+    )
+}
+
+/// The sense key and ASC/ASCQ of a CHECK CONDITION's data segment.
+fn sense(d: &[u8]) -> (u8, u8, u8) {
+    let s = &d[2..];
+    (s[2] & 0x0f, s[12], s[13])
+}
+
+#[test]
+fn session_reinstatement_ends_the_old_session() {
+    let f = start(16 << 20, 512);
+    let mut a = login(f.port, ISID);
+    // A task of the old session that waits for Data-Out forever.
+    a.s.write_all(&pending_write(1, 1, 64)).unwrap();
+    expect(&mut a.s, opcode::R2T, 1);
+
+    let t0 = Instant::now();
+    let mut b = login(f.port, ISID);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert_ne!(b.tsih, a.tsih);
+    // The old connection ended before the new session was up, its write
+    // never answered (and never written).
+    a.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    until_closed(&mut a.s, |_| false);
+    assert_eq!(f.read_bdev("Malloc0", 64 * 512, 4096), vec![0u8; 4096]);
+    testkit::wait_until(
+        "only the new session listed",
+        Duration::from_secs(5),
+        || {
+            let c = f.target.get_connections();
+            c.len() == 1 && c[0].tsih == b.tsih
+        },
+    );
+
+    // The new session works.
+    b.s.write_all(&write_cmd(2, 1, 8, &pattern(2, 4096)))
+        .unwrap();
+    assert_eq!(status_of(&mut b.s, 2).0, 0);
+    assert_eq!(f.read_bdev("Malloc0", 8 * 512, 4096), pattern(2, 4096));
+
+    // Another ISID is another session: both stay.
+    let other = login(f.port, [0x80, 0, 0, 0, 0, 0x22]);
+    b.s.write_all(&tur(3, 2)).unwrap();
+    assert_eq!(status_of(&mut b.s, 3).0, 0);
+    testkit::wait_until("both sessions listed", Duration::from_secs(5), || {
+        f.target.get_connections().len() == 2
+    });
+    drop(other);
+}
+
+#[test]
+fn non_zero_tsih_joins_only_an_existing_session() {
+    let f = start(16 << 20, 512);
+    // No session has this TSIH: "session does not exist".
+    let l = login_as(f.port, INITIATOR, ISID, 0x7777, 1, &[]);
+    assert_eq!(l.status, (2, 0x0a));
+    // MaxConnections not negotiated (1): a second connection is refused.
+    let a = login(f.port, ISID);
+    let l = login_as(f.port, INITIATOR, ISID, a.tsih, 1, &[]);
+    assert_eq!(l.status, (2, 0x06), "too many connections");
+    // Another initiator port may not join it.
+    let l = login_as(f.port, INITIATOR, [0x80, 0, 0, 0, 0, 0x23], a.tsih, 1, &[]);
+    assert_eq!(l.status, (2, 0x0a));
+    // The session was not disturbed.
+    let mut a = a;
+    a.s.write_all(&tur(1, 1)).unwrap();
+    assert_eq!(status_of(&mut a.s, 1).0, 0);
+}
+
+#[test]
+fn two_connections_share_one_session() {
+    let f = start(16 << 20, 512);
+    let mc = [("MaxConnections", "4")];
+    let mut a = login_as(f.port, INITIATOR, ISID, 0, 0, &mc);
+    assert_eq!(a.status, (0, 0));
+    let got = a.keys.iter().find(|(k, _)| k == "MaxConnections");
+    assert_eq!(got.map(|(_, v)| v.as_str()), Some("2"), "our limit");
+    let mut b = login_as(f.port, INITIATOR, ISID, a.tsih, 1, &mc);
+    assert_eq!(b.status, (0, 0));
+    assert_eq!(b.tsih, a.tsih);
+    let got = b.keys.iter().find(|(k, _)| k == "MaxConnections");
+    assert_eq!(got.map(|(_, v)| v.as_str()), Some("Irrelevant"));
+    // A third is one too many.
+    let l = login_as(f.port, INITIATOR, ISID, a.tsih, 2, &[]);
+    assert_eq!(l.status, (2, 0x06));
+    testkit::wait_until("both connections listed", Duration::from_secs(5), || {
+        f.target.get_connections().len() == 2
+    });
+
+    // CmdSN 2 (an ORDERED READ) on B may arrive before CmdSN 1 (the
+    // WRITE) on A: it waits for it and reads what it wrote.
+    b.s.write_all(&read_cmd(20, 2, 0)).unwrap();
+    a.s.write_all(&write_cmd(10, 1, 0, &pattern(10, 4096)))
+        .unwrap();
+    let (st, _, _) = status_of(&mut a.s, 10);
+    assert_eq!(st, 0);
+    let (st, data, _) = status_of(&mut b.s, 20);
+    assert_eq!(st, 0);
+    assert!(data == pattern(10, 4096), "READ on B ran before WRITE on A");
+
+    // A closes B (logout reason 1 with B's CID); the session goes on.
+    // (Logouts are immediate: ExpCmdSN stays 3.)
+    a.s.write_all(&logout(1, 11, 3, 1)).unwrap();
+    let (r, _) = expect(&mut a.s, opcode::LOGOUT_RESP, 11);
+    assert_eq!(r.u8_at(2), 0, "connection closed");
+    until_closed(&mut b.s, |_| false);
+    // Removing a connection for recovery needs ERL 2.
+    a.s.write_all(&logout(2, 12, 3, 0)).unwrap();
+    let (r, _) = expect(&mut a.s, opcode::LOGOUT_RESP, 12);
+    assert_eq!(r.u8_at(2), 2, "connection recovery is not supported");
+    // A logout for a CID that is not there.
+    a.s.write_all(&logout(1, 13, 3, 9)).unwrap();
+    let (r, _) = expect(&mut a.s, opcode::LOGOUT_RESP, 13);
+    assert_eq!(r.u8_at(2), 1, "CID not found");
+
+    // Connection reinstatement: a login with A's CID replaces A; the
+    // session's CmdSN goes on where it was.
+    let mut c = login_as(f.port, INITIATOR, ISID, a.tsih, 0, &[]);
+    assert_eq!(c.status, (0, 0));
+    a.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    until_closed(&mut a.s, |_| false);
+    c.s.write_all(&read_cmd(30, 3, 0)).unwrap();
+    let (st, data, _) = status_of(&mut c.s, 30);
+    assert_eq!(st, 0);
+    assert!(data == pattern(10, 4096));
+
+    // A second connection whose loss ends the session (ERL 0): C's end
+    // ends D too.
+    let mut d = login_as(f.port, INITIATOR, ISID, a.tsih, 3, &[]);
+    assert_eq!(d.status, (0, 0));
+    testkit::wait_until("C and D listed", Duration::from_secs(5), || {
+        f.target.get_connections().len() == 2
+    });
+    drop(c);
+    until_closed(&mut d.s, |_| false);
+    testkit::wait_until("the session ended", Duration::from_secs(10), || {
+        f.target.get_connections().is_empty()
+    });
+    // Its TSIH is gone with it.
+    let l = login_as(f.port, INITIATOR, ISID, a.tsih, 0, &[]);
+    assert_eq!(l.status, (2, 0x0a));
+}
+
+/// Two sessions (two initiator ports) on one LUN; session 2 has a WRITE
+/// (ITT 1) waiting for its data, asked for by an R2T with this TTT.
+fn two_sessions(f: &Fixture) -> (Login, Login, u32) {
+    let s1 = login(f.port, ISID);
+    let mut s2 = login(f.port, [0x80, 0, 0, 0, 0, 0x31]);
+    s2.s.write_all(&pending_write(1, 1, 128)).unwrap();
+    let (r2t, _) = expect(&mut s2.s, opcode::R2T, 1);
+    assert_eq!((r2t.u32_at(40), r2t.u32_at(44)), (0, 4096));
+    (s1, s2, r2t.u32_at(20))
+}
+
+#[test]
+fn lun_reset_and_clear_task_set_reach_other_sessions() {
+    let f = start(16 << 20, 512);
+
+    // ABORT TASK SET is the session's own: session 2's WRITE goes on.
+    let (mut s1, mut s2, ttt) = two_sessions(&f);
+    s1.s.write_all(&tmf(2, 5, 1)).unwrap();
+    let (r, _) = expect(&mut s1.s, opcode::TMF_RESP, 5);
+    assert_eq!(r.u8_at(2), 0);
+    let out = build::data_out([0; 8], 1, ttt, 0, 0, 0, 4096, true);
+    s2.s.write_all(&pdu_bytes(out, &pattern(7, 4096))).unwrap();
+    assert_eq!(status_of(&mut s2.s, 1).0, 0);
+    assert_eq!(f.read_bdev("Malloc0", 128 * 512, 4096), pattern(7, 4096));
+    s2.s.write_all(&tur(2, 2)).unwrap();
+    assert_eq!(status_of(&mut s2.s, 2).0, 0, "no unit attention");
+    drop((s1, s2));
+
+    // LUN RESET: session 2's task is aborted (no answer), the reset is
+    // answered once it has ended, and session 2 sees POWER ON, RESET.
+    let (mut s1, mut s2, _) = two_sessions(&f);
+    s1.s.write_all(&tmf(5, 6, 1)).unwrap();
+    let (r, _) = expect(&mut s1.s, opcode::TMF_RESP, 6);
+    assert_eq!(r.u8_at(2), 0);
+    s2.s.write_all(&tur(2, 2)).unwrap();
+    let (st, _, d) = status_of(&mut s2.s, 2);
+    assert_eq!(st, 2, "CHECK CONDITION");
+    assert_eq!(sense(&d), (6, 0x29, 0x00));
+    assert_eq!(f.read_bdev("Malloc0", 128 * 512, 4096), pattern(7, 4096));
+    drop((s1, s2));
+
+    // CLEAR TASK SET: the same, with COMMANDS CLEARED BY ANOTHER
+    // INITIATOR.
+    let (mut s1, mut s2, _) = two_sessions(&f);
+    s1.s.write_all(&tmf(3, 7, 1)).unwrap();
+    let (r, _) = expect(&mut s1.s, opcode::TMF_RESP, 7);
+    assert_eq!(r.u8_at(2), 0);
+    s2.s.write_all(&tur(2, 2)).unwrap();
+    let (st, _, d) = status_of(&mut s2.s, 2);
+    assert_eq!(st, 2, "CHECK CONDITION");
+    assert_eq!(sense(&d), (6, 0x2f, 0x00));
+}
