@@ -3,28 +3,25 @@
 //! write-zeroes emulation, and iostat.
 //!
 //! A channel belongs to one reactor (`!Send`). The futures here own the
-//! caller's buffers by value and give them back with the result; once
-//! submitted, the buffers live in the I/O's slot (see [`crate::io`]).
+//! caller's buffers by value and give them back with the result; a future
+//! dropped while its I/O is in flight leaves them to the I/O's slot (see
+//! `submit`).
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use ustor_runtime::{ticks, IoBuf};
 
-use crate::child::{chunk, sub_iov};
 use crate::device::BdevChannel;
 use crate::error::BdevError;
-use crate::io::{with_table, Bufs, IoHandle, State, MAX_SEGMENTS};
+use crate::io::MAX_SEGMENTS;
 use crate::qos::{QosLocal, QosWait};
 use crate::registry::BdevEntry;
 use crate::stats::{ChannelStats, IoStat};
+use crate::submit::{copy_between, Payload, Submit};
 use crate::types::{IoFlags, IoType};
-
-const NONE: u32 = u32::MAX;
 
 /// A device's channel on this reactor, shared by every descriptor of the
 /// device on this reactor.
@@ -36,6 +33,11 @@ pub(crate) struct ChannelCore {
     pub(crate) align: u32,
     pub(crate) max_xfer: u64,
     pub(crate) boundary: u64,
+    /// A max transfer or an optimal boundary is set: an I/O may split.
+    pub(crate) may_split: bool,
+    /// `align` is a power of two: a mask, not a division, tests it (a
+    /// 64-bit `div` costs tens of cycles on every I/O).
+    align_pow2: bool,
     pub(crate) supported: [bool; IoType::ALL.len()],
     /// The driver honours [`IoFlags::FUA`] itself for this kind.
     fua_native: [bool; IoType::ALL.len()],
@@ -45,7 +47,7 @@ pub(crate) struct ChannelCore {
     /// The driver said EOPNOTSUPP to a native write-zeroes (e.g. a file
     /// system without ZERO_RANGE): emulate from now on.
     zeroes_unsupported: Cell<bool>,
-    outstanding: Cell<u64>,
+    pub(crate) outstanding: Cell<u64>,
     last_done: Cell<u64>,
     last_latency: Cell<u64>,
     /// The bdev has QoS limits and this reactor holds a share of them
@@ -69,6 +71,8 @@ impl ChannelCore {
             align: info.required_alignment.max(1),
             max_xfer: info.max_transfer_blocks as u64,
             boundary: info.optimal_boundary_blocks as u64,
+            may_split: info.max_transfer_blocks > 0 || info.optimal_boundary_blocks > 0,
+            align_pow2: info.required_alignment.max(1).is_power_of_two(),
             volatile: info.write_cache && supported[IoType::Flush.index()],
             supported,
             fua_native,
@@ -358,6 +362,7 @@ impl IoChannel {
         self.io(IoType::Reset, 0, 0, (), 0, IoFlags::NONE).await.0
     }
 
+    #[inline]
     fn check(&self, kind: IoType, offset_blocks: u64, num_blocks: u64) -> Result<(), BdevError> {
         let c = &self.core;
         if c.entry.is_removed() {
@@ -393,50 +398,44 @@ impl IoChannel {
         t0: u64,
         flags: IoFlags,
     ) -> (Result<(), BdevError>, P) {
-        let bufs = payload.into_bufs();
         if let Err(e) = self.check(kind, offset_blocks, num_blocks) {
-            return (Err(e), P::from_bufs(bufs));
+            return (Err(e), payload);
         }
         if !self.core.supported[kind.index()] {
-            return (Err(BdevError::NotSupported), P::from_bufs(bufs));
+            return (Err(BdevError::NotSupported), payload);
         }
         if kind.has_data() {
             let want = num_blocks * self.core.block_size as u64;
-            if bufs.total_len() != want {
-                return (
-                    Err(BdevError::BadLength {
-                        got: bufs.total_len(),
-                        want,
-                    }),
-                    P::from_bufs(bufs),
-                );
+            let got = payload.total_len();
+            if got != want {
+                return (Err(BdevError::BadLength { got, want }), payload);
             }
-            if bufs.segments() > MAX_SEGMENTS {
-                let n = bufs.segments();
-                return (Err(BdevError::TooManySegments(n)), P::from_bufs(bufs));
+            if payload.segments() > MAX_SEGMENTS {
+                let n = payload.segments();
+                return (Err(BdevError::TooManySegments(n)), payload);
             }
             if self.core.qos_on.get() {
                 let bytes = num_blocks * self.core.block_size as u64;
                 if let Err(e) = self.qos_wait(kind == IoType::Read, bytes).await {
-                    return (Err(e), P::from_bufs(bufs));
+                    return (Err(e), payload);
                 }
             }
-            if !self.aligned(&bufs) {
-                let (r, b) = self
-                    .bounced(kind, offset_blocks, num_blocks, bufs, flags)
+            if !self.aligned(&payload) {
+                return self
+                    .bounced(kind, offset_blocks, num_blocks, payload, flags)
                     .await;
-                return (r, P::from_bufs(b));
             }
         }
         let t0 = if t0 == 0 { ticks::now() } else { t0 };
-        let (r, bufs) = Submit::new(&self.core, kind, offset_blocks, num_blocks, bufs, flags).await;
+        let (r, payload) =
+            Submit::new(&self.core, kind, offset_blocks, num_blocks, payload, flags).await;
         let bytes = if kind == IoType::Reset {
             0
         } else {
             num_blocks * self.core.block_size as u64
         };
         self.done(kind, bytes, t0, r.is_ok());
-        (r, P::from_bufs(bufs))
+        (r, payload)
     }
 
     /// Waits for this reactor's QoS share to let a read or write of
@@ -457,6 +456,7 @@ impl IoChannel {
         self.core.qos_queued()
     }
 
+    #[inline]
     fn done(&self, kind: IoType, bytes: u64, t0: u64, ok: bool) {
         let t1 = ticks::now();
         self.core
@@ -473,319 +473,42 @@ impl IoChannel {
         (self.core.last_done.get(), self.core.last_latency.get())
     }
 
-    fn aligned(&self, bufs: &Bufs) -> bool {
+    fn aligned<P: Payload>(&self, p: &P) -> bool {
         let a = self.core.align as usize;
-        let bs = self.core.block_size as usize;
-        // Alignments are powers of two in practice: a mask, not a division
-        // (a 64-bit `div` costs tens of cycles on every I/O).
+        let pow2 = self.core.align_pow2;
         let on = |x: usize| {
-            if a.is_power_of_two() {
+            if pow2 {
                 x & (a - 1) == 0
             } else {
                 x.is_multiple_of(a)
             }
         };
-        let ok = |b: &IoBuf| on(b.as_ptr() as usize) && on(b.len()) && b.len().is_multiple_of(bs);
-        match bufs {
-            Bufs::None => true,
-            Bufs::One(b) => on(b.as_ptr() as usize),
-            Bufs::Many(v) => v.iter().all(ok),
-        }
+        p.aligned(on, self.core.block_size as usize)
     }
 
     /// Copies through one aligned buffer; the copy is counted in the stats.
-    async fn bounced(
+    async fn bounced<P: Payload>(
         &self,
         kind: IoType,
         off: u64,
         n: u64,
-        mut bufs: Bufs,
+        mut payload: P,
         flags: IoFlags,
-    ) -> (Result<(), BdevError>, Bufs) {
-        let len = bufs.total_len() as usize;
+    ) -> (Result<(), BdevError>, P) {
+        let len = payload.total_len() as usize;
         let mut bounce = IoBuf::alloc(len).await;
         if kind == IoType::Write {
-            copy_between(&mut bufs, &mut bounce, true);
+            copy_between(&mut payload, &mut bounce, true);
         }
-        self.core
-            .stats
-            .bounce_ops
-            .set(self.core.stats.bounce_ops.get() + 1);
-        self.core
-            .stats
-            .bounce_bytes
-            .set(self.core.stats.bounce_bytes.get() + len as u64);
+        let st = &self.core.stats;
+        st.bounce_ops.set(st.bounce_ops.get() + 1);
+        st.bounce_bytes.set(st.bounce_bytes.get() + len as u64);
         let t0 = ticks::now();
-        let (r, b) = Submit::new(&self.core, kind, off, n, Bufs::One(bounce), flags).await;
+        let (r, mut bounce) = Submit::new(&self.core, kind, off, n, bounce, flags).await;
         self.done(kind, len as u64, t0, r.is_ok());
         if r.is_ok() && kind == IoType::Read {
-            let mut bounce = one(b);
-            copy_between(&mut bufs, &mut bounce, false);
+            copy_between(&mut payload, &mut bounce, false);
         }
-        (r, bufs)
-    }
-}
-
-fn copy_between(bufs: &mut Bufs, bounce: &mut IoBuf, into_bounce: bool) {
-    let mut pos = 0;
-    let mut step = |b: &mut IoBuf| {
-        let n = b.len();
-        if into_bounce {
-            bounce[pos..pos + n].copy_from_slice(b);
-        } else {
-            b.copy_from_slice(&bounce[pos..pos + n]);
-        }
-        pos += n;
-    };
-    match bufs {
-        Bufs::None => {}
-        Bufs::One(b) => step(b),
-        Bufs::Many(v) => v.iter_mut().for_each(step),
-    }
-}
-
-fn one(b: Bufs) -> IoBuf {
-    match b {
-        Bufs::One(b) => b,
-        _ => unreachable!("single-buffer I/O returns its buffer"),
-    }
-}
-
-/// What an I/O carries (nothing, one buffer, several): held in the slot as
-/// [`Bufs`] while in flight and handed back in the caller's own type.
-trait Payload: Sized {
-    fn into_bufs(self) -> Bufs;
-    fn from_bufs(b: Bufs) -> Self;
-}
-
-impl Payload for () {
-    fn into_bufs(self) -> Bufs {
-        Bufs::None
-    }
-    fn from_bufs(_: Bufs) {}
-}
-
-impl Payload for IoBuf {
-    #[inline]
-    fn into_bufs(self) -> Bufs {
-        Bufs::One(self)
-    }
-    #[inline]
-    fn from_bufs(b: Bufs) -> IoBuf {
-        one(b)
-    }
-}
-
-impl Payload for Vec<IoBuf> {
-    fn into_bufs(self) -> Bufs {
-        Bufs::Many(self)
-    }
-    fn from_bufs(b: Bufs) -> Vec<IoBuf> {
-        match b {
-            Bufs::Many(v) => v,
-            _ => unreachable!("vectored I/O returns its buffers"),
-        }
-    }
-}
-
-/// The future of one (possibly split) I/O: owns the slot, submits children
-/// as table slots become free, completes when the last child does.
-struct Submit<'a> {
-    /// Borrowed from the channel the I/O runs on: no reference count per I/O.
-    core: &'a ChannelCore,
-    kind: IoType,
-    flags: IoFlags,
-    offset: u64,
-    num: u64,
-    bufs: Option<Bufs>,
-    slot: u32,
-    split: bool,
-    next: u64,
-}
-
-impl<'a> Submit<'a> {
-    fn new(
-        core: &'a ChannelCore,
-        kind: IoType,
-        offset: u64,
-        num: u64,
-        bufs: Bufs,
-        flags: IoFlags,
-    ) -> Submit<'a> {
-        Submit {
-            core,
-            kind,
-            flags,
-            offset,
-            num,
-            bufs: Some(bufs),
-            slot: NONE,
-            split: false,
-            next: 0,
-        }
-    }
-
-    /// Blocks in the chunk starting at `start` (relative), by max transfer and
-    /// optimal boundary.
-    #[inline]
-    fn chunk(&self, start: u64) -> u64 {
-        let c = self.core;
-        chunk(
-            c.max_xfer,
-            c.boundary,
-            self.offset + start,
-            self.num - start,
-        )
-    }
-
-    fn needs_split(&self) -> bool {
-        self.kind.has_data() && self.num > 0 && self.chunk(0) < self.num
-    }
-
-    /// Takes a slot and fills it (one thread-local lookup); returns the
-    /// slot's generation for the driver's handle.
-    fn start(&mut self, cx: &mut Context<'_>) -> Poll<u32> {
-        let (kind, flags, offset, num) = (self.kind, self.flags, self.offset, self.num);
-        let removed = self.core.entry.removed_flag();
-        let bufs = &mut self.bufs;
-        let Some((idx, gen)) = with_table(|t| {
-            let idx = t.alloc(cx.waker())?;
-            let s = &t.slots[idx as usize];
-            let mut bufs = bufs.take().unwrap_or(Bufs::None);
-            s.kind.set(kind);
-            s.flags.set(flags);
-            s.offset_blocks.set(offset);
-            s.num_blocks.set(num);
-            // SAFETY: the slot is ours (just allocated); nobody else reads iov.
-            let iov = unsafe { &mut *s.iov.get() };
-            s.iovcnt.set(bufs.iovecs(iov) as u32);
-            s.fixed.set(bufs.single_fixed());
-            s.removed.set(removed);
-            *s.bufs.borrow_mut() = bufs;
-            // No waker yet: a driver that completes inline (null, malloc)
-            // must not wake the task it runs in; `poll` stores the waker
-            // only if the I/O is still in flight after submission.
-            Some((idx, s.gen.get()))
-        }) else {
-            return Poll::Pending;
-        };
-        self.slot = idx;
-        self.split = self.needs_split();
-        if self.split {
-            self.core
-                .stats
-                .split_ops
-                .set(self.core.stats.split_ops.get() + 1);
-        }
-        Poll::Ready(gen)
-    }
-
-    /// Submits children while slots last; Ready when all are submitted.
-    fn submit_children(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let bs = self.core.block_size as u64;
-        while self.next < self.num {
-            let n = self.chunk(self.next);
-            let Some(child) = with_table(|t| t.alloc(cx.waker())) else {
-                return Poll::Pending;
-            };
-            with_table(|t| {
-                let p = &t.slots[self.slot as usize];
-                let c = &t.slots[child as usize];
-                c.kind.set(self.kind);
-                c.flags.set(self.flags);
-                c.offset_blocks.set(self.offset + self.next);
-                c.num_blocks.set(n);
-                c.parent.set(self.slot);
-                c.removed.set(p.removed.get());
-                // SAFETY: parent and child slots are distinct and owned by us.
-                let (piov, ciov) = unsafe { (&*p.iov.get(), &mut *c.iov.get()) };
-                let cnt = sub_iov(
-                    &piov[..p.iovcnt.get() as usize],
-                    self.next * bs,
-                    n * bs,
-                    ciov,
-                );
-                c.iovcnt.set(cnt as u32);
-                c.fixed.set(p.fixed.get());
-                p.children.set(p.children.get() + 1);
-            });
-            self.next += n;
-            self.core.driver.submit(IoHandle::new(child));
-        }
-        Poll::Ready(())
-    }
-}
-
-impl Future for Submit<'_> {
-    type Output = (Result<(), BdevError>, Bufs);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.slot == NONE {
-            let Poll::Ready(gen) = self.start(cx) else {
-                return Poll::Pending;
-            };
-            self.core.outstanding.set(self.core.outstanding.get() + 1);
-            if !self.split {
-                self.core
-                    .driver
-                    .submit(IoHandle::from_parts(self.slot, gen));
-            }
-        }
-        if self.split && self.submit_children(cx).is_pending() {
-            return Poll::Pending;
-        }
-        let idx = self.slot;
-        let done = with_table(|t| {
-            let s = &t.slots[idx as usize];
-            let finished = if self.split {
-                s.children.get() == 0
-            } else {
-                s.state.get() == State::Done
-            };
-            if !finished {
-                *s.waker.borrow_mut() = Some(cx.waker().clone());
-                return None;
-            }
-            let status = s.status.get();
-            let bufs = std::mem::replace(&mut *s.bufs.borrow_mut(), Bufs::None);
-            t.free(idx);
-            Some((status, bufs))
-        });
-        match done {
-            Some(out) => {
-                self.slot = NONE;
-                self.core.outstanding.set(self.core.outstanding.get() - 1);
-                Poll::Ready(out)
-            }
-            None => Poll::Pending,
-        }
-    }
-}
-
-impl Drop for Submit<'_> {
-    fn drop(&mut self) {
-        if self.slot == NONE {
-            return;
-        }
-        let idx = self.slot;
-        with_table(|t| {
-            let s = &t.slots[idx as usize];
-            let busy = if self.split {
-                s.children.get() > 0
-            } else {
-                s.state.get() == State::Active
-            };
-            self.core
-                .outstanding
-                .set(self.core.outstanding.get().saturating_sub(1));
-            if busy {
-                // The device still owns the buffers: the slot keeps them and
-                // is freed by the last completion.
-                s.state.set(State::Orphan);
-                *s.waker.borrow_mut() = None;
-            } else {
-                t.free(idx);
-            }
-        });
+        (r, payload)
     }
 }

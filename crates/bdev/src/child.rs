@@ -4,8 +4,8 @@
 //! to a base bdev's [`IoChannel`] over a byte range of the parent's own
 //! buffers. Nothing is copied and nothing allocated: a child is a slot of
 //! the per-reactor I/O table whose iovecs point into the parent's, and the
-//! parent's buffers stay in the slot of the I/O that owns them until the
-//! last child is done. The parent completes when its last child does, with
+//! parent's buffers stay with the I/O that owns them (its future, or its
+//! slot once that future is dropped) until the last child is done. The parent completes when its last child does, with
 //! the first error.
 //!
 //! What the generic path does for a submitter and a child does not get:

@@ -1,10 +1,12 @@
 //! Per-reactor table of in-flight bdev I/O (SPDK's `spdk_bdev_io` pool).
 //!
-//! A slot holds what a driver needs (kind, range, iovecs) and, for a parent
-//! I/O, the caller's buffers: the buffers belong to the slot from submission
-//! until the last child completes, so a dropped future never frees memory a
-//! device is still writing. The table is preallocated and bounded; when it is
-//! full, new I/O waits (queue-full is never an error and never allocates).
+//! A slot holds what a driver needs (kind, range, iovecs). The caller's
+//! buffers stay in the submitting future; when that future is dropped
+//! before the I/O completes, the slot takes them (an orphan) until the last
+//! completion, so a dropped future never frees memory a device is still
+//! writing. The table is preallocated and bounded, its free slots an
+//! intrusive list; when it is full, new I/O waits (queue-full is never an
+//! error and never allocates).
 
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::VecDeque;
@@ -32,56 +34,14 @@ pub(crate) enum State {
     Orphan,
 }
 
-/// Buffers owned by a parent I/O.
+/// Buffers of an orphaned I/O (its future was dropped in flight), kept
+/// until the device is done with them.
+#[derive(Default)]
 pub enum Bufs {
+    #[default]
     None,
     One(IoBuf),
     Many(Vec<IoBuf>),
-}
-
-impl Bufs {
-    pub fn total_len(&self) -> u64 {
-        match self {
-            Bufs::None => 0,
-            Bufs::One(b) => b.len() as u64,
-            Bufs::Many(v) => v.iter().map(|b| b.len() as u64).sum(),
-        }
-    }
-
-    pub fn segments(&self) -> usize {
-        match self {
-            Bufs::None => 0,
-            Bufs::One(_) => 1,
-            Bufs::Many(v) => v.len(),
-        }
-    }
-
-    /// Fills `out` with one iovec per buffer.
-    pub(crate) fn iovecs(&mut self, out: &mut [libc::iovec; MAX_SEGMENTS]) -> usize {
-        let mut put = |i: usize, b: &mut IoBuf| {
-            out[i] = libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            };
-        };
-        match self {
-            Bufs::None => 0,
-            Bufs::One(b) => {
-                put(0, b);
-                1
-            }
-            Bufs::Many(v) => {
-                for (i, b) in v.iter_mut().enumerate().take(MAX_SEGMENTS) {
-                    put(i, b);
-                }
-                v.len().min(MAX_SEGMENTS)
-            }
-        }
-    }
-
-    pub(crate) fn single_fixed(&self) -> bool {
-        matches!(self, Bufs::One(b) if b.is_pooled())
-    }
 }
 
 pub(crate) struct Slot {
@@ -102,8 +62,11 @@ pub(crate) struct Slot {
     /// last child's completion completes it. Cleared when it does, so
     /// `alloc` need not reset it.
     pub(crate) chained: Cell<bool>,
-    pub(crate) waker: RefCell<Option<Waker>>,
-    pub(crate) bufs: RefCell<Bufs>,
+    pub(crate) waker: Cell<Option<Waker>>,
+    /// Only an orphan's (see [`Bufs`]).
+    pub(crate) bufs: Cell<Bufs>,
+    /// The next free slot while this one is free (`NONE`: the last).
+    next_free: Cell<u32>,
     /// Set on hot-remove so completions report `Removed`.
     pub(crate) removed: Cell<*const std::sync::atomic::AtomicBool>,
     /// A child's watcher ([`crate::child::Watch`]); set for every child
@@ -113,8 +76,12 @@ pub(crate) struct Slot {
 
 pub(crate) struct Table {
     pub(crate) slots: Box<[Slot]>,
-    free: RefCell<Vec<u32>>,
+    /// The first free slot (`NONE`: the table is full).
+    free_head: Cell<u32>,
+    /// Futures waiting for a free slot; `waiting` says whether any are, so
+    /// a free does not touch the queue when none wait.
     waiters: RefCell<VecDeque<Waker>>,
+    waiting: Cell<bool>,
 }
 
 /// Owns this thread's table; its destructor clears [`TABLE_PTR`] first so a
@@ -170,23 +137,31 @@ impl Table {
                 parent: Cell::new(NONE),
                 children: Cell::new(0),
                 chained: Cell::new(false),
-                waker: RefCell::new(None),
-                bufs: RefCell::new(Bufs::None),
+                waker: Cell::new(None),
+                bufs: Cell::new(Bufs::None),
+                next_free: Cell::new(0),
                 removed: Cell::new(std::ptr::null()),
                 watch: Cell::new(None),
             })
             .collect();
+        // Slot 0 first, then 1, ...: each links to the next.
+        for (i, s) in slots.iter().enumerate() {
+            s.next_free.set(if i + 1 < n { i as u32 + 1 } else { NONE });
+        }
         Table {
             slots: slots.into_boxed_slice(),
-            free: RefCell::new((0..n as u32).rev().collect()),
+            free_head: Cell::new(if n > 0 { 0 } else { NONE }),
             waiters: RefCell::new(VecDeque::with_capacity(1024)),
+            waiting: Cell::new(false),
         }
     }
 
+    #[inline]
     pub(crate) fn alloc(&self, waker: &Waker) -> Option<u32> {
         let i = self.try_alloc();
         if i.is_none() {
             self.waiters.borrow_mut().push_back(waker.clone());
+            self.waiting.set(true);
         }
         i
     }
@@ -194,8 +169,10 @@ impl Table {
     /// A slot if one is free now (a driver's child I/O cannot wait).
     #[inline]
     pub(crate) fn try_alloc(&self) -> Option<u32> {
-        let i = self.free.borrow_mut().pop()?;
-        let s = &self.slots[i as usize];
+        let i = self.free_head.get();
+        // `NONE` (full) is past the end: the bounds check is the test.
+        let s = self.slots.get(i as usize)?;
+        self.free_head.set(s.next_free.get());
         s.state.set(State::Active);
         s.status.set(Ok(()));
         s.parent.set(NONE);
@@ -205,22 +182,30 @@ impl Table {
         Some(i)
     }
 
+    #[inline]
     pub(crate) fn free(&self, i: u32) {
         let s = &self.slots[i as usize];
         s.gen.set(s.gen.get().wrapping_add(1));
-        s.state.set(State::Free);
-        *s.waker.borrow_mut() = None;
-        {
-            // Test before replacing: the owner usually took the buffers just
-            // now, and re-reading the whole enum right after that narrow
-            // store stalls on store forwarding.
-            let mut b = s.bufs.borrow_mut();
-            if !matches!(*b, Bufs::None) {
-                drop(std::mem::replace(&mut *b, Bufs::None));
-            }
+        let was = s.state.replace(State::Free);
+        drop(s.waker.take());
+        if was == State::Orphan {
+            drop(s.bufs.take());
         }
-        self.free.borrow_mut().push(i);
-        let w = self.waiters.borrow_mut().pop_front();
+        s.next_free.set(self.free_head.get());
+        self.free_head.set(i);
+        if self.waiting.get() {
+            self.wake_waiter();
+        }
+    }
+
+    #[cold]
+    fn wake_waiter(&self) {
+        let w = {
+            let mut q = self.waiters.borrow_mut();
+            let w = q.pop_front();
+            self.waiting.set(!q.is_empty());
+            w
+        };
         if let Some(w) = w {
             w.wake();
         }
@@ -228,6 +213,7 @@ impl Table {
 
     /// A slot finished (driver completion or last child): record status, and
     /// wake the owner, propagate to the parent, or free an orphan.
+    #[inline]
     pub(crate) fn finish(&self, i: u32, status: Result<(), BdevError>) {
         let s = &self.slots[i as usize];
         let removed = s.removed.get();
@@ -257,7 +243,7 @@ impl Table {
             State::Active => {
                 s.status.set(status);
                 s.state.set(State::Done);
-                let w = s.waker.borrow_mut().take();
+                let w = s.waker.take();
                 if let Some(w) = w {
                     w.wake();
                 }
@@ -287,7 +273,7 @@ impl Table {
         match p.state.get() {
             State::Orphan => self.free(parent),
             _ => {
-                let w = p.waker.borrow_mut().take();
+                let w = p.waker.take();
                 if let Some(w) = w {
                     w.wake();
                 }
@@ -389,6 +375,7 @@ impl IoHandle {
     }
 
     /// Completes the I/O.
+    #[inline]
     pub fn complete(self, status: Result<(), BdevError>) {
         let (idx, gen) = (self.idx, self.gen);
         std::mem::forget(self);

@@ -6,7 +6,8 @@
 //! - [`channel`]: per-reactor channels and the generic I/O path (range and
 //!   permission checks, alignment bounce, split, write-zeroes emulation,
 //!   iostat).
-//! - [`io`]: the per-reactor table of in-flight I/O that drivers complete.
+//! - [`io`]: the per-reactor table of in-flight I/O that drivers complete;
+//!   `submit`: the future of one submitted I/O and what it carries.
 //! - [`child`]: child I/O of virtual bdevs on the parent's own buffers.
 //! - [`modules`]: malloc, null and uring drivers.
 //! - [`qos`]: rate limits on any bdev, shared by the reactors without a
@@ -31,6 +32,7 @@ pub mod qos;
 pub mod registry;
 pub mod remote;
 pub mod stats;
+mod submit;
 pub mod types;
 
 pub use channel::IoChannel;
