@@ -13,6 +13,8 @@ pub(super) enum Fault {
     None,
     /// ICResp with CPDA 32 (reserved).
     AdminBadCpda,
+    /// ICResp with CPDA 32 on the second connection (the first I/O queue's).
+    IoBadCpda,
     /// The Connect response with HLEN 30.
     AdminBadHlen,
     /// C2HData naming a CID with no command.
@@ -72,7 +74,7 @@ pub(super) fn fake(cfg: FakeCfg) -> Fake {
     let (tx, rx) = mpsc::channel();
     let s2 = seen.clone();
     std::thread::spawn(move || {
-        for c in l.incoming() {
+        for (nth, c) in l.incoming().enumerate() {
             let Ok(c) = c else { return };
             let (seen, disk, cfg, tx) = (s2.clone(), disk.clone(), cfg.clone(), tx.clone());
             std::thread::spawn(move || {
@@ -81,6 +83,7 @@ pub(super) fn fake(cfg: FakeCfg) -> Fake {
                     dg: Digests::default(),
                     io: false,
                     first_io: false,
+                    nth,
                     cfg,
                     seen,
                     disk,
@@ -109,6 +112,8 @@ pub(super) struct FakeConn {
     dg: Digests,
     io: bool,
     first_io: bool,
+    /// Connections accepted before this one.
+    nth: usize,
     cfg: Arc<FakeCfg>,
     seen: Arc<Seen>,
     disk: Arc<Mutex<Vec<u8>>>,
@@ -187,7 +192,11 @@ impl FakeConn {
             digests: req.digests,
             maxh2cdata: 8192,
         };
-        let bad_ic = self.cfg.fault == Fault::AdminBadCpda;
+        let bad_ic = match self.cfg.fault {
+            Fault::AdminBadCpda => self.nth == 0,
+            Fault::IoBadCpda => self.nth == 1,
+            _ => false,
+        };
         if bad_ic {
             resp.cpda = 32;
         }
@@ -276,7 +285,7 @@ impl FakeConn {
         let last = flags::LAST_PDU | flags::SUCCESS;
         let idle = (cid + 1) % 128;
         match fault {
-            Fault::None | Fault::AdminBadCpda | Fault::AdminBadHlen => {
+            Fault::None | Fault::AdminBadCpda | Fault::IoBadCpda | Fault::AdminBadHlen => {
                 let d = self.disk.lock().unwrap()[at..at + len].to_vec();
                 // Two PDUs: the second at an offset, both padded.
                 let half = len / 2;

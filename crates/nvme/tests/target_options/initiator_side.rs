@@ -136,6 +136,30 @@ fn malformed_admin_pdus_get_an_h2c_term_req() {
     }
 }
 
+/// An I/O queue's connection starts inside its driver protocol: a bad
+/// ICResp there gets the H2CTermReq too, and the queue comes back on a
+/// controller reset with the read intact.
+#[test]
+fn malformed_io_queue_icresp_gets_an_h2c_term_req() {
+    let h = host::host();
+    let f = fake(FakeCfg {
+        cpda: 0,
+        c2h_pda: 0,
+        fault: Fault::IoBadCpda,
+    });
+    let bdev = h.attach("BadIoIc", f.port, false).unwrap();
+    let disk = pattern(FAKE_BLOCKS as usize * 512, 77);
+    let got = h.write_read(&bdev, 16, None, 4096).unwrap();
+    assert!(got[..] == disk[16 * 512..16 * 512 + 4096]);
+    let (fes_got, fei_got, hdr) = term_of(&f);
+    assert_eq!((fes_got, fei_got), (fes::INVALID_HEADER_FIELD, 10));
+    assert_eq!(hdr[0], PduType::IcResp as u8);
+    // A later connection of the queue got through to its Connect.
+    assert!(f.seen.io_conns.load(Ordering::Relaxed) >= 1);
+    assert_eq!(f.seen.broken.load(Ordering::Relaxed), 0);
+    h.detach("BadIoIc");
+}
+
 #[test]
 fn initiator_queue_stats_report_adaptive_moves() {
     use ustor_net::coalesce::{CoalesceConfig, Mode};

@@ -1,188 +1,62 @@
 //! The admin queue client (one command at a time: properties, Identify,
-//! keep alive) and the connect of any queue: TCP, ICReq/ICResp, Fabrics
-//! Connect. Control path: copies and small allocations are fine here.
+//! keep alive) on the connection driver ([`super::link`] is its protocol).
+//! Control path: copies and small allocations are fine here.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::future::poll_fn;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use ustor_runtime::{ops, IoBuf};
+use ustor_net::driver::{self, Conn, DriverConfig};
+use ustor_net::staging::{RecvMode, Rewind};
 
 use super::super::InitiatorError;
+use super::handshake;
+use super::link::{Admin, AdminLink, AdminOut, Pending};
 use super::{Ctrlr, NsInfo, ADMIN_BUF, ADMIN_SQSIZE};
 use crate::wire::*;
 
-/// Receives exactly `n` bytes into `buf[at..at + n]` (control path).
-async fn recv_exact(fd: i32, buf: IoBuf, at: usize, n: usize) -> Result<IoBuf, InitiatorError> {
-    match ustor_net::recv::recv_exact(fd, buf, at, at + n).await {
-        (Ok(()), b) => Ok(b),
-        (Err(e), _) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            Err(InitiatorError::Protocol("connection closed"))
-        }
-        (Err(_), _) => Err(InitiatorError::Protocol("receive failed")),
+/// After a fatal error, how long the H2CTermReq may take to leave.
+const TERM_WAIT: Duration = Duration::from_millis(50);
+
+/// The admin connection's driver: staging for one whole PDU, a small
+/// group, no coalescing (one command at a time).
+fn driver_config() -> DriverConfig {
+    DriverConfig {
+        max_outstanding: 4,
+        max_outstanding_bytes: u64::MAX,
+        max_workers: 1,
+        prespawn_workers: 0,
+        staging_len: ADMIN_BUF,
+        rewind: Rewind::Eager,
+        recv_mode: RecvMode::Direct,
+        recv_budget: None,
+        max_replies: 4,
+        group_iov: 8,
+        group_arena: 4096,
+        coalesce: None,
     }
 }
 
-/// Tells the controller why the host drops the connection: an H2CTermReq
-/// with `f` and the offending PDU header (truncated to [`MAX_TERM_DATA`]).
-/// Best effort on a connection about to close: one non-blocking send, no
-/// retry; the caller shuts the socket down afterwards either way.
-pub(crate) fn send_term_req(fd: RawFd, f: Fatal, hdr: &[u8]) {
-    let mut b = [0u8; TERM_HLEN + MAX_TERM_DATA];
-    let t = TermReq {
-        fes: f.fes,
-        fei: f.fei,
-    };
-    let n = encode_term_req(&mut b, PduType::H2CTermReq, t, hdr);
-    debug_assert!(n >= TERM_HLEN && n <= b.len());
-    // SAFETY: send(2) of our own stack bytes on a socket the caller owns.
-    let r = unsafe {
-        libc::send(
-            fd,
-            b.as_ptr().cast(),
-            n,
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
-    if r != n as isize {
-        tracing::debug!("nvme: H2CTermReq ({f}) not sent whole: {r}");
-    }
-}
-
-/// A connected queue: its socket and what ICResp and Connect settled.
-pub(crate) struct QueueConn {
-    pub fd: OwnedFd,
-    pub dg: Digests,
-    /// MAXH2CDATA: most data in one H2CData PDU.
-    pub maxh2c: u32,
-    /// The controller's PDU data alignment (ICResp CPDA) for the data the
-    /// host sends (in-capsule data, H2CData).
-    pub cpda: u8,
-    /// The Connect response's DW0.
-    pub dw0: u32,
-}
-
-/// Connects a queue: TCP, ICReq/ICResp, Fabrics Connect.
-pub(crate) async fn connect_queue(
-    c: &Ctrlr,
-    qid: u16,
-    sqsize: u16,
-    cntlid: u16,
-) -> Result<QueueConn, InitiatorError> {
-    let fd = ustor_net::recv::connect_blocking(c.addr)
-        .await
-        .map_err(|err| InitiatorError::Connect {
-            addr: c.addr.to_string(),
-            err,
-        })?;
-    let resp = initialize(c, fd.as_raw_fd()).await?;
-    let mut q = AdminQ {
-        fd,
-        dg: resp.digests,
-        cpda: resp.cpda,
-        cid: 0,
-    };
-    let mut sqe = Sqe::default();
-    ConnectCmd {
-        recfmt: 0,
-        qid,
-        sqsize,
-        // I/O queues: no SQ flow control, so reads complete with one
-        // C2HData carrying SUCCESS.
-        cattr: if qid == 0 {
-            0
-        } else {
-            ConnectCmd::CATTR_DISABLE_SQFLOW
-        },
-        kato_ms: if qid == 0 {
-            c.p.keep_alive_timeout_ms
-        } else {
-            0
-        },
-    }
-    .encode(&mut sqe);
-    let mut d = [0u8; CONNECT_DATA_LEN];
-    ConnectData {
-        hostid: c.hostid,
-        cntlid,
-        subnqn: c.p.subnqn.clone(),
-        hostnqn: c.hostnqn.clone(),
-    }
-    .encode(&mut d);
-    let cqe = q.cmd(&mut sqe, &d, None).await?;
-    if !cqe.status().is_success() {
-        return Err(InitiatorError::Status {
-            what: "Connect",
-            status: cqe.status,
-        });
-    }
-    Ok(QueueConn {
-        fd: q.fd,
-        dg: q.dg,
-        maxh2c: resp.maxh2cdata,
-        cpda: q.cpda,
-        dw0: cqe.dw0,
-    })
-}
-
-/// ICReq/ICResp on a fresh connection: the digests asked for (the
-/// controller may grant no more) and the controller's settings.
-async fn initialize(c: &Ctrlr, raw: RawFd) -> Result<IcResp, InitiatorError> {
-    let want = Digests {
-        header: c.p.hdgst,
-        data: c.p.ddgst,
-    };
-    let req = IcReq {
-        pfv: 0,
-        hpda: 0,
-        digests: want,
-        maxr2t: 0,
-    };
-    let mut b = IoBuf::heap(IC_LEN);
-    b.copy_from_slice(&req.encode());
-    ops::send_all(raw, b)
-        .await
-        .0
-        .map_err(|_| InitiatorError::Protocol("ICReq send failed"))?;
-    let b = recv_exact(raw, IoBuf::heap(IC_LEN), 0, IC_LEN).await?;
-    let resp = match IcResp::decode(&b) {
-        Ok(r) => r,
-        Err(f) => {
-            send_term_req(raw, f, &b);
-            return Err(InitiatorError::Protocol("bad ICResp"));
-        }
-    };
-    // The controller may only grant what we asked for.
-    if (resp.digests.header && !want.header) || (resp.digests.data && !want.data) {
-        send_term_req(raw, Fatal::header(11), &b);
-        return Err(InitiatorError::Protocol(
-            "ICResp enables digests not asked for",
-        ));
-    }
-    Ok(resp)
-}
-
-/// The admin queue: one command at a time (control path; copies are fine).
+/// The admin queue: one command at a time on its driver connection.
+/// Dropping it shuts the connection down.
 pub(crate) struct AdminQ {
-    fd: OwnedFd,
-    dg: Digests,
-    /// The controller's data alignment (ICResp CPDA) for in-capsule data.
-    cpda: u8,
+    conn: Rc<Conn<AdminLink>>,
     cid: u16,
+}
+
+impl Drop for AdminQ {
+    fn drop(&mut self) {
+        ustor_net::recv::shutdown(self.conn.raw_fd());
+    }
 }
 
 impl AdminQ {
     /// Connects, enables the controller (CC.EN, wait CSTS.RDY) and asks for
     /// the I/O queues; returns the queue and the cntlid.
     pub(super) async fn open(c: &Ctrlr) -> Result<(AdminQ, u16), InitiatorError> {
-        let qc = connect_queue(c, 0, ADMIN_SQSIZE, 0xffff).await?;
-        let mut q = AdminQ {
-            fd: qc.fd,
-            dg: qc.dg,
-            cpda: qc.cpda,
-            cid: 0,
-        };
-        let cntlid = qc.dw0 as u16;
+        let (mut q, cntlid) = AdminQ::connect(c).await?;
         let cap = q.prop_get(prop::CAP, true).await?;
         let to_ms = ((cap >> 24) & 0xff).max(2) * 500;
         // CC: EN, IOSQES 6 (64 B), IOCQES 4 (16 B).
@@ -199,7 +73,7 @@ impl AdminQ {
         sqe.set_opcode(admin::SET_FEATURES)
             .set_cdw(10, 7)
             .set_cdw(11, n | n << 16);
-        let r = q.cmd(&mut sqe, &[], None).await?;
+        let r = q.cmd(sqe, Vec::new(), 0).await?.0;
         if !r.status().is_success() {
             return Err(InitiatorError::Status {
                 what: "Set Features (number of queues)",
@@ -213,6 +87,37 @@ impl AdminQ {
         Ok((q, cntlid))
     }
 
+    /// TCP, then on the driver: ICReq/ICResp and the Fabrics Connect of
+    /// queue 0 (its command waits for the ICResp, which sends it).
+    async fn connect(c: &Ctrlr) -> Result<(AdminQ, u16), InitiatorError> {
+        let fd = ustor_net::recv::connect_blocking(c.addr)
+            .await
+            .map_err(|err| InitiatorError::Connect {
+                addr: c.addr.to_string(),
+                err,
+            })?;
+        let admin = Rc::new(Admin::new(handshake::wanted(c)));
+        let conn = driver::start(fd, AdminLink(admin.clone()), driver_config());
+        conn.set_drain_timeout(Some(TERM_WAIT));
+        let mut q = AdminQ { conn, cid: 0 };
+        let served = q.conn.clone();
+        ustor_runtime::spawn(async move {
+            driver::serve(served).await;
+            admin.end();
+        });
+        q.conn.send(AdminOut::IcReq);
+        q.cid = q.cid.wrapping_add(1);
+        let (sqe, d) = handshake::connect_cmd(c, 0, ADMIN_SQSIZE, 0xffff, q.cid);
+        let cqe = q.wait(sqe, d.to_vec(), 0, false).await?.0;
+        if !cqe.status().is_success() {
+            return Err(InitiatorError::Status {
+                what: "Connect",
+                status: cqe.status,
+            });
+        }
+        Ok((q, cqe.dw0 as u16))
+    }
+
     pub(super) async fn prop_get(&mut self, off: u32, eight: bool) -> Result<u64, InitiatorError> {
         let mut sqe = Sqe::default();
         PropertyCmd {
@@ -221,7 +126,7 @@ impl AdminQ {
             value: 0,
         }
         .encode(&mut sqe, false);
-        let c = self.cmd(&mut sqe, &[], None).await?;
+        let c = self.cmd(sqe, Vec::new(), 0).await?.0;
         if !c.status().is_success() {
             return Err(InitiatorError::Status {
                 what: "Property Get",
@@ -239,7 +144,7 @@ impl AdminQ {
             value: v,
         }
         .encode(&mut sqe, true);
-        let c = self.cmd(&mut sqe, &[], None).await?;
+        let c = self.cmd(sqe, Vec::new(), 0).await?.0;
         if !c.status().is_success() {
             return Err(InitiatorError::Status {
                 what: "Property Set",
@@ -258,8 +163,7 @@ impl AdminQ {
         sqe.set_opcode(admin::IDENTIFY)
             .set_nsid(nsid)
             .set_cdw(10, cns);
-        let mut d = vec![0u8; 4096];
-        let c = self.cmd(&mut sqe, &[], Some(&mut d)).await?;
+        let (c, d) = self.cmd(sqe, Vec::new(), 4096).await?;
         if !c.status().is_success() {
             return Err(InitiatorError::Status {
                 what: "Identify",
@@ -319,7 +223,7 @@ impl AdminQ {
     pub(super) async fn keep_alive(&mut self) -> Result<(), InitiatorError> {
         let mut sqe = Sqe::default();
         sqe.set_opcode(admin::KEEP_ALIVE);
-        let c = self.cmd(&mut sqe, &[], None).await?;
+        let c = self.cmd(sqe, Vec::new(), 0).await?.0;
         if !c.status().is_success() {
             return Err(InitiatorError::Status {
                 what: "Keep Alive",
@@ -330,151 +234,62 @@ impl AdminQ {
     }
 
     /// Sends one command (with in-capsule `out` data) and waits for its
-    /// completion, copying C2HData into `inbuf`.
+    /// completion and the `inlen` bytes of C2HData it returns.
     async fn cmd(
         &mut self,
-        sqe: &mut Sqe,
-        out: &[u8],
-        mut inbuf: Option<&mut [u8]>,
-    ) -> Result<Cqe, InitiatorError> {
+        mut sqe: Sqe,
+        out: Vec<u8>,
+        inlen: usize,
+    ) -> Result<(Cqe, Vec<u8>), InitiatorError> {
         self.cid = self.cid.wrapping_add(1);
-        let cid = self.cid;
-        sqe.set_cid(cid).set_sgl_psdt();
+        sqe.set_cid(self.cid).set_sgl_psdt();
         if !out.is_empty() {
             sqe.set_sgl(SglDesc::in_capsule(out.len() as u32));
-        } else if let Some(b) = inbuf.as_ref() {
-            sqe.set_sgl(SglDesc::transport(b.len() as u32));
+        } else if inlen > 0 {
+            sqe.set_sgl(SglDesc::transport(inlen as u32));
         }
-        self.send_capsule(sqe, out).await?;
-        let fd = self.fd.as_raw_fd();
-        // Budget: a controller may send at most a few PDUs per command.
-        for _ in 0..64 {
-            let (buf, l) = self.recv_pdu().await?;
-            match l.ty {
-                PduType::CapsuleResp => {
-                    let cqe =
-                        Cqe::decode(&buf[CH_LEN..]).ok_or(InitiatorError::Protocol("short CQE"))?;
-                    if cqe.cid == cid {
-                        return Ok(cqe);
-                    }
-                }
-                PduType::C2HData => {
-                    if c2h_into(fd, &buf, &l, cid, inbuf.as_deref_mut())? {
-                        return Ok(Cqe::new(cid, Status::SUCCESS));
-                    }
-                }
-                PduType::C2HTermReq => {
-                    return Err(InitiatorError::Protocol(
-                        "controller terminated the connection",
-                    ))
-                }
-                _ => {
-                    let f = Fatal {
-                        fes: fes::PDU_SEQUENCE_ERROR,
-                        fei: ch_off::PDU_TYPE,
-                    };
-                    return Err(fatal(
-                        fd,
-                        f,
-                        &buf[..l.hlen],
-                        "unexpected PDU on admin queue",
-                    ));
-                }
+        self.wait(sqe, out, inlen, true).await
+    }
+
+    /// Makes `sqe` the command in flight, sends it (`send`; else the ICResp
+    /// does) and waits for its completion or the connection's end.
+    async fn wait(
+        &self,
+        sqe: Sqe,
+        out: Vec<u8>,
+        inlen: usize,
+        send: bool,
+    ) -> Result<(Cqe, Vec<u8>), InitiatorError> {
+        let a = &self.conn.protocol().0;
+        *a.cmd().borrow_mut() = Some(Pending {
+            sqe,
+            out,
+            inbuf: vec![0; inlen],
+            cqe: None,
+        });
+        if send {
+            self.conn.send(AdminOut::Cmd);
+        }
+        let done = poll_fn(|cx| {
+            let mut cmd = a.cmd().borrow_mut();
+            if let Some(cqe) = cmd.as_ref().and_then(|p| p.cqe) {
+                let inbuf = cmd.take().map(|p| p.inbuf).unwrap_or_default();
+                return Poll::Ready(Some((cqe, inbuf)));
             }
-        }
-        Err(InitiatorError::Protocol("no completion"))
-    }
-
-    /// Sends the command capsule with `out` as in-capsule data.
-    async fn send_capsule(&self, sqe: &Sqe, out: &[u8]) -> Result<(), InitiatorError> {
-        let mut b = IoBuf::heap(MAX_PADDED_HDR + DIGEST_LEN + out.len());
-        let n = encode_capsule_cmd_pda(&mut b, sqe, self.dg, out.len(), self.cpda);
-        b[n..n + out.len()].copy_from_slice(out);
-        let mut len = n + out.len();
-        if self.dg.data && !out.is_empty() {
-            b[len..len + 4].copy_from_slice(&crc(out).to_le_bytes());
-            len += 4;
-        }
-        b.set_len(len);
-        ops::send_all(self.fd.as_raw_fd(), b)
-            .await
-            .0
-            .map_err(|_| InitiatorError::Protocol("admin send failed"))
-    }
-
-    /// Receives one controller PDU whole, its header and digests checked.
-    async fn recv_pdu(&self) -> Result<(IoBuf, PduLayout), InitiatorError> {
-        let fd = self.fd.as_raw_fd();
-        let lim = RecvLimits {
-            max_incapsule: 0,
-            max_data_pdu: 8192,
-        };
-        let mut buf = recv_exact(fd, IoBuf::heap(ADMIN_BUF), 0, CH_LEN).await?;
-        let ch = CommonHeader::decode(&buf).ok_or(InitiatorError::Protocol("short header"))?;
-        let l = match check_header(&ch, self.dg, true, &lim) {
-            Ok(l) => l,
-            Err(f) => return Err(fatal(fd, f, &buf[..CH_LEN], "bad PDU header")),
-        };
-        if l.plen > ADMIN_BUF {
-            return Err(InitiatorError::Protocol("admin PDU too long"));
-        }
-        buf = recv_exact(fd, buf, CH_LEN, l.plen - CH_LEN).await?;
-        buf.set_len(l.plen);
-        if self.dg.header && !header_digest_ok(&buf, l.hlen) {
-            let f = Fatal {
-                fes: fes::HEADER_DIGEST_ERROR,
-                fei: 0,
-            };
-            return Err(fatal(fd, f, &buf[..l.hlen], "header digest"));
-        }
-        if l.ddgst {
-            let want = u32::from_le_bytes(
-                buf[l.plen - 4..l.plen]
-                    .try_into()
-                    .map_err(|_| InitiatorError::Protocol("short PDU"))?,
-            );
-            if crc(&buf[l.pdo..l.pdo + l.data_len]) != want {
-                return Err(InitiatorError::Protocol("data digest"));
+            if a.ended() {
+                return Poll::Ready(None);
             }
-        }
-        Ok((buf, l))
+            a.set_waiter(cx.waker());
+            Poll::Pending
+        })
+        .await;
+        done.ok_or(InitiatorError::Protocol(
+            a.lost().unwrap_or("connection closed"),
+        ))
     }
-}
 
-/// A fatal transport error on the admin queue: tell the controller, then
-/// give up.
-fn fatal(fd: RawFd, f: Fatal, hdr: &[u8], what: &'static str) -> InitiatorError {
-    send_term_req(fd, f, hdr);
-    InitiatorError::Protocol(what)
-}
-
-/// Copies a C2HData PDU's data for command `cid` into `dst`; true when it
-/// also completed the command (SUCCESS).
-fn c2h_into(
-    fd: RawFd,
-    buf: &[u8],
-    l: &PduLayout,
-    cid: u16,
-    dst: Option<&mut [u8]>,
-) -> Result<bool, InitiatorError> {
-    let h = DataHdr::decode(buf).ok_or(InitiatorError::Protocol("short hdr"))?;
-    let hdr = &buf[..l.hlen];
-    let data = &buf[l.pdo..l.pdo + l.data_len];
-    let Some(dst) = dst.filter(|_| h.cccid == cid) else {
-        return Err(fatal(fd, Fatal::header(8), hdr, "C2HData for no read"));
-    };
-    if h.length as usize != data.len() {
-        return Err(fatal(fd, Fatal::header(16), hdr, "C2HData DATAL"));
+    /// The connection ended (the controller left or broke the protocol).
+    pub(super) fn is_lost(&self) -> bool {
+        self.conn.protocol().0.ended()
     }
-    let off = h.offset as usize;
-    let end = off + data.len();
-    if end > dst.len() {
-        let f = Fatal {
-            fes: fes::DATA_OUT_OF_RANGE,
-            fei: 12,
-        };
-        return Err(fatal(fd, f, hdr, "C2HData out of range"));
-    }
-    dst[off..end].copy_from_slice(data);
-    Ok(l.flags & flags::SUCCESS != 0)
 }

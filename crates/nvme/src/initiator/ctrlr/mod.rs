@@ -1,6 +1,8 @@
 //! A remote controller: shared state (read by every reactor's I/O queues
-//! through atomics), the admin queue ([`adminq`]: its client and every
-//! queue's connect), and the supervisor task on reactor 0
+//! through atomics), the admin queue ([`adminq`], its client, on the
+//! connection driver with [`link`] as its protocol), what every queue's
+//! connection starts with ([`handshake`]), and the supervisor task on
+//! reactor 0
 //! that brings the controller up, sends keep alives, and resets it
 //! (reconnects the admin queue, bumping the generation the I/O queues
 //! follow) when any queue reports the connection lost.
@@ -21,6 +23,8 @@ use super::{
 use crate::wire::*;
 
 mod adminq;
+pub(crate) mod handshake;
+mod link;
 
 /// Supervisor tick: how fast a reset request is noticed.
 const TICK: Duration = Duration::from_millis(10);
@@ -263,7 +267,6 @@ impl Ctrlr {
 }
 
 use adminq::AdminQ;
-pub(crate) use adminq::{connect_queue, QueueConn};
 use ustor_net::timeout;
 
 /// Brings the controller up (reports the namespaces through `tx`), then
@@ -299,7 +302,9 @@ pub(crate) async fn supervise(c: Arc<Ctrlr>, tx: SyncSender<Result<Vec<NsInfo>, 
         if c.stopping() || c.state() != CtrlrState::Enabled {
             continue;
         }
-        let mut lost = c.reset_req.swap(false, Ordering::AcqRel);
+        // An I/O queue lost its connection, or the admin queue did.
+        let mut lost =
+            c.reset_req.swap(false, Ordering::AcqRel) || aq.as_ref().is_some_and(AdminQ::is_lost);
         if !lost && !kato.is_zero() && Instant::now() >= next_ka {
             let q = aq
                 .as_mut()

@@ -1,7 +1,8 @@
 //! The queue's connection life: connect (after the controller's admin
-//! queue is up), serve it on the connection driver until it drops, requeue
-//! what it left unfinished, reconnect; or fail everything once the
-//! controller failed.
+//! queue is up), serve it on the connection driver until it drops (the
+//! protocol starts it: ICReq/ICResp, Fabrics Connect, then requeues what
+//! the last connection left unfinished), reconnect; or fail everything
+//! once the controller failed or refused the queue.
 
 use std::future::{poll_fn, Future};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -13,9 +14,14 @@ use ustor_bdev::BdevError;
 use ustor_net::driver::{self, DriverConfig};
 use ustor_net::staging::{RecvMode, Rewind};
 
-use super::super::ctrlr::{connect_queue, CtrlrState, QueueConn};
+use ustor_net::recv::connect_blocking;
+
+use super::super::ctrlr::CtrlrState;
 use super::super::InitiatorError;
-use super::{bump, Link, Out, Qp, QpState, RxState, RECV_BUDGET, STAGE_LEN, TERM_WAIT, WAIT_TICK};
+use super::{
+    Handshake, Link, Out, Qp, QpState, RxState, HANDSHAKE_TIMEOUT, RECV_BUDGET, STAGE_LEN,
+    TERM_WAIT, WAIT_TICK,
+};
 
 /// Drives the queue: connect, serve, and on loss requeue and reconnect.
 pub(crate) async fn drive(qp: Rc<Qp>) {
@@ -35,11 +41,8 @@ pub(crate) async fn drive(qp: Rc<Qp>) {
         if qp.state.get() == QpState::Closed {
             continue;
         }
-        serve(&qp, fd, gen).await;
-        if qp.state.get() != QpState::Closed {
-            qp.state.set(QpState::Down);
-            qp.ctrlr.request_reset(gen);
-        }
+        serve(&qp, fd).await;
+        after(&qp, gen).await;
     }
     qp.ctrlr.remove_qp(&qp.counters);
     qp.ctrlr.free_qid(qp.qid);
@@ -66,34 +69,43 @@ async fn controller_ready(qp: &Qp) -> bool {
     }
 }
 
-/// Connects the queue (TCP, ICReq, Fabrics Connect); on failure waits as
-/// the failure asks (and asks for a controller reset when that helps).
-async fn connect(qp: &Rc<Qp>, gen: u64) -> Option<OwnedFd> {
-    let cntlid = qp.ctrlr.cntlid();
-    let conn = ustor_net::timeout(
-        Duration::from_secs(5),
-        connect_queue(&qp.ctrlr, qp.qid, qp.depth - 1, cntlid),
-    )
-    .await;
-    match conn {
-        Some(Ok(QueueConn {
-            fd,
-            dg,
-            maxh2c,
-            cpda,
-            ..
-        })) => {
-            qp.dg.set(dg);
-            qp.maxh2c.set(maxh2c);
-            qp.cpda.set(cpda);
-            Some(fd)
+/// Opens the queue's TCP connection; on failure asks for a controller
+/// reset and waits a while.
+async fn connect(qp: &Qp, gen: u64) -> Option<OwnedFd> {
+    let addr = qp.ctrlr.addr;
+    match ustor_net::timeout(HANDSHAKE_TIMEOUT, connect_blocking(addr)).await {
+        Some(Ok(fd)) => return Some(fd),
+        Some(Err(e)) => tracing::debug!("nvme: I/O queue {} connect: {e}", qp.qid),
+        None => tracing::debug!("nvme: I/O queue {} connect: timed out", qp.qid),
+    }
+    qp.ctrlr.request_reset(gen);
+    idle(qp, WAIT_TICK * 4).await;
+    None
+}
+
+/// After a connection under `gen` ended: how far it got decides what
+/// follows.
+async fn after(qp: &Qp, gen: u64) {
+    if qp.state.get() == QpState::Closed {
+        // Closed while connecting: the next round fails what is left.
+        return;
+    }
+    match qp.hs.get() {
+        Handshake::Done => {
+            qp.gen.set(gen);
+            qp.state.set(QpState::Down);
+            qp.ctrlr.request_reset(gen);
         }
-        Some(Err(e @ InitiatorError::Status { .. })) => {
+        Handshake::Refused(status) => {
             // The controller answered and refused this queue (e.g. a
             // restarted target granting fewer queues): its admin queue is
             // fine, so resetting it would only drop the other queues (and
             // be refused again, in a loop). Fail this queue's I/O and try
             // again after the reconnect delay.
+            let e = InitiatorError::Status {
+                what: "Connect",
+                status,
+            };
             if qp.state.get() != QpState::Failed {
                 tracing::warn!("nvme: I/O queue {} refused: {e}", qp.qid);
                 qp.state.set(QpState::Failed);
@@ -103,15 +115,11 @@ async fn connect(qp: &Rc<Qp>, gen: u64) -> Option<OwnedFd> {
             }
             let delay = u64::from(qp.ctrlr.p.reconnect_delay_sec.max(1));
             idle(qp, Duration::from_secs(delay)).await;
-            None
         }
-        other => {
-            if let Some(Err(e)) = other {
-                tracing::debug!("nvme: I/O queue {} connect: {e}", qp.qid);
-            }
+        Handshake::IcResp | Handshake::Connect => {
+            tracing::debug!("nvme: I/O queue {} lost while connecting", qp.qid);
             qp.ctrlr.request_reset(gen);
             idle(qp, WAIT_TICK * 4).await;
-            None
         }
     }
 }
@@ -153,32 +161,44 @@ fn driver_config(qp: &Qp) -> DriverConfig {
     }
 }
 
-/// Serves one connection until it drops; returns with no task touching the
-/// I/O buffers and every unfinished command queued for resending.
-async fn serve(qp: &Rc<Qp>, fd: OwnedFd, gen: u64) {
-    qp.fd.set(fd.as_raw_fd());
-    qp.gen.set(gen);
+/// Serves one connection until it drops: ICReq/ICResp and the Fabrics
+/// Connect (bounded by [`HANDSHAKE_TIMEOUT`]), then commands; returns with
+/// no task touching the I/O buffers and every unfinished command kept for
+/// resending.
+async fn serve(qp: &Rc<Qp>, fd: OwnedFd) {
+    let raw = fd.as_raw_fd();
+    qp.fd.set(raw);
+    qp.hs.set(Handshake::IcResp);
+    qp.cntlid.set(qp.ctrlr.cntlid());
+    qp.dg.set(Default::default());
     qp.icd_max.set(qp.ctrlr.icd_max());
-    qp.rx.set(RxState::Common);
+    qp.rx.set(RxState::IcResp);
     qp.exact.set(false);
     qp.grp_cmds.set(0);
-    bump(&qp.counters.connects, 1);
     let conn = driver::start(fd, Link(qp.clone()), driver_config(qp));
     // A termination request to a controller that stopped reading must
     // not hold the queue: the socket is shut down under it.
     conn.set_drain_timeout(Some(TERM_WAIT));
-    // Resend what the last connection left unfinished (same CIDs).
-    for (cid, c) in qp.cmds.borrow().iter().enumerate() {
-        if c.io.is_some() {
-            conn.send(Out::Cmd(cid as u16));
-            bump(&qp.counters.requeued, 1);
-        }
-    }
+    conn.send(Out::IcReq);
     *qp.conn.borrow_mut() = Some(conn.clone());
-    qp.state.set(QpState::Live);
-    qp.start_pending();
-    // Returns once its receiver and sender stopped (the socket shut down).
-    driver::serve(conn).await;
+    // Returns once its receiver and sender stopped (the socket shut
+    // down); a controller that does not finish the handshake in time has
+    // its socket shut down under it.
+    let mut served = std::pin::pin!(driver::serve(conn));
+    let mut limit = std::pin::pin!(ustor_runtime::sleep(HANDSHAKE_TIMEOUT));
+    let mut cut = false;
+    poll_fn(|cx| {
+        if served.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        if !cut && qp.hs.get() != Handshake::Done && limit.as_mut().poll(cx).is_ready() {
+            tracing::debug!("nvme: I/O queue {} connect: timed out", qp.qid);
+            ustor_net::recv::shutdown(raw);
+            cut = true;
+        }
+        Poll::Pending
+    })
+    .await;
     if qp.state.get() == QpState::Live {
         qp.state.set(QpState::Down);
     }

@@ -9,7 +9,10 @@
 //! `Conn::send`, the controller's PDUs complete them); once the driver
 //! returned nothing touches the I/O buffers, so every unfinished command is
 //! requeued for the next connection, or failed once the controller is
-//! failed (ctrlr_loss_timeout_sec) or detached.
+//! failed (ctrlr_loss_timeout_sec) or detached. Each connection starts in
+//! the protocol too: the ICReq is the first thing sent, the ICResp the
+//! first thing staged, the Fabrics Connect (CID `CONNECT_CID`) follows
+//! it, and its response makes the queue live.
 //!
 //! Receive path (`rx`, `Protocol::apply`): headers are staged (many per
 //! receive after capsule responses; exactly one while reads are in flight,
@@ -62,6 +65,11 @@ const WAIT_TICK: Duration = Duration::from_millis(5);
 /// take to finish the group it is writing, so the H2CTermReq starts on a
 /// PDU boundary; a controller that stopped reading gets none.
 const TERM_WAIT: Duration = Duration::from_millis(50);
+/// The Fabrics Connect's CID: beyond every command slot (CID = index <
+/// depth <= u16::MAX).
+const CONNECT_CID: u16 = u16::MAX;
+/// Bound on a connection's ICReq/ICResp and Fabrics Connect.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Offset of the CID in a CapsuleResp PDU (FEI of a response for no
 /// command).
 const RESP_CID_OFF: u32 = CH_LEN as u32 + 12;
@@ -138,9 +146,26 @@ enum QpState {
     Closed,
 }
 
+/// How far a connection's start got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handshake {
+    /// The ICReq is out; waiting for the ICResp.
+    IcResp,
+    /// The Fabrics Connect is out; waiting for its response.
+    Connect,
+    /// Connected: commands flow.
+    Done,
+    /// The controller refused the Connect (this status).
+    Refused(u16),
+}
+
 /// Something for the sender.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Out {
+    /// The ICReq that starts a connection.
+    IcReq,
+    /// The Fabrics Connect (after the ICResp settled digests and CPDA).
+    Connect,
     /// A command capsule (with in-capsule data for small writes).
     Cmd(u16),
     /// Write data the controller asked for with an R2T: [off, end).
@@ -157,6 +182,8 @@ pub(crate) enum Out {
 /// Where the receiver is in the controller's PDU stream.
 #[derive(Clone, Copy, Debug)]
 enum RxState {
+    /// The ICResp is being staged.
+    IcResp,
     /// The common header is being staged.
     Common,
     /// The whole header is being staged.
@@ -249,6 +276,10 @@ pub(crate) struct Qp {
     state: Cell<QpState>,
     /// Controller generation this queue connected under.
     gen: Cell<u64>,
+    /// The connection's start (ICReq/ICResp, Fabrics Connect).
+    hs: Cell<Handshake>,
+    /// The controller the Fabrics Connect names.
+    cntlid: Cell<u16>,
     dg: Cell<Digests>,
     /// The controller's data alignment (ICResp CPDA) for data we send.
     cpda: Cell<u8>,
@@ -298,6 +329,8 @@ impl Qp {
             fd: Cell::new(-1),
             state: Cell::new(QpState::Down),
             gen: Cell::new(0),
+            hs: Cell::new(Handshake::IcResp),
+            cntlid: Cell::new(0),
             dg: Cell::new(Digests::default()),
             cpda: Cell::new(0),
             maxh2c: Cell::new(4096),

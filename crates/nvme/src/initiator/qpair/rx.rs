@@ -1,5 +1,6 @@
 //! The receive side: the controller's PDUs as the driver stages them
-//! (responses, R2Ts, C2HData placed straight into the I/O's buffers),
+//! (the ICResp and the Connect's response that start a connection,
+//! responses, R2Ts, C2HData placed straight into the I/O's buffers),
 //! [`Protocol::apply`] for the queue.
 
 use ustor_bdev::{BdevError, IoType};
@@ -8,7 +9,11 @@ use ustor_net::recv::Seg;
 use ustor_net::staging::Staging;
 use ustor_net::PduGroup;
 
-use super::{bump, Link, Out, Qp, QpState, RxState, MAX_RECV_IOV, RESP_CID_OFF, STAGE_LEN};
+use super::super::ctrlr::handshake;
+use super::{
+    bump, Handshake, Link, Out, Qp, QpState, RxState, CONNECT_CID, MAX_RECV_IOV, RESP_CID_OFF,
+    STAGE_LEN,
+};
 use crate::wire::*;
 
 impl Protocol for Link {
@@ -20,6 +25,11 @@ impl Protocol for Link {
         let qp = &*self.0;
         match (qp.rx.get(), ev) {
             (RxState::Stop, _) => Recv::Close,
+            (RxState::IcResp, RecvEvent::Staged) => on_ic_resp(qp, st),
+            (RxState::IcResp, _) => Recv::Stage {
+                need: IC_LEN,
+                max: IC_LEN,
+            },
             (RxState::Common, RecvEvent::Staged) => on_common(qp, st),
             (RxState::Header(l), RecvEvent::Staged) => on_pdu(qp, st, &l),
             (RxState::Pad(l, h), RecvEvent::Staged) => {
@@ -85,8 +95,9 @@ impl Protocol for Link {
     }
 
     fn urgent(&self, o: &Out) -> bool {
-        // The controller waits for R2T data; a termination leaves at once.
-        matches!(o, Out::H2C { .. } | Out::Term)
+        // The controller waits for R2T data and the connection's start; a
+        // termination leaves at once.
+        !matches!(o, Out::Cmd(_))
     }
 
     fn backlog(&self, _queued: usize, _interim: u32) -> Option<driver::Backlog> {
@@ -123,9 +134,9 @@ fn hdr_exact(qp: &Qp) -> usize {
     DATA_HLEN + qp.dg.get().hdgst_len()
 }
 
-/// The next PDU's common header (or the end, once the queue is down).
+/// The next PDU's common header (or the end, once the queue is closed).
 fn next(qp: &Qp) -> Recv<Link> {
-    if qp.state.get() != QpState::Live {
+    if qp.state.get() == QpState::Closed {
         return Recv::Close;
     }
     qp.rx.set(RxState::Common);
@@ -187,6 +198,56 @@ fn fatal(qp: &Qp, st: &Staging, f: Fatal, hdr: usize, what: &str) -> Recv<Link> 
     Recv::Interim(Out::Term)
 }
 
+/// The ICResp is staged: take what it settled and send the Fabrics
+/// Connect, or report why not.
+fn on_ic_resp(qp: &Qp, st: &mut Staging) -> Recv<Link> {
+    match handshake::check_ic_resp(handshake::wanted(&qp.ctrlr), st.peek(IC_LEN)) {
+        Ok(r) => {
+            st.consume(IC_LEN);
+            qp.dg.set(r.digests);
+            qp.maxh2c.set(r.maxh2cdata);
+            qp.cpda.set(r.cpda);
+            qp.hs.set(Handshake::Connect);
+            qp.rx.set(RxState::Common);
+            Recv::Interim(Out::Connect)
+        }
+        Err((f, what)) => fatal(qp, st, f, IC_LEN, what),
+    }
+}
+
+/// The Fabrics Connect's response (header `l` staged): the queue is live
+/// (what the last connection left unfinished is resent, same CIDs, then
+/// what waited), or refused (the connection ends; `conn::serve` acts on
+/// the status).
+fn on_connected(qp: &Qp, st: &mut Staging, l: &PduLayout, cqe: Cqe) -> Recv<Link> {
+    if qp.hs.get() != Handshake::Connect {
+        let f = Fatal::header(RESP_CID_OFF);
+        return fatal(qp, st, f, l.hlen, "response for no command");
+    }
+    st.consume(l.header_total);
+    if !cqe.status().is_success() {
+        qp.hs.set(Handshake::Refused(cqe.status));
+        qp.rx.set(RxState::Stop);
+        return Recv::Close;
+    }
+    qp.hs.set(Handshake::Done);
+    if qp.state.get() == QpState::Closed {
+        return Recv::Close;
+    }
+    qp.state.set(QpState::Live);
+    bump(&qp.counters.connects, 1);
+    let mut requeued = 0;
+    for (cid, c) in qp.cmds.borrow().iter().enumerate() {
+        if c.io.is_some() {
+            qp.send(Out::Cmd(cid as u16));
+            requeued += 1;
+        }
+    }
+    bump(&qp.counters.requeued, requeued);
+    qp.start_pending();
+    next(qp)
+}
+
 /// Handles one PDU whose header (`l`) is staged: checks its digest, then
 /// consumes it and acts on it.
 fn on_pdu(qp: &Qp, st: &mut Staging, l: &PduLayout) -> Recv<Link> {
@@ -201,9 +262,17 @@ fn on_pdu(qp: &Qp, st: &mut Staging, l: &PduLayout) -> Recv<Link> {
     // Each handler checks the header before it is consumed.
     let r = match l.ty {
         PduType::CapsuleResp => match Cqe::decode(&hdr[CH_LEN..]) {
+            Some(cqe) if cqe.cid == CONNECT_CID => return on_connected(qp, st, l, cqe),
             Some(cqe) => on_response(qp, cqe).map(|()| None),
             None => return lost(qp, "short CQE"),
         },
+        PduType::R2T | PduType::C2HData if qp.hs.get() != Handshake::Done => Err((
+            Fatal {
+                fes: fes::PDU_SEQUENCE_ERROR,
+                fei: ch_off::PDU_TYPE,
+            },
+            "data PDU before the Connect completed",
+        )),
         PduType::R2T => match DataHdr::decode(hdr) {
             Some(h) => on_r2t(qp, h).map(Some),
             None => return lost(qp, "short R2T"),
@@ -308,7 +377,8 @@ fn on_response(qp: &Qp, cqe: Cqe) -> Result<(), PduErr> {
     let err = {
         let cmds = qp.cmds.borrow();
         match cmds.get(cid as usize) {
-            Some(c) if c.io.is_some() => c.err,
+            // Commands are sent once the Connect completed.
+            Some(c) if c.io.is_some() && qp.hs.get() == Handshake::Done => c.err,
             _ => return Err((Fatal::header(RESP_CID_OFF), "response for no command")),
         }
     };

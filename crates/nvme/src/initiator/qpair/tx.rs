@@ -1,5 +1,6 @@
-//! The send side: command capsules (with in-capsule data), H2CData for
-//! R2Ts and the H2CTermReq encoded into the driver's PDU group
+//! The send side: the ICReq and Fabrics Connect that start a connection,
+//! command capsules (with in-capsule data), H2CData for R2Ts and the
+//! H2CTermReq encoded into the driver's PDU group
 //! ([`ustor_net::driver::Protocol::encode`]); the driver sends it as the
 //! queue's LANoT coalescer decides.
 
@@ -9,7 +10,8 @@ use ustor_bdev::IoType;
 use ustor_net::recv::Seg;
 use ustor_net::PduGroup;
 
-use super::{Cmd, Out, Qp, MAX_PDU_SEGS, MAX_RECV_IOV};
+use super::super::ctrlr::handshake;
+use super::{Cmd, Out, Qp, CONNECT_CID, MAX_PDU_SEGS, MAX_RECV_IOV};
 use crate::wire::*;
 
 /// Encodes `o` into `g`, or gives back what did not fit (the driver
@@ -18,7 +20,9 @@ use crate::wire::*;
 pub(super) fn encode(qp: &Qp, o: Out, g: &mut PduGroup) -> Result<(), Out> {
     let cid = match o {
         Out::Cmd(cid) | Out::H2C { cid, .. } => cid,
-        Out::Term => return encode_term(qp, g).then_some(()).ok_or(o),
+        Out::IcReq | Out::Connect | Out::Term => {
+            return encode_control(qp, o, g).then_some(()).ok_or(o)
+        }
     };
     let cmds = qp.cmds.borrow();
     let c = &cmds[cid as usize];
@@ -54,26 +58,27 @@ pub(super) fn encode(qp: &Qp, o: Out, g: &mut PduGroup) -> Result<(), Out> {
             }
             Ok(())
         }
-        Out::Term => unreachable!("encoded above"),
+        Out::IcReq | Out::Connect | Out::Term => unreachable!("encoded above"),
     }
 }
 
-/// The H2CTermReq for the fatal error the receiver recorded; false if it
-/// does not fit.
-fn encode_term(qp: &Qp, g: &mut PduGroup) -> bool {
-    let t = qp.term.borrow();
-    let mut b = [0u8; TERM_HLEN + MAX_TERM_DATA];
-    let req = TermReq {
-        fes: t.0.fes,
-        fei: t.0.fei,
-    };
-    let n = encode_term_req(&mut b, PduType::H2CTermReq, req, &t.1[..t.2]);
-    if !g.fits(n, 1, 0) {
-        return false;
+/// The connection's control PDUs: the ICReq, the Fabrics Connect, the
+/// H2CTermReq for the fatal error the receiver recorded; false if it does
+/// not fit.
+fn encode_control(qp: &Qp, o: Out, g: &mut PduGroup) -> bool {
+    let c = &qp.ctrlr;
+    match o {
+        Out::IcReq => handshake::encode_ic_req(g, handshake::wanted(c)),
+        Out::Connect => {
+            let (sqe, d) =
+                handshake::connect_cmd(c, qp.qid, qp.depth - 1, qp.cntlid.get(), CONNECT_CID);
+            handshake::encode_capsule(g, &sqe, &d, qp.dg.get(), qp.cpda.get())
+        }
+        _ => {
+            let t = qp.term.borrow();
+            handshake::encode_term(g, t.0, &t.1[..t.2])
+        }
     }
-    g.push_bytes(&b[..n]);
-    g.end_pdu(true);
-    true
 }
 
 /// The command's SQE, and how many bytes of data go in its capsule.
