@@ -10,12 +10,14 @@ use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ustor_bdev::{IoChannel, Registry};
+use ustor_bdev::{IoChannel, IoType, Registry};
 use ustor_runtime::{ticks, IoBuf, RuntimeHandle};
 
 use crate::hist::LogHist;
 use crate::report::{CoreResult, Report};
 use crate::verify;
+
+mod nodata;
 
 /// Access pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +27,10 @@ pub enum Pattern {
     RandRead,
     RandWrite,
     RandRw,
+    /// Flushes of `bs` each, in order (SYNCHRONIZE CACHE on a SCSI disk).
+    Flush,
+    /// Unmaps (deallocations) of `bs` each, in order (UNMAP, TRIM).
+    Unmap,
 }
 
 impl std::str::FromStr for Pattern {
@@ -36,11 +42,11 @@ impl std::str::FromStr for Pattern {
             "randread" => Pattern::RandRead,
             "randwrite" => Pattern::RandWrite,
             "randrw" => Pattern::RandRw,
-            _ => {
-                return Err(format!(
-                    "unknown workload `{s}` (read, write, randread, randwrite, randrw)"
-                ))
-            }
+            "flush" => Pattern::Flush,
+            "unmap" => Pattern::Unmap,
+            _ => return Err(format!(
+                "unknown workload `{s}` (read, write, randread, randwrite, randrw, flush, unmap)"
+            )),
         })
     }
 }
@@ -53,6 +59,8 @@ impl Pattern {
             Pattern::RandRead => "randread",
             Pattern::RandWrite => "randwrite",
             Pattern::RandRw => "randrw",
+            Pattern::Flush => "flush",
+            Pattern::Unmap => "unmap",
         }
     }
     fn random(self) -> bool {
@@ -65,7 +73,15 @@ impl Pattern {
         !matches!(self, Pattern::Read | Pattern::RandRead)
     }
     fn reads(self) -> bool {
-        !matches!(self, Pattern::Write | Pattern::RandWrite)
+        matches!(self, Pattern::Read | Pattern::RandRead | Pattern::RandRw)
+    }
+    /// The bdev I/O type of a workload without data (see [`nodata`]).
+    fn nodata(self) -> Option<IoType> {
+        match self {
+            Pattern::Flush => Some(IoType::Flush),
+            Pattern::Unmap => Some(IoType::Unmap),
+            _ => None,
+        }
     }
 }
 
@@ -108,6 +124,12 @@ pub enum BenchError {
     Runtime(#[from] ustor_runtime::SendError),
     #[error("reactors stopped during the run")]
     Stopped,
+    #[error("bdev `{bdev}` does not support {what}")]
+    Unsupported { bdev: String, what: &'static str },
+    /// `--verify` of an unmap workload reads the blocks back as zeroes,
+    /// which only a bdev that promises it can be held to.
+    #[error("bdev `{0}` does not promise that unmapped blocks read as zeroes: --verify has nothing to check an unmap against")]
+    UnmapNotZeroing(String),
 }
 
 /// Per-reactor counters, shared by that reactor's slots.
@@ -310,6 +332,17 @@ pub fn run(
         });
     }
     let writable = cfg.pattern.writes() || cfg.verify;
+    if let Some(t) = cfg.pattern.nodata() {
+        if !reg.open(&cfg.bdev, false, |_| {})?.io_type_supported(t) {
+            return Err(BenchError::Unsupported {
+                bdev: cfg.bdev.clone(),
+                what: cfg.pattern.name(),
+            });
+        }
+        if cfg.verify && t == IoType::Unmap && !info.unmap_reads_zero {
+            return Err(BenchError::UnmapNotZeroing(cfg.bdev.clone()));
+        }
+    }
     let hz = ticks::hz();
     // Every reactor starts at one TSC instant, after all have their slots
     // (and verify prefill) ready.
@@ -365,12 +398,11 @@ pub fn run(
                     start,
                     units: per_slot,
                 };
-                js.push(ustor_runtime::spawn(slot(
-                    ch.clone(),
-                    plan,
-                    core.clone(),
-                    sh.clone(),
-                )));
+                let (ch, core, sh) = (ch.clone(), core.clone(), sh.clone());
+                js.push(match cfg2.pattern.nodata() {
+                    Some(t) => ustor_runtime::spawn(nodata::slot(t, ch, plan, core, sh)),
+                    None => ustor_runtime::spawn(slot(ch, plan, core, sh)),
+                });
             }
             // Slots are ready (buffers taken, verify prefill written): report,
             // then wait for the common start and deadline.

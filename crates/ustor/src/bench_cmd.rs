@@ -16,7 +16,8 @@ pub struct BenchArgs {
     /// uring:/dev/loop0, uring:/path/file.
     #[arg(long, short = 'b')]
     bdev: String,
-    /// read, write, randread, randwrite, randrw.
+    /// read, write, randread, randwrite, randrw, flush, unmap (flush and
+    /// unmap: one command of --bs at a time, in order).
     #[arg(long = "workload", short = 'w', default_value = "randread")]
     workload: String,
     /// Percent reads for randrw.
@@ -31,7 +32,8 @@ pub struct BenchArgs {
     /// Seconds to run.
     #[arg(long, short = 't', default_value_t = 5.0)]
     time: f64,
-    /// Write self-checking blocks and check every read.
+    /// Write self-checking blocks and check every read (flush, unmap: read
+    /// each unit back after its flush or unmap).
     #[arg(long)]
     verify: bool,
     #[arg(long, default_value_t = 0x5eed)]

@@ -124,3 +124,42 @@ fn verify_catches_corrupted_blocks() {
         "{log}"
     );
 }
+
+#[test]
+fn flush_and_unmap_workloads_check_their_blocks() {
+    let dir = tmpdir("unmap");
+    let f = dir.join("disk.img");
+    std::fs::write(&f, vec![0xA5u8; 8 << 20]).unwrap();
+    let spec = format!("uring:{}", f.display());
+    // A file through io_uring punches holes: unmapped blocks read as zeroes,
+    // which --verify reads back after every unmap; a flush leaves the
+    // slot's self-checking blocks intact.
+    for w in ["unmap", "flush"] {
+        let (code, v, log) = bench(&[
+            "-b", &spec, "-w", w, "--bs", "64K", "--qd", "2", "-t", "0.5", "--verify",
+        ]);
+        assert_eq!(code, 0, "{w}: {log}");
+        assert_eq!(v["workload"], w, "{log}");
+        assert!(v["total"]["ios"].as_u64().unwrap() > 0, "{w}: {log}");
+        assert_eq!(v["total"]["errors"], 0, "{w}: {log}");
+        assert_eq!(v["total"]["verify_errors"], 0, "{w}: {log}");
+    }
+    // Unmap the whole file once (one 8 MiB unit): the host reads zeroes.
+    let (code, v, log) = bench(&[
+        "-b", &spec, "-w", "unmap", "--bs", "8M", "--qd", "1", "-t", "0.2",
+    ]);
+    assert_eq!(code, 0, "{log}");
+    assert!(v["total"]["ios"].as_u64().unwrap() > 0, "{log}");
+    assert!(
+        std::fs::read(&f).unwrap().iter().all(|b| *b == 0),
+        "file not unmapped"
+    );
+    // The null bdev promises nothing about unmapped blocks: refused.
+    let (code, _, log) = bench(&["-b", "null:64M", "-w", "unmap", "--verify"]);
+    assert_eq!(code, 2, "{log}");
+    assert!(log.contains("unmap"), "{log}");
+    let (code, _, log) = bench(&["-b", "null:64M", "-w", "trim"]);
+    assert_eq!(code, 2, "{log}");
+    assert!(log.contains("flush, unmap"), "{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
