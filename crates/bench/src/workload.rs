@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ustor_bdev::{IoChannel, IoType, Registry};
+use ustor_bdev::{BdevError, IoChannel, IoType, Registry};
 use ustor_runtime::{ticks, IoBuf, RuntimeHandle};
 
 use crate::hist::LogHist;
@@ -44,9 +44,12 @@ impl std::str::FromStr for Pattern {
             "randrw" => Pattern::RandRw,
             "flush" => Pattern::Flush,
             "unmap" => Pattern::Unmap,
-            _ => return Err(format!(
-                "unknown workload `{s}` (read, write, randread, randwrite, randrw, flush, unmap)"
-            )),
+            _ => {
+                return Err(format!(
+                    "unknown workload `{s}` ({})",
+                    "read, write, randread, randwrite, randrw, flush, unmap"
+                ))
+            }
         })
     }
 }
@@ -274,6 +277,11 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
             now = done;
             lat
         } else {
+            if matches!(r, Err(BdevError::Removed)) {
+                // Hot-removed: every further I/O fails the same way.
+                core.record(0, false, read);
+                break;
+            }
             // Failed before reaching the device: nothing was timed.
             now = ticks::now();
             0
