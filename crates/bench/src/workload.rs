@@ -253,7 +253,7 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
         };
         let read = match cfg.pattern {
             Pattern::Read | Pattern::RandRead => true,
-            Pattern::Write | Pattern::RandWrite => false,
+            Pattern::Write | Pattern::RandWrite | Pattern::Flush | Pattern::Unmap => false,
             Pattern::RandRw => (rng.next() % 100) < cfg.rwmixread as u64,
         };
         let lba = (plan.start + unit) * sh.bpi;
