@@ -1,7 +1,10 @@
 //! Moving PDUs over one connection's socket: [`Wire`] receives a PDU
 //! (BHS, AHS, header digest, padded data, data digest, each checked) into
 //! buffers it keeps for the connection's life, and queues responses in one
-//! send buffer that goes out in one `send` per flush.
+//! send buffer that goes out in one `send` per flush. Both buffers start
+//! small and grow to the largest PDU seen (at most
+//! MaxRecvDataSegmentLength on receive), so an idle session costs a few
+//! KiB, not its negotiated limits.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -13,8 +16,11 @@ use ustor_runtime::IoBuf;
 
 /// Header bytes we take: BHS, 255 words of AHS, header digest.
 const MAX_HEADER: usize = BHS_LEN + 1020 + 4;
-/// First size of the send buffer; it grows to the largest flush.
-const FIRST_OUT: usize = 64 << 10;
+/// First size of the send buffer (login answers); it grows to the
+/// largest flush.
+const FIRST_OUT: usize = 8 << 10;
+/// First size of the receive buffer; it grows to the largest data segment.
+const FIRST_DATA: usize = 8 << 10;
 
 /// Why a connection ends.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +75,7 @@ impl Wire {
         Wire {
             fd,
             hdr: IoBuf::heap(MAX_HEADER),
-            data: IoBuf::heap(pad4(max_recv) + 4),
+            data: IoBuf::heap(pad4(max_recv.min(FIRST_DATA)) + 4),
             data_len: 0,
             out,
             spare: Some(IoBuf::heap(1)),
@@ -86,11 +92,9 @@ impl Wire {
         self.fd
     }
 
-    /// Grows the receive buffer after login raised MaxRecvDataSegmentLength.
+    /// Sets MaxRecvDataSegmentLength (after login); the receive buffer
+    /// grows to it only as larger segments arrive.
     pub fn set_max_recv(&mut self, n: usize) {
-        if pad4(n) + 4 > self.data.capacity() {
-            self.data = IoBuf::heap(pad4(n) + 4);
-        }
         self.max_recv = n;
     }
 
@@ -136,6 +140,12 @@ impl Wire {
         }
         let dd = if self.data_digest && n > 0 { 4 } else { 0 };
         self.data_len = n;
+        if pad4(n) + 4 > self.data.capacity() {
+            // Doubling, bounded by the limit: few reallocations, no more
+            // memory than the largest segment needs.
+            let want = (pad4(n) + 4).next_power_of_two();
+            self.data = IoBuf::heap(want.min(pad4(self.max_recv) + 4));
+        }
         if n > 0 {
             self.exact(false, 0, pad4(n) + dd).await?;
         }

@@ -19,7 +19,8 @@
 //!   (immediate, unsolicited, R2T, Data-In with phase collapse), [`pdu`]
 //!   the target PDUs, [`io`] the receive side of a connection, `tx` its
 //!   shared send queue (with the send timeout),
-//!   [`drain`] the shutdown that asks every initiator to log out.
+//!   [`drain`] the shutdown that asks every initiator to log out;
+//!   `refuse` the answer to connections beyond the cap.
 
 pub mod command;
 pub mod config;
@@ -33,6 +34,7 @@ pub mod negotiate;
 pub mod netmask;
 pub mod options;
 pub mod pdu;
+mod refuse;
 mod sess;
 pub mod session;
 mod sessions;

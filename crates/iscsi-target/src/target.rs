@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ustor_bdev::{ControlError, Desc, Registry};
-use ustor_net::listener::{Accepted, ConnLimit, Listener, ListenerConfig, Placement, Service};
+use ustor_net::listener::{
+    Accepted, ConnLimit, Listener, ListenerConfig, Placement, Refused, Service,
+};
 use ustor_runtime::RuntimeHandle;
 use ustor_scsi_target::LuConfig;
 
@@ -135,6 +137,11 @@ impl Service for PortalService {
 
     fn serve(self: Arc<Self>, conn: Accepted) -> Self::Fut {
         Box::pin(crate::conn::serve(conn, self))
+    }
+
+    /// Beyond the cap: the Login Request is answered "out of resources".
+    fn refuse(self: Arc<Self>, conn: Refused) -> Option<Self::Fut> {
+        Some(Box::pin(crate::refuse::answer(conn)))
     }
 }
 
@@ -749,6 +756,11 @@ impl IscsiTarget {
     /// Sets the connection cap.
     pub fn set_max_connections(&self, n: usize) {
         self.shared.conns.set_max(n);
+    }
+
+    /// The connection cap's counters (admitted, refused, login timeouts).
+    pub fn listener_stats(&self) -> ustor_net::listener::ListenerStats {
+        self.shared.conns.stats()
     }
 
     /// The calls that recreate this target's objects (for save_config),

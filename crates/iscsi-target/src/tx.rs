@@ -23,7 +23,7 @@ use crate::pdu::Seq;
 use crate::sess::Window;
 
 /// First size of each send buffer; they grow to the largest flush.
-const FIRST_OUT: usize = 64 << 10;
+const FIRST_OUT: usize = 8 << 10;
 
 struct State {
     out: IoBuf,

@@ -1,14 +1,16 @@
 //! The connection layer's limits as the iSCSI target sets them: a login
-//! that never finishes is cut at the login timeout, connections beyond the
-//! cap are closed at once, and both leave the target serving others.
+//! that never finishes is cut at the login timeout, a login beyond the
+//! connection cap is answered "out of resources" (status 0x0302) and
+//! closed, and both leave the target serving others.
 
 mod common;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
+use ustor_iscsi::wire::{build, encode_text, opcode, pad4, BHS_LEN};
 
 /// Reads until EOF (the target closed the connection) or the deadline.
 fn closed_within(s: &mut TcpStream, max: Duration) -> bool {
@@ -50,11 +52,27 @@ fn connections_beyond_the_cap_are_closed() {
     testkit::wait_until("two connections admitted", Duration::from_secs(5), || {
         f.target.connections() == 2
     });
+    // The third one's Login Request gets the protocol's answer, then the
+    // close.
     let mut c = TcpStream::connect(("127.0.0.1", f.port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let text = encode_text(&[("InitiatorName", "iqn.2026-11.io.ustor:third")]);
+    let mut req = build::login([0x80, 0, 0, 0, 0, 3], 0, 5, 0, 0, 1, 3, true);
+    req.set_data_len(text.len());
+    let mut pdu = req.0.to_vec();
+    pdu.extend_from_slice(&text);
+    pdu.resize(BHS_LEN + pad4(text.len()), 0);
+    c.write_all(&pdu).unwrap();
+    let mut h = [0u8; BHS_LEN];
+    c.read_exact(&mut h).expect("login response");
+    assert_eq!(h[0] & 0x3f, opcode::LOGIN_RESP);
+    assert_eq!((h[36], h[37]), (3, 2), "out of resources");
+    assert_eq!(u32::from_be_bytes([h[16], h[17], h[18], h[19]]), 5, "ITT");
     assert!(
-        closed_within(&mut c, Duration::from_secs(5)),
+        closed_within(&mut c, Duration::from_secs(10)),
         "third connection kept"
     );
+    assert_eq!(f.target.listener_stats().rejected, 1);
     drop((a, b));
     assert!(
         f.target.wait_idle(Duration::from_secs(20)),

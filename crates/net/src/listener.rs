@@ -12,6 +12,11 @@
 //! address). Nothing per connection is allocated by the loop beyond the
 //! task the runtime spawns; the protocol allocates its staging after the
 //! handshake.
+//!
+//! A connection beyond the cap may be handed to the protocol as a
+//! [`Refused`] so it can say why in its own terms (an iSCSI Login reject)
+//! before closing: at most [`MAX_REFUSING`] at a time, each within
+//! [`REFUSE_TIMEOUT`]; the rest are closed at once.
 
 use std::future::Future;
 use std::io;
@@ -27,6 +32,13 @@ use ustor_runtime::{ops, RuntimeHandle};
 /// Default handshake timeout: far beyond any live peer's round trips,
 /// short enough that idle sockets cannot pile up.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections beyond the cap being answered at once (more are closed
+/// without an answer): what a flood of them can hold is bounded.
+pub const MAX_REFUSING: usize = 16;
+
+/// Time a refused connection has to send what the protocol answers.
+pub const REFUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How a listener admits connections.
 #[derive(Clone)]
@@ -73,6 +85,8 @@ pub struct ConnLimit {
     accepted: AtomicU64,
     rejected: AtomicU64,
     handshake_timeouts: AtomicU64,
+    /// Refused connections being answered now ([`MAX_REFUSING`] at most).
+    refusing: AtomicUsize,
     /// Signalled when a connection closes (for [`ConnLimit::wait_idle`]).
     closed: (Mutex<()>, Condvar),
 }
@@ -86,6 +100,7 @@ impl ConnLimit {
             accepted: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             handshake_timeouts: AtomicU64::new(0),
+            refusing: AtomicUsize::new(0),
             closed: (Mutex::new(()), Condvar::new()),
         })
     }
@@ -121,6 +136,16 @@ impl ConnLimit {
         }
         self.accepted.fetch_add(1, Ordering::Relaxed);
         Some(ConnGuard(self.clone(), None))
+    }
+
+    /// A place to answer one refused connection, unless [`MAX_REFUSING`]
+    /// are being answered already.
+    fn try_refuse(self: &Arc<Self>) -> Option<RefuseSlot> {
+        if self.refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
+            self.refusing.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(RefuseSlot(self.clone()))
     }
 
     /// Waits (blocking, control thread) until no connection is open or
@@ -172,6 +197,28 @@ impl Drop for ConnGuard {
         let _g = m.lock().unwrap_or_else(|p| p.into_inner());
         cv.notify_all();
     }
+}
+
+/// Holds one of the [`MAX_REFUSING`] places until the refused connection
+/// is closed.
+struct RefuseSlot(Arc<ConnLimit>);
+
+impl Drop for RefuseSlot {
+    fn drop(&mut self) {
+        self.0.refusing.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection turned away at the cap, handed to [`Service::refuse`] on
+/// the accepting reactor; not counted against the cap (its place among the
+/// [`MAX_REFUSING`] is held until the future `refuse` returned ends). The
+/// protocol reads at most what it needs to answer, within
+/// [`Refused::timeout`], and drops it (closing the socket).
+pub struct Refused {
+    pub fd: OwnedFd,
+    pub peer: Option<SocketAddr>,
+    /// Time the peer has to send what the protocol answers.
+    pub timeout: Duration,
 }
 
 /// An admitted connection, handed to [`Service::serve`] on its reactor.
@@ -226,6 +273,13 @@ pub trait Service: Send + Sync + 'static {
     fn on_accept(&self) {}
     /// Called on the accepting reactor when the cap turned one away.
     fn on_reject(&self) {}
+    /// Answers a connection the cap turned away, on the accepting reactor
+    /// (for example with the protocol's "out of resources" status); `None`
+    /// (the default) closes it at once.
+    fn refuse(self: Arc<Self>, conn: Refused) -> Option<Self::Fut> {
+        drop(conn);
+        None
+    }
 }
 
 /// A listening socket and its accept loop. Stops on [`Listener::stop`] or
@@ -349,6 +403,7 @@ impl<S: Service> AcceptLoop<S> {
                 self.cfg.limit.max()
             );
             service.on_reject();
+            self.refuse(client, peer, service);
             return;
         };
         tracing::info!(
@@ -374,5 +429,30 @@ impl<S: Service> AcceptLoop<S> {
         // On failure the message, with the socket and its guard inside,
         // was dropped: closed and uncounted.
         let _ = self.rt.spawn_on(target, move || service.serve(conn));
+    }
+
+    /// Hands a connection over the cap to the protocol to answer, on this
+    /// reactor (no placement: it is short-lived), or closes it when
+    /// [`MAX_REFUSING`] are being answered already.
+    fn refuse(&self, client: OwnedFd, peer: Option<SocketAddr>, service: Arc<S>) {
+        let Some(slot) = self.cfg.limit.try_refuse() else {
+            return;
+        };
+        let conn = Refused {
+            fd: client,
+            peer,
+            timeout: REFUSE_TIMEOUT.min(self.cfg.handshake_timeout),
+        };
+        let _ = self.rt.spawn_on(self.cfg.accept_reactor, move || {
+            let fut = service.refuse(conn);
+            async move {
+                // Held here, not in `Refused`: the protocol's future may
+                // keep only the fields it uses.
+                let _slot = slot;
+                if let Some(f) = fut {
+                    f.await;
+                }
+            }
+        });
     }
 }

@@ -1,5 +1,6 @@
-//! The listener with real sockets: the connection cap, the handshake
-//! timeout, and the count following connections as they close.
+//! The listener with real sockets: the connection cap (and the protocol's
+//! answer to connections beyond it), the handshake timeout, and the count
+//! following connections as they close.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -7,7 +8,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ustor_net::listener::{Accepted, ConnLimit, Listener, ListenerConfig, Placement, Service};
+use ustor_net::listener::{
+    Accepted, ConnLimit, Listener, ListenerConfig, Placement, Refused, Service, MAX_REFUSING,
+};
 use ustor_net::recv::recv_exact;
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 
@@ -40,6 +43,27 @@ impl Service for Echo {
                 }
             }
         })
+    }
+}
+
+/// [`Echo`], and beyond the cap it reads the peer's `helo` and answers
+/// `no` before closing.
+struct Refusing;
+
+impl Service for Refusing {
+    type Fut = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    fn serve(self: Arc<Self>, conn: Accepted) -> Self::Fut {
+        Arc::new(Echo).serve(conn)
+    }
+    fn refuse(self: Arc<Self>, conn: Refused) -> Option<Self::Fut> {
+        Some(Box::pin(async move {
+            let fd = conn.fd.as_raw_fd();
+            let read = ustor_net::time::timeout(conn.timeout, recv_exact(fd, IoBuf::heap(4), 0, 4));
+            if let Some((Ok(()), _)) = read.await {
+                let _ = ustor_runtime::ops::send_all(fd, buf(b"no")).await;
+            }
+            ustor_net::recv::shutdown(fd);
+        }))
     }
 }
 
@@ -211,4 +235,56 @@ fn stopped_listener_refuses_new_connections() {
         assert_closed(&mut s);
     }
     assert_eq!(limit.stats().accepted, 1);
+}
+
+#[test]
+fn refused_connections_get_the_protocols_answer_up_to_a_bound() {
+    let rt = runtime();
+    let limit = ConnLimit::new(1);
+    let svc = Arc::new(Refusing);
+    let l = Listener::bind(
+        &rt.handle(),
+        "127.0.0.1:0".parse().unwrap(),
+        ListenerConfig::new("test", limit.clone()),
+        Arc::new(Placement::default()),
+        &svc,
+    )
+    .expect("binds");
+    let a = l.local_addr();
+    let mut admitted = hello(a);
+    // MAX_REFUSING silent connections hold every place for an answer (up
+    // to the refusal timeout); the ones after them are closed at once.
+    let mut waiting: Vec<TcpStream> = (0..MAX_REFUSING)
+        .map(|_| TcpStream::connect(a).unwrap())
+        .collect();
+    wait_for("every refusal counted", || {
+        limit.stats().rejected == MAX_REFUSING as u64
+    });
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(a).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t0 = Instant::now();
+        assert_closed(&mut s);
+        assert!(t0.elapsed() < Duration::from_secs(1), "not at once");
+    }
+    // The waiting ones get the answer, then the close.
+    for s in &mut waiting {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"helo").unwrap();
+        let mut no = [0u8; 2];
+        s.read_exact(&mut no).expect("refusal answered");
+        assert_eq!(&no, b"no");
+        assert_closed(s);
+    }
+    let st = limit.stats();
+    assert_eq!(
+        (st.accepted, st.rejected, st.open),
+        (1, MAX_REFUSING as u64 + 4, 1)
+    );
+    // The admitted connection was served all along.
+    admitted.write_all(b"k").unwrap();
+    let mut e = [0u8; 1];
+    admitted.read_exact(&mut e).unwrap();
+    assert_eq!(&e, b"k");
+    l.stop();
 }
