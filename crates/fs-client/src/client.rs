@@ -13,8 +13,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ustor_fs::proto::{self, Request, SET_ATIME, SET_GID, SET_MODE, SET_MTIME, SET_SIZE, SET_UID};
-use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE};
+use ustor_fs::proto::{
+    self, Request, MAX_TARGET, SET_ATIME, SET_GID, SET_MODE, SET_MTIME, SET_SIZE, SET_UID,
+};
+use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE, NAME_MAX};
 
 use crate::conn::{Conn, Frame};
 use crate::{wire, ClientError, Result};
@@ -67,6 +69,28 @@ fn idempotent(r: &Request<'_>) -> bool {
             | Request::Statfs
             | Request::Fsync
     )
+}
+
+/// ENAMETOOLONG for a name or symlink target over the protocol's limits,
+/// before it is sent (the server would take the frame as malformed and
+/// close the connection).
+fn check_names(r: &Request<'_>) -> Result<()> {
+    let too_long = |n: &[u8]| n.len() > NAME_MAX;
+    let bad = match r {
+        Request::Lookup { name }
+        | Request::Create { name, .. }
+        | Request::Mkdir { name, .. }
+        | Request::Link { name, .. }
+        | Request::Unlink { name }
+        | Request::Rmdir { name } => too_long(name),
+        Request::Symlink { name, target, .. } => too_long(name) || target.len() > MAX_TARGET,
+        Request::Rename { sname, dname, .. } => too_long(sname) || too_long(dname),
+        _ => false,
+    };
+    if bad {
+        return Err(ClientError::Errno(libc::ENAMETOOLONG));
+    }
+    Ok(())
 }
 
 fn resolve(addr: &str) -> Result<Vec<SocketAddr>> {
@@ -151,11 +175,69 @@ impl Client {
 
     /// Sends a request without waiting: the start of a pipelined call.
     fn submit(&self, ino: u64, req: &Request<'_>, payload: &[u8]) -> Result<Pending> {
+        check_names(req)?;
         let conn = self.conn()?;
         let tag = self.next_tag();
         let head = proto::encode_request(tag, ino, req);
         let rx = conn.send(tag, &head, payload)?;
         Ok(Pending { conn, rx })
+    }
+
+    /// Sends a read of at most `MAX_WRITE` bytes without waiting for its
+    /// reply ([`Client::finish_read`] waits): the mount sends on its
+    /// session thread and waits on a worker, so several kernel requests
+    /// are in flight at once.
+    pub fn start_read(&self, ino: u64, off: u64, len: usize) -> Started {
+        let len = len.min(MAX_WRITE);
+        let req = Request::Read {
+            off,
+            len: len as u32,
+        };
+        Started {
+            p: self.submit(ino, &req, &[]),
+            read: Some((ino, off, len)),
+        }
+    }
+
+    /// The bytes a [`Client::start_read`] asked for; sent again on a new
+    /// connection if the first one broke.
+    pub fn finish_read(&self, s: Started) -> Result<Vec<u8>> {
+        // A read that could not be sent already waited out the reconnect
+        // window; one sent on a connection that broke is sent again.
+        match (self.wait(s.p?), s.read) {
+            (Err(ClientError::Disconnected(_)), Some((ino, off, len))) => self.read(ino, off, len),
+            (r, _) => Ok(r?.body),
+        }
+    }
+
+    /// Sends a write of at most `MAX_WRITE` bytes (straight from `data`,
+    /// no copy) without waiting for its reply ([`Client::finish_write`]).
+    /// A connection that breaks while sending is redialled and the write
+    /// sent once more (`data` is still at hand); once it is sent, `data`
+    /// is not kept, so a connection that breaks before the reply fails it
+    /// with `Disconnected` (EIO).
+    pub fn start_write(&self, ino: u64, off: u64, data: &[u8]) -> Started {
+        if data.len() > MAX_WRITE {
+            return Started {
+                p: Err(ClientError::Invalid("write over MAX_WRITE")),
+                read: None,
+            };
+        }
+        let req = Request::Write {
+            off,
+            len: data.len() as u32,
+        };
+        let p = match self.submit(ino, &req, data) {
+            Err(ClientError::Disconnected(_)) => self.submit(ino, &req, data),
+            p => p,
+        };
+        Started { p, read: None }
+    }
+
+    /// The attribute a [`Client::start_write`] answered (when the server
+    /// sends one).
+    pub fn finish_write(&self, s: Started) -> Result<Option<Attr>> {
+        wire::decode_write(&s.p.and_then(|p| self.wait(p))?.body)
     }
 
     fn wait(&self, p: Pending) -> Result<Frame> {
@@ -383,6 +465,14 @@ fn chunk(off: u64, len: usize) -> Vec<(u64, usize)> {
             return v;
         }
     }
+}
+
+/// A read or write sent and not yet answered ([`Client::start_read`],
+/// [`Client::start_write`]); it may be waited for on another thread.
+pub struct Started {
+    p: Result<Pending>,
+    /// A read's inode, offset and length: sent again if the connection broke.
+    read: Option<(u64, u64, usize)>,
 }
 
 /// A request sent and not yet answered.

@@ -7,12 +7,20 @@
 //! client last saw, so another client's change is never served stale after
 //! an open. Writes go write-through from the kernel's buffer to the socket
 //! without a copy (writev); mmap works over the page cache.
+//!
+//! Concurrency: reads and writes are sent from fuser's session thread and
+//! answered from a worker ([`crate::workers`]) once their reply arrives, so
+//! the kernel's requests overlap on the pipelined connection; metadata
+//! calls are answered on the session thread. readdir lists "." and ".."
+//! first (the server's directories hold neither). A file unlinked or
+//! renamed over while open here lives on under a hidden name until its
+//! last close (as with libfuse), so open descriptors keep working.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -21,7 +29,15 @@ use fuser::{
 };
 use ustor_fs::{Attr, FileKind, SetAttr};
 
+use crate::workers::Workers;
 use crate::Client;
+
+/// Worker threads answering reads and writes: enough for the kernel's
+/// background requests (fuser asks for 16) plus a few synchronous ones.
+const WORKERS: usize = 24;
+
+/// (size, mtime) of each file as this client last saw it.
+type Seen = Arc<Mutex<HashMap<u64, (u64, i64)>>>;
 
 /// The FUSE file system of one mounted export.
 pub struct FuseFs {
@@ -29,7 +45,20 @@ pub struct FuseFs {
     ttl: Duration,
     /// (size, mtime) of each file as this client last saw it: an open keeps
     /// the page cache only when the server still says the same.
-    seen: HashMap<u64, (u64, i64)>,
+    seen: Seen,
+    workers: Workers,
+    opened: Opened,
+}
+
+/// Files open through this mount, and those unlinked (or renamed over)
+/// while open: as libfuse does, such a file is renamed to a hidden name
+/// instead, so the open descriptors keep reading and writing it, and is
+/// unlinked at its last close.
+#[derive(Default)]
+struct Opened {
+    count: HashMap<u64, u32>,
+    /// Inode -> (directory, hidden name).
+    hidden: HashMap<u64, (u64, Vec<u8>)>,
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -89,8 +118,33 @@ impl FuseFs {
         Self {
             c,
             ttl,
-            seen: HashMap::new(),
+            seen: Seen::default(),
+            workers: Workers::new(WORKERS),
+            opened: Opened::default(),
         }
+    }
+
+    /// The inode `name` in `dir` names when it is a file open here whose
+    /// last link that name is (an extra lookup only while files are open).
+    fn open_last_link(&self, dir: u64, name: &[u8]) -> Option<u64> {
+        if self.opened.count.is_empty() {
+            return None;
+        }
+        let a = self.c.lookup(dir, name).ok()?;
+        let file = a.mode & libc::S_IFMT == libc::S_IFREG && a.nlink == 1;
+        (file && self.opened.count.contains_key(&a.ino)).then_some(a.ino)
+    }
+
+    /// Moves an open file's last name out of the way (see [`Opened`]).
+    fn hide(&mut self, dir: u64, name: &[u8], ino: u64) -> crate::Result<()> {
+        let h = format!(".ustor_hidden{ino:016x}").into_bytes();
+        self.c.rename(dir, name, dir, &h)?;
+        self.opened.hidden.insert(ino, (dir, h));
+        Ok(())
+    }
+
+    fn note_open(&mut self, ino: u64) {
+        *self.opened.count.entry(ino).or_default() += 1;
     }
 
     fn entry(&mut self, r: crate::Result<Attr>, reply: ReplyEntry) {
@@ -101,9 +155,14 @@ impl FuseFs {
     }
 
     fn note(&mut self, a: &Attr) {
-        if a.mode & libc::S_IFMT == libc::S_IFREG {
-            self.seen.insert(a.ino, (a.size, a.mtime_ns));
-        }
+        note(&self.seen, a);
+    }
+}
+
+fn note(seen: &Seen, a: &Attr) {
+    if a.mode & libc::S_IFMT == libc::S_IFREG {
+        let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        s.insert(a.ino, (a.size, a.mtime_ns));
     }
 }
 
@@ -186,7 +245,11 @@ impl Filesystem for FuseFs {
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        empty(self.c.unlink(parent, name.as_bytes()), reply)
+        let name = name.as_bytes();
+        if let Some(ino) = self.open_last_link(parent, name) {
+            return empty(self.hide(parent, name, ino), reply);
+        }
+        empty(self.c.unlink(parent, name), reply)
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
@@ -220,10 +283,15 @@ impl Filesystem for FuseFs {
         if flags != 0 {
             return reply.error(libc::EINVAL);
         }
-        let r = self
-            .c
-            .rename(parent, name.as_bytes(), newparent, newname.as_bytes());
-        empty(r, reply)
+        let (name, newname) = (name.as_bytes(), newname.as_bytes());
+        if let Some(ino) = self.open_last_link(newparent, newname) {
+            // The source is another inode (the target has one link): the
+            // open target lives on under its hidden name.
+            if let Err(e) = self.hide(newparent, newname, ino) {
+                return reply.error(e.errno());
+            }
+        }
+        empty(self.c.rename(parent, name, newparent, newname), reply)
     }
 
     fn link(
@@ -242,13 +310,17 @@ impl Filesystem for FuseFs {
         // Close-to-open: fresh attributes from the server at every open.
         match self.c.getattr(ino) {
             Ok(a) => {
-                let same = self.seen.get(&ino) == Some(&(a.size, a.mtime_ns));
+                let same = {
+                    let s = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                    s.get(&ino) == Some(&(a.size, a.mtime_ns))
+                };
                 self.note(&a);
                 let keep = if same {
                     fuser::consts::FOPEN_KEEP_CACHE
                 } else {
                     0
                 };
+                self.note_open(ino);
                 reply.opened(0, keep)
             }
             Err(e) => reply.error(e.errno()),
@@ -266,10 +338,14 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        match self.c.read(ino, offset as u64, size as usize) {
+        // Sent here, answered by a worker: the next request is read
+        // meanwhile.
+        let c = self.c.clone();
+        let s = c.start_read(ino, offset as u64, size as usize);
+        self.workers.run(move || match c.finish_read(s) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e.errno()),
-        }
+        });
     }
 
     fn write(
@@ -284,18 +360,23 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        match self.c.write(ino, offset as u64, data) {
+        // The payload leaves from the kernel's buffer here (no copy); a
+        // worker waits for the reply.
+        let (c, seen, n) = (self.c.clone(), self.seen.clone(), data.len() as u32);
+        let s = c.start_write(ino, offset as u64, data);
+        self.workers.run(move || match c.finish_write(s) {
             Ok(a) => {
                 // Our own write: what the page cache holds is current.
-                if let Some(a) = a {
-                    self.note(&a);
-                } else {
-                    self.seen.remove(&ino);
+                match a {
+                    Some(a) => note(&seen, &a),
+                    None => {
+                        seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&ino);
+                    }
                 }
-                reply.written(data.len() as u32)
+                reply.written(n)
             }
             Err(e) => reply.error(e.errno()),
-        }
+        });
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lo: u64, reply: ReplyEmpty) {
@@ -319,8 +400,21 @@ impl Filesystem for FuseFs {
         offset: i64,
         mut reply: ReplyDirectory,
     ) {
-        // The offset the kernel hands back is the server's cookie.
-        let mut cookie = offset as u64;
+        // Offsets 1 and 2 are "." and ".."; past them the offset the kernel
+        // hands back is the server's cookie + 2.
+        if offset < 1 && reply.add(ino, 1, FileType::Directory, ".") {
+            return reply.ok();
+        }
+        if offset < 2 {
+            let up = match self.c.lookup(ino, b"..") {
+                Ok(a) => a.ino,
+                Err(e) => return reply.error(e.errno()),
+            };
+            if reply.add(up, 2, FileType::Directory, "..") {
+                return reply.ok();
+            }
+        }
+        let mut cookie = (offset.max(2) - 2) as u64;
         loop {
             let es = match self.c.readdir(ino, cookie, 128) {
                 Ok(es) => es,
@@ -335,7 +429,7 @@ impl Filesystem for FuseFs {
                     FileKind::Dir => FileType::Directory,
                     FileKind::Symlink => FileType::Symlink,
                 };
-                if reply.add(e.ino, e.next as i64, k, OsStr::from_bytes(&e.name)) {
+                if reply.add(e.ino, e.next as i64 + 2, k, OsStr::from_bytes(&e.name)) {
                     return reply.ok();
                 }
                 cookie = e.next;
@@ -369,10 +463,38 @@ impl Filesystem for FuseFs {
         {
             Ok(a) => {
                 self.note(&a);
+                self.note_open(a.ino);
                 reply.created(&self.ttl, &file_attr(&a), 0, 0, 0)
             }
             Err(e) => reply.error(e.errno()),
         }
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let last = match self.opened.count.get_mut(&ino) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => self.opened.count.remove(&ino).is_some(),
+            None => false,
+        };
+        if let Some((dir, h)) = last.then(|| self.opened.hidden.remove(&ino)).flatten() {
+            // Unlinked while open: its hidden name goes with the last close.
+            if let Err(e) = self.c.unlink(dir, &h) {
+                tracing::warn!(ino, "fs mount: hidden file not removed: {e}");
+            }
+        }
+        reply.ok()
     }
 }
 

@@ -11,10 +11,11 @@ mod conn;
 pub mod fuse;
 pub mod mount;
 pub mod wire;
+mod workers;
 
 use thiserror::Error;
 
-pub use client::{Client, Config};
+pub use client::{Client, Config, Started};
 pub use ustor_fs::{Attr, DirEntry, FileKind, SetAttr, StatFs};
 
 /// Errors of the client layer; `errno` gives what a file system call

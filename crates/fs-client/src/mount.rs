@@ -1,4 +1,4 @@
-//! Mounting an export (`ustor fs mount`): parses `HOST:PORT/EXPORT`, reads
+//! Mounting an export (`ustor fs mount`): parses `HOST[:PORT]/EXPORT`, reads
 //! the secret (a file or `USTOR_FS_SECRET`, never the command line),
 //! connects, mounts through /dev/fuse and serves until the file system is
 //! unmounted (`umount MOUNTPOINT`) or the process gets SIGINT/SIGTERM,
@@ -13,19 +13,29 @@ use fuser::{MountOption, Session};
 use crate::fuse::FuseFs;
 use crate::{Client, Config};
 
-/// Splits `HOST:PORT/EXPORT` into the address and the export's name.
+/// Splits `HOST[:PORT]/EXPORT` into the address and the export's name;
+/// without a port, [`ustor_fs::proto::DEFAULT_PORT`]. An IPv6 host goes
+/// in brackets (`[::1]:4800/e`, `[::1]/e`).
 pub fn parse_target(t: &str) -> Result<(String, String), String> {
-    let (addr, export) = t
-        .rsplit_once('/')
-        .ok_or_else(|| format!("{t}: expected HOST:PORT/EXPORT"))?;
-    if export.is_empty()
-        || addr
-            .rsplit_once(':')
-            .map_or(true, |(h, p)| h.is_empty() || p.parse::<u16>().is_err())
-    {
-        return Err(format!("{t}: expected HOST:PORT/EXPORT"));
+    let bad = || format!("{t}: expected HOST[:PORT]/EXPORT");
+    let (addr, export) = t.rsplit_once('/').ok_or_else(bad)?;
+    if export.is_empty() || addr.is_empty() {
+        return Err(bad());
     }
-    Ok((addr.to_string(), export.to_string()))
+    let addr = match addr.rsplit_once(':') {
+        // A bracketed IPv6 host without a port, or a name with no port.
+        _ if addr.ends_with(']') => format!("{addr}:{}", ustor_fs::proto::DEFAULT_PORT),
+        None => format!("{addr}:{}", ustor_fs::proto::DEFAULT_PORT),
+        Some((h, p))
+            if p.parse::<u16>().is_ok()
+                && !h.is_empty()
+                && (!h.contains(':') || h.starts_with('[') && h.ends_with(']')) =>
+        {
+            addr.to_string()
+        }
+        Some(_) => return Err(bad()),
+    };
+    Ok((addr, export.to_string()))
 }
 
 /// The secret from `file`, else from `USTOR_FS_SECRET`, else empty; a
@@ -118,7 +128,24 @@ mod tests {
             parse_target("[::1]:9/e").unwrap(),
             ("[::1]:9".into(), "e".into())
         );
-        for bad in ["host/e", "host:port/e", ":1/e", "h:1/", "h:1", "h:70000/e"] {
+        // No port: the default one.
+        assert_eq!(
+            parse_target("fs.example/data").unwrap(),
+            ("fs.example:4800".into(), "data".into())
+        );
+        assert_eq!(
+            parse_target("[::1]/e").unwrap(),
+            ("[::1]:4800".into(), "e".into())
+        );
+        for bad in [
+            "host:port/e",
+            ":1/e",
+            "h:1/",
+            "h:1",
+            "h:70000/e",
+            "/e",
+            "::1/e",
+        ] {
             assert!(parse_target(bad).is_err(), "{bad}");
         }
     }

@@ -20,6 +20,11 @@ pub const MAX_BODY: usize = MAX_WRITE + 8;
 pub const MAX_TARGET: usize = crate::BLOCK_SIZE - 1;
 /// Bytes of the nonces and of the MAC of the connect challenge.
 pub const NONCE_LEN: usize = 32;
+/// The TCP port an export listens on and a mount dials when none is given
+/// (`ustor fs mount HOST/EXPORT`, `fs_export` with `listen: "ip"`). Not
+/// registered with IANA; chosen clear of NFS (2049), iSCSI (3260) and
+/// NVMe/TCP (4420).
+pub const DEFAULT_PORT: u16 = 4800;
 
 /// Errors of the protocol layer: each disconnects the client.
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! `ustor fs mount HOST:PORT/EXPORT MOUNTPOINT`: mounts an export of the
+//! `ustor fs mount HOST[:PORT]/EXPORT MOUNTPOINT`: mounts an export of the
 //! file service through FUSE (crates/fs-client) and serves it in the
 //! foreground until it is unmounted or the process is interrupted.
 
@@ -11,7 +11,8 @@ use ustor_fs_client::Config;
 
 #[derive(Args)]
 pub struct MountArgs {
-    /// The export: HOST:PORT/EXPORT.
+    /// The export: HOST[:PORT]/EXPORT (port 4800 when none is given; an
+    /// IPv6 host in brackets).
     target: String,
     /// Where to mount it (an existing directory).
     mountpoint: PathBuf,

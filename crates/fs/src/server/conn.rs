@@ -9,6 +9,19 @@
 //! into the region (holes from a shared zero page). The driver reports any
 //! payload it had to copy out of staging, counted in `copied_bytes`.
 //!
+//! Concurrency: a connection has many requests in flight and answers each
+//! when it is done, tagged, in whatever order they finish (the client
+//! matches replies by tag; requests in flight together have no order among
+//! them, as with NFS: a client orders dependent requests by waiting for
+//! the first reply). Lookups, getattr, readdir, readlink, statfs and read
+//! planning answer at once on the reactor (memory only); requests that
+//! change the file system, fsync and a write's commit (each persists with
+//! `msync`) run on the sync pool ([`super::offload`]), so a slow persist
+//! never holds up the reactor's other connections or this one's reads. A
+//! write to an inode whose previous write on this connection is still
+//! committing waits (the receiver parks) so the second one plans on top of
+//! the first, never against a stale inode.
+//!
 //! A frame the decoder refuses (oversize, unknown op, malformed body) is
 //! answered with its errno (EMSGSIZE, ENOSYS, EINVAL) and the connection
 //! closes: the stream can no longer be trusted to be in step.
@@ -28,6 +41,7 @@ use ustor_net::recv::recv_exact;
 use ustor_net::{PduGroup, Staging};
 use ustor_runtime::IoBuf;
 
+use super::offload::offload;
 use super::ExportSvc;
 use crate::fs::{ReadSeg, WritePlan};
 use crate::proto::{self, Header, Op, ProtoError, Request, HEADER_LEN, NONCE_LEN};
@@ -43,7 +57,8 @@ fn driver_config() -> DriverConfig {
     DriverConfig {
         max_outstanding: MAX_OUTSTANDING,
         max_outstanding_bytes: 64 << 20,
-        max_workers: 1,
+        // Requests on the sync pool at once per connection.
+        max_workers: 32,
         staging_len: 64 << 10,
         ..DriverConfig::default()
     }
@@ -83,6 +98,8 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<ExportSvc>) {
                 svc,
                 st: RefCell::new(St::Idle),
                 close_after: Cell::new(false),
+                in_flight: Cell::new(0),
+                committing: RefCell::new(Vec::new()),
             };
             driver::run(fd, proto, driver_config()).await;
             drop(guard);
@@ -212,6 +229,61 @@ pub(crate) struct FsProto {
     st: RefCell<St>,
     /// A refused frame was answered: read no more.
     close_after: Cell<bool>,
+    /// Requests received whose replies are not yet encoded for the socket.
+    in_flight: Cell<u64>,
+    /// Inodes whose write on this connection is committing on the pool
+    /// (once each per write in flight).
+    committing: RefCell<Vec<u64>>,
+}
+
+/// Work for the sync pool.
+pub(crate) enum Job {
+    /// A request that changes the file system, or fsync: header and body.
+    Meta(Header, Vec<u8>),
+    /// A write whose payload is in place: persisted and committed.
+    Commit(Header, Box<WritePlan>),
+}
+
+/// Runs a job (on a pool thread) and builds its reply.
+fn run_job(svc: &ExportSvc, job: Job) -> FsReply {
+    match job {
+        Job::Meta(h, body) => {
+            let r = match proto::decode_request(&h, &body) {
+                Ok(req) => {
+                    let mut g = svc.vol.lock();
+                    let inner = &mut *g;
+                    serve::handle(&mut inner.fs, svc.read_only, &mut inner.st, h.ino, &req)
+                }
+                // Decoded once already on the reactor: cannot happen.
+                Err(_) => Err(FsError::Invalid),
+            };
+            FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r))
+        }
+        Job::Commit(h, plan) => commit_write(svc, h, *plan),
+    }
+}
+
+/// Makes a received write durable (data, then the metadata pointing to
+/// it) and answers the file's attributes.
+fn commit_write(svc: &ExportSvc, h: Header, plan: WritePlan) -> FsReply {
+    let mut g = svc.vol.lock();
+    let inner = &mut *g;
+    let len: usize = plan.segs.iter().map(|s| s.1).sum();
+    let before = inner.fs.conflict_copied;
+    let r = inner
+        .fs
+        .finish_write(plan)
+        .and_then(|_| inner.fs.getattr(h.ino));
+    inner.st.copied_bytes += inner.fs.conflict_copied - before;
+    match &r {
+        Ok(_) => {
+            inner.st.bytes_written += len as u64;
+            inner.st.kernel_copied_bytes += len as u64;
+        }
+        Err(_) => inner.st.errors += 1,
+    }
+    let r = r.map(Reply::Attr);
+    FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r))
 }
 
 impl FsProto {
@@ -227,6 +299,10 @@ impl FsProto {
 
     /// A header is staged: decode it and stage the body prefix.
     fn header(&self, st: &mut Staging) -> Recv<Self> {
+        // Every header gets exactly one reply (`encode` counts it down).
+        let n = self.in_flight.get() + 1;
+        self.in_flight.set(n);
+        self.svc.max_in_flight.fetch_max(n, Ordering::Relaxed);
         let raw: [u8; HEADER_LEN] = st.peek(HEADER_LEN).try_into().expect("header");
         let h = match proto::decode_header(&raw) {
             Ok(h) => h,
@@ -258,8 +334,18 @@ impl FsProto {
             }
         };
         if let Request::Write { off, len } = req {
+            if self.committing.borrow().contains(&h.ino) {
+                // Its previous write is committing: plan on top of it.
+                *self.st.borrow_mut() = St::Body(h);
+                return Recv::Park;
+            }
             st.consume(pre);
             return self.begin_write(h, off, len);
+        }
+        if serve::mutates(&req) || matches!(req, Request::Fsync) {
+            let body = st.peek(pre).to_vec();
+            st.consume(pre);
+            return Recv::Dispatch(Job::Meta(h, body));
         }
         let vol = &self.svc.vol;
         let mut g = vol.lock();
@@ -347,29 +433,13 @@ impl FsProto {
             return Recv::Close;
         };
         drop(s);
-        let mut g = self.svc.vol.lock();
-        let inner = &mut *g;
-        let len: usize = plan.segs.iter().map(|s| s.1).sum();
-        let before = inner.fs.conflict_copied;
-        let r = inner
-            .fs
-            .finish_write(*plan)
-            .and_then(|_| inner.fs.getattr(h.ino));
-        inner.st.copied_bytes += inner.fs.conflict_copied - before;
-        match &r {
-            Ok(_) => {
-                inner.st.bytes_written += len as u64;
-                inner.st.kernel_copied_bytes += len as u64;
-            }
-            Err(_) => inner.st.errors += 1,
-        }
-        let r = r.map(Reply::Attr);
-        Recv::Reply(FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r)))
+        self.committing.borrow_mut().push(h.ino);
+        Recv::Dispatch(Job::Commit(h, plan))
     }
 }
 
 impl Protocol for FsProto {
-    type Job = ();
+    type Job = Job;
     type Reply = FsReply;
 
     fn apply(&self, ev: RecvEvent, st: &mut Staging) -> Recv<Self> {
@@ -391,19 +461,43 @@ impl Protocol for FsProto {
                 St::Skip(r) => Recv::Reply(r),
                 _ => Recv::Close,
             },
-            RecvEvent::Resumed => Recv::Close,
+            // A write parked behind its inode's commit.
+            RecvEvent::Resumed => self.body(st),
         }
     }
 
-    async fn execute(&self, _job: ()) -> FsReply {
-        FsReply::Bytes(Vec::new())
+    fn may_resume(&self) -> bool {
+        match &*self.st.borrow() {
+            St::Body(h) => !self.committing.borrow().contains(&h.ino),
+            _ => true,
+        }
+    }
+
+    async fn execute(&self, job: Job) -> FsReply {
+        let commit = match &job {
+            Job::Commit(h, _) => Some(h.ino),
+            Job::Meta(..) => None,
+        };
+        let svc = self.svc.clone();
+        let r = offload(move || run_job(&svc, job)).await;
+        if let Some(ino) = commit {
+            let mut c = self.committing.borrow_mut();
+            if let Some(i) = c.iter().position(|&x| x == ino) {
+                c.swap_remove(i);
+            }
+        }
+        r
     }
 
     fn encode(&self, reply: FsReply, g: &mut PduGroup) -> Result<(), FsReply> {
-        match reply {
+        let r = match reply {
             FsReply::Bytes(b) => encode_bytes(b, g),
             FsReply::Data { head, segs, at } => self.encode_data(head, segs, at, g),
+        };
+        if r.is_ok() {
+            self.in_flight.set(self.in_flight.get().saturating_sub(1));
         }
+        r
     }
 
     fn on_close(&self) {
@@ -551,11 +645,14 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
         read_only,
         secret: secret.to_vec(),
         auth_failures: Default::default(),
+        max_in_flight: Default::default(),
     });
     let p = FsProto {
         svc,
         st: RefCell::new(St::Idle),
         close_after: Cell::new(false),
+        in_flight: Cell::new(0),
+        committing: RefCell::new(Vec::new()),
     };
     let mut st = Staging::new(64 << 10, ustor_net::Rewind::Lazy);
     let mut g = PduGroup::new();
@@ -589,14 +686,15 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
             },
             Recv::Reply(r) | Recv::Interim(r) => {
                 replies += 1;
-                let mut r = Some(r);
-                while let Some(x) = r.take() {
-                    if let Err(back) = p.encode(x, &mut g) {
-                        g.clear();
-                        r = Some(back);
-                    }
-                }
-                g.clear();
+                drain(&p, r, &mut g);
+                RecvEvent::Next
+            }
+            // The pool's work, done here in order: nothing stays committing.
+            Recv::Dispatch(j) => {
+                let r = run_job(&p.svc, j);
+                p.committing.borrow_mut().clear();
+                replies += 1;
+                drain(&p, r, &mut g);
                 RecvEvent::Next
             }
             _ => break,
@@ -606,4 +704,16 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
     let inner = p.svc.vol.lock();
     debug_assert_eq!(inner.st.copied_bytes, 0);
     replies
+}
+
+/// Encodes a reply into groups and drops them (the sans-IO harness).
+fn drain(p: &FsProto, r: FsReply, g: &mut PduGroup) {
+    let mut r = Some(r);
+    while let Some(x) = r.take() {
+        if let Err(back) = p.encode(x, g) {
+            g.clear();
+            r = Some(back);
+        }
+    }
+    g.clear();
 }

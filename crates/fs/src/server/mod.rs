@@ -5,11 +5,13 @@
 //! with serde parameter and result types; the RPC layer wraps them.
 //!
 //! A volume's file system sits behind a mutex: connections on several
-//! reactors take it for each request (metadata work and planning a read or
-//! a write), never while a payload is on the wire. Payloads go between the
+//! reactors take it to plan a read or a write, and the sync pool
+//! ([`offload`]) takes it for metadata requests and write commits (which
+//! persist with msync); never while a payload is on the wire. Payloads go between the
 //! socket and the mapped region directly ([`conn`]).
 
 mod conn;
+mod offload;
 
 pub use conn::replay_session;
 
@@ -86,7 +88,8 @@ fn default_max_connections() -> usize {
 #[serde(deny_unknown_fields)]
 pub struct ExportParams {
     pub name: String,
-    /// `ip:port` (port 0 picks one).
+    /// `ip:port` (port 0 picks one), or `ip` for
+    /// [`crate::proto::DEFAULT_PORT`].
     pub listen: String,
     #[serde(default = "default_transport")]
     pub transport: String,
@@ -139,6 +142,9 @@ pub struct StatsInfo {
     pub connections_rejected: u64,
     pub handshake_timeouts: u64,
     pub auth_failures: u64,
+    /// The most requests one connection had in flight (received, reply not
+    /// yet sent) since the export started.
+    pub max_requests_in_flight: u64,
 }
 
 /// A file system served from a mapped region.
@@ -202,6 +208,10 @@ pub(crate) struct ExportSvc {
     pub read_only: bool,
     pub secret: Vec<u8>,
     pub auth_failures: AtomicU64,
+    /// The most requests one connection had received and not yet answered
+    /// (its replies not yet handed to the socket): above 1 when a client
+    /// pipelines and the server overlaps them.
+    pub max_in_flight: AtomicU64,
 }
 
 impl Service for ExportSvc {
@@ -278,9 +288,15 @@ impl FsServer {
         if p.transport != "tcp" {
             return Err(FsServerError::Transport(p.transport.clone()));
         }
+        // "ip:port", or "ip" alone for the default port.
         let addr: SocketAddr = p
             .listen
             .parse()
+            .or_else(|_| {
+                let ip = p.listen.trim_start_matches('[').trim_end_matches(']');
+                let ip: std::net::IpAddr = ip.parse()?;
+                Ok::<_, std::net::AddrParseError>(SocketAddr::new(ip, crate::proto::DEFAULT_PORT))
+            })
             .map_err(|_| FsServerError::Invalid(format!("listen address {}", p.listen)))?;
         let secret = match (&p.secret, &p.secret_file) {
             (Some(s), None) => s.as_bytes().to_vec(),
@@ -310,6 +326,7 @@ impl FsServer {
             read_only: p.read_only,
             secret,
             auth_failures: AtomicU64::new(0),
+            max_in_flight: AtomicU64::new(0),
         });
         let limit = ConnLimit::new(p.max_connections.max(1));
         let cfg = ListenerConfig::new("fs", limit.clone());
@@ -392,6 +409,11 @@ impl FsServer {
                     connections_rejected: ls.map_or(0, |s| s.rejected),
                     handshake_timeouts: ls.map_or(0, |s| s.handshake_timeouts),
                     auth_failures: auth,
+                    max_requests_in_flight: e.export.as_ref().map_or(0, |x| {
+                        x.svc
+                            .max_in_flight
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                    }),
                 }
             })
             .collect())

@@ -1,0 +1,221 @@
+//! `ustor fs mount` against `ustor serve` on the default port, one server
+//! and one mount for every case: fio with 4 jobs verifies its data while
+//! the server sees several requests of the connection in flight at once
+//! (the mount answers the kernel from workers); a table of POSIX calls
+//! gives the same results on the mount as on tmpfs; a file written through
+//! a shared mmap reads back through the server; and readdir lists "." and
+//! "..".
+
+mod common;
+mod posix;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{pseudo_random, sha256, tmpdir, Server, BIN};
+use serde_json::json;
+
+fn fuse_usable() -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map(drop)
+        .map_err(|e| format!("/dev/fuse: {e}"))
+}
+
+fn mounted(mp: &Path) -> bool {
+    let m = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let mp = mp.to_str().unwrap();
+    m.lines().any(|l| l.split(' ').nth(1) == Some(mp))
+}
+
+/// One server exporting on the default port and one mount of it; the
+/// mount is unmounted and the server stopped when dropped.
+struct Rig {
+    server: Option<Server>,
+    mount: Child,
+    mp: PathBuf,
+    dir: PathBuf,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let dir = tmpdir("fs-posix");
+        let (region, mp, secret) = (dir.join("region"), dir.join("mnt"), dir.join("secret"));
+        std::fs::create_dir_all(&mp).unwrap();
+        std::fs::write(&secret, "posix-secret\n").unwrap();
+        // "listen" without a port: the default one, which the mount dials
+        // when its target names none.
+        let cfg = json!({"subsystems": [{"subsystem": "fs", "config": [
+            {"method": "fs_create", "params": {"name": "vol", "path": region, "size": 128u64 << 20}},
+            {"method": "fs_export", "params": {"name": "vol", "listen": "127.0.0.1",
+                "secret_file": secret}}
+        ]}]});
+        let server = Server::start(&dir, &cfg, &[]);
+        let ex = server.ok("fs_get_exports", json!(null));
+        assert_eq!(ex[0]["listen"], "127.0.0.1:4800", "{ex}");
+        let mut mount = Command::new(BIN)
+            .args(["fs", "mount", "127.0.0.1/vol"])
+            .arg(&mp)
+            .arg("--secret-file")
+            .arg(&secret)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        testkit::wait_until("the export is mounted", Duration::from_secs(20), || {
+            assert!(mount.try_wait().unwrap().is_none(), "ustor fs mount exited");
+            mounted(&mp)
+        });
+        Rig {
+            server: Some(server),
+            mount,
+            mp,
+            dir,
+        }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let s = self.server.as_ref().unwrap();
+        s.ok("fs_get_stats", json!({"name": "vol"}))[0].clone()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if mounted(&self.mp) {
+            let _ = Command::new("umount").arg(&self.mp).status();
+        }
+        let _ = testkit::try_wait_for(Duration::from_secs(20), || {
+            self.mount.try_wait().ok().flatten()
+        });
+        if let Ok(None) = self.mount.try_wait() {
+            let _ = self.mount.kill();
+            let _ = self.mount.wait();
+        }
+        drop(self.server.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fio(dir: &Path, bs: &str, rw: &str, size: &str) -> String {
+    let o = Command::new("fio")
+        .args([
+            "--name=par",
+            "--numjobs=4",
+            "--ioengine=psync",
+            "--direct=1",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--group_reporting",
+        ])
+        .arg(format!("--bs={bs}"))
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--size={size}"))
+        .arg(format!("--directory={}", dir.display()))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "fio {bs} {rw} failed:\n{out}");
+    out
+}
+
+/// fio with 4 jobs: every block verified (crc32c), and the server saw more
+/// than one request of the mount's connection in flight.
+fn parallel_fio_overlaps_and_verifies(r: &Rig) {
+    let dir = r.mp.join("fio");
+    std::fs::create_dir(&dir).unwrap();
+    let before = r.stats();
+    assert_eq!(before["max_requests_in_flight"], 1, "{before}");
+    fio(&dir, "4k", "randwrite", "512k");
+    fio(&dir, "1m", "write", "2m");
+    let st = r.stats();
+    let peak = st["max_requests_in_flight"].as_u64().unwrap();
+    assert!(peak > 1, "requests never overlapped: {st}");
+    assert_eq!(st["copied_bytes"], 0, "{st}");
+    assert!(
+        st["bytes_written"].as_u64().unwrap() >= 4 * (5 << 19),
+        "{st}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Rows whose outcome on the mount differs from tmpfs by design, with why.
+const KNOWN: &[(&str, &str)] = &[];
+
+fn posix_table_matches_tmpfs(r: &Rig) {
+    let on_mount = r.mp.join("posix");
+    std::fs::create_dir(&on_mount).unwrap();
+    let reference = Path::new("/dev/shm").join(format!("ustor-posix-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&reference);
+    std::fs::create_dir(&reference).unwrap();
+    let want = posix::run(&reference);
+    let got = posix::run(&on_mount);
+    let _ = std::fs::remove_dir_all(&reference);
+    assert_eq!(want.len(), got.len());
+    let diff: Vec<String> = want
+        .iter()
+        .zip(&got)
+        .filter(|(w, g)| w != g)
+        .filter(|(w, _)| !KNOWN.iter().any(|k| w.starts_with(&format!("{}:", k.0))))
+        .map(|(w, g)| format!("  tmpfs  {w}\n  mount  {g}"))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "{} calls differ from tmpfs:\n{}",
+        diff.len(),
+        diff.join("\n")
+    );
+    std::fs::remove_dir_all(&on_mount).unwrap();
+}
+
+/// A file changed through a shared mapping reads back through the server
+/// (after the page cache is dropped), and a mapping reads what write(2)
+/// put there.
+fn mmap_round_trip(r: &Rig) {
+    let p = r.mp.join("mapped");
+    let base = pseudo_random(256 << 10, 5);
+    std::fs::write(&p, &base).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    // SAFETY: a shared mapping of a file this test alone uses.
+    let mut m = unsafe { memmap2::MmapMut::map_mut(&f).unwrap() };
+    assert!(m[..] == base[..], "the mapping shows what write(2) wrote");
+    let patch = pseudo_random(100_000, 6);
+    m[70_000..170_000].copy_from_slice(&patch);
+    m.flush().unwrap();
+    drop(m);
+    drop(f);
+    let mut want = base.clone();
+    want[70_000..170_000].copy_from_slice(&patch);
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert_eq!(sha256(&std::fs::read(&p).unwrap()), sha256(&want));
+    assert_eq!(std::fs::metadata(&p).unwrap().size(), 256 << 10);
+}
+
+#[test]
+fn mount_on_default_port_parallel_posix_table_and_mmap() {
+    testkit::require!(fuse_usable(), "a kernel with FUSE (/dev/fuse), as root");
+    if !testkit::need("fio") {
+        return;
+    }
+    let t = std::time::Instant::now();
+    let r = Rig::start();
+    eprintln!("mounted after {:?}", t.elapsed());
+    parallel_fio_overlaps_and_verifies(&r);
+    eprintln!("fio done after {:?}", t.elapsed());
+    posix_table_matches_tmpfs(&r);
+    eprintln!("table done after {:?}", t.elapsed());
+    mmap_round_trip(&r);
+    eprintln!("mmap done after {:?}", t.elapsed());
+    let st = r.stats();
+    assert_eq!(st["copied_bytes"], 0, "{st}");
+}
