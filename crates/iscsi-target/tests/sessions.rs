@@ -8,7 +8,9 @@
 //! reinstatement by CID; a failed connection ends the session at ERL 0),
 //! and task management reaching other sessions (LUN RESET and CLEAR TASK
 //! SET abort their tasks and give them a unit attention; ABORT TASK SET
-//! does not touch them). Data is checked in the bdev.
+//! does not touch them); COMPARE AND WRITE atomic against another
+//! session's WRITE (a delay bdev makes the race certain). Data is checked
+//! in the bdev.
 
 mod common;
 
@@ -40,6 +42,8 @@ fn pdu_bytes(mut b: Bhs, data: &[u8]) -> Vec<u8> {
     v
 }
 
+const SLOW: &str = "iqn.2016-06.io.spdk:slow";
+
 /// A login's outcome: the socket, status class and detail, TSIH, keys.
 struct Login {
     s: TcpStream,
@@ -58,11 +62,23 @@ fn login_as(
     cid: u16,
     extra: &[(&str, &str)],
 ) -> Login {
+    login_to(port, NODE, initiator, isid, tsih, cid, extra)
+}
+
+fn login_to(
+    port: u16,
+    node: &str,
+    initiator: &str,
+    isid: [u8; 6],
+    tsih: u16,
+    cid: u16,
+    extra: &[(&str, &str)],
+) -> Login {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut keys = vec![
         ("InitiatorName", initiator),
-        ("TargetName", NODE),
+        ("TargetName", node),
         ("SessionType", "Normal"),
     ];
     keys.extend_from_slice(extra);
@@ -390,4 +406,77 @@ fn lun_reset_and_clear_task_set_reach_other_sessions() {
     let (st, _, d) = status_of(&mut s2.s, 2);
     assert_eq!(st, 2, "CHECK CONDITION");
     assert_eq!(sense(&d), (6, 0x2f, 0x00));
+}
+
+/// COMPARE AND WRITE of one 512-byte block at LBA 0 (compare `old`,
+/// write `new`, both as immediate data).
+fn compare_and_write(itt: u32, cmdsn: u32, old: &[u8], new: &[u8]) -> Vec<u8> {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x89;
+    cdb[13] = 1;
+    let b = build::scsi_cmd([0; 8], itt, &cdb, false, true, 1024, cmdsn, 0);
+    pdu_bytes(b, &[old, new].concat())
+}
+
+/// One 512-byte WRITE(10) at LBA 0.
+fn write_block(itt: u32, cmdsn: u32, data: &[u8]) -> Vec<u8> {
+    let b = build::scsi_cmd([0; 8], itt, &cdb10(0x2a, 0, 1), false, true, 512, cmdsn, 0);
+    pdu_bytes(b, data)
+}
+
+/// Session 2 WRITEs the block session 1's COMPARE AND WRITE works on;
+/// the delay bdev takes 600 ms to get a write to the medium and none for
+/// a read. Session 2's WRITE goes first: the COMPARE AND WRITE waits for
+/// it, then compares (and fails). Without the gate it would read the old
+/// data and compare, and its write would land after session 2's: lost.
+/// Should the COMPARE AND WRITE reach the target first, session 2's
+/// WRITE waits for it. Either way the block ends with session 2's data.
+#[test]
+fn compare_and_write_is_atomic_against_other_sessions() {
+    use std::sync::Arc;
+    use ustor_bdev::modules::{malloc, RamOpts};
+    use ustor_vbdev::delay::{self, DelayParams};
+    let f = start(16 << 20, 512);
+    let opts = RamOpts {
+        name: "Malloc1".into(),
+        num_blocks: 2048,
+        block_size: 512,
+        uuid: None,
+        optimal_io_boundary: 0,
+        max_transfer_blocks: 0,
+    };
+    malloc::create(&f.registry, opts).expect("malloc");
+    let p = DelayParams {
+        base_bdev_name: "Malloc1".into(),
+        name: "Delay0".into(),
+        avg_read_latency: 1,
+        p99_read_latency: 1,
+        avg_write_latency: 600_000,
+        p99_write_latency: 600_000,
+        uuid: None,
+    };
+    delay::create(&f.registry, &Arc::downgrade(&f.registry), p).expect("delay bdev");
+    f.target
+        .create_target_node(&node_params("slow", "Delay0"))
+        .expect("node");
+    let mut s1 = login_to(f.port, SLOW, INITIATOR, ISID, 0, 0, &[]);
+    let mut s2 = login_to(f.port, SLOW, INITIATOR, [0x80, 0, 0, 0, 0, 0x41], 0, 0, &[]);
+    assert_eq!((s1.status, s2.status), ((0, 0), (0, 0)));
+    let (a, b, c) = (pattern(1, 512), pattern(2, 512), pattern(3, 512));
+    s1.s.write_all(&write_block(1, 1, &a)).unwrap();
+    assert_eq!(status_of(&mut s1.s, 1).0, 0);
+
+    s2.s.write_all(&write_block(1, 1, &c)).unwrap();
+    s1.s.write_all(&compare_and_write(2, 2, &a, &b)).unwrap();
+    assert_eq!(status_of(&mut s2.s, 1).0, 0);
+    let (caw, _, sense_data) = status_of(&mut s1.s, 2);
+    match caw {
+        0 => {}
+        2 => assert_eq!(sense(&sense_data), (0x0e, 0x1d, 0x00), "MISCOMPARE"),
+        s => panic!("COMPARE AND WRITE status {s:#x}"),
+    }
+    assert!(
+        f.read_bdev("Malloc1", 0, 512) == c,
+        "a write of another session was lost under COMPARE AND WRITE (status {caw})"
+    );
 }

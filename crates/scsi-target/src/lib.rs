@@ -14,7 +14,8 @@
 //!   OPERATION CODES.
 //! - [`outcome`]: status + sense + residual; bdev errors mapped to sense.
 //! - [`pr`]: a unit's reservations (persistent and RESERVE(6)), shared by
-//!   its I_T nexuses; `rmw` COMPARE AND WRITE and ORWRITE; `xcopy`
+//!   its I_T nexuses; `rmw` COMPARE AND WRITE and ORWRITE, atomic against
+//!   every nexus's writes through `gate` (one write gate per unit); `xcopy`
 //!   EXTENDED COPY within a unit; `mode` MODE SELECT.
 //!
 //! SCSI failures are CHECK CONDITION with sense, never panics or Rust
@@ -24,6 +25,7 @@
 pub mod data;
 #[doc(hidden)]
 pub mod fuzz;
+mod gate;
 pub mod lu;
 mod mode;
 mod opcodes;

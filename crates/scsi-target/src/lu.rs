@@ -62,6 +62,8 @@ pub struct LuShared {
     pub(crate) mode: ModeParams,
     /// EXTENDED COPY results held for RECEIVE COPY RESULTS.
     pub(crate) copies: crate::xcopy::Held,
+    /// Holds writes off while a read-modify-write runs.
+    pub(crate) gate: crate::gate::WriteGate,
 }
 
 impl LuShared {

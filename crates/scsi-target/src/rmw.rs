@@ -3,10 +3,10 @@
 //! if they match; MISCOMPARE with the offset of the first differing byte
 //! otherwise) and ORWRITE(16) (data-out ORed into the blocks).
 //!
-//! Transports run these alone among the commands of their I_T nexus (the
-//! iSCSI target runs them as ORDERED tasks), so nothing of that nexus
-//! interleaves between the read and the write; writes of other sessions
-//! are not held off (no range locks in the core yet).
+//! Each runs its read, compare and write holding the unit's write gate
+//! exclusively (`crate::gate`): no write of any I_T nexus reaches the
+//! medium between its read and its write. (The iSCSI target also runs
+//! them as ORDERED tasks within their session.)
 
 use ustor_bdev::IoFlags;
 use ustor_scsi_proto::sense::asc;
@@ -53,8 +53,16 @@ pub(crate) async fn compare_and_write<D: DataPath>(
     if data.data_out(0, &mut cmp).await? != n {
         return Ok(Outcome::invalid_field(exp));
     }
+    // Both halves of data-out are in before the gate is taken: nothing
+    // waits for the network while writes are held off.
+    let mut new = ustor_runtime::IoBuf::alloc(n).await;
+    new.set_len(n);
+    if data.data_out(len as u32, &mut new).await? != n {
+        return Ok(Outcome::invalid_field(exp));
+    }
     let mut buf = ustor_runtime::IoBuf::alloc(n).await;
     buf.set_len(n);
+    let _g = lu.shared.gate.exclusive().await;
     let (r, b) = lu.ch.read(lba, blocks as u64, buf).await;
     buf = b;
     if let Err(e) = r {
@@ -67,12 +75,9 @@ pub(crate) async fn compare_and_write<D: DataPath>(
         };
         return Ok(Outcome::sense(s, 0));
     }
-    if data.data_out(len as u32, &mut buf).await? != n {
-        return Ok(Outcome::invalid_field(exp));
-    }
     let (r, _) = lu
         .ch
-        .write_flagged(lba, blocks as u64, buf, IoFlags::FUA)
+        .write_flagged(lba, blocks as u64, new, IoFlags::FUA)
         .await;
     Ok(r.map_or_else(|e| Outcome::from_bdev(e, true, 0), |_| Outcome::good(0)))
 }
@@ -102,6 +107,7 @@ pub(crate) async fn or_write<D: DataPath>(
             return Ok(Outcome::invalid_field(exp));
         }
         buf.set_len(len);
+        let g = lu.shared.gate.exclusive().await;
         let (r, b) = lu.ch.read(lba + done, n, buf).await;
         buf = b;
         if let Err(e) = r {
@@ -109,6 +115,7 @@ pub(crate) async fn or_write<D: DataPath>(
         }
         buf.iter_mut().zip(add.iter()).for_each(|(d, s)| *d |= *s);
         let (r, b) = lu.ch.write(lba + done, n, buf).await;
+        drop(g);
         buf = b;
         if let Err(e) = r {
             return Ok(Outcome::from_bdev(e, true, 0));

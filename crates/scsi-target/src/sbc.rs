@@ -44,8 +44,14 @@ pub(crate) async fn execute<D: DataPath>(
             bytchk,
         } => verify(lu, lba, blocks as u64, bytchk, data).await,
         Command::SynchronizeCache { lba, blocks } => sync_cache(lu, lba, blocks as u64, exp).await,
-        Command::Unmap { param_len } => unmap(lu, param_len, data).await,
+        // These take their few bytes of data-out first; the gate is held
+        // for the whole command (COMPARE AND WRITE is atomic against them).
+        Command::Unmap { param_len } => {
+            let _g = lu.shared.gate.write().await;
+            unmap(lu, param_len, data).await
+        }
         Command::WriteSame10 { lba, blocks, unmap } => {
+            let _g = lu.shared.gate.write().await;
             write_same(lu, lba, blocks as u64, (unmap, false), data).await
         }
         Command::WriteSame16 {
@@ -53,7 +59,10 @@ pub(crate) async fn execute<D: DataPath>(
             blocks,
             unmap,
             ndob,
-        } => write_same(lu, lba, blocks as u64, (unmap, ndob), data).await,
+        } => {
+            let _g = lu.shared.gate.write().await;
+            write_same(lu, lba, blocks as u64, (unmap, ndob), data).await
+        }
         Command::PreFetch { lba, blocks, .. } => {
             // Nothing to stage: the bdev serves reads as fast as a cache.
             Ok(if lu.in_range(lba, blocks as u64) {
@@ -169,7 +178,9 @@ async fn write<D: DataPath>(
         if data.data_out(off, &mut buf).await? != buf.len() {
             return Ok(Outcome::invalid_field(exp.saturating_sub(off)));
         }
+        let g = lu.shared.gate.write().await;
         let (r, b) = lu.ch.write_flagged(lba + done, n, buf, flags).await;
+        drop(g);
         buf = b;
         if let Err(e) = r {
             return Ok(Outcome::from_bdev(e, true, exp.saturating_sub(off)));
