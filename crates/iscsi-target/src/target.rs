@@ -356,14 +356,8 @@ impl IscsiTarget {
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
         for portal in &p.portals {
-            let text = if portal.host.contains(':') && !portal.host.starts_with('[') {
-                format!("[{}]:{}", portal.host, portal.port)
-            } else {
-                format!("{}:{}", portal.host, portal.port)
-            };
-            let addr: SocketAddr = text
-                .parse()
-                .map_err(|_| IscsiError::Invalid("portal", text.clone()))?;
+            let addr = ustor_net::listener::socket_addr(&portal.host, &portal.port)
+                .map_err(|text| IscsiError::Invalid("portal", text))?;
             let mut cfg = ListenerConfig::new("iscsi", self.shared.conns.clone());
             cfg.handshake_timeout = *self
                 .shared
@@ -371,7 +365,7 @@ impl IscsiTarget {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             let l = Listener::bind(&self.shared.rt, addr, cfg, placement.clone(), &svc)
-                .map_err(|e| IscsiError::Listen(text, e))?;
+                .map_err(|e| IscsiError::Listen(addr.to_string(), e))?;
             bound.push(l.local_addr());
             listeners.push(l);
         }

@@ -231,6 +231,18 @@ pub struct Accepted {
     handshake_timeout: Duration,
 }
 
+/// The address a target listens on, from the host and port its RPC names
+/// (SPDK's `traddr`/`trsvcid`, an iSCSI portal): an IPv6 host may come with
+/// or without brackets. `Err` carries the text that did not parse.
+pub fn socket_addr(host: &str, port: impl std::fmt::Display) -> Result<SocketAddr, String> {
+    let text = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    text.parse().map_err(|_| text)
+}
+
 /// The peer of a connected TCP socket (control path: one `getpeername`).
 pub fn peer_addr(fd: std::os::fd::RawFd) -> Option<SocketAddr> {
     // SAFETY: the stream borrows `fd` only for `peer_addr` and is never

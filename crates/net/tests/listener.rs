@@ -288,3 +288,27 @@ fn refused_connections_get_the_protocols_answer_up_to_a_bound() {
     assert_eq!(&e, b"k");
     l.stop();
 }
+
+/// Hosts as RPCs name them: IPv4, IPv6 with and without brackets; a bad
+/// host or port comes back as the text that did not parse.
+#[test]
+fn socket_addr_takes_the_forms_rpcs_use() {
+    use ustor_net::listener::socket_addr;
+    assert_eq!(
+        socket_addr("127.0.0.1", 4420),
+        Ok("127.0.0.1:4420".parse().unwrap())
+    );
+    assert_eq!(
+        socket_addr("::1", "3260"),
+        Ok("[::1]:3260".parse().unwrap())
+    );
+    assert_eq!(
+        socket_addr("[::1]", "3260"),
+        Ok("[::1]:3260".parse().unwrap())
+    );
+    assert_eq!(socket_addr("localhost", 1), Err("localhost:1".to_string()));
+    assert_eq!(
+        socket_addr("127.0.0.1", "x"),
+        Err("127.0.0.1:x".to_string())
+    );
+}

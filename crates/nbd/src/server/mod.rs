@@ -233,14 +233,8 @@ impl NbdServer {
             return Err(NbdServerError::AlreadyStarted);
         }
         let a = &params.listen_address;
-        let text = if a.traddr.contains(':') {
-            format!("[{}]:{}", a.traddr, a.trsvcid)
-        } else {
-            format!("{}:{}", a.traddr, a.trsvcid)
-        };
-        let addr: SocketAddr = text
-            .parse()
-            .map_err(|_| NbdServerError::BadAddress(text.clone()))?;
+        let addr = ustor_net::listener::socket_addr(&a.traddr, &a.trsvcid)
+            .map_err(NbdServerError::BadAddress)?;
         self.shared.conns.set_max(params.max_connections);
         self.shared.draining.store(false, Ordering::SeqCst);
         let mut cfg = ListenerConfig::new("nbd", self.shared.conns.clone());

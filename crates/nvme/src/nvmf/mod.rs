@@ -27,7 +27,6 @@ pub mod subsystem;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -298,14 +297,8 @@ impl Target {
             l.refs += 1;
             return Ok(l.addr.clone());
         }
-        let text = if addr.traddr.contains(':') {
-            format!("[{}]:{}", addr.traddr, addr.trsvcid)
-        } else {
-            format!("{}:{}", addr.traddr, addr.trsvcid)
-        };
-        let sa: SocketAddr = text
-            .parse()
-            .map_err(|_| NvmfError::invalid("listen_address", format!("bad address {text}")))?;
+        let sa = ustor_net::listener::socket_addr(&addr.traddr, &addr.trsvcid)
+            .map_err(|text| NvmfError::invalid("listen_address", format!("bad address {text}")))?;
         let opts = self.shared.opts();
         let mut cfg = ListenerConfig::new("nvmf", self.shared.limit.clone());
         cfg.handshake_timeout = Duration::from_millis(u64::from(opts.icreq_timeout_ms));
@@ -321,7 +314,10 @@ impl Target {
             self.shared.placement.clone(),
             &service,
         )
-        .map_err(|err| NvmfError::Listen { addr: text, err })?;
+        .map_err(|err| NvmfError::Listen {
+            addr: sa.to_string(),
+            err,
+        })?;
         let bound = l.local_addr();
         let real = ListenAddress {
             trtype: "TCP".into(),
