@@ -20,7 +20,7 @@ use crate::io::MAX_SEGMENTS;
 use crate::qos::{QosLocal, QosWait};
 use crate::registry::BdevEntry;
 use crate::stats::{ChannelStats, IoStat};
-use crate::submit::{copy_between, Payload, Submit};
+use crate::submit::{copy_between, Payload, Started, Submit};
 use crate::types::{IoFlags, IoType};
 
 /// A device's channel on this reactor, shared by every descriptor of the
@@ -427,8 +427,11 @@ impl IoChannel {
             }
         }
         let t0 = if t0 == 0 { ticks::now() } else { t0 };
-        let (r, payload) =
-            Submit::new(&self.core, kind, offset_blocks, num_blocks, payload, flags).await;
+        let sub = Submit::new(&self.core, kind, offset_blocks, num_blocks, payload, flags);
+        let (r, payload) = match sub.start_now() {
+            Started::Done(r, p) => (r, p),
+            Started::Waiting(sub) => sub.await,
+        };
         let bytes = if kind == IoType::Reset {
             0
         } else {
@@ -456,7 +459,7 @@ impl IoChannel {
         self.core.qos_queued()
     }
 
-    #[inline]
+    #[inline(always)]
     fn done(&self, kind: IoType, bytes: u64, t0: u64, ok: bool) {
         let t1 = ticks::now();
         self.core

@@ -160,10 +160,18 @@ impl Table {
     pub(crate) fn alloc(&self, waker: &Waker) -> Option<u32> {
         let i = self.try_alloc();
         if i.is_none() {
-            self.waiters.borrow_mut().push_back(waker.clone());
-            self.waiting.set(true);
+            self.wait_for_slot(waker);
         }
         i
+    }
+
+    // The rare paths of `alloc` and `free` are out of line, so that the
+    // per-I/O callers inline the common ones without saving registers.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_slot(&self, waker: &Waker) {
+        self.waiters.borrow_mut().push_back(waker.clone());
+        self.waiting.set(true);
     }
 
     /// A slot if one is free now (a driver's child I/O cannot wait).
@@ -187,19 +195,26 @@ impl Table {
         let s = &self.slots[i as usize];
         s.gen.set(s.gen.get().wrapping_add(1));
         let was = s.state.replace(State::Free);
-        drop(s.waker.take());
-        if was == State::Orphan {
-            drop(s.bufs.take());
-        }
+        let waker = s.waker.take();
         s.next_free.set(self.free_head.get());
         self.free_head.set(i);
-        if self.waiting.get() {
-            self.wake_waiter();
+        if waker.is_some() || was == State::Orphan || self.waiting.get() {
+            self.free_rare(s, waker, was);
         }
     }
 
+    /// What `free` rarely has to do: drop a stale waker or an orphan's
+    /// buffers, wake a future waiting for a slot.
     #[cold]
-    fn wake_waiter(&self) {
+    #[inline(never)]
+    fn free_rare(&self, s: &Slot, waker: Option<Waker>, was: State) {
+        drop(waker);
+        if was == State::Orphan {
+            drop(s.bufs.take());
+        }
+        if !self.waiting.get() {
+            return;
+        }
         let w = {
             let mut q = self.waiters.borrow_mut();
             let w = q.pop_front();

@@ -68,9 +68,16 @@ impl ChannelStats {
         c.set(s);
         // Histograms cost a few ns per I/O: on only when asked
         // (SPDK's bdev_enable_histogram).
-        if !hist {
-            return;
+        if hist {
+            self.record_hist(t, ticks);
         }
+    }
+
+    /// Out of line: the rare case should not make every I/O's caller save
+    /// registers for it.
+    #[cold]
+    #[inline(never)]
+    fn record_hist(&self, t: IoType, ticks: u64) {
         let h = match t {
             IoType::Read => 0,
             IoType::Write => 1,

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use ustor_runtime::IoBuf;
 
@@ -138,6 +138,12 @@ pub(crate) fn copy_between<P: Payload>(p: &mut P, bounce: &mut IoBuf, into_bounc
     });
 }
 
+/// What [`Submit::start_now`] gives.
+pub(crate) enum Started<'a, P: Payload> {
+    Done(Result<(), BdevError>, P),
+    Waiting(Submit<'a, P>),
+}
+
 /// The future of one (possibly split) I/O: owns the slot and the payload,
 /// submits children as table slots become free, completes when the last
 /// child does.
@@ -195,14 +201,18 @@ impl<'a, P: Payload> Submit<'a, P> {
     }
 
     /// Takes a slot and fills it (one thread-local lookup); returns the
-    /// slot's generation for the driver's handle.
-    #[inline]
-    fn start(&mut self, cx: &mut Context<'_>) -> Poll<u32> {
+    /// slot's generation for the driver's handle. Without a waker, a full
+    /// table just says `None`; with one, the waker is queued for a slot.
+    #[inline(always)]
+    fn start(&mut self, waker: Option<&Waker>) -> Option<u32> {
         let (kind, flags, offset, num) = (self.kind, self.flags, self.offset, self.num);
         let removed = self.core.entry.removed_flag();
         let payload = &mut self.payload;
-        let Some((idx, gen)) = with_table(|t| {
-            let idx = t.alloc(cx.waker())?;
+        let (idx, gen) = with_table(|t| {
+            let idx = match waker {
+                Some(w) => t.alloc(w)?,
+                None => t.try_alloc()?,
+            };
             let s = &t.slots[idx as usize];
             s.kind.set(kind);
             s.flags.set(flags);
@@ -220,19 +230,84 @@ impl<'a, P: Payload> Submit<'a, P> {
             // must not wake the task it runs in; `poll` stores the waker
             // only if the I/O is still in flight after submission.
             Some((idx, s.gen.get()))
-        }) else {
-            return Poll::Pending;
-        };
+        })?;
         self.slot = idx;
         self.split = self.needs_split();
         if self.split {
             let st = &self.core.stats;
             st.split_ops.set(st.split_ops.get() + 1);
         }
-        Poll::Ready(gen)
+        Some(gen)
+    }
+
+    /// Takes a slot and, unless the I/O splits, hands it to the driver;
+    /// false if no slot is free.
+    #[inline(always)]
+    fn launch(&mut self, waker: Option<&Waker>) -> bool {
+        let Some(gen) = self.start(waker) else {
+            return false;
+        };
+        self.core.outstanding.set(self.core.outstanding.get() + 1);
+        if !self.split {
+            self.core
+                .driver
+                .submit(IoHandle::from_parts(self.slot, gen));
+        }
+        true
+    }
+
+    /// The result and the payload once the I/O (every child) is done;
+    /// otherwise `None`, with `waker` stored to hear the completion.
+    #[inline(always)]
+    fn collect(&mut self, waker: Option<&Waker>) -> Option<(Result<(), BdevError>, P)> {
+        let (idx, split) = (self.slot, self.split);
+        let status = with_table(|t| {
+            let s = &t.slots[idx as usize];
+            let finished = if split {
+                s.children.get() == 0
+            } else {
+                s.state.get() == State::Done
+            };
+            if !finished {
+                if let Some(w) = waker {
+                    s.waker.set(Some(w.clone()));
+                }
+                return None;
+            }
+            let status = s.status.get();
+            t.free(idx);
+            Some(status)
+        })?;
+        self.slot = NONE;
+        self.core.outstanding.set(self.core.outstanding.get() - 1);
+        match self.payload.take() {
+            Some(p) => Some((status, p)),
+            None => unreachable!("an I/O's payload is handed back once"),
+        }
+    }
+
+    /// Submits at once and, if the driver completed inline (null, malloc),
+    /// gives the result without ever becoming a future; otherwise the
+    /// future to await (started, or waiting for a slot or to split).
+    #[inline(always)]
+    pub(crate) fn start_now(mut self) -> Started<'a, P> {
+        if !self.launch(None) || self.split {
+            return Started::Waiting(self);
+        }
+        match self.collect(None) {
+            Some((r, p)) => {
+                // Nothing left to drop (no slot, no payload): skip the
+                // destructor's call.
+                std::mem::forget(self);
+                Started::Done(r, p)
+            }
+            None => Started::Waiting(self),
+        }
     }
 
     /// Submits children while slots last; Ready when all are submitted.
+    /// Out of line: most I/O does not split.
+    #[inline(never)]
     fn submit_children(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let bs = self.core.block_size as u64;
         while self.next < self.num {
@@ -273,50 +348,21 @@ impl<P: Payload> Future for Submit<'_, P> {
 
     #[inline]
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.slot == NONE {
-            let Poll::Ready(gen) = self.start(cx) else {
-                return Poll::Pending;
-            };
-            self.core.outstanding.set(self.core.outstanding.get() + 1);
-            if !self.split {
-                self.core
-                    .driver
-                    .submit(IoHandle::from_parts(self.slot, gen));
-            }
+        if self.slot == NONE && !self.launch(Some(cx.waker())) {
+            return Poll::Pending;
         }
         if self.split && self.submit_children(cx).is_pending() {
             return Poll::Pending;
         }
-        let (idx, split) = (self.slot, self.split);
-        let status = with_table(|t| {
-            let s = &t.slots[idx as usize];
-            let finished = if split {
-                s.children.get() == 0
-            } else {
-                s.state.get() == State::Done
-            };
-            if !finished {
-                s.waker.set(Some(cx.waker().clone()));
-                return None;
-            }
-            let status = s.status.get();
-            t.free(idx);
-            Some(status)
-        });
-        let Some(status) = status else {
-            return Poll::Pending;
-        };
-        self.slot = NONE;
-        self.core.outstanding.set(self.core.outstanding.get() - 1);
-        match self.payload.take() {
-            Some(p) => Poll::Ready((status, p)),
-            None => unreachable!("an I/O's payload is handed back once"),
+        match self.collect(Some(cx.waker())) {
+            Some(out) => Poll::Ready(out),
+            None => Poll::Pending,
         }
     }
 }
 
 impl<P: Payload> Drop for Submit<'_, P> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
         if self.slot == NONE {
             return;
