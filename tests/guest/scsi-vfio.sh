@@ -16,11 +16,17 @@
 #  3. The MPT driver: a wrong driver fails, attach (IOC reset, handshake),
 #     the scan finds both disks, LUN and host reset, detach and re-attach,
 #     then `ustor bench --verify` write and read passes on both targets.
-# env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S
+#  4. Flush and unmap through both drivers (target 2 of the virtio-scsi
+#     HBA, target 3 of the SAS1068): `ustor bench -w flush --verify`, then
+#     `-w unmap` of the 1 MiB at UNMAP_OFF_MIB; the host checks zeroes.
+#     Target 1 of the SAS1068 takes its passes in 1 MiB commands.
+# env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S,
+#      UNMAP_OFF_MIB
 # reports: unbound_error, wrong_driver_error, disks, reset_ok,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
 #          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
-#          mpt_reattach_disks, {m1,m3}_{write,read}_ios
+#          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
+#          {t2,m3}_{flush,unmap}_ios
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
@@ -31,6 +37,7 @@ SEED=${SEED:-4242}
 OFF=${OFF_MIB:-1}
 LEN=${SIZE_MIB:-4}
 SECS=${BENCH_S:-2}
+UOFF=${UNMAP_OFF_MIB:-8}
 SOCK=/tmp/ustor.sock
 RT="--no-pin --mem-size 16"
 
@@ -89,19 +96,20 @@ kill "$SERVE"
 wait "$SERVE" || log "serve exited with $?"
 
 # ---- 2. verified I/O ---------------------------------------------------
-# bench PASS TAG HCTL ARGS...: one bench run on a SCSI bdev at OFF MiB of
-# the HBA that $ATTACH names.
+# bench PASS TAG HCTL ARGS...: one bench run on a SCSI bdev of BLEN MiB at
+# BOFF MiB (default: LEN at OFF) of the HBA that $ATTACH names, I/O size
+# BBS (4K).
 bench() {
     _pass=$1 _tag=$2 _dev=$3
     shift 3
     cat > /tmp/bench.json <<EOF
 {"subsystems": [{"subsystem": "scsi", "config": [
   {"method": "scsi_vfio_attach_host", "params": $ATTACH},
-  {"method": "bdev_scsi_create", "params": {"name": "vd", "device": "$_dev", "offset": "${OFF}M", "size": "${LEN}M"}}
+  {"method": "bdev_scsi_create", "params": {"name": "vd", "device": "$_dev", "offset": "${BOFF:-$OFF}M", "size": "${BLEN:-$LEN}M"}}
 ]}]}
 EOF
     echo "+ ustor bench $_pass on $_dev $*" >&2
-    "$U" bench $RT --json -c /tmp/bench.json -b vd --bs 4K -t "$SECS" --verify \
+    "$U" bench $RT --json -c /tmp/bench.json -b vd --bs "${BBS:-4K}" -t "$SECS" \
         --seed "$SEED" "$@" > /tmp/out.json 2> /tmp/err.log
     _st=$?
     cat /tmp/err.log >&2
@@ -112,10 +120,22 @@ EOF
     kv "${_tag}_${_pass}_ios" "$_ios"
 }
 
-bench write t0 0:0:0:0 -w write -q 8 --cores 0
-bench read t0 0:0:0:0 -w read -q 4 --cores 0,1
-bench write t2 0:0:2:0 -w write -q 8 --cores 0
-bench read t2 0:0:2:0 -w read -q 4 --cores 0
+bench write t0 0:0:0:0 -w write -q 8 --cores 0 --verify
+bench read t0 0:0:0:0 -w read -q 4 --cores 0,1 --verify
+bench write t2 0:0:2:0 -w write -q 8 --cores 0 --verify
+bench read t2 0:0:2:0 -w read -q 4 --cores 0 --verify
+# flush_unmap TAG HCTL: SYNCHRONIZE CACHE with every flushed unit read back
+# intact (--verify writes them first), then UNMAP of the whole 1 MiB at
+# UOFF MiB, which the host then finds deallocated (zeroes) in the image.
+# QEMU's disks report no LBPRZ, so ustor promises no zeroes itself.
+flush_unmap() {
+    BOFF=$UOFF BLEN=1
+    bench flush "$1" "$2" -w flush -q 2 --cores 0 --verify
+    BBS=1M
+    bench unmap "$1" "$2" -w unmap -q 1 --cores 0
+    BOFF= BLEN= BBS=
+}
+flush_unmap t2 0:0:2:0
 
 # ---- 3. the MPT Fusion SAS driver ------------------------------------------
 bind_vfio "$MPT"
@@ -144,8 +164,13 @@ kv mpt_reattach_disks "$(rpc scsi_get_devices | grep -c '"driver": "sd"')"
 kill "$SERVE"
 wait "$SERVE" || log "serve exited with $?"
 
-bench write m1 0:0:1:0 -w write -q 8 --cores 0
-bench read m1 0:0:1:0 -w read -q 4 --cores 0,1
-bench write m3 0:0:3:0 -w write -q 8 --cores 0
-bench read m3 0:0:3:0 -w read -q 4 --cores 0
+# 1 MiB commands on target 1: zero-copy from the owning reactor's pool,
+# bounced from the other reactor's.
+BBS=1M
+bench write m1 0:0:1:0 -w write -q 2 --cores 0 --verify
+bench read m1 0:0:1:0 -w read -q 2 --cores 0,1 --verify
+BBS=
+bench write m3 0:0:3:0 -w write -q 8 --cores 0 --verify
+bench read m3 0:0:3:0 -w read -q 4 --cores 0 --verify
+flush_unmap m3 0:0:3:0
 exit 0

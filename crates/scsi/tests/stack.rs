@@ -32,6 +32,7 @@ fn scan_finds_and_identifies_devices() {
         ("USTOR", "EMUL DISK")
     );
     assert!(sda.thin_provisioned);
+    assert!(sda.unmap_reads_zero, "the emulated thin disk reports LBPRZ");
     assert_eq!(sda.state, DeviceState::Running);
     assert_eq!(devs[1].block_size, 4096);
     // The tape is listed but has no driver bound.
@@ -91,6 +92,8 @@ fn io_kinds_become_the_right_commands() {
     let e = r.reg.get("d").unwrap();
     assert!(e.bdev().io_type_supported(IoType::Unmap));
     assert!(e.bdev().io_type_supported(IoType::WriteZeroes));
+    // The disk reports LBPRZ: the bdev promises zeroes after an unmap.
+    assert!(e.bdev().info().unmap_reads_zero);
     // 1000 blocks: split to the 256-block transfer limit by the bdev layer.
     let w0 = r.emul.count(op::WRITE_10);
     write(&r, "d", 100, 1000, 9).unwrap();

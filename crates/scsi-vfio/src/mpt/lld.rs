@@ -14,7 +14,7 @@ use ustor_scsi::lld::{
 };
 use ustor_vfio::Vfio;
 
-use super::state::{SlotState, State, BOUNCE};
+use super::state::{SlotState, State, MAX_XFER};
 use super::wire;
 use super::MptError;
 
@@ -159,7 +159,7 @@ impl Lld for MptSas {
         HostLimits {
             can_queue: st.slots_n as u32,
             cmd_per_lun: st.slots_n as u32,
-            max_transfer_bytes: BOUNCE as u32,
+            max_transfer_bytes: MAX_XFER as u32,
             max_sg_entries: st.max_sg as u32,
             dma_alignment: 1,
         }

@@ -1,6 +1,8 @@
 //! The driver state of one MPT IOC: request frames, sense buffers and
 //! reply frames in one DMA area (the SAS1068 takes one 4 GiB window for
-//! all three), command slots whose index is the request's MsgContext,
+//! all three), chain segments per slot for SGLs longer than a frame, a
+//! bounce buffer per slot plus one shared large one for transfers beyond
+//! it, command slots whose index is the request's MsgContext,
 //! submission by the request post FIFO, and reaping of the reply post FIFO
 //! (context-only "turbo" replies for plain success, address replies for
 //! errors, residuals, sense and task management).
@@ -25,6 +27,11 @@ pub const SENSE: usize = 96;
 /// Reply frame bytes given to IOCInit.
 pub const REPLY: usize = 128;
 pub const BOUNCE: usize = 128 << 10;
+/// The largest transfer: zero-copy up to the SGL's reach, bounced through
+/// the one shared large buffer beyond [`BOUNCE`].
+pub const MAX_XFER: usize = 1 << 20;
+/// Chain segments per slot (each one request frame long).
+const CHAIN_SEGS: usize = 8;
 /// The task-management frame follows the command slots; its context.
 const TMF_SLOT: usize = MAX_SLOTS;
 const SENSE_OFF: usize = (MAX_SLOTS + 1) * FRAME;
@@ -56,6 +63,8 @@ pub struct Slot {
     iovcnt: usize,
     pub data_len: u32,
     bounced: bool,
+    /// Bounced through the shared large buffer.
+    big: bool,
     pub done: Option<Answer>,
 }
 
@@ -72,6 +81,7 @@ const FREE_SLOT: Slot = Slot {
     iovcnt: 0,
     data_len: 0,
     bounced: false,
+    big: false,
     done: None,
 };
 
@@ -102,6 +112,14 @@ pub struct State {
     replies_n: usize,
     area: DmaMem,
     bounce: DmaMem,
+    chains: DmaMem,
+    big: DmaMem,
+    /// The slot whose bounced data is in `big`.
+    big_owner: Option<u16>,
+    /// Chain segment bytes: the IOC's request frame.
+    seg_bytes: usize,
+    /// Reused for every command's SGEs (no allocation per I/O).
+    sges: Vec<Sge>,
     pub slots: Vec<Slot>,
     free: Vec<u16>,
     ready: VecDeque<u16>,
@@ -127,6 +145,8 @@ impl State {
         }
         let area = vfio.alloc_dma(REPLY_OFF + (MAX_SLOTS * 2 + 2) * REPLY)?;
         let bounce = vfio.alloc_dma(MAX_SLOTS * BOUNCE)?;
+        let chains = vfio.alloc_dma(MAX_SLOTS * CHAIN_SEGS * FRAME)?;
+        let big = vfio.alloc_dma(MAX_XFER)?;
         let mut s = State {
             vfio,
             ioc,
@@ -136,6 +156,11 @@ impl State {
             replies_n: 0,
             area,
             bounce,
+            chains,
+            big,
+            big_owner: None,
+            seg_bytes: FRAME,
+            sges: Vec::with_capacity(MAX_SLOTS * 4),
             slots: vec![FREE_SLOT; MAX_SLOTS],
             free: Vec::new(),
             ready: VecDeque::new(),
@@ -168,7 +193,9 @@ impl State {
         }
         self.slots_n = self.slots_n.min(self.replies_n - 1);
         let frame = facts.request_frame_bytes.min(FRAME);
-        self.max_sg = (frame - wire::SCSIIO_HEADER) / wire::SGE64_LEN;
+        self.seg_bytes = frame;
+        let depth = CHAIN_SEGS.min(facts.max_chain_depth as usize);
+        self.max_sg = wire::sgl_capacity(frame, frame, depth);
         self.facts = facts;
         for i in 0..self.replies_n {
             let iova = self.area.iova_at(REPLY_OFF + i * REPLY);
@@ -179,6 +206,7 @@ impl State {
         self.free = (0..self.slots_n as u16).rev().collect();
         self.ready.clear();
         self.failed.clear();
+        self.big_owner = None;
         self.tmf_busy = false;
         self.tmf_done = None;
         Ok(())
@@ -202,10 +230,44 @@ impl State {
         !out.is_empty()
     }
 
+    /// Where slot `si` bounces: its own buffer, or the shared large one.
+    fn bounce_at(&self, si: u16, big: bool) -> (&DmaMem, usize) {
+        if big {
+            (&self.big, 0)
+        } else {
+            (&self.bounce, si as usize * BOUNCE)
+        }
+    }
+
+    /// Bounces `cmd`'s data for slot `si`: its SGE, and whether it took
+    /// the large buffer; `Err` when that is busy (the mid-layer retries).
+    fn bounce(&mut self, si: u16, cmd: &ScsiCmd) -> Result<(Sge, bool), QueueError> {
+        let big = cmd.data_len as usize > BOUNCE;
+        if big {
+            if self.big_owner.is_some() {
+                return Err(QueueError::HostBusy);
+            }
+            self.big_owner = Some(si);
+        }
+        let (mem, off) = self.bounce_at(si, big);
+        if cmd.dir == DataDir::ToDevice {
+            // SAFETY: this slot's bounce bytes, not in flight; the iovecs
+            // live until completion.
+            let (b, iovs) = unsafe { (bytes(mem, off, cmd.data_len as usize), cmd.iovecs()) };
+            gather(iovs, b);
+        }
+        let sge = Sge {
+            iova: mem.iova_at(off),
+            len: cmd.data_len,
+        };
+        Ok((sge, big))
+    }
+
     fn start(&mut self, si: u16, cmd: &ScsiCmd, state: SlotState) -> Result<(), QueueError> {
         let s = si as usize;
-        let mut sges = Vec::with_capacity(8);
-        let mut bounced = false;
+        let mut sges = std::mem::take(&mut self.sges);
+        sges.clear();
+        let (mut bounced, mut big) = (false, false);
         let control = match cmd.dir {
             _ if cmd.data_len == 0 => 0,
             DataDir::None => 0,
@@ -214,27 +276,22 @@ impl State {
         };
         if control != 0 && !self.data_sges(cmd, &mut sges) {
             sges.clear();
-            bounced = true;
-            if cmd.data_len as usize > BOUNCE {
+            if cmd.data_len as usize > MAX_XFER {
+                self.sges = sges;
                 self.failed
                     .push_back((cmd.tag, TransportError::Protocol("transfer too long")));
                 return Ok(());
             }
-            if cmd.dir == DataDir::ToDevice {
-                // SAFETY: slot `si`'s bounce buffer, not in flight; the
-                // iovecs live until completion.
-                let (b, iovs) = unsafe {
-                    (
-                        bytes(&self.bounce, s * BOUNCE, cmd.data_len as usize),
-                        cmd.iovecs(),
-                    )
-                };
-                gather(iovs, b);
+            match self.bounce(si, cmd) {
+                Ok((sge, b)) => {
+                    sges.push(sge);
+                    (bounced, big) = (true, b);
+                }
+                Err(e) => {
+                    self.sges = sges;
+                    return Err(e);
+                }
             }
-            sges.push(Sge {
-                iova: self.bounce.iova_at(s * BOUNCE),
-                len: cmd.data_len,
-            });
         }
         let io = wire::ScsiIo {
             nexus: cmd.nexus,
@@ -245,8 +302,22 @@ impl State {
             sense_iova: self.area.iova_at(SENSE_OFF + s * SENSE) as u32,
             sense_len: SENSE as u8,
         };
-        // SAFETY: slot `si`'s frame: the IOC holds no request of it.
-        wire::encode_scsi_io(unsafe { bytes(&self.area, s * FRAME, FRAME) }, &io, &sges);
+        let seg = CHAIN_SEGS * FRAME;
+        // SAFETY: slot `si`'s frame and chain segments: the IOC holds no
+        // request of it.
+        let (frame, chain) = unsafe {
+            (
+                bytes(&self.area, s * FRAME, self.seg_bytes),
+                bytes(&self.chains, s * seg, seg),
+            )
+        };
+        let chain = wire::ChainArea {
+            buf: chain,
+            iova: self.chains.iova_at(s * seg),
+            seg_bytes: self.seg_bytes,
+        };
+        wire::encode_scsi_io(frame, &io, &sges, chain);
+        self.sges = sges;
         self.slots[s] = Slot {
             state,
             tag: cmd.tag,
@@ -256,6 +327,7 @@ impl State {
             iovcnt: cmd.iovcnt,
             data_len: io.data_len,
             bounced,
+            big,
             done: None,
         };
         if bounced {
@@ -284,6 +356,9 @@ impl State {
     }
 
     fn release(&mut self, si: u16) {
+        if self.big_owner == Some(si) {
+            self.big_owner = None;
+        }
         self.slots[si as usize] = FREE_SLOT;
         self.free.push(si);
     }
@@ -376,9 +451,10 @@ impl State {
             let n = (slot.data_len - f.resid.min(slot.data_len)) as usize;
             // SAFETY: returned by the IOC; the iovecs are alive until the
             // mid-layer hears of this completion, which is after this.
+            let (mem, off) = self.bounce_at(si, slot.big);
             let (b, iovs) = unsafe {
                 (
-                    bytes(&self.bounce, si as usize * BOUNCE, n),
+                    bytes(mem, off, n),
                     std::slice::from_raw_parts(slot.iov, slot.iovcnt),
                 )
             };

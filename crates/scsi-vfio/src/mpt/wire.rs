@@ -1,7 +1,7 @@
 //! MPI 1.5 (LSI Fusion-MPT) register offsets, message functions and the
 //! layouts the driver uses: IOCFacts, PortFacts, IOCInit and PortEnable
-//! (doorbell handshake), SCSI IO requests with 64-bit simple SGEs, SCSI IO
-//! and task-management replies. Encoded into and decoded from plain
+//! (doorbell handshake), SCSI IO requests with 64-bit simple SGEs (chained
+//! beyond the request frame), SCSI IO and task-management replies. Encoded into and decoded from plain
 //! little-endian bytes; decoding never panics on any input.
 
 use ustor_scsi::lld::{Nexus, TransportError};
@@ -62,6 +62,7 @@ pub const CONTROL_READ: u32 = 0x0200_0000;
 const SGE_LAST: u32 = 0x80;
 const SGE_END_OF_BUFFER: u32 = 0x40;
 const SGE_SIMPLE: u32 = 0x10;
+const SGE_CHAIN: u32 = 0x30;
 const SGE_HOST_TO_IOC: u32 = 0x04;
 const SGE_64BIT: u32 = 0x02;
 const SGE_END_OF_LIST: u32 = 0x01;
@@ -135,6 +136,8 @@ pub struct Facts {
     /// Bytes (the reply gives 32-bit words).
     pub request_frame_bytes: usize,
     pub global_credits: u16,
+    /// Chain elements one request may hold.
+    pub max_chain_depth: u8,
     pub ports: u8,
     pub max_devices: u8,
     pub product_id: u16,
@@ -148,6 +151,7 @@ pub fn decode_ioc_facts(r: &[u8]) -> Facts {
         reply_queue_depth: le16(r, 24),
         request_frame_bytes: le16(r, 26) as usize * 4,
         global_credits: le16(r, 36),
+        max_chain_depth: r.get(20).copied().unwrap_or(0),
         ports: r.get(38).copied().unwrap_or(0),
         max_devices: r.get(46).copied().unwrap_or(0),
         product_id: le16(r, 30),
@@ -207,11 +211,49 @@ pub struct ScsiIo<'a> {
     pub sense_len: u8,
 }
 
+/// Chain segments for SGEs beyond the request frame: `buf` is DMA memory
+/// at `iova`, cut into segments of `seg_bytes` (the IOC's request frame
+/// size, as the MPI drivers use for chain buffers).
+pub struct ChainArea<'a> {
+    pub buf: &'a mut [u8],
+    pub iova: u64,
+    pub seg_bytes: usize,
+}
+
+/// SGEs that one segment of `bytes` holds.
+fn per_segment(bytes: usize) -> usize {
+    bytes / SGE64_LEN
+}
+
+/// How many SGEs a request can carry: what fits the frame after the
+/// header, then `segs` chain segments, each ending in a chain element to
+/// the next except the last.
+pub fn sgl_capacity(frame_bytes: usize, seg_bytes: usize, segs: usize) -> usize {
+    let first = per_segment(frame_bytes.saturating_sub(SCSIIO_HEADER)).max(1);
+    let per = per_segment(seg_bytes);
+    if segs == 0 || per < 2 {
+        return first;
+    }
+    (first - 1) + (segs - 1) * (per - 1) + per
+}
+
 /// Encodes a SCSI IO request with its SGL (64-bit simple elements, the
-/// last one flagged end of list) into `frame`; returns its length. The
-/// caller sizes `sges` to fit the frame.
-pub fn encode_scsi_io(frame: &mut [u8], io: &ScsiIo<'_>, sges: &[Sge]) -> usize {
-    let n = SCSIIO_HEADER + sges.len().max(1) * SGE64_LEN;
+/// last one flagged end of list) into `frame` (exactly the IOC's request
+/// frame); returns its length. SGEs that do not fit go to chain segments:
+/// the last simple element of each segment is flagged LAST, and a chain
+/// element after it (at ChainOffset in the frame, NextChainOffset in a
+/// segment) gives the next segment's address and length. The caller keeps
+/// `sges` within [`sgl_capacity`].
+pub fn encode_scsi_io(
+    frame: &mut [u8],
+    io: &ScsiIo<'_>,
+    sges: &[Sge],
+    chain: ChainArea<'_>,
+) -> usize {
+    let fit = per_segment(frame.len() - SCSIIO_HEADER);
+    let chained = sges.len() > fit;
+    let in_frame = if chained { fit - 1 } else { sges.len().max(1) };
+    let n = SCSIIO_HEADER + (in_frame + chained as usize) * SGE64_LEN;
     let b = &mut frame[..n];
     b.fill(0);
     b[0] = io.nexus.target as u8;
@@ -231,14 +273,55 @@ pub fn encode_scsi_io(frame: &mut [u8], io: &ScsiIo<'_>, sges: &[Sge]) -> usize 
     } else {
         0
     };
-    let last = sges.len().saturating_sub(1);
-    for i in 0..sges.len().max(1) {
-        let s = sges.get(i).copied().unwrap_or(Sge { iova: 0, len: 0 });
-        let mut flags = SGE_SIMPLE | SGE_64BIT | dir;
-        if i == last {
-            flags |= SGE_LAST | SGE_END_OF_BUFFER | SGE_END_OF_LIST;
+    let (head, rest) = sges.split_at(in_frame.min(sges.len()));
+    put_simple(&mut b[SCSIIO_HEADER..], head, dir, !chained);
+    if !chained {
+        if sges.is_empty() {
+            // No data: one empty element ending the list.
+            put_simple(
+                &mut b[SCSIIO_HEADER..],
+                &[Sge { iova: 0, len: 0 }],
+                dir,
+                true,
+            );
         }
-        let at = SCSIIO_HEADER + i * SGE64_LEN;
+        return n;
+    }
+    let at = SCSIIO_HEADER + in_frame * SGE64_LEN;
+    b[2] = (at / 4) as u8;
+    let (base, seg_bytes) = (chain.iova, chain.seg_bytes);
+    put_chain(&mut b[at..], base, seg_bytes, 0, rest.len());
+    let per = per_segment(seg_bytes);
+    let mut left = rest;
+    let mut seg = 0;
+    while !left.is_empty() {
+        let last = left.len() <= per;
+        let take = if last { left.len() } else { per - 1 };
+        let off = seg * seg_bytes;
+        let sb = &mut chain.buf[off..off + seg_bytes];
+        put_simple(sb, &left[..take], dir, last);
+        if !last {
+            let next = &mut sb[take * SGE64_LEN..];
+            put_chain(next, base, seg_bytes, seg + 1, left.len() - take);
+        }
+        left = &left[take..];
+        seg += 1;
+    }
+    n
+}
+
+/// Simple elements at the start of `b`; the last flagged LAST (and end of
+/// buffer and list when `end`).
+fn put_simple(b: &mut [u8], sges: &[Sge], dir: u32, end: bool) {
+    for (i, s) in sges.iter().enumerate() {
+        let mut flags = SGE_SIMPLE | SGE_64BIT | dir;
+        if i + 1 == sges.len() {
+            flags |= SGE_LAST;
+            if end {
+                flags |= SGE_END_OF_BUFFER | SGE_END_OF_LIST;
+            }
+        }
+        let at = i * SGE64_LEN;
         put32(
             b,
             at,
@@ -247,7 +330,28 @@ pub fn encode_scsi_io(frame: &mut [u8], io: &ScsiIo<'_>, sges: &[Sge]) -> usize 
         put32(b, at + 4, s.iova as u32);
         put32(b, at + 8, (s.iova >> 32) as u32);
     }
-    n
+}
+
+/// A chain element to segment `seg` of the chain area at `base`, which
+/// holds the next `left` SGEs (or as many as fit before its own chain
+/// element).
+fn put_chain(b: &mut [u8], base: u64, seg_bytes: usize, seg: usize, left: usize) {
+    let per = per_segment(seg_bytes);
+    let (elems, next) = if left <= per {
+        (left, 0)
+    } else {
+        // Its own chain element follows its per - 1 simple ones.
+        (per, (per - 1) * SGE64_LEN / 4)
+    };
+    let iova = base + (seg * seg_bytes) as u64;
+    let flags = SGE_CHAIN | SGE_64BIT;
+    put32(
+        b,
+        0,
+        (flags << SGE_FLAGS_SHIFT) | ((next as u32) << 16) | (elems * SGE64_LEN) as u32,
+    );
+    put32(b, 4, iova as u32);
+    put32(b, 8, (iova >> 32) as u32);
 }
 
 /// `MSG_SCSI_TASK_MGMT`.
@@ -351,7 +455,7 @@ mod tests {
                 len: 4096,
             },
         ];
-        assert_eq!(encode_scsi_io(&mut f, &io, &sg), 72);
+        assert_eq!(encode_scsi_io(&mut f, &io, &sg, no_chain()), 72);
         assert_eq!((f[0], f[3], f[4], f[5]), (1, 0, 10, 96));
         assert_eq!(le32(&f, 8), 7);
         assert_eq!(le32(&f, 20), CONTROL_READ);
@@ -368,8 +472,99 @@ mod tests {
             data_len: 0,
             ..io
         };
-        assert_eq!(encode_scsi_io(&mut f, &none, &[]), 60);
+        assert_eq!(encode_scsi_io(&mut f, &none, &[], no_chain()), 60);
         assert_eq!(le32(&f, 48), 0xd300_0000);
+        assert_eq!(f[2], 0, "no chain");
+    }
+
+    fn no_chain() -> ChainArea<'static> {
+        ChainArea {
+            buf: &mut [],
+            iova: 0,
+            seg_bytes: 128,
+        }
+    }
+
+    /// Walks an SGL the way the IOC does (QEMU's mptsas_build_sgl): simple
+    /// elements from the frame's SGL; after one flagged LAST, the chain
+    /// element at ChainOffset (then NextChainOffset in each segment).
+    fn walk(frame: &[u8], frame_iova: u64, chain: &[u8], chain_iova: u64) -> Vec<Sge> {
+        let read = |iova: u64| -> u32 {
+            if iova >= chain_iova {
+                le32(chain, (iova - chain_iova) as usize)
+            } else {
+                le32(frame, (iova - frame_iova) as usize)
+            }
+        };
+        let addr = |iova: u64| read(iova + 4) as u64 | (read(iova + 8) as u64) << 32;
+        let mut chain_off = frame[2] as u64;
+        let mut next_chain = frame_iova + chain_off * 4;
+        let mut at = frame_iova + SCSIIO_HEADER as u64;
+        let mut out = Vec::new();
+        loop {
+            let fl = read(at);
+            assert_eq!((fl >> 24) & 0x30, SGE_SIMPLE, "simple element at {at:#x}");
+            assert_ne!(fl & (SGE_64BIT << 24), 0);
+            out.push(Sge {
+                iova: addr(at),
+                len: fl & SGE_MAX_LEN as u32,
+            });
+            at += SGE64_LEN as u64;
+            if fl & (SGE_END_OF_LIST << 24) != 0 {
+                return out;
+            }
+            if fl & (SGE_LAST << 24) != 0 {
+                assert_ne!(chain_off, 0, "LAST without a chain");
+                let c = read(next_chain);
+                assert_eq!((c >> 24) & 0x30, SGE_CHAIN, "chain element");
+                at = addr(next_chain);
+                chain_off = ((c >> 16) & 0xff) as u64;
+                next_chain = at + chain_off * 4;
+            }
+        }
+    }
+
+    #[test]
+    fn long_sgls_continue_in_chain_segments() {
+        // A 128-byte frame holds 6 SGEs; 128-byte segments hold 10.
+        assert_eq!(sgl_capacity(128, 128, 0), 6);
+        assert_eq!(sgl_capacity(128, 128, 3), 5 + 9 + 9 + 10);
+        // The SAS1068's 512-byte frames: 38 in the frame, 8 segments.
+        assert_eq!(sgl_capacity(512, 512, 8), 37 + 7 * 41 + 42);
+        let io = ScsiIo {
+            nexus: nx(3, 0),
+            context: 1,
+            cdb: &[0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0],
+            control: CONTROL_WRITE,
+            data_len: 0,
+            sense_iova: 0x2000,
+            sense_len: 96,
+        };
+        for n in [1usize, 6, 7, 15, 16, 24, 33] {
+            let sg: Vec<Sge> = (0..n)
+                .map(|i| Sge {
+                    iova: 0x1_0000_0000 + i as u64 * 0x3000,
+                    len: 512 + i as u32,
+                })
+                .collect();
+            let mut f = [0xeeu8; 128];
+            let mut c = vec![0xeeu8; 3 * 128];
+            let area = ChainArea {
+                buf: &mut c,
+                iova: 0x8000_0000,
+                seg_bytes: 128,
+            };
+            encode_scsi_io(&mut f, &io, &sg, area);
+            assert_eq!(walk(&f, 0x1000, &c, 0x8000_0000), sg, "{n} SGEs");
+            // Writes: every simple element says host to IOC.
+            assert_ne!(le32(&f, 48) & (SGE_HOST_TO_IOC << 24), 0);
+            // The chain element's length covers its segment's elements.
+            if n > 6 {
+                assert_eq!(f[2] as usize * 4, SCSIIO_HEADER + 5 * SGE64_LEN);
+                let len = le32(&f, f[2] as usize * 4) & 0xffff;
+                assert_eq!(len as usize, (n - 5).min(10) * SGE64_LEN);
+            }
+        }
     }
 
     #[test]
@@ -405,6 +600,9 @@ mod tests {
             outcome(&decode_io_reply(&r), 0).0,
             Err(TransportError::Aborted)
         );
+        let mut facts = [0u8; 64];
+        facts[20] = 34;
+        assert_eq!(decode_ioc_facts(&facts).max_chain_depth, 34);
         let f = decode_ioc_facts(&[0u8; 3]);
         assert_eq!(f, Facts::default());
     }

@@ -48,6 +48,8 @@ pub struct DeviceInfo {
     pub block_size: u32,
     pub num_blocks: u64,
     pub thin_provisioned: bool,
+    /// READ CAPACITY(16) LBPRZ: unmapped blocks read as zeroes.
+    pub unmap_reads_zero: bool,
     pub block_limits: Option<BlockLimits>,
     pub characteristics: Option<BlockCharacteristics>,
     pub state: DeviceState,
@@ -94,6 +96,7 @@ impl Device {
                 block_size: 0,
                 num_blocks: 0,
                 thin_provisioned: false,
+                unmap_reads_zero: false,
                 block_limits: None,
                 characteristics: None,
                 state: DeviceState::Probing,
@@ -118,6 +121,7 @@ impl Device {
         i.block_size = c.block_size;
         i.num_blocks = c.num_blocks;
         i.thin_provisioned = c.lbpme;
+        i.unmap_reads_zero = c.lbpme && c.lbprz;
     }
 
     /// A published copy of the device's facts.

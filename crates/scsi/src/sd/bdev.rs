@@ -247,8 +247,8 @@ pub fn create(stack: &ScsiStack, mut opts: ScsiBdevOpts) -> Result<String, ScsiE
         max_transfer_blocks: max_xfer.min(u32::MAX as u64) as u32,
         optimal_boundary_blocks: 0,
         write_cache: true,
-        // LBPRZ of the device is not consulted: promise nothing.
-        unmap_reads_zero: false,
+        // What the disk promises (LBPRZ), and only where we unmap at all.
+        unmap_reads_zero: d.unmap_reads_zero && caps.max_unmap_blocks > 0,
         memory_resident: false,
     };
     let name = opts.name.clone();
