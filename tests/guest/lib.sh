@@ -10,6 +10,10 @@ log() { echo "guest: $*" >&2; }
 
 die() { echo "guest: FAILED: $*" >&2; exit 1; }
 
+# Ask the host for the QMP action the test registered as NAME
+# (GuestBuilder::on_qmp), e.g. a device_del; then wait for its effect.
+qmp() { echo "USTOR-QMP $1"; }
+
 # Run a command, echoing it first so the serial log shows what failed.
 run() {
     echo "+ $*" >&2

@@ -20,13 +20,18 @@
 #     HBA, target 3 of the SAS1068): `ustor bench -w flush --verify`, then
 #     `-w unmap` of the 1 MiB at UNMAP_OFF_MIB; the host checks zeroes.
 #     Target 1 of the SAS1068 takes its passes in 1 MiB commands.
+#  5. Hot-unplug (QMP device_del by the host, asked for with `qmp`) of
+#     target 0 LUN 1 of the virtio-scsi HBA and target 1 of the SAS1068,
+#     each under a running `ustor bench`: the disk is seen gone and the
+#     bench ends with I/O errors.
 # env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S,
 #      UNMAP_OFF_MIB
 # reports: unbound_error, wrong_driver_error, disks, reset_ok,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
 #          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
-#          {t2,m3}_{flush,unmap}_ios
+#          {t2,m3}_{flush,unmap}_ios, {t0l1,m1}_gone,
+#          {t0l1,m1}_unplug_{ios,errors}
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
@@ -137,6 +142,42 @@ flush_unmap() {
 }
 flush_unmap t2 0:0:2:0
 
+# hot_unplug TAG HCTL NAME: a randread `ustor bench` on HCTL while the
+# host deletes that disk (the QMP action NAME: device_del). The mid-layer
+# sees it gone (virtio-scsi: a hot-unplug event; MPT: DEVICE_NOT_THERE),
+# rescans, and the SCSI bdev is hot-removed: the bench ends early with
+# errors instead of running out its 60 s or hanging.
+hot_unplug() {
+    cat > /tmp/hp.json <<EOF
+{"subsystems": [{"subsystem": "scsi", "config": [
+  {"method": "scsi_vfio_attach_host", "params": $ATTACH},
+  {"method": "bdev_scsi_create", "params": {"name": "hp", "device": "$2", "offset": "${OFF}M", "size": "${LEN}M"}}
+]}]}
+EOF
+    echo "+ ustor bench on $2 while the host unplugs it" >&2
+    "$U" bench $RT --json -c /tmp/hp.json -b hp --bs 4K -t 60 -w randread -q 2 \
+        --cores 0 --log-level info > /tmp/hp.out 2> /tmp/hp.err &
+    _b=$!
+    _i=900
+    until grep -q "bench progress" /tmp/hp.err; do
+        kill -0 "$_b" 2>/dev/null || { cat /tmp/hp.err >&2; die "bench on $2 ended before the unplug"; }
+        _i=$((_i - 1))
+        [ "$_i" -gt 0 ] || die "bench on $2 shows no progress"
+        sleep 0.1
+    done
+    qmp "$3"
+    wait "$_b"
+    _st=$?
+    cat /tmp/hp.err >&2
+    cat /tmp/hp.out >&2
+    [ "$_st" = 1 ] || die "bench on unplugged $2: status $_st, want 1 (I/O errors)"
+    grep -q "($2) is gone" /tmp/hp.err && kv "${1}_gone" 1
+    _tot=$(sed -n '/"total"/,/}/p' /tmp/hp.out)
+    kv "${1}_unplug_ios" "$(echo "$_tot" | grep '"ios"' | head -n 1 | tr -dc 0-9)"
+    kv "${1}_unplug_errors" "$(echo "$_tot" | grep '"errors"' | head -n 1 | tr -dc 0-9)"
+}
+hot_unplug t0l1 0:0:0:1 unplug-t0l1
+
 # ---- 3. the MPT Fusion SAS driver ------------------------------------------
 bind_vfio "$MPT"
 "$U" serve -c /tmp/empty.json -r "$SOCK" $RT --log-level warn > /tmp/serve.log 2>&1 &
@@ -173,4 +214,5 @@ BBS=
 bench write m3 0:0:3:0 -w write -q 8 --cores 0 --verify
 bench read m3 0:0:3:0 -w read -q 4 --cores 0 --verify
 flush_unmap m3 0:0:3:0
+hot_unplug m1 0:0:1:0 unplug-m1
 exit 0

@@ -196,6 +196,13 @@ pub trait Lld {
     /// terminated.
     fn host_reset(&self) -> LocalFuture<'_, TmfResult>;
 
+    /// Whether the transport reported targets or LUNs coming or going
+    /// (a hot-plug event) since the last call; the mid-layer then rescans.
+    /// Asked at the mid-layer's periodic check, not per command.
+    fn take_rescan(&self) -> bool {
+        false
+    }
+
     /// Driver facts for `scsi_get_hosts`.
     fn info(&self) -> serde_json::Value {
         serde_json::Value::Null

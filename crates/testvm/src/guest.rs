@@ -12,6 +12,7 @@ use crate::assets::{self, Assets};
 use crate::cpio::CpioWriter;
 use crate::error::{GuestError, Result};
 use crate::lock::FileLock;
+use crate::qmp::Hooks;
 
 /// The line init prints after the test script returns.
 pub const EXIT_MARKER: &str = "USTOR-GUEST-EXIT=";
@@ -58,6 +59,8 @@ pub struct GuestBuilder {
     qemu_args: Vec<String>,
     log_file: Option<PathBuf>,
     iommu: bool,
+    /// QMP commands to send when the script prints `USTOR-QMP NAME`.
+    qmp_actions: Vec<(String, Vec<String>)>,
 }
 
 impl Default for GuestBuilder {
@@ -86,6 +89,7 @@ impl GuestBuilder {
             qemu_args: Vec::new(),
             log_file: None,
             iommu: false,
+            qmp_actions: Vec::new(),
         }
     }
 
@@ -216,6 +220,15 @@ impl GuestBuilder {
         self
     }
 
+    /// When the script prints `USTOR-QMP name` (lib.sh: `qmp name`), send
+    /// `commands` (QMP JSON, e.g. `{"execute": "device_del", ...}`) on the
+    /// guest's QMP socket, once; see [`crate::qmp`].
+    pub fn on_qmp(mut self, name: impl Into<String>, commands: &[&str]) -> Self {
+        let cmds = commands.iter().map(|c| c.to_string()).collect();
+        self.qmp_actions.push((name.into(), cmds));
+        self
+    }
+
     /// Boots the guest, runs the script and waits for power-off. Guest runs
     /// are serialized machine-wide; the timeout starts once this run holds
     /// the lock.
@@ -253,8 +266,12 @@ impl GuestBuilder {
         let mut child = cmd
             .spawn()
             .map_err(|e| GuestError::io(format!("spawn `{}`", assets::describe(&cmd)), e))?;
+        let mut hooks = Hooks::new(&self.qmp_actions, qmp_socket(&serial));
         // Some(Ok(status)): exited; Some(Err(e)): cannot wait; None: timed out.
-        let waited = testkit::try_wait_for(self.timeout, || child.try_wait().transpose());
+        let waited = testkit::try_wait_for(self.timeout, || {
+            hooks.poll(&serial);
+            child.try_wait().transpose()
+        });
         let status = match waited {
             Some(Ok(status)) => Some(status),
             None => None,
@@ -301,6 +318,7 @@ impl GuestBuilder {
             exit_code,
             log,
             duration,
+            qmp_replies: hooks.replies,
         })
     }
 
@@ -453,6 +471,13 @@ impl GuestBuilder {
         a.extend(["-smp".into(), self.cpus.to_string()]);
         a.extend(["-m".into(), format!("{}M", self.memory_mib)]);
         a.extend(["-serial".into(), format!("file:{}", serial.display())]);
+        if !self.qmp_actions.is_empty() {
+            let sock = qmp_socket(serial);
+            a.extend([
+                "-qmp".into(),
+                format!("unix:{},server=on,wait=off", sock.display()),
+            ]);
+        }
         a.extend(["-kernel".into(), assets.vmlinux.display().to_string()]);
         a.extend(["-initrd".into(), initrd.display().to_string()]);
         a.extend(["-append".into(), cmdline.join(" ")]);
@@ -531,6 +556,8 @@ pub struct GuestOutcome {
     pub log: String,
     /// Wall time from QEMU start to its exit.
     pub duration: Duration,
+    /// The reply line of each QMP command [`GuestBuilder::on_qmp`] sent.
+    pub qmp_replies: Vec<String>,
 }
 
 impl GuestOutcome {
@@ -567,6 +594,11 @@ impl GuestOutcome {
             .find_map(|l| l.split("USTOR-GUEST-START uptime=").nth(1))
             .and_then(|v| v.trim().parse().ok())
     }
+}
+
+/// The run's QMP socket, beside its serial log.
+fn qmp_socket(serial: &Path) -> PathBuf {
+    serial.with_file_name("qmp.sock")
 }
 
 /// `$USTOR_TESTVM_QEMU`, else `qemu-system-x86_64` from PATH.
@@ -702,6 +734,7 @@ mod tests {
             log: "x\nUSTOR-KV md5=abc\n[ 1.0] USTOR-KV md5=def \nUSTOR-GUEST-START uptime=2.5\n"
                 .into(),
             duration: Duration::ZERO,
+            qmp_replies: Vec::new(),
         };
         assert_eq!(o.value("md5"), Some("def"));
         assert_eq!(o.value("nope"), None);

@@ -25,7 +25,8 @@
 //! Modules: [`assets`] builds and caches the kernel and base initramfs,
 //! [`guest`] boots one guest, [`host`] has server/port/checksum helpers for
 //! the host side, [`cpio`] and [`modules`] are the initramfs plumbing,
-//! [`lock`] serializes guest runs machine-wide.
+//! [`lock`] serializes guest runs machine-wide, [`qmp`] runs QMP commands
+//! a script asks for mid-run (hot-unplug).
 
 pub mod assets;
 pub mod cpio;
@@ -34,6 +35,7 @@ pub mod guest;
 pub mod host;
 pub mod lock;
 pub mod modules;
+pub mod qmp;
 
 use std::sync::OnceLock;
 

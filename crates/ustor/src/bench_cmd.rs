@@ -111,6 +111,9 @@ pub fn run(a: BenchArgs) -> i32 {
                 "  {t:>5.1} s  {ios:>12} I/Os  {:>10.0} IOPS avg",
                 ios as f64 / t.max(1e-9)
             );
+        } else {
+            // Scripts see the run under way (`--log-level info`).
+            tracing::info!(seconds = t, ios, "bench progress");
         }
     });
     match report {

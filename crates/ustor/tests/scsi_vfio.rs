@@ -13,7 +13,9 @@
 //! -w flush --verify` reads every flushed unit back intact, `-w unmap`
 //! deallocates a 1 MiB range that the host then reads as zeroes (the
 //! drives pass discards to the image files). The SAS1068's target 1 runs
-//! its passes in 1 MiB commands.
+//! its passes in 1 MiB commands. Hot-unplug: the guest asks the host to
+//! `device_del` a disk of each HBA (QMP) under a running `ustor bench`;
+//! the mid-layer sees the disk gone and the bench ends with I/O errors.
 //!
 //! Skips (`SKIPPED: reason`) only when no guest can run here.
 
@@ -33,6 +35,9 @@ const UNMAP_OFF_MIB: u64 = 8;
 const HBA: &str = "0000:00:05.0";
 const WRONG: &str = "0000:00:06.0";
 const MPT: &str = "0000:00:07.0";
+/// Hot-unplug of target 0 LUN 1 (virtio-scsi) and target 1 (SAS1068).
+const DEL_VDEV1: &str = r#"{"execute": "device_del", "arguments": {"id": "vdev1"}}"#;
+const DEL_MDEV0: &str = r#"{"execute": "device_del", "arguments": {"id": "mdev0"}}"#;
 
 /// What `bench --verify -w read` leaves in a bdev of 512-byte blocks.
 fn expected_md5(seed: u64) -> String {
@@ -97,6 +102,8 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         .env("SIZE_MIB", SIZE_MIB.to_string())
         .env("BENCH_S", "2")
         .env("UNMAP_OFF_MIB", UNMAP_OFF_MIB.to_string())
+        .on_qmp("unplug-t0l1", &[DEL_VDEV1])
+        .on_qmp("unplug-m1", &[DEL_MDEV0])
         .timeout(Duration::from_secs(420));
     for (i, (d, (t, l))) in disks.iter().zip([(0, 0), (0, 1), (2, 0)]).enumerate() {
         g = g
@@ -107,7 +114,7 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
             ))
             .qemu_arg("-device")
             .qemu_arg(format!(
-                "scsi-hd,drive=vd{i},bus=vscsi.0,channel=0,scsi-id={t},lun={l},discard_granularity=4096"
+                "scsi-hd,drive=vd{i},id=vdev{i},bus=vscsi.0,channel=0,scsi-id={t},lun={l},discard_granularity=4096"
             ));
     }
     for (i, (d, t)) in mpt_disks.iter().zip([1, 3]).enumerate() {
@@ -119,7 +126,7 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
             ))
             .qemu_arg("-device")
             .qemu_arg(format!(
-                "scsi-hd,drive=md{i},bus=mpt.0,scsi-id={t},lun=0,discard_granularity=4096"
+                "scsi-hd,drive=md{i},id=mdev{i},bus=mpt.0,scsi-id={t},lun=0,discard_granularity=4096"
             ));
     }
     let out = g.run().and_then(|o| o.success()).unwrap();
@@ -152,6 +159,26 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         }
         let got = md5_range(img, UNMAP_OFF_MIB << 20, 1 << 20).unwrap();
         assert_eq!(got, zero_mib, "{tag}: unmapped range is not zeroes");
+    }
+    // Hot-unplug: QEMU took the device_del, the mid-layer saw the disk
+    // gone, and the bench on it ended with errors after some I/O.
+    assert_eq!(out.qmp_replies.len(), 2, "{:?}", out.qmp_replies);
+    for r in &out.qmp_replies {
+        assert!(r.contains("\"return\""), "device_del refused: {r}");
+    }
+    for tag in ["t0l1", "m1"] {
+        assert_eq!(
+            out.value(&format!("{tag}_gone")),
+            Some("1"),
+            "{tag} not seen gone"
+        );
+        for what in ["ios", "errors"] {
+            let n: u64 = out
+                .value(&format!("{tag}_unplug_{what}"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            assert!(n > 0, "{tag}: no {what} around the unplug");
+        }
     }
     // LUN 1 of target 0 was never written.
     let zero = md5_bytes(&vec![0u8; (SIZE_MIB << 20) as usize]).unwrap();

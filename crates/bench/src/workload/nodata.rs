@@ -12,7 +12,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use ustor_bdev::{IoChannel, IoType};
+use ustor_bdev::{BdevError, IoChannel, IoType};
 use ustor_runtime::{ticks, IoBuf};
 
 use super::{CoreState, Shared, SlotPlan};
@@ -72,6 +72,9 @@ pub(super) async fn slot(
             _ => ch.flush(lba, sh.bpi).await,
         };
         core.record(ticks::now().saturating_sub(t0), r.is_ok(), false);
+        if matches!(r, Err(BdevError::Removed)) {
+            break;
+        }
         if r.is_ok() {
             if let Some(b) = buf.take() {
                 buf = Some(read_back(kind, &ch, lba, b, &core, &sh).await);

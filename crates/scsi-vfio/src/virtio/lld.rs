@@ -251,6 +251,14 @@ impl Lld for VirtioScsi {
         })
     }
 
+    fn take_rescan(&self) -> bool {
+        let mut st = self.st.borrow_mut();
+        // Events are reaped with completions; one with no I/O running
+        // needs a look at the rings here.
+        st.reap();
+        std::mem::take(&mut st.rescan)
+    }
+
     fn info(&self) -> serde_json::Value {
         let st = self.st.borrow();
         json!({

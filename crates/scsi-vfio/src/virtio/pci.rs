@@ -38,6 +38,9 @@ pub const STATUS_FEATURES_OK: u8 = 8;
 pub const STATUS_FAILED: u8 = 128;
 
 pub const F_VERSION_1: u64 = 1 << 32;
+/// virtio-scsi: the device reports hot-plug and hot-unplug on the event
+/// queue.
+pub const F_SCSI_HOTPLUG: u64 = 1 << 1;
 pub const F_ACCESS_PLATFORM: u64 = 1 << 33;
 
 #[derive(Clone, Copy, Debug)]

@@ -124,6 +124,8 @@ pub struct State {
     pub ctrl_done: Option<u8>,
     pub ctrl_busy: bool,
     pub events: u64,
+    /// An event said targets or LUNs came or went (see `Lld::take_rescan`).
+    pub rescan: bool,
     pub zero_copy: u64,
     pub bounced: u64,
     pub pool_mapped: usize,
@@ -169,6 +171,7 @@ impl State {
             ctrl_done: None,
             ctrl_busy: false,
             events: 0,
+            rescan: false,
             zero_copy: 0,
             bounced: 0,
             pool_mapped: 0,
@@ -200,7 +203,7 @@ impl State {
                     .into(),
             ));
         }
-        let features = pci::F_VERSION_1 | pci::F_ACCESS_PLATFORM;
+        let features = pci::F_VERSION_1 | pci::F_ACCESS_PLATFORM | (offered & pci::F_SCSI_HOTPLUG);
         tp.set_features(features)?;
         self.cfg = DevCfg {
             seg_max: tp.device_cfg32(4),
@@ -417,6 +420,12 @@ impl State {
         while let Some((head, _)) = self.queues[EVENT_Q].pop() {
             self.events += 1;
             let i = self.head_slot[head as usize] as usize % EVENTS;
+            // SAFETY: the event buffer the device returned; we post it
+            // again only below.
+            let ev = unsafe { bytes(&self.area, EVENT_OFF + i * wire::EVENT_LEN, wire::EVENT_LEN) };
+            if wire::event_wants_rescan(ev) {
+                self.rescan = true;
+            }
             self.post_event(i);
         }
     }

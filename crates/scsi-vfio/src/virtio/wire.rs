@@ -22,6 +22,22 @@ pub const TMF_LOGICAL_UNIT_RESET: u32 = 5;
 pub const TMF_REQ_LEN: usize = 24;
 /// `struct virtio_scsi_event`.
 pub const EVENT_LEN: usize = 16;
+/// Event types: a target or LUN was added or removed (reason: 1 rescan,
+/// 2 removed), a parameter changed (an ASC/ASCQ such as REPORTED LUNS DATA
+/// HAS CHANGED); the flag says events were lost.
+pub const T_TRANSPORT_RESET: u32 = 1;
+pub const T_PARAM_CHANGE: u32 = 3;
+pub const T_EVENTS_MISSED: u32 = 0x8000_0000;
+
+/// Whether a `virtio_scsi_event` means the set of targets or LUNs may have
+/// changed, so the mid-layer should rescan.
+pub fn event_wants_rescan(ev: &[u8]) -> bool {
+    let Some(t) = ev.get(0..4) else {
+        return false;
+    };
+    let t = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
+    t & T_EVENTS_MISSED != 0 || matches!(t, T_TRANSPORT_RESET | T_PARAM_CHANGE)
+}
 
 /// The 8-byte virtio-scsi LUN: 1, target, then the SAM flat-space LUN.
 pub fn lun_bytes(n: Nexus) -> [u8; 8] {
@@ -142,5 +158,24 @@ mod tests {
                 let _ = outcome(&decode_resp(&b));
             }
         }
+    }
+
+    #[test]
+    fn hotplug_events_ask_for_a_rescan() {
+        let ev = |t: u32, reason: u32| {
+            let mut b = [0u8; EVENT_LEN];
+            b[0..4].copy_from_slice(&t.to_le_bytes());
+            b[4..12].copy_from_slice(&[1, 2, 0x40, 0, 0, 0, 0, 0]);
+            b[12..16].copy_from_slice(&reason.to_le_bytes());
+            b
+        };
+        // Unplugged (reason 2), plugged (1), LUNs changed, events lost.
+        assert!(event_wants_rescan(&ev(T_TRANSPORT_RESET, 2)));
+        assert!(event_wants_rescan(&ev(T_TRANSPORT_RESET, 1)));
+        assert!(event_wants_rescan(&ev(T_PARAM_CHANGE, 0x3f0e)));
+        assert!(event_wants_rescan(&ev(T_EVENTS_MISSED, 0)));
+        // No event (an unused buffer) and short input.
+        assert!(!event_wants_rescan(&ev(0, 0)));
+        assert!(!event_wants_rescan(&[1, 0]));
     }
 }

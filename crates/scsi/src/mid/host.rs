@@ -370,6 +370,10 @@ impl Host {
         if now >= self.next_check.get() || self.delayed.get() > 0 {
             self.next_check.set(now + self.check_ticks);
             work += self.check_slots(now);
+            if self.lld.take_rescan() {
+                HostCounters::inc(&self.stats.hotplug_events);
+                self.rescan_wanted.set(true);
+            }
         }
         if !self.in_eh.get() {
             work += self.drain_backlog();
@@ -508,6 +512,10 @@ impl Host {
             Event::MediumError => HostCounters::inc(&c.medium_errors),
             Event::HardwareError => HostCounters::inc(&c.hardware_errors),
             Event::TransportError => HostCounters::inc(&c.transport_errors),
+            Event::DeviceGone => {
+                HostCounters::inc(&c.transport_errors);
+                self.rescan_wanted.set(true);
+            }
         }
         if ev != Event::None {
             tracing::debug!(

@@ -78,6 +78,9 @@ pub enum Event {
     MediumError,
     HardwareError,
     TransportError,
+    /// The transport says there is no such device (any more): a rescan
+    /// finds out what is gone.
+    DeviceGone,
 }
 
 /// Back-off of BUSY and TASK SET FULL: doubles per attempt from 1 ms, at most 64 ms.
@@ -96,7 +99,7 @@ pub fn decide(
         Err(TransportError::NoDevice) => {
             return (
                 Action::Fail(Failure::Transport(TransportError::NoDevice)),
-                Event::TransportError,
+                Event::DeviceGone,
             )
         }
         // The transport lost it: worth another try (a reconnect may be under way).

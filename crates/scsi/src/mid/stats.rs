@@ -57,6 +57,8 @@ counters! {
     /// Completions for a tag that was no longer outstanding (after abort).
     stale_completions,
     rescans,
+    /// The LLD reported targets or LUNs coming or going (hot-plug events).
+    hotplug_events,
     devices_added,
     devices_removed,
 }
