@@ -1,6 +1,6 @@
 //! Fuzz target: the VFIO HBA drivers' decoders of what a device writes into
 //! DMA memory: MPT Fusion replies (IOCFacts, SCSI IO, task management) and
-//! virtio-scsi command responses. Unit tests run the same decoders over
+//! virtio-scsi command responses and events. Unit tests run the same decoders over
 //! short and filled inputs on stable (crates/scsi-vfio).
 #![no_main]
 
@@ -15,4 +15,5 @@ fuzz_target!(|data: &[u8]| {
     let len = data.first().map_or(0, |&b| u32::from(b) << 9);
     let _ = mpt::outcome(&mpt::decode_io_reply(data), len);
     let _ = virtio::outcome(&virtio::decode_resp(data));
+    let _ = virtio::event_wants_rescan(data);
 });
