@@ -25,8 +25,9 @@
 #     each under a running `ustor bench`: the disk is seen gone and the
 #     bench ends with I/O errors.
 # env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S,
-#      UNMAP_OFF_MIB
-# reports: unbound_error, wrong_driver_error, disks, reset_ok,
+#      UNMAP_OFF_MIB, SHARED_BDF (function 0 of a slot whose function 1
+#      stays on its kernel driver: the shared-group error)
+# reports: unbound_error, wrong_driver_error, group_shared_error, disks, reset_ok,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
 #          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
@@ -77,6 +78,15 @@ grep -q "not vfio-pci" /tmp/e1 && grep -q driver_override /tmp/e1 && kv unbound_
 
 bind_vfio "$BDF"
 bind_vfio "$WRONG"
+# Function 0 of a two-function slot (one IOMMU group) while function 1
+# stays on virtio-pci: refused, naming the other device.
+if [ -n "${SHARED_BDF:-}" ]; then
+    bind_vfio "$SHARED_BDF"
+    rpc scsi_vfio_attach_host --json "{\"pci_address\": \"$SHARED_BDF\", \"driver\": \"virtio-scsi\"}" \
+        > /tmp/e4 2>&1 && die "attach with a shared IOMMU group worked"
+    cat /tmp/e4 >&2
+    grep -q "also holds" /tmp/e4 && grep -q "virtio-pci" /tmp/e4 && kv group_shared_error 1
+fi
 rpc scsi_vfio_attach_host --json "{\"pci_address\": \"$WRONG\", \"driver\": \"virtio-scsi\"}" \
     > /tmp/e2 2>&1 && die "virtio-scsi attached to an LSI HBA"
 cat /tmp/e2 >&2

@@ -4,8 +4,10 @@
 //! virtio-scsi-pci HBA (iommu_platform=on) holding three disks backed by
 //! host files — target 0 LUNs 0 and 1, target 2 LUN 0 —, an LSI 53C895A
 //! for the wrong-driver checks, and an LSI SAS1068 (`mptsas1068`, the MPT
-//! Fusion driver) with two disks on targets 1 and 3. Checks, for both
-//! drivers: clear errors for an unbound device and a wrong driver, the
+//! Fusion driver) with two disks on targets 1 and 3, and a two-function
+//! virtio-scsi slot (one IOMMU group). Checks, for both drivers: clear
+//! errors for an unbound device, a wrong driver and (virtio-scsi) a device
+//! whose IOMMU group holds a device still on its kernel driver, the
 //! scan finds all the disks, LUN and host reset, detach and re-attach, and
 //! `ustor bench --verify` through SCSI bdevs on two disks, whose blocks the
 //! host then finds in the image files at the bdevs' offset; save_config
@@ -35,6 +37,8 @@ const UNMAP_OFF_MIB: u64 = 8;
 const HBA: &str = "0000:00:05.0";
 const WRONG: &str = "0000:00:06.0";
 const MPT: &str = "0000:00:07.0";
+/// Function 0 of a two-function slot: one IOMMU group with function 1.
+const SHARED: &str = "0000:00:08.0";
 /// Hot-unplug of target 0 LUN 1 (virtio-scsi) and target 1 (SAS1068).
 const DEL_VDEV1: &str = r#"{"execute": "device_del", "arguments": {"id": "vdev1"}}"#;
 const DEL_MDEV0: &str = r#"{"execute": "device_del", "arguments": {"id": "mdev0"}}"#;
@@ -92,11 +96,18 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         .qemu_arg("lsi53c895a,bus=pcie.0,addr=0x6")
         .qemu_arg("-device")
         .qemu_arg("mptsas1068,id=mpt,bus=pcie.0,addr=0x7")
+        .qemu_arg("-device")
+        .qemu_arg(
+            "virtio-scsi-pci,bus=pcie.0,addr=0x8.0,multifunction=on,iommu_platform=on,disable-legacy=on",
+        )
+        .qemu_arg("-device")
+        .qemu_arg("virtio-scsi-pci,bus=pcie.0,addr=0x8.1,iommu_platform=on,disable-legacy=on")
         .cpus(2)
         .memory_mib(1024)
         .env("VFIO_BDF", HBA)
         .env("WRONG_BDF", WRONG)
         .env("MPT_BDF", MPT)
+        .env("SHARED_BDF", SHARED)
         .env("SEED", SEED.to_string())
         .env("OFF_MIB", OFFSET_MIB.to_string())
         .env("SIZE_MIB", SIZE_MIB.to_string())
@@ -132,6 +143,11 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
     let out = g.run().and_then(|o| o.success()).unwrap();
     assert_eq!(out.value("unbound_error"), Some("1"), "{}", out.log);
     assert_eq!(out.value("wrong_driver_error"), Some("1"));
+    assert_eq!(
+        out.value("group_shared_error"),
+        Some("1"),
+        "shared IOMMU group accepted"
+    );
     assert_eq!(out.value("disks"), Some("3"));
     assert_eq!(out.value("reset_ok"), Some("1"));
     assert_eq!(out.value("saved_attach"), Some("1"));
