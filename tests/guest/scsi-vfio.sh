@@ -27,7 +27,7 @@
 # env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S,
 #      UNMAP_OFF_MIB, SHARED_BDF (function 0 of a slot whose function 1
 #      stays on its kernel driver: the shared-group error)
-# reports: unbound_error, wrong_driver_error, group_shared_error, disks, reset_ok,
+# reports: irq, irq_wakes, mpt_irq, mpt_irq_wakes, unbound_error, wrong_driver_error, group_shared_error, disks, reset_ok,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
 #          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
@@ -99,6 +99,12 @@ rpc scsi_get_devices > /tmp/devs.json || die "scsi_get_devices"
 cat /tmp/devs.json >&2
 kv disks "$(grep -c '"driver": "sd"' /tmp/devs.json)"
 rpc scsi_get_hosts > /tmp/hosts.json && cat /tmp/hosts.json >&2
+# The reactor may sleep (adaptive mode): an MSI-X vector wakes it.
+irq_kv() {
+    kv "${1}irq" "$(sed -n 's/.*"irq": "\([a-z]*\)".*/\1/p' /tmp/hosts.json | head -n 1)"
+    kv "${1}irq_wakes" "$(sed -n 's/.*"irq_wakes": \([0-9]*\).*/\1/p' /tmp/hosts.json | head -n 1)"
+}
+irq_kv ""
 rpc scsi_device_reset --json '{"device": "'"$H"':0:0:1"}' | grep -q true || die "LUN reset"
 rpc scsi_host_reset --json '{"host": '"$H"'}' | grep -q true || die "host reset"
 kv reset_ok 1
@@ -205,7 +211,8 @@ log "MPT attached as host $H"
 rpc scsi_get_devices > /tmp/devs.json || die "scsi_get_devices"
 cat /tmp/devs.json >&2
 kv mpt_disks "$(grep -c '"driver": "sd"' /tmp/devs.json)"
-rpc scsi_get_hosts >&2
+rpc scsi_get_hosts > /tmp/hosts.json && cat /tmp/hosts.json >&2
+irq_kv mpt_
 rpc scsi_device_reset --json '{"device": "'"$H"':0:3:0"}' | grep -q true || die "MPT LUN reset"
 rpc scsi_host_reset --json '{"host": '"$H"'}' | grep -q true || die "MPT host reset"
 kv mpt_reset_ok 1

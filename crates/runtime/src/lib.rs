@@ -50,7 +50,7 @@ pub use config::{parse_cores, ConfigError, PollMode, RuntimeConfig};
 pub use executor::{spawn, yield_now, JoinHandle};
 pub use msg::{Runtime, RuntimeHandle, SendError};
 pub use poller::{register_poller, register_timed_poller, unregister_poller, PollStatus, PollerId};
-pub use reactor::{is_reactor_thread, on_reactor_exit, reactor_id, request_stop};
+pub use reactor::{is_reactor_thread, on_reactor_exit, poll_mode, reactor_id, request_stop};
 pub use stats::ReactorStats;
 pub use timer::{sleep, sleep_until};
 pub use uring::{register_cqe_handler, submit_sqe, unregister_cqe_handler, CqeHandler, HandlerId};

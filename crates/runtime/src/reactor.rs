@@ -72,6 +72,13 @@ pub fn reactor_id() -> usize {
     with(|r| r.id)
 }
 
+/// How the current reactor waits for work: a driver whose device can
+/// signal an eventfd needs that wake source only where the reactor sleeps
+/// (not in [`PollMode::Poll`]).
+pub fn poll_mode() -> PollMode {
+    with(|r| r.mode)
+}
+
 /// Whether the current thread is a reactor.
 pub fn is_reactor_thread() -> bool {
     try_with(|_| ()).is_some()

@@ -4,11 +4,13 @@
 //! (mapped in the IOMMU once, at attach). Drivers: virtio-scsi
 //! (`driver: "virtio-scsi"`) and the MPT Fusion SAS1068 (`driver:
 //! "mptsas"`). [`attach`] checks the device's PCI ID against the driver
-//! asked for, so a wrong driver is a clear error.
+//! asked for, so a wrong driver is a clear error. Where the reactor may
+//! sleep, an MSI-X (or MSI) vector wakes it (`wake`).
 
 pub mod mpt;
 mod sg;
 pub mod virtio;
+mod wake;
 
 use ustor_scsi::lld::Lld;
 use ustor_vfio::PciId;

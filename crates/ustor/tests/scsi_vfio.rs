@@ -149,6 +149,16 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         "shared IOMMU group accepted"
     );
     assert_eq!(out.value("disks"), Some("3"));
+    // The reactor sleeps between commands (adaptive mode): the device's
+    // interrupt, routed to an eventfd, woke it.
+    for (p, kind) in [("", "msix"), ("mpt_", "msi")] {
+        assert_eq!(out.value(&format!("{p}irq")), Some(kind), "{p}irq");
+        let wakes: u64 = out
+            .value(&format!("{p}irq_wakes"))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        assert!(wakes > 0, "{p}: no interrupt woke the reactor");
+    }
     assert_eq!(out.value("reset_ok"), Some("1"));
     assert_eq!(out.value("saved_attach"), Some("1"));
     assert_eq!(out.value("reattach_disks"), Some("3"));

@@ -265,6 +265,51 @@ impl Vfio {
         Ok(out)
     }
 
+    /// Routes vector 0 of the device's MSI-X (MSI where it has none) to a
+    /// new non-blocking eventfd: each interrupt then bumps its counter, so
+    /// a reactor can sleep until the device has something. Returns the fd
+    /// and `"msix"` or `"msi"`. The interrupt stays routed until the device
+    /// fd is closed.
+    pub fn irq_eventfd(&self) -> Result<(OwnedFd, &'static str)> {
+        let dfd = self.device.as_raw_fd();
+        let kinds = [
+            (VFIO_PCI_MSIX_IRQ_INDEX, "msix"),
+            (VFIO_PCI_MSI_IRQ_INDEX, "msi"),
+        ];
+        for (index, kind) in kinds {
+            let mut info = IrqInfo {
+                argsz: 16,
+                index,
+                ..Default::default()
+            };
+            let ok = ioctl_ptr(dfd, VFIO_DEVICE_GET_IRQ_INFO, &mut info, "irq info").is_ok();
+            if !ok || info.count == 0 {
+                continue;
+            }
+            // SAFETY: plain eventfd(2); the result is checked.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd < 0 {
+                return Err(VfioError::sys("eventfd"));
+            }
+            // SAFETY: a new fd the kernel just gave us, owned by nobody else.
+            let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let mut set = IrqSetEventfd {
+                argsz: 24,
+                flags: VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                index,
+                start: 0,
+                count: 1,
+                fd: fd.as_raw_fd(),
+            };
+            ioctl_ptr(dfd, VFIO_DEVICE_SET_IRQS, &mut set, "VFIO_DEVICE_SET_IRQS")?;
+            return Ok((fd, kind));
+        }
+        Err(VfioError::Unsupported(format!(
+            "{}: no MSI-X or MSI interrupt",
+            self.bdf
+        )))
+    }
+
     /// Function-level reset, when vfio-pci offers one for this device.
     pub fn reset(&self) -> Result<bool> {
         if self.flags & VFIO_DEVICE_FLAGS_RESET == 0 {

@@ -9,8 +9,10 @@
 //! arithmetic over that short list, never by a syscall. IOVAs are handed out
 //! below 4 GiB and outside the x86 MSI window, so they fit the 39-bit
 //! address width of QEMU's emulated Intel IOMMU and the 32-bit DMA window
-//! of older HBAs. Nothing here needs hugepages. Interrupts are never
-//! enabled (MSI-X stays off, INTx is disabled): drivers poll.
+//! of older HBAs. Nothing here needs hugepages. INTx is disabled; a driver
+//! may route one MSI-X (or MSI) vector to an eventfd
+//! ([`Vfio::irq_eventfd`]) as a wake source for a sleeping reactor, and
+//! polls its rings either way.
 //!
 //! `unsafe` in this crate is limited to the ioctls, `mmap` and volatile
 //! accesses to mapped BARs and DMA memory, each with a SAFETY comment.

@@ -17,6 +17,8 @@ pub const VFIO_GROUP_SET_CONTAINER: libc::c_ulong = io(4);
 pub const VFIO_GROUP_GET_DEVICE_FD: libc::c_ulong = io(6);
 pub const VFIO_DEVICE_GET_INFO: libc::c_ulong = io(7);
 pub const VFIO_DEVICE_GET_REGION_INFO: libc::c_ulong = io(8);
+pub const VFIO_DEVICE_GET_IRQ_INFO: libc::c_ulong = io(9);
+pub const VFIO_DEVICE_SET_IRQS: libc::c_ulong = io(10);
 pub const VFIO_DEVICE_RESET: libc::c_ulong = io(11);
 pub const VFIO_IOMMU_GET_INFO: libc::c_ulong = io(12);
 pub const VFIO_IOMMU_MAP_DMA: libc::c_ulong = io(13);
@@ -36,6 +38,11 @@ pub const VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE: u16 = 1;
 /// PCI region indexes of a vfio-pci device: BAR0..BAR5, ROM, config.
 pub const VFIO_PCI_CONFIG_REGION_INDEX: u32 = 7;
 pub const VFIO_PCI_NUM_REGIONS: u32 = 9;
+/// Interrupt indexes of a vfio-pci device: INTx, MSI, MSI-X.
+pub const VFIO_PCI_MSI_IRQ_INDEX: u32 = 1;
+pub const VFIO_PCI_MSIX_IRQ_INDEX: u32 = 2;
+pub const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+pub const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
 
 #[repr(C)]
 #[derive(Default)]
@@ -93,7 +100,30 @@ pub struct DmaUnmap {
     pub size: u64,
 }
 
+#[repr(C)]
+#[derive(Default)]
+pub struct IrqInfo {
+    pub argsz: u32,
+    pub flags: u32,
+    pub index: u32,
+    pub count: u32,
+}
+
+/// `struct vfio_irq_set` with one eventfd as its data.
+#[repr(C)]
+#[derive(Default)]
+pub struct IrqSetEventfd {
+    pub argsz: u32,
+    pub flags: u32,
+    pub index: u32,
+    pub start: u32,
+    pub count: u32,
+    pub fd: i32,
+}
+
 const _: () = assert!(std::mem::size_of::<GroupStatus>() == 8);
+const _: () = assert!(std::mem::size_of::<IrqInfo>() == 16);
+const _: () = assert!(std::mem::size_of::<IrqSetEventfd>() == 24);
 const _: () = assert!(std::mem::size_of::<DeviceInfo>() == 16);
 const _: () = assert!(std::mem::size_of::<RegionInfo>() == 32);
 const _: () = assert!(std::mem::size_of::<IommuType1Info>() == 24);
@@ -110,6 +140,8 @@ mod tests {
         assert_eq!(VFIO_SET_IOMMU, 0x3b66);
         assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
         assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(VFIO_DEVICE_GET_IRQ_INFO, 0x3b6d);
+        assert_eq!(VFIO_DEVICE_SET_IRQS, 0x3b6e);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
     }

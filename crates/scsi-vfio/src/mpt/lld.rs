@@ -282,6 +282,8 @@ impl Lld for MptSas {
             "zero_copy_cmds": st.zero_copy,
             "bounced_cmds": st.bounced,
             "address_replies": st.address_replies,
+            "irq": st.wake.as_ref().map_or("none", |w| w.kind),
+            "irq_wakes": st.wake.as_ref().map_or(0, |w| w.count()),
         })
     }
 }

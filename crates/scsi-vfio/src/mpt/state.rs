@@ -17,6 +17,7 @@ use super::ioc::Ioc;
 use super::wire::{self, Facts, IoReply, Sge};
 use super::MptError;
 use crate::sg::{gather, scatter};
+use crate::wake::Wake;
 
 /// Command slots at most (the IOC's credits may lower it).
 pub const MAX_SLOTS: usize = 64;
@@ -132,6 +133,8 @@ pub struct State {
     pub bounced: u64,
     pub address_replies: u64,
     pub pool_mapped: usize,
+    /// The MSI that wakes a sleeping reactor, if any.
+    pub wake: Option<Wake>,
 }
 
 impl State {
@@ -147,6 +150,7 @@ impl State {
         let bounce = vfio.alloc_dma(MAX_SLOTS * BOUNCE)?;
         let chains = vfio.alloc_dma(MAX_SLOTS * CHAIN_SEGS * FRAME)?;
         let big = vfio.alloc_dma(MAX_XFER)?;
+        let wake = Wake::start(&vfio);
         let mut s = State {
             vfio,
             ioc,
@@ -171,6 +175,7 @@ impl State {
             bounced: 0,
             address_replies: 0,
             pool_mapped: 0,
+            wake,
         };
         s.bring_up()?;
         Ok(s)
@@ -202,6 +207,10 @@ impl State {
             self.ioc.bar.write32(wire::REG_REPLY_FIFO, iova as u32);
         }
         self.ioc.port_enable()?;
+        if self.wake.is_some() {
+            // Replies interrupt (the reset masked everything).
+            self.ioc.bar.write32(wire::REG_INT_MASK, wire::HIM_DOORBELL);
+        }
         self.slots.fill(FREE_SLOT);
         self.free = (0..self.slots_n as u16).rev().collect();
         self.ready.clear();

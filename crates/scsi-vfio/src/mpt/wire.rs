@@ -29,6 +29,9 @@ pub const HIS_DOORBELL: u32 = 0x1;
 pub const HIS_IOP_DOORBELL_STATUS: u32 = 0x8000_0000;
 /// Interrupt mask: doorbell and reply interrupts off (we poll).
 pub const HIM_ALL: u32 = 0x1 | 0x8;
+/// Interrupt mask with reply interrupts on (the wake source of a sleeping
+/// reactor), doorbell interrupts off.
+pub const HIM_DOORBELL: u32 = 0x1;
 pub const DIAG_RESET_ADAPTER: u32 = 0x4;
 pub const DIAG_WRITE_ENABLE: u32 = 0x80;
 /// The key sequence that unlocks the diagnostic register.

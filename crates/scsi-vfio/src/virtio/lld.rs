@@ -271,6 +271,8 @@ impl Lld for VirtioScsi {
             "zero_copy_cmds": st.zero_copy,
             "bounced_cmds": st.bounced,
             "events": st.events,
+            "irq": st.wake.as_ref().map_or("none", |w| w.kind),
+            "irq_wakes": st.wake.as_ref().map_or(0, |w| w.count()),
         })
     }
 }

@@ -213,18 +213,29 @@ impl Transport {
         self.c16(QUEUE_SIZE)
     }
 
-    /// Programs and enables queue `q`; returns its notify offset in the
-    /// notify BAR.
-    pub fn setup_queue(&self, q: u16, size: u16, desc: u64, avail: u64, used: u64) -> usize {
+    /// Programs and enables queue `q` (rings at desc, avail, used; MSI-X
+    /// `vector` or none); returns its notify offset in the notify BAR and
+    /// whether the device took the vector.
+    pub fn setup_queue(
+        &self,
+        q: u16,
+        size: u16,
+        ring: [u64; 3],
+        vector: Option<u16>,
+    ) -> (usize, bool) {
+        let [desc, avail, used] = ring;
         self.w16(QUEUE_SELECT, q);
         self.w16(QUEUE_SIZE, size);
-        self.w16(QUEUE_MSIX_VECTOR, NO_VECTOR);
+        let v = vector.unwrap_or(NO_VECTOR);
+        self.w16(QUEUE_MSIX_VECTOR, v);
+        // The device answers NO_VECTOR where it cannot take the vector.
+        let took = vector.is_some() && self.c16(QUEUE_MSIX_VECTOR) == v;
         self.w64(QUEUE_DESC, desc);
         self.w64(QUEUE_DRIVER, avail);
         self.w64(QUEUE_DEVICE, used);
         let off = self.c16(QUEUE_NOTIFY_OFF) as usize * self.notify_mult as usize;
         self.w16(QUEUE_ENABLE, 1);
-        off
+        (off, took)
     }
 
     /// Rings queue `q`'s doorbell.

@@ -15,6 +15,7 @@ use super::vq::{layout, Seg, SplitQueue};
 use super::wire::{self, CmdResp};
 use super::VirtioError;
 use crate::sg::{gather, scatter};
+use crate::wake::Wake;
 
 pub const CTRL_Q: usize = 0;
 pub const EVENT_Q: usize = 1;
@@ -124,6 +125,8 @@ pub struct State {
     pub ctrl_done: Option<u8>,
     pub ctrl_busy: bool,
     pub events: u64,
+    /// The interrupt that wakes a sleeping reactor, if any.
+    pub wake: Option<Wake>,
     /// An event said targets or LUNs came or went (see `Lld::take_rescan`).
     pub rescan: bool,
     pub zero_copy: u64,
@@ -153,6 +156,7 @@ impl State {
         }
         let area = vfio.alloc_dma(AREA_BYTES)?;
         let bounce = vfio.alloc_dma(SLOTS * BOUNCE)?;
+        let wake = Wake::start(&vfio);
         let mut s = State {
             vfio,
             tp,
@@ -171,6 +175,7 @@ impl State {
             ctrl_done: None,
             ctrl_busy: false,
             events: 0,
+            wake,
             rescan: false,
             zero_copy: 0,
             bounced: 0,
@@ -227,13 +232,13 @@ impl State {
             // SAFETY: the device is reset: no queue memory is in use.
             unsafe { bytes(&m, 0, m.len) }.fill(0);
             let vq = SplitQueue::new(m, self.qsize[q]);
-            self.notify[q] = self.tp.setup_queue(
-                q as u16,
-                vq.size(),
-                vq.desc_iova(),
-                vq.avail_iova(),
-                vq.used_iova(),
-            );
+            // Every queue interrupts through vector 0 where a sleeping
+            // reactor needs waking (the rings are polled either way).
+            let vector = self.wake.as_ref().map(|_| 0);
+            let ring = [vq.desc_iova(), vq.avail_iova(), vq.used_iova()];
+            let (off, took) = self.tp.setup_queue(q as u16, vq.size(), ring, vector);
+            self.notify[q] = off;
+            vq.set_interrupt(took);
             self.queues.push(vq);
         }
         for i in 0..EVENTS {

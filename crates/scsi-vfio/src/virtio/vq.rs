@@ -61,6 +61,13 @@ impl SplitQueue {
         self.size
     }
 
+    /// Whether the device interrupts when it returns buffers (the avail
+    /// ring's NO_INTERRUPT flag); it interrupts only through a vector.
+    pub fn set_interrupt(&self, on: bool) {
+        let flags = if on { 0 } else { AVAIL_F_NO_INTERRUPT };
+        self.w16(self.avail_off, flags);
+    }
+
     pub fn desc_iova(&self) -> u64 {
         self.mem.iova
     }
