@@ -150,11 +150,11 @@ bench read t2 0:0:2:0 -w read -q 4 --cores 0 --verify
 # UOFF MiB, which the host then finds deallocated (zeroes) in the image.
 # QEMU's disks report no LBPRZ, so ustor promises no zeroes itself.
 flush_unmap() {
-    BOFF=$UOFF BLEN=1
+    BOFF=$UOFF BLEN=1 _secs=$SECS SECS=1
     bench flush "$1" "$2" -w flush -q 2 --cores 0 --verify
     BBS=1M
     bench unmap "$1" "$2" -w unmap -q 1 --cores 0
-    BOFF= BLEN= BBS=
+    BOFF= BLEN= BBS= SECS=$_secs
 }
 flush_unmap t2 0:0:2:0
 
