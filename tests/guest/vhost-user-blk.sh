@@ -10,9 +10,13 @@
 # (region discarded, then read back; reported as discard_md5),
 # VUB_FIO_MIB=OFFSET:COUNT (fio writes the region with crc32c verify
 # headers on two jobs at queue depth 8 and verifies it; needs
-# /ustor/bin/fio; reports fio_ok=1).
-# Reports: vub_size, read_md5, write_md5, discard_md5, fio_ok, and the
-# fs_roundtrip values.
+# /ustor/bin/fio; reports fio_ok=1), VUB_RESIZE_DEV and VUB_RESIZE_BYTES
+# (a device the host grows while the rest runs: its size at start, then,
+# after waiting up to 120 s for the config-change interrupt, its size
+# and a direct read of its new last MiB).
+# Reports: vub_size, read_md5, write_md5, discard_md5, fio_ok,
+# resize_before, resize_after, resize_read_ok, and the fs_roundtrip
+# values.
 . /ustor/lib.sh
 set -u
 dev=${VUB_DEV:-/dev/vda}
@@ -20,6 +24,10 @@ wait_for "$dev"
 size=$(size_bytes "$dev")
 [ "$size" -gt 0 ] || die "$dev has size 0"
 kv vub_size "$size"
+if [ -n "${VUB_RESIZE_DEV:-}" ]; then
+    wait_for "$VUB_RESIZE_DEV"
+    kv resize_before "$(size_bytes "$VUB_RESIZE_DEV")"
+fi
 if [ -n "${VUB_READ_MIB:-}" ]; then
     kv read_md5 "$(read_md5 "$dev" "${VUB_READ_MIB%%:*}" "${VUB_READ_MIB##*:}")"
 fi
@@ -45,5 +53,17 @@ if [ -n "${VUB_FIO_MIB:-}" ]; then
 fi
 if [ -n "${VUB_FS_DEV:-}" ]; then
     fs_roundtrip "$VUB_FS_DEV" /mnt/vub
+fi
+if [ -n "${VUB_RESIZE_DEV:-}" ]; then
+    _n=1200
+    while [ "$(size_bytes "$VUB_RESIZE_DEV")" != "$VUB_RESIZE_BYTES" ]; do
+        _n=$((_n - 1))
+        [ "$_n" -gt 0 ] || die "$VUB_RESIZE_DEV never became $VUB_RESIZE_BYTES bytes"
+        sleep 0.1
+    done
+    kv resize_after "$(size_bytes "$VUB_RESIZE_DEV")"
+    run dd if="$VUB_RESIZE_DEV" of=/dev/null bs=1M iflag=direct \
+        skip=$((VUB_RESIZE_BYTES / 1048576 - 1)) count=1
+    kv resize_read_ok 1
 fi
 log "vhost-user-blk ok"

@@ -8,7 +8,13 @@
 //! During fio's writes ustor is killed with SIGKILL and started again on
 //! the same sockets: QEMU (`reconnect=1`) reconnects, the new process
 //! resubmits what the inflight region says was in flight, and fio's
-//! verify must still pass.
+//! verify must still pass. The raw disk's bdev is a delay bdev whose
+//! latency is raised to minutes just before the kill, and the kill waits
+//! for a request taken after that: requests are in flight at the kill
+//! whatever the timing, and the new process must report them resubmitted.
+//! A third disk (a null bdev) is grown by `bdev_null_resize` after the
+//! restart: the guest must see the new size (config-change interrupt
+//! through the backend channel) and read its new last MiB.
 //!
 //! Skips (`SKIPPED: reason`) only when no guest can run here.
 
@@ -48,9 +54,12 @@ fn guest_virtio_blk_on_ustor_vhost() {
     let host_read_md5 = md5_range(&raw, 8 * MIB, 4 * MIB as usize).expect("md5");
     let bdev = |f: &std::path::Path, n: &str| json!({"method": "bdev_uring_create", "params": {"filename": f.to_str().unwrap(), "name": n, "block_size": 512}});
     let ctrl = |c: &str, b: &str| json!({"method": "vhost_create_blk_controller", "params": {"ctrlr": c, "dev_name": b}});
+    let delay = json!({"method": "bdev_delay_create", "params": {"base_bdev_name": "RawFile", "name": "Raw",
+        "avg_read_latency": 50, "p99_read_latency": 50, "avg_write_latency": 50, "p99_write_latency": 50}});
+    let nullb = json!({"method": "bdev_null_create", "params": {"name": "Null", "num_blocks": 64 * MIB / 512, "block_size": 512}});
     let config = json!({"subsystems": [
-        {"subsystem": "bdev", "config": [bdev(&raw, "Raw"), bdev(&fs, "Fs")]},
-        {"subsystem": "vhost_blk", "config": [ctrl("vraw", "Raw"), ctrl("vfs", "Fs")]},
+        {"subsystem": "bdev", "config": [bdev(&raw, "RawFile"), delay, bdev(&fs, "Fs"), nullb]},
+        {"subsystem": "vhost_blk", "config": [ctrl("vraw", "Raw"), ctrl("vfs", "Fs"), ctrl("vnull", "Null")]},
     ]});
     let args = ["-S", sockets.to_str().unwrap(), "--cores", "0,1"];
     let s = Server::start(&dir, &config, &args);
@@ -61,12 +70,15 @@ fn guest_virtio_blk_on_ustor_vhost() {
         .binary("/usr/bin/fio")
         .vhost_user_blk_queues(sockets.join("vraw"), 2)
         .vhost_user_blk(sockets.join("vfs"))
+        .vhost_user_blk(sockets.join("vnull"))
         .vhost_user_reconnect()
         .env("VUB_READ_MIB", "8:4")
         .env("VUB_WRITE_MIB", "16:4")
         .env("VUB_DISCARD_MIB", "24:4")
         .env("VUB_FIO_MIB", "32:16")
         .env("VUB_FS_DEV", "/dev/vdb")
+        .env("VUB_RESIZE_DEV", "/dev/vdc")
+        .env("VUB_RESIZE_BYTES", (128 * MIB).to_string())
         .timeout(Duration::from_secs(300));
     let run = std::thread::spawn(move || guest.run());
     // SIGKILL in the middle of fio's writes (the raw round trip writes
@@ -76,12 +88,30 @@ fn guest_virtio_blk_on_ustor_vhost() {
         let st = s.ok("bdev_get_iostat", json!({"name": "Raw"}));
         st["bdevs"][0]["bytes_written"].as_u64().unwrap_or(0)
     };
+    // Requests vraw's queues have taken.
+    let taken = |s: &Server| -> u64 {
+        let c = s.ok("vhost_get_controllers", json!({"name": "vraw"}));
+        let q = c[0]["queues"].as_array().cloned().unwrap_or_default();
+        q.iter().filter_map(|q| q["requests"].as_u64()).sum()
+    };
     let mid_fio = testkit::try_wait_for(Duration::from_secs(240), || {
         (written(&s) >= 10 * MIB || run.is_finished()).then_some(())
     });
     assert!(
         mid_fio.is_some() && !run.is_finished(),
         "fio never got going"
+    );
+    // Every request the delay bdev gets from now on waits 10 minutes: one
+    // the ring takes after this is in flight at the kill.
+    for t in ["avg_read", "p99_read", "avg_write", "p99_write"] {
+        let p = json!({"delay_bdev_name": "Raw", "latency_type": t, "latency_us": 600_000_000u64});
+        s.ok("bdev_delay_update_latency", p);
+    }
+    let held = taken(&s);
+    testkit::wait_until(
+        "a request held at the kill",
+        Duration::from_secs(60),
+        || taken(&s) > held,
     );
     let killed = Instant::now();
     s.kill();
@@ -91,15 +121,57 @@ fn guest_virtio_blk_on_ustor_vhost() {
     let restart = killed.elapsed();
     assert!(resumed.is_some(), "no I/O after the restart");
     eprintln!("vhost-user-blk: SIGKILL to resumed guest writes: {restart:?}");
+    // Grow the null disk once the new process has the frontend's backend
+    // channel and its rings run (QEMU reads the config again only then).
+    testkit::wait_until("vnull reconnected", Duration::from_secs(60), || {
+        let c = s.ok("vhost_get_controllers", json!({"name": "vnull"}));
+        let ses = &c[0]["sessions"][0];
+        ses["config_notify"] == true && ses["started"] == true
+    });
+    s.ok("bdev_null_resize", json!({"name": "Null", "new_size": 128}));
     let result = run.join().expect("guest thread");
     let elapsed = started.elapsed();
     let ctrls = s.ok("vhost_get_controllers", json!({"name": "vraw"}));
+    let vnull = s.ok("vhost_get_controllers", json!({"name": "vnull"}));
     let (code, log) = s.stop();
     let out = result
         .and_then(|o| o.success())
         .unwrap_or_else(|e| panic!("guest failed: {e}\nustor log:\n{log}"));
     assert_eq!(code, 0, "ustor serve exit: {log}");
     eprintln!("vhost-user-blk on ustor: guest run {elapsed:?}; {ctrls}");
+    let queues = ctrls[0]["queues"].as_array().expect("queues");
+    let resubmitted: u64 = queues
+        .iter()
+        .filter_map(|q| q["resubmitted"].as_u64())
+        .sum();
+    assert!(
+        resubmitted > 0,
+        "nothing resubmitted after the kill: {ctrls}"
+    );
+    assert!(
+        queues
+            .iter()
+            .all(|q| q["in_flight"] == 0 && q["errors"] == 0),
+        "{ctrls}"
+    );
+    assert_eq!(
+        out.value("resize_before"),
+        Some((64 * MIB).to_string().as_str())
+    );
+    assert_eq!(
+        out.value("resize_after"),
+        Some((128 * MIB).to_string().as_str())
+    );
+    assert_eq!(
+        out.value("resize_read_ok"),
+        Some("1"),
+        "read past the old end"
+    );
+    assert_eq!(
+        vnull[0]["backend_specific"]["block"]["capacity_sectors"],
+        128 * MIB / 512,
+        "{vnull}"
+    );
 
     assert_eq!(out.value("vub_size"), Some((64 * MIB).to_string().as_str()));
     assert_eq!(

@@ -60,6 +60,7 @@ fn claimed(s: &Server, bdev: &str) -> bool {
 /// Writes `data` at byte `off` through a vhost-user-blk frontend and reads
 /// it back through the same frontend.
 fn write_through_frontend(socket: &Path, off: u64, data: &[u8]) {
+    let capacity = 16 << 20;
     let mut b = Blkio::new("virtio-blk-vhost-user").expect("driver");
     b.set_str("path", socket.to_str().unwrap()).unwrap();
     b.connect().expect("connect");
@@ -84,6 +85,8 @@ fn write_through_frontend(socket: &Path, off: u64, data: &[u8]) {
     assert_eq!(wait(q), 0, "write");
     q.read(off, r, data.len(), 0, ReqFlags::empty());
     assert_eq!(wait(q), 0, "read");
+    q.read(capacity, r, 4096, 0, ReqFlags::empty());
+    assert_ne!(wait(q), 0, "read past the end");
     // SAFETY: as above; the read has completed.
     let back = unsafe { std::slice::from_raw_parts(r, data.len()) };
     assert!(back == data, "read back differs from what was written");
@@ -220,6 +223,34 @@ fn spdk_rpc_drives_vhost_controllers() {
         .map(|i| (i * 7 + i / 4096) as u8)
         .collect();
     write_through_frontend(&sockets.join("vb1"), 1 << 20, &data);
+    // The session is the connected frontend (this process); its queue
+    // counted the write, the read and the failed read.
+    let c = controllers(&s);
+    let ses = &c[0]["sessions"][0];
+    assert_eq!(ses["frontend_pid"], std::process::id(), "{c}");
+    assert_eq!(
+        (ses["started"].as_bool(), ses["max_queues"].as_u64()),
+        (Some(true), Some(1)),
+        "{c}"
+    );
+    assert_eq!(ses["inflight_task_cnt"], 0, "{c}");
+    let q = &c[0]["queues"];
+    assert_eq!(q.as_array().map(|a| a.len()), Some(1), "{c}");
+    assert_eq!(
+        (
+            q[0]["index"].as_u64(),
+            q[0]["requests"].as_u64(),
+            q[0]["errors"].as_u64()
+        ),
+        (Some(0), Some(3), Some(1)),
+        "{c}"
+    );
+    assert_eq!(q[0]["in_flight"], 0, "{c}");
+    assert_eq!(
+        c[0]["backend_specific"]["block"]["capacity_sectors"],
+        16 << 11,
+        "{c}"
+    );
     let (code, out) = s.stop();
     assert_eq!(code, 0, "ustor serve exit: {out}");
     assert!(!sockets.join("vb1").exists(), "socket left after SIGTERM");

@@ -294,7 +294,10 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::RESET_DEVICE
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD)
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            // The backend channel, for config-change notifications
+            // (resize); taken by `notify`, not the `vhost` crate.
+            | VhostUserProtocolFeatures::BACKEND_REQ)
     }
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
         self.protocol = features;
@@ -322,10 +325,7 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
         if offset as u64 + size as u64 > 4096 {
             return Err(VuError::InvalidParam);
         }
-        let cfg = self
-            .dev
-            .geometry
-            .config(self.dev.writeback.load(Ordering::Relaxed));
+        let cfg = self.dev.config();
         let mut out = vec![0u8; size as usize];
         let start = (offset as usize).min(cfg.len());
         let end = (offset as usize + size as usize).min(cfg.len());

@@ -14,7 +14,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -71,11 +71,20 @@ impl BlkController {
         if config.reactors.is_empty() {
             return Err(VhostError::Invalid("cpumask selects no reactor".into()));
         }
-        let desc = registry.open(&config.bdev, !config.read_only, |_| {})?;
+        // The bdev's events (resize, hot-remove) go to the device, made
+        // after the open.
+        let target: Arc<OnceLock<Weak<BlkDevice>>> = Arc::default();
+        let t = target.clone();
+        let desc = registry.open(&config.bdev, !config.read_only, move |ev| {
+            if let Some(d) = t.get().and_then(Weak::upgrade) {
+                d.on_event(ev);
+            }
+        })?;
         desc.claim(&format!("vhost controller {}", config.name))?;
         let mut dev = BlkDevice::new(desc, config.num_queues, config.read_only);
         dev.poll_window = config.poll_window;
         let dev = Arc::new(dev);
+        let _ = target.set(Arc::downgrade(&dev));
         let listener = match bind(&config.socket) {
             Ok(l) => l,
             Err(e) => {
@@ -110,6 +119,31 @@ impl BlkController {
     /// Whether a frontend is connected now.
     pub fn connected(&self) -> bool {
         self.conn.lock().map(|c| c.is_some()).unwrap_or(false)
+    }
+
+    /// The connected frontend's process ID (SO_PEERCRED), when one is
+    /// connected.
+    pub fn frontend_pid(&self) -> Option<i32> {
+        let g = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let fd = g.as_ref()?.as_raw_fd();
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt on a socket we hold open (the lock keeps it),
+        // writing at most `len` bytes into `cred`.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        (r == 0).then_some(cred.pid)
     }
 
     /// Frontends served since creation.
@@ -192,18 +226,30 @@ fn serve(
             reactors.clone(),
         )));
         let mut h = BackendReqHandler::from_stream(stream, backend.clone());
-        serve_frontend(&mut h);
+        serve_frontend(&mut h, &dev);
         backend.lock().unwrap_or_else(|e| e.into_inner()).reset();
+        dev.set_notifier(None);
         *conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
 /// Handles messages until the frontend leaves or breaks the protocol.
-fn serve_frontend(h: &mut BackendReqHandler<Mutex<BlkBackend>>) {
+fn serve_frontend(h: &mut BackendReqHandler<Mutex<BlkBackend>>, dev: &BlkDevice) {
     let fd = h.as_raw_fd();
     loop {
         if !wait_fd(fd, None) {
             return;
+        }
+        match crate::notify::take_backend_channel(fd) {
+            Ok(None) => {}
+            Ok(Some(ch)) => {
+                dev.set_notifier(Some(ch));
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!("vhost: SET_BACKEND_REQ_FD: {e}");
+                return;
+            }
         }
         match h.handle_request() {
             Ok(()) => {}

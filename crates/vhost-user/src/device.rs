@@ -1,14 +1,19 @@
 //! The block device a controller serves: its bdev descriptor, the
 //! geometry the config space is built from, and the settings every queue
-//! reads (cache mode, poll window, call coalescing) and the per-queue
-//! counters the queues keep.
+//! reads (cache mode, poll window, call coalescing), the per-queue
+//! counters the queues keep, and what the bdev's events change: a resize
+//! updates the capacity and tells the frontend (a config-change message on
+//! its backend channel), a hot-remove fails every later request.
 
+use std::io::Write;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use ustor_bdev::{Desc, IoType};
+use ustor_bdev::{BdevEvent, Desc, IoType};
 
-use crate::blk::{BlkGeometry, SECTOR_SIZE};
+use crate::blk::{BlkGeometry, CONFIG_LEN, SECTOR_SIZE};
 
 /// Shared (`Arc`) by the control thread and every queue's reactor.
 pub struct BlkDevice {
@@ -27,6 +32,11 @@ pub struct BlkDevice {
     coalescing: AtomicU64,
     /// One per queue, written only by that queue's reactor.
     pub queue_stats: Box<[QueueStats]>,
+    /// The bdev was hot-removed: requests fail with IOERR.
+    removed: AtomicBool,
+    /// The connected frontend's backend channel (SET_BACKEND_REQ_FD),
+    /// where config-change notifications go.
+    notifier: Mutex<Option<UnixStream>>,
 }
 
 /// Counters of one queue. Each has one writer (the queue's reactor), so
@@ -43,14 +53,65 @@ pub struct QueueStats {
     pub kicks: AtomicU64,
     /// Writes to the call eventfd (interrupts the driver gets).
     pub signals: AtomicU64,
+    /// Requests returned used (`requests - completed` are in flight).
+    pub completed: AtomicU64,
+    /// Requests a killed backend had taken, run again at start
+    /// (inflight region).
+    pub resubmitted: AtomicU64,
+    /// The queue's task is running.
+    pub running: AtomicBool,
 }
 
 impl QueueStats {
     /// Adds one (single writer).
     pub fn bump(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        Self::add(c, 1);
+    }
+
+    /// Adds `n` (single writer).
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+
+    /// A snapshot (each counter read once; relaxed, so a request taken
+    /// during the read may show as taken and not yet completed).
+    pub fn snapshot(&self) -> QueueCounters {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        QueueCounters {
+            completed: l(&self.completed),
+            requests: l(&self.requests),
+            errors: l(&self.errors),
+            kicks: l(&self.kicks),
+            signals: l(&self.signals),
+            resubmitted: l(&self.resubmitted),
+            running: self.running.load(Ordering::Relaxed),
+        }
     }
 }
+
+/// One queue's counters as read by [`QueueStats::snapshot`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    pub requests: u64,
+    pub completed: u64,
+    pub errors: u64,
+    pub kicks: u64,
+    pub signals: u64,
+    pub resubmitted: u64,
+    pub running: bool,
+}
+
+impl QueueCounters {
+    /// Requests taken and not yet returned used.
+    pub fn in_flight(&self) -> u64 {
+        self.requests.saturating_sub(self.completed)
+    }
+}
+
+/// vhost-user's backend-to-frontend message VHOST_USER_BACKEND_CONFIG_CHANGE_MSG.
+const CONFIG_CHANGE_MSG: u32 = 2;
+/// Header flag: protocol version 1.
+const VERSION_1: u32 = 1;
 
 impl BlkDevice {
     pub fn new(desc: Desc, num_queues: u16, read_only: bool) -> BlkDevice {
@@ -76,7 +137,76 @@ impl BlkDevice {
             poll_window: Duration::from_micros(50),
             coalescing: AtomicU64::new(0),
             queue_stats: (0..num_queues).map(|_| QueueStats::default()).collect(),
+            removed: AtomicBool::new(false),
+            notifier: Mutex::new(None),
         }
+    }
+
+    /// The bdev's size in blocks now (it may have been resized).
+    pub fn num_blocks(&self) -> u64 {
+        self.desc.num_blocks()
+    }
+
+    /// The config space now (capacity and cache mode as they are).
+    pub fn config(&self) -> [u8; CONFIG_LEN] {
+        let g = BlkGeometry {
+            num_blocks: self.num_blocks(),
+            ..self.geometry.clone()
+        };
+        g.config(self.writeback.load(Ordering::Relaxed))
+    }
+
+    /// Whether the bdev was hot-removed.
+    pub fn removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
+
+    /// The frontend's backend channel (None when it leaves).
+    pub fn set_notifier(&self, s: Option<UnixStream>) {
+        *self.notifier.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    /// Whether a frontend gave a backend channel.
+    pub fn has_notifier(&self) -> bool {
+        self.notifier.lock().map(|n| n.is_some()).unwrap_or(false)
+    }
+
+    /// The bdev's event (any thread): a resize reaches the frontend as a
+    /// config-change notification (it reads the config space again and
+    /// tells the guest); a removal fails every later request.
+    pub fn on_event(&self, ev: BdevEvent) {
+        match ev {
+            BdevEvent::Remove => {
+                self.removed.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    bdev = %self.serial,
+                    "vhost-blk: bdev removed; requests fail with IOERR"
+                );
+            }
+            BdevEvent::Resize => {
+                let sent = self.notify_config_change();
+                tracing::info!(
+                    bdev = %self.serial,
+                    num_blocks = self.num_blocks(),
+                    "vhost-blk: bdev resized; frontend notified: {sent}"
+                );
+            }
+        }
+    }
+
+    /// Sends CONFIG_CHANGE_MSG on the backend channel (no reply asked:
+    /// REPLY_ACK is not offered). Non-blocking: a frontend that does not
+    /// read its channel loses the notification, never stalls the caller.
+    pub fn notify_config_change(&self) -> bool {
+        let mut hdr = [0u8; 12];
+        hdr[0..4].copy_from_slice(&CONFIG_CHANGE_MSG.to_le_bytes());
+        hdr[4..8].copy_from_slice(&VERSION_1.to_le_bytes());
+        let g = self.notifier.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = g.as_ref() else {
+            return false;
+        };
+        let _ = s.set_nonblocking(true);
+        matches!((&*s).write(&hdr), Ok(12))
     }
 
     /// Sets call-eventfd coalescing (SPDK's `delay_base_us`,
@@ -101,6 +231,6 @@ impl BlkDevice {
             return None;
         }
         let (o, n) = (off / bs, bytes / bs);
-        (o.checked_add(n)? <= self.geometry.num_blocks).then_some((o, n))
+        (o.checked_add(n)? <= self.num_blocks()).then_some((o, n))
     }
 }

@@ -11,7 +11,8 @@
 //! [`messages`]: the bytes are what a frontend sends on the socket (no
 //! file descriptors); they go through `vhost`'s `BackendReqHandler` to
 //! [`crate::backend::BlkBackend`] over a malloc bdev, as the control
-//! thread does, until the stream ends or breaks.
+//! thread does (SET_BACKEND_REQ_FD taken by [`crate::notify`] first),
+//! until the stream ends or breaks.
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -175,7 +176,15 @@ pub fn messages(data: &[u8]) {
         vec![0],
     )));
     let mut h = BackendReqHandler::from_stream(back, backend.clone());
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&h);
     for _ in 0..256 {
+        // As the control thread: SET_BACKEND_REQ_FD is taken off the
+        // socket before the `vhost` crate sees the message.
+        match crate::notify::take_backend_channel(fd) {
+            Ok(None) => {}
+            Ok(Some(_)) => continue,
+            Err(_) => break,
+        }
         match h.handle_request() {
             Ok(()) => {}
             Err(e) if crate::controller::ends_connection(&e) => break,

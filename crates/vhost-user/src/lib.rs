@@ -13,7 +13,8 @@
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
 //! [`memory`] (memory table), [`coalesce`] (call-eventfd coalescing),
 //! [`workers`] (a queue's request workers), [`inflight`] (inflight
-//! tracking for restarts), [`device`] (the served bdev), [`backend`]
+//! tracking for restarts), [`device`] (the served bdev, its counters and
+//! bdev events), [`notify`] (the backend channel for config changes), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
 //! thread, lifecycle), [`target`] (every controller by name, for the RPCs), [`fuzzing`]
 //! (the fuzz targets' bodies).
@@ -26,6 +27,7 @@ pub mod device;
 pub mod fuzzing;
 pub mod inflight;
 pub mod memory;
+pub mod notify;
 pub mod target;
 pub mod vring;
 pub mod workers;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ustor_bdev::Registry;
 use ustor_runtime::RuntimeHandle;
 
+use crate::device::QueueCounters;
 use crate::{BlkController, BlkControllerConfig, VhostError};
 
 /// Queues a controller offers (the frontend picks how many it uses: QEMU's
@@ -49,6 +50,16 @@ pub struct ControllerInfo {
     pub packed_ring: bool,
     pub connected: bool,
     pub num_queues: u16,
+    /// The connected frontend's process ID.
+    pub frontend_pid: Option<i32>,
+    /// The frontend gave a backend channel (config-change notifications).
+    pub notifier: bool,
+    /// Every queue's counters since the controller was created.
+    pub queues: Vec<QueueCounters>,
+    /// The bdev was hot-removed (requests fail with IOERR).
+    pub bdev_removed: bool,
+    /// Capacity now, in 512-byte sectors.
+    pub capacity_sectors: u64,
 }
 
 struct Entry {
@@ -214,6 +225,7 @@ impl VhostTarget {
             })
             .map(|(k, e)| {
                 let c = &e.ctrl.config;
+                let dev = e.ctrl.device();
                 ControllerInfo {
                     ctrlr: k.clone(),
                     cpumask: e.cpumask.clone(),
@@ -225,6 +237,11 @@ impl VhostTarget {
                     packed_ring: e.packed_ring,
                     connected: e.ctrl.connected(),
                     num_queues: c.num_queues,
+                    frontend_pid: e.ctrl.frontend_pid(),
+                    notifier: dev.has_notifier(),
+                    queues: dev.queue_stats.iter().map(|q| q.snapshot()).collect(),
+                    bdev_removed: dev.removed(),
+                    capacity_sectors: dev.num_blocks() * dev.geometry.block_size as u64 / 512,
                 }
             })
             .collect())

@@ -123,6 +123,7 @@ pub async fn run(s: VringStart) {
             return;
         }
     };
+    v.stats().running.store(true, Ordering::Relaxed);
     resubmit(&v);
     let poll_window = ticks::from_duration(v.dev.poll_window);
     let mut last_work = ticks::now();
@@ -174,6 +175,7 @@ pub async fn run(s: VringStart) {
     }
     v.closing.set(true);
     v.workers.wake_all();
+    v.stats().running.store(false, Ordering::Relaxed);
     let q = v.queue.borrow();
     let _ = done.send((q.next_avail(), q.next_used()));
 }
@@ -299,6 +301,7 @@ fn resubmit(v: &Rc<Vring>) {
     if heads.is_empty() {
         return;
     }
+    QueueStats::add(&v.stats().resubmitted, heads.len() as u64);
     let mem = v.mem.borrow();
     let size = v.queue.borrow().size();
     let mut descs = blk::chain_buf();
@@ -398,6 +401,7 @@ async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut S
 /// Adds `head` to the used ring and signals the driver if it asked (now,
 /// or later when coalescing holds the signal back).
 fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
+    QueueStats::bump(&v.stats().completed);
     let mut q = v.queue.borrow_mut();
     if let Some(t) = &v.track {
         t.pre_put(head);
@@ -434,6 +438,9 @@ async fn run_request(
     scratch: &mut Scratch,
 ) -> (u8, u32) {
     let dev = &v.dev;
+    if dev.removed() && req.kind != Kind::GetId {
+        return (status::IOERR, 0);
+    }
     match req.kind {
         Kind::Read | Kind::Write => {
             let write = req.kind == Kind::Write;
@@ -452,7 +459,7 @@ async fn run_request(
             };
             (bdev_status(r), if write { 0 } else { req.data_len })
         }
-        Kind::Flush => (bdev_status(v.ch.flush(0, dev.geometry.num_blocks).await), 0),
+        Kind::Flush => (bdev_status(v.ch.flush(0, dev.num_blocks()).await), 0),
         Kind::GetId => match blk::write_id(req, mem, &dev.serial) {
             Ok(n) => (status::OK, n),
             Err(_) => (status::IOERR, 0),

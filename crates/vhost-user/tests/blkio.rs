@@ -6,7 +6,7 @@
 
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use blkio::{Blkio, Blkioq, MemoryRegion, ReqFlags};
@@ -15,6 +15,10 @@ use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 use ustor_vhost::{BlkController, BlkControllerConfig};
 
 const BDEV_BYTES: u64 = 64 << 20;
+
+/// The tests share two reactors; the coalescing test measures signal
+/// rates and takes this for writing, so no other test runs beside it.
+static RUN_ALONE: RwLock<()> = RwLock::new(());
 
 struct Fixture {
     registry: Arc<Registry>,
@@ -160,6 +164,7 @@ fn bdev_bytes(bdev: &str, off: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn reads_and_writes_land_in_the_bdev() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
     let c = controller("rw", 1, false);
     let mut cl = connect(&c, 1);
     assert_eq!(cl.b.get_u64("capacity").unwrap(), BDEV_BYTES);
@@ -217,6 +222,7 @@ fn reads_and_writes_land_in_the_bdev() {
 
 #[test]
 fn flush_discard_write_zeroes() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
     let c = controller("dz", 1, false);
     let mut cl = connect(&c, 1);
     pattern(7, cl.slice_mut(0, 65536));
@@ -246,6 +252,7 @@ fn flush_discard_write_zeroes() {
 
 #[test]
 fn two_queues_on_two_reactors() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
     let c = controller("mq", 2, false);
     let mut cl = connect(&c, 2);
     assert_eq!(cl.queues.len(), 2);
@@ -287,6 +294,7 @@ fn two_queues_on_two_reactors() {
 
 #[test]
 fn read_only_controller_refuses_writes() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
     let c = controller("ro", 1, true);
     let mut cl = connect(&c, 1);
     assert!(cl.b.get_bool("read-only").unwrap_or(true));
@@ -303,6 +311,7 @@ fn read_only_controller_refuses_writes() {
 
 #[test]
 fn reconnect_after_the_frontend_leaves() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
     let c = controller("rc", 1, false);
     let mut cl = connect(&c, 1);
     pattern(3, cl.slice_mut(0, 4096));
@@ -356,6 +365,8 @@ fn stream_writes(c: &BlkController, cl: &mut Client, n: usize, seed: u64) -> (u6
 
 #[test]
 fn coalescing_batches_call_signals() {
+    // Alone on the reactors: the signal rate it compares is timing.
+    let _alone = RUN_ALONE.write().unwrap_or_else(|e| e.into_inner());
     let c = controller("co", 1, false);
     let mut cl = connect(&c, 1);
     cl.queues[0].set_completion_fd_enabled(true);
@@ -386,5 +397,80 @@ fn coalescing_batches_call_signals() {
     let got = bdev_bytes("co_bdev", 0, 32 * 4096);
     assert_eq!(got, cl.slice(0, 32 * 4096), "data written while coalescing");
     drop(cl);
+    c.stop();
+}
+
+#[test]
+fn queue_counters_follow_the_requests() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let c = controller("ct", 1, false);
+    let mut cl = connect(&c, 1);
+    pattern(5, cl.slice_mut(0, 8192));
+    assert_eq!(cl.write(0, 0, 0, 8192), 0);
+    assert_eq!(cl.read(0, 0, 8192, 8192), 0);
+    assert_eq!(cl.slice(8192, 8192), cl.slice(0, 8192), "read back");
+    assert_ne!(cl.read(0, BDEV_BYTES, 0, 4096), 0, "read past the end");
+    // Every counter but `signals` is written before the request is
+    // returned used, so the driver's completion orders them.
+    let s = c.device().queue_stats[0].snapshot();
+    assert_eq!(
+        (s.requests, s.completed, s.errors, s.resubmitted),
+        (3, 3, 1, 0),
+        "{s:?}"
+    );
+    assert_eq!(s.in_flight(), 0);
+    assert!(s.running, "{s:?}");
+    assert_eq!(c.frontend_pid(), Some(std::process::id() as i32));
+    drop(cl);
+    testkit::wait_until("queue stopped", Duration::from_secs(10), || {
+        !c.device().queue_stats[0].snapshot().running && c.frontend_pid().is_none()
+    });
+    c.stop();
+}
+
+#[test]
+fn hot_removed_bdev_fails_requests() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let c = controller("hr", 1, false);
+    let mut cl = connect(&c, 1);
+    pattern(6, cl.slice_mut(0, 4096));
+    assert_eq!(cl.write(0, 4096, 0, 4096), 0);
+    fixture()
+        .registry
+        .hot_remove("hr_bdev")
+        .expect("hot remove");
+    assert!(c.device().removed());
+    // New requests fail (IOERR reaches libblkio as an error), none hangs,
+    // and the queue goes on answering.
+    assert_ne!(cl.read(0, 4096, 0, 4096), 0, "read after removal");
+    assert_ne!(cl.write(0, 4096, 0, 4096), 0, "write after removal");
+    cl.queues[0].flush(0, ReqFlags::empty());
+    assert_ne!(cl.wait(0), 0, "flush after removal");
+    let s = c.device().queue_stats[0].snapshot();
+    assert_eq!((s.requests, s.errors, s.in_flight()), (4, 3, 0), "{s:?}");
+    drop(cl);
+    c.stop();
+}
+
+#[test]
+fn resize_reaches_the_config_space() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let c = controller("rs", 1, false);
+    let cl = connect(&c, 1);
+    assert_eq!(cl.b.get_u64("capacity").unwrap(), BDEV_BYTES);
+    drop(cl);
+    let e = fixture().registry.get("rs_bdev").expect("bdev");
+    // Shrink (malloc keeps its memory; the range check follows the size).
+    assert!(e.resize(BDEV_BYTES / 2 / 512));
+    let mut cl = connect(&c, 1);
+    assert_eq!(cl.b.get_u64("capacity").unwrap(), BDEV_BYTES / 2);
+    assert_eq!(
+        cl.read(0, BDEV_BYTES / 2 - 4096, 0, 4096),
+        0,
+        "new last block"
+    );
+    assert_ne!(cl.read(0, BDEV_BYTES / 2, 0, 4096), 0, "past the new end");
+    drop(cl);
+    assert!(e.resize(BDEV_BYTES / 512));
     c.stop();
 }

@@ -1,6 +1,7 @@
 //! bdev_* methods: create/delete for every module in the registry's table
-//! (malloc, null, uring); bdev_get_bdevs; bdev_get_iostat;
-//! bdev_set_qos_limit; and the bdev subsystem's config dump.
+//! (malloc, null, uring); bdev_null_resize; bdev_get_bdevs;
+//! bdev_get_iostat; bdev_set_qos_limit; and the bdev subsystem's config
+//! dump.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -102,6 +103,34 @@ fn qos_config(e: &BdevEntry) -> Option<Value> {
     Some(json!({"method": "bdev_set_qos_limit", "params": p}))
 }
 
+/// SPDK's `bdev_null_resize`: grows a null bdev to `mib` MiB (SPDK
+/// refuses to shrink one); its openers hear the resize.
+fn null_resize(c: &Ctx, name: &str, mib: u64) -> Result<(), RpcError> {
+    let e = c
+        .registry
+        .get(name)
+        .ok_or_else(|| RpcError::errno(libc::ENODEV))?;
+    if e.info().module != "null" {
+        return Err(RpcError::errno_msg(
+            libc::EINVAL,
+            format!("{name} is not a null bdev"),
+        ));
+    }
+    let bs = e.info().block_size as u64;
+    let now = e.num_blocks() * bs;
+    let bytes = mib
+        .checked_mul(1 << 20)
+        .filter(|b| *b >= now)
+        .ok_or_else(|| {
+            RpcError::errno_msg(
+                libc::EINVAL,
+                "the new size must not be smaller than the current size",
+            )
+        })?;
+    e.resize(bytes / bs);
+    Ok(())
+}
+
 pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     module_methods(ctx)?;
     ctx.method("bdev_get_bdevs", RPC_RUNTIME, |c, params| {
@@ -166,6 +195,18 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
         e.set_histograms(p.enable);
         Ok(json!(true))
     })?;
+    ctx.method("bdev_null_resize", RPC_RUNTIME, |c, params| {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            name: String,
+            /// MiB, as SPDK's.
+            new_size: u64,
+        }
+        let p: P = parse_params(params)?;
+        null_resize(c, &p.name, p.new_size)?;
+        Ok(json!(true))
+    })?;
     ctx.method("bdev_set_qos_limit", RPC_RUNTIME, |c, params| {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -202,7 +243,14 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
                 reg.list()
                     .iter()
                     .filter(|e| modules.iter().any(|m| m.name() == e.info().module))
-                    .map(|e| e.bdev().config_json())
+                    .map(|e| {
+                        let mut c = e.bdev().config_json();
+                        // A resized null bdev comes back at its size now.
+                        if e.info().module == "null" && c["params"].is_object() {
+                            c["params"]["num_blocks"] = json!(e.num_blocks());
+                        }
+                        c
+                    })
                     .filter(|c| !c.is_null()),
             );
             // Arrays with superblocks are not in the list: the members bring

@@ -66,12 +66,42 @@ fn info_json(c: &ControllerInfo) -> Value {
         "delay_base_us": c.delay_base_us,
         "iops_threshold": c.iops_threshold,
         "socket": c.socket.display().to_string(),
-        "sessions": if c.connected { vec![json!({"vid": 0, "id": 0, "name": format!("{}s0", c.ctrlr), "started": true, "max_queues": c.num_queues})] } else { vec![] },
+        "sessions": session_json(c),
+        // ustor's: every queue the frontend has started, with counters
+        // since the controller was created.
+        "queues": c.queues.iter().enumerate()
+            .filter(|(_, q)| q.running || q.requests > 0 || q.kicks > 0)
+            .map(|(i, q)| json!({
+                "index": i, "running": q.running, "requests": q.requests,
+                "in_flight": q.in_flight(), "errors": q.errors, "kicks": q.kicks,
+                "signals": q.signals, "resubmitted": q.resubmitted,
+            }))
+            .collect::<Vec<_>>(),
         "backend_specific": {"block": {
-            "readonly": c.readonly, "bdev": c.bdev, "transport": TRANSPORT,
-            "packed_ring": c.packed_ring,
+            // SPDK shows a hot-removed bdev as null.
+            "readonly": c.readonly, "bdev": (!c.bdev_removed).then_some(&c.bdev),
+            "transport": TRANSPORT, "packed_ring": c.packed_ring,
+            "capacity_sectors": c.capacity_sectors,
         }},
     })
+}
+
+/// SPDK's session list: the connected frontend (one at a time here), with
+/// what is real about it: whether its queues run, how many, the requests
+/// in flight, and (ustor's) its process ID and backend channel.
+fn session_json(c: &ControllerInfo) -> Vec<Value> {
+    if !c.connected {
+        return vec![];
+    }
+    let running = c.queues.iter().filter(|q| q.running).count();
+    let in_flight: u64 = c.queues.iter().map(|q| q.in_flight()).sum();
+    vec![json!({
+        "vid": 0, "id": 0, "name": format!("{}s0", c.ctrlr),
+        "started": running > 0, "max_queues": running,
+        "inflight_task_cnt": in_flight,
+        "frontend_pid": c.frontend_pid,
+        "config_notify": c.notifier,
+    })]
 }
 
 /// The calls that recreate the controllers (save_config).

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# vhost-user-blk backends side by side through the same frontend: SPDK
+# bdevperf's virtio-user driver (bdev_virtio_attach_controller, trtype
+# user, one core FCORE) against
+#   ustor  `ustor serve` (adaptive reactor) with a null bdev,
+#   spdk   SPDK's vhost target (polling reactor) with a null bdev,
+#   qsd    qemu-storage-daemon's vhost-user-blk export of a null-co node,
+# each backend pinned to one core (BCORE), all with SIZE_MIB of 512-byte
+# blocks that touch no data. 4 KiB randread/randwrite at QDS on one queue.
+#
+# Every backend runs for the whole benchmark; the rounds alternate (round
+# r runs every workload on every backend, backend innermost) and each
+# point is a fresh bdevperf process. Per point: IOPS and mean latency as
+# bdevperf reports them, and the backend's CPU (all its threads,
+# /proc/PID/task/*/schedstat) over the bdevperf run, per I/O and as % of
+# a core. The summary gives medians over ROUNDS and, per round, the IOPS
+# ratio of ustor to each peer and their median (the figure to trust on a
+# shared machine: both sides of a ratio ran seconds apart).
+# Idle: each backend's CPU over IDLE_S seconds with no frontend, then with
+# a bdevperf connected and idle (`-z`: it attaches and waits).
+#
+# bdevperf takes a queue for a channel of its own before the job's, so it
+# is given vq_count 2 (one queue carries the I/O).
+#
+# Needs root (hugepages for bdevperf), SPDK built with vhost and virtio
+# (WITH="vhost virtio" bench/spdk-build.sh, in its own SPDK_DIR),
+# qemu-storage-daemon, python3.
+# Usage: sudo bench/vhost.sh
+# Environment:
+#   SPDK_DIR=$HOME/spdk-full   ROUNDS=6 RUNTIME=3 IDLE_S=5
+#   BCORE=0 FCORE=1 NICE=-20   BACKENDS="ustor spdk qsd"
+#   RWS="randread randwrite"   QDS="1 32 128"   SIZE_MIB=1024
+#   NOBUILD=1 USTOR=path       skip cargo build / use this ustor binary
+# Output: bench/results/vhost-<date>.txt (raw lines, then the summary).
+set -euo pipefail
+
+SPDK_DIR=${SPDK_DIR:-$HOME/spdk-full}
+ROUNDS=${ROUNDS:-6}
+RUNTIME=${RUNTIME:-3}
+IDLE_S=${IDLE_S:-5}
+BCORE=${BCORE:-0}
+FCORE=${FCORE:-1}
+NICE=${NICE:--20}
+BACKENDS=${BACKENDS:-"ustor spdk qsd"}
+RWS=${RWS:-"randread randwrite"}
+QDS=${QDS:-"1 32 128"}
+SIZE_MIB=${SIZE_MIB:-1024}
+
+cd "$(dirname "$0")/.."
+root=$(pwd)
+stamp=$(date +%Y%m%d-%H%M%S)
+out=$root/bench/results/vhost-$stamp.txt
+mkdir -p "$root/bench/results"
+die() {
+    echo "vhost.sh: $*" >&2
+    exit 2
+}
+[ "$(id -u)" -eq 0 ] || die "needs root (hugepages)"
+BDEVPERF=$SPDK_DIR/build/examples/bdevperf
+VHOST=$SPDK_DIR/build/bin/vhost
+RPC_PY=$SPDK_DIR/scripts/rpc.py
+for b in "$BDEVPERF" "$VHOST"; do
+    [ -x "$b" ] || die "$b missing: WITH=\"vhost virtio\" SPDK_DIR=$SPDK_DIR bench/spdk-build.sh"
+done
+command -v qemu-storage-daemon >/dev/null || die "qemu-storage-daemon missing (apt-get install qemu-system-common)"
+export LD_LIBRARY_PATH=$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+mkdir -p /dev/hugepages
+mountpoint -q /dev/hugepages || mount -t hugetlbfs nodev /dev/hugepages
+
+if [ -z "${USTOR:-}" ]; then
+    [ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor
+    USTOR=$root/target/release/ustor
+fi
+[ -x "$USTOR" ] || die "no ustor binary at $USTOR"
+
+tmp=$(mktemp -d /tmp/ustor-bench-vhost.XXXXXX)
+declare -A PID SOCK
+cleanup() {
+    # Subshells (command substitution) inherit the trap: only the script
+    # itself stops the backends.
+    [ "$BASHPID" = "$$" ] || return 0
+    for p in "${PID[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PID[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+RUN=(nice -n "$NICE")
+bmask=$(printf '0x%x' $((1 << BCORE)))
+fmask=$(printf '0x%x' $((1 << FCORE)))
+blocks=$((SIZE_MIB * 2048))
+
+wait_sock() { # path
+    for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done
+    die "no socket $1"
+}
+
+start_ustor() {
+    mkdir -p "$tmp/ustor"
+    cat >"$tmp/ustor.json" <<EOF
+{"subsystems": [
+  {"subsystem": "bdev", "config": [{"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": $blocks, "block_size": 512}}]},
+  {"subsystem": "vhost_blk", "config": [{"method": "vhost_create_blk_controller", "params": {"ctrlr": "vb0", "dev_name": "Null0"}}]}
+]}
+EOF
+    "${RUN[@]}" taskset -c "$BCORE" "$USTOR" serve --cores "$BCORE" -S "$tmp/ustor" \
+        -r "$tmp/ustor.rpc" -c "$tmp/ustor.json" --log-level warn >"$tmp/ustor.log" 2>&1 &
+    PID[ustor]=$!
+    SOCK[ustor]=$tmp/ustor/vb0
+    wait_sock "${SOCK[ustor]}"
+}
+
+start_spdk() {
+    mkdir -p "$tmp/spdk"
+    "${RUN[@]}" taskset -c "$BCORE" "$VHOST" -m "$bmask" --disable-cpumask-locks --no-huge -s 512 \
+        -S "$tmp/spdk" -r "$tmp/spdk.rpc" >"$tmp/spdk.log" 2>&1 &
+    PID[spdk]=$!
+    wait_sock "$tmp/spdk.rpc"
+    python3 "$RPC_PY" -s "$tmp/spdk.rpc" -t 30 framework_wait_init >/dev/null
+    python3 "$RPC_PY" -s "$tmp/spdk.rpc" bdev_null_create Null0 "$SIZE_MIB" 512 >/dev/null
+    python3 "$RPC_PY" -s "$tmp/spdk.rpc" vhost_create_blk_controller --cpumask "$bmask" vb0 Null0 >/dev/null
+    SOCK[spdk]=$tmp/spdk/vb0
+    wait_sock "${SOCK[spdk]}"
+}
+
+start_qsd() {
+    "${RUN[@]}" taskset -c "$BCORE" qemu-storage-daemon \
+        --blockdev "driver=null-co,node-name=null0,size=$((SIZE_MIB << 20))" \
+        --export "type=vhost-user-blk,id=exp0,node-name=null0,addr.type=unix,addr.path=$tmp/qsd.sock,writable=on,num-queues=2" \
+        >"$tmp/qsd.log" 2>&1 &
+    PID[qsd]=$!
+    SOCK[qsd]=$tmp/qsd.sock
+    wait_sock "${SOCK[qsd]}"
+}
+
+# Nanoseconds every thread of PID has run (schedstat), so far.
+cpu_ns() {
+    cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'
+}
+
+frontend_json() { # socket
+    cat <<EOF
+{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_virtio_attach_controller", "params": {"name": "V", "trtype": "user",
+   "traddr": "$1", "dev_type": "blk", "vq_count": 2}}]}]}
+EOF
+}
+
+# One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns".
+run_point() { # backend rw qd
+    local cfg=$tmp/fe-$1.json before after t0 t1 res
+    frontend_json "${SOCK[$1]}" >"$cfg"
+    before=$(cpu_ns "${PID[$1]}")
+    t0=$(date +%s%N)
+    "${RUN[@]}" taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g \
+        --huge-dir /dev/hugepages -s 512 --no-rpc-server --json "$cfg" \
+        -q "$3" -o 4096 -w "$2" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 || true
+    t1=$(date +%s%N)
+    after=$(cpu_ns "${PID[$1]}")
+    res=$(tr -d '\r' <"$tmp/bdevperf.out" | awk '/^ *Total +:/ {print $3, $7}')
+    if [ -z "$res" ]; then
+        tail -5 "$tmp/bdevperf.out" >&2
+        res="0 0"
+    fi
+    echo "$res $((after - before)) $((t1 - t0))"
+}
+
+pct() { awk -v ns="$1" -v s="$IDLE_S" 'BEGIN { printf "%.2f", ns / s / 1e7 }'; }
+
+# Backend CPU (% of a core) over IDLE_S: with no frontend, then with an
+# idle connected bdevperf.
+idle_point() { # backend
+    local a b cfg=$tmp/fe-$1.json fe
+    a=$(cpu_ns "${PID[$1]}")
+    sleep "$IDLE_S"
+    b=$(cpu_ns "${PID[$1]}")
+    local none
+    none=$(pct "$((b - a))")
+    frontend_json "${SOCK[$1]}" >"$cfg"
+    taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g --huge-dir /dev/hugepages \
+        -s 512 -r "$tmp/fe.rpc" --json "$cfg" -z -q 1 -o 4096 -w randread -t 1 >"$tmp/idle-$1.out" 2>&1 &
+    fe=$!
+    for _ in $(seq 200); do
+        if python3 "$RPC_PY" -s "$tmp/fe.rpc" -t 2 bdev_get_bdevs -b V >/dev/null 2>&1; then
+            break
+        fi
+        sleep 0.1
+    done
+    sleep 1
+    a=$(cpu_ns "${PID[$1]}")
+    sleep "$IDLE_S"
+    b=$(cpu_ns "${PID[$1]}")
+    kill "$fe"
+    wait "$fe" 2>/dev/null || true
+    echo "$none $(pct "$((b - a))")"
+}
+
+for be in $BACKENDS; do "start_$be"; done
+{
+    echo "# bench/vhost.sh $stamp: $(nproc) CPUs, $(uname -r), backend core $BCORE, frontend core $FCORE,"
+    echo "# ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NICE=$NICE; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "# ustor $("$USTOR" --version 2>/dev/null | head -1), $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+    echo "# SPDK $(python3 "$RPC_PY" -s "$tmp/spdk.rpc" spdk_get_version 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])' 2>/dev/null || echo '?'), $(qemu-storage-daemon --version | head -1)"
+} | tee "$out"
+for be in $BACKENDS; do
+    read -r none conn < <(idle_point "$be")
+    echo "idle $be none_pct=$none connected_pct=$conn" | tee -a "$out"
+done
+for r in $(seq "$ROUNDS"); do
+    for rw in $RWS; do
+        for qd in $QDS; do
+            for be in $BACKENDS; do
+                read -r iops lat cpu wall < <(run_point "$be" "$rw" "$qd")
+                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME" | tee -a "$out"
+            done
+        done
+    done
+done
+echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
+python3 - "$out" <<'PY' | tee -a "$out"
+import re, statistics as st, sys
+pts, idle = [], {}
+for line in open(sys.argv[1]):
+    if line.startswith("point "):
+        pts.append(dict(kv.split("=") for kv in line.split()[1:]))
+    elif line.startswith("idle "):
+        f = line.split()
+        idle[f[1]] = (f[2].split("=")[1], f[3].split("=")[1])
+backends = list(dict.fromkeys(p["backend"] for p in pts))
+cells = {}
+for p in pts:
+    iops, rt = float(p["iops"]), float(p["runtime"])
+    cpu_s, wall_s = int(p["cpu_ns"]) / 1e9, int(p["wall_ns"]) / 1e9
+    # The backend's CPU covers bdevperf's whole run (start-up too): per
+    # I/O it is divided by the I/Os of the measured seconds only, so it
+    # slightly overstates every backend alike.
+    cells.setdefault((p["rw"], p["qd"], p["backend"]), []).append(
+        (iops, float(p["lat_us"]), cpu_s * 1e9 / max(iops * rt, 1), 100 * cpu_s / wall_s, p["round"]))
+print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core)")
+print(f"{'rw':10} {'qd':>4} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%':>6}  IOPS min-max")
+for (rw, qd, be), v in cells.items():
+    m = lambda i: st.median(x[i] for x in v)
+    lo, hi = min(x[0] for x in v), max(x[0] for x in v)
+    print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):6.1f}  {lo:.0f}-{hi:.0f}")
+if "ustor" in backends:
+    print("\nustor/peer IOPS ratio per round (median [min-max]); latency ratio of medians")
+    for (rw, qd, be), v in cells.items():
+        if be == "ustor":
+            continue
+        u = {x[4]: x for x in cells.get((rw, qd, "ustor"), [])}
+        rs = [u[x[4]][0] / x[0] for x in v if x[4] in u and x[0] > 0]
+        if not rs:
+            continue
+        lat = st.median(x[1] for x in u.values()) / max(st.median(x[1] for x in v), 1e-9)
+        print(f"{rw:10} {qd:>4} vs {be:6} IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
+print("\nbackend CPU with no I/O (% of a core): no frontend / a connected idle frontend")
+for be, (a, b) in idle.items():
+    print(f"{be:8} {a:>4}% / {b:>4}%")
+PY
+echo "written: $out"
