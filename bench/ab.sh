@@ -86,7 +86,7 @@ nvmf_point() { # version rw bs qd
             IFS=: read -r rw bs qd <<<"$p"
             for v in $order; do echo "round=$r part=nvmf point=$rw/$bs/qd$qd v=$v $(nvmf_point "$v" "$rw" "$bs" "$qd" || echo FAILED)"; done
           done ;;
-        nbd) [ "$r" = 1 ] && nbd_part ;;
+        nbd) if [ "$r" = 1 ]; then nbd_part; fi ;;
         *) echo "ab.sh: unknown part $part" >&2; exit 1 ;;
       esac
     done
