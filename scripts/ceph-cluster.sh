@@ -7,6 +7,8 @@
 #   scripts/ceph-cluster.sh stop DIR          # TERM the daemons by pid
 #   scripts/ceph-cluster.sh stop-osd DIR      # only the OSD (fault tests)
 #   scripts/ceph-cluster.sh start-osd DIR     # the OSD again (bluestore keeps data)
+#   scripts/ceph-cluster.sh restart DIR       # mon and OSD again after `stop`
+#                                             # (bluestore: the whole cluster returns)
 #
 # After `start`, DIR/ceph.conf names the cluster (`ceph -c DIR/ceph.conf`,
 # `rbd -c DIR/ceph.conf`), DIR/keyring holds client.admin's key (cephx), and
@@ -22,7 +24,7 @@ set -euo pipefail
 CMD=${1:-}
 DIR=${2:-}
 [[ -n "$CMD" && -n "$DIR" ]] || {
-    sed -n '2,17p' "$0"
+    sed -n '2,19p' "$0"
     exit 2
 }
 shift 2
@@ -90,6 +92,12 @@ for _ in range(200):
         print(p)
         break
 EOF
+}
+
+start_mon() {
+    setsid ceph-mon -f -i a -c "$DIR/ceph.conf" >>"$DIR/log/mon.a.out" 2>&1 </dev/null &
+    echo $! >"$DIR/mon.pid"
+    wait_for "mon answering" 30 ceph_ mon stat
 }
 
 start_osd() {
@@ -170,9 +178,7 @@ EOF
         --addv a "[v2:127.0.0.1:$port,v1:127.0.0.1:$((port + 1))]" "$DIR/monmap" >/dev/null
     ceph-mon --mkfs -i a --monmap "$DIR/monmap" --keyring "$DIR/keyring" -c "$DIR/ceph.conf" \
         >"$DIR/log/mkfs-mon.out" 2>&1
-    setsid ceph-mon -f -i a -c "$DIR/ceph.conf" >"$DIR/log/mon.a.out" 2>&1 </dev/null &
-    echo $! >"$DIR/mon.pid"
-    wait_for "mon answering" 30 ceph_ mon stat
+    start_mon
     ceph_ osd new "$osd_uuid" 0 >/dev/null
     ceph-osd --mkfs -i 0 --osd-uuid "$osd_uuid" -c "$DIR/ceph.conf" >"$DIR/log/mkfs-osd.out" 2>&1
     start_osd
@@ -194,5 +200,15 @@ start-osd)
     start_osd
     wait_for "rados put to pool rbd" 60 rados_put_works
     ;;
-*) sed -n '2,17p' "$0"; exit 2 ;;
+restart)
+    # The same cluster (fsid, monmap, ports, stores) after `stop`: only a
+    # bluestore OSD still has its data.
+    [[ -f "$DIR/ceph.conf" ]] || { echo "ceph-cluster: no cluster in $DIR" >&2; exit 1; }
+    pid_alive "$DIR/mon.pid" && { echo "ceph-cluster: the mon runs" >&2; exit 1; }
+    pid_alive "$DIR/osd.pid" && { echo "ceph-cluster: the OSD runs" >&2; exit 1; }
+    start_mon
+    start_osd
+    wait_for "rados put to pool rbd" 60 rados_put_works
+    ;;
+*) sed -n '2,19p' "$0"; exit 2 ;;
 esac

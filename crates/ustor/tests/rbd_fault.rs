@@ -4,7 +4,8 @@
 //! `rados_osd_op_timeout` set through `config_param`, I/O in flight when
 //! the OSD is killed fails with an error in bounded time (nothing hangs);
 //! after the OSD restarts the same ustor process serves I/O again and the
-//! data is intact (bluestore keeps it).
+//! data is intact (bluestore keeps it). The same holds when the whole
+//! cluster (mon and OSD) stops and comes back.
 
 mod common;
 
@@ -212,5 +213,25 @@ fn osd_killed_mid_io_fails_in_bounded_time_and_resumes_after_restart() {
     assert!(ok, "write after the OSD restarted: {err}");
     let exported = c.rbd(&["export", "rbd/kept", "-"]);
     assert_eq!(sha256(&exported), sha256(&fresh));
+
+    // 3. The whole cluster (mon and OSD) goes and comes back: I/O fails in
+    // bounded time while it is away, the server keeps its bdev, and once
+    // the same cluster returns the same bdev serves the data again (the
+    // client finds the mon again on its own; nothing is re-registered).
+    c.script(&["stop"], &[]);
+    let t0 = Instant::now();
+    let (ok, err) = qemu_img(&[&url, &back_s]);
+    let took = t0.elapsed();
+    assert!(!ok, "a read with the cluster down succeeded");
+    assert!(took < bound, "the failing read took {took:?}: {err}");
+    let health = || {
+        s.ok("bdev_get_bdevs", json!({"name": "r0"}))[0]["driver_specific"]["rbd"]["health"].clone()
+    };
+    assert_eq!(health()["state"], "failing", "{}", health());
+    c.script(&["restart"], &[]);
+    let (ok, err) = qemu_img(&[&url, &back_s]);
+    assert!(ok, "read after the cluster returned: {err}");
+    assert_eq!(sha256(&std::fs::read(&back).unwrap()), sha256(&fresh));
+    assert_eq!(health()["state"], "ok", "{}", health());
     s.stop();
 }
