@@ -420,7 +420,26 @@ impl<'a, D: Discovery> Session<'a, D> {
             _ => tmf_response::NOT_SUPPORTED,
         };
         let r = pdu::tmf(b.itt(), response, &core.tx.bump());
-        core.tx.send(&r, &[]).await
+        core.tx.send(&r, &[]).await?;
+        if function == 7 {
+            // TARGET COLD RESET: then every session of the target ends
+            // (RFC 7143 §11.5.1), this one too.
+            self.end_others().await;
+            core.sess.end();
+        }
+        Ok(())
+    }
+
+    /// Ends every other session of the node (connections closed).
+    async fn end_others(&self) {
+        let (Some((sessions, rt)), Some(me)) = (&self.peers, &self.core.sess.ctl) else {
+            return;
+        };
+        for ctl in sessions.of_node(&me.node) {
+            if ctl.tsih != me.tsih {
+                sessions.end(rt, &ctl).await;
+            }
+        }
     }
 
     /// Aborts the tasks of the node's other sessions on `lun` (every LUN:

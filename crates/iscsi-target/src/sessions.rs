@@ -285,13 +285,10 @@ impl Sessions {
     }
 
     /// Ends the session of `ctl` (every connection closed, its tasks
-    /// aborted) and waits until it has ended: session reinstatement.
+    /// aborted) and waits until it has ended: session reinstatement, a
+    /// cold reset.
     pub(crate) async fn end(self: &Arc<Self>, rt: &RuntimeHandle, ctl: &Arc<SessionCtl>) {
-        tracing::info!(
-            "iscsi: session {:#x} of {} reinstated: the old one ends",
-            ctl.tsih,
-            ctl.initiator
-        );
+        tracing::info!("iscsi: session {:#x} of {} ends", ctl.tsih, ctl.initiator);
         self.on_session(rt, ctl, |s| async move { s.end() }).await;
         if ustor_net::time::timeout(OTHERS_TIMEOUT, ctl.ended.wait())
             .await

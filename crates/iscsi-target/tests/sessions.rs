@@ -480,3 +480,18 @@ fn compare_and_write_is_atomic_against_other_sessions() {
         "a write of another session was lost under COMPARE AND WRITE (status {caw})"
     );
 }
+
+/// TARGET COLD RESET is answered, then every session of the node ends.
+#[test]
+fn target_cold_reset_ends_every_session() {
+    let f = start(16 << 20, 512);
+    let (mut s1, mut s2, _) = two_sessions(&f);
+    s1.s.write_all(&tmf(7, 9, 1)).unwrap();
+    let (r, _) = expect(&mut s1.s, opcode::TMF_RESP, 9);
+    assert_eq!(r.u8_at(2), 0);
+    until_closed(&mut s1.s, |_| false);
+    until_closed(&mut s2.s, |_| false);
+    testkit::wait_until("no session left", Duration::from_secs(10), || {
+        f.target.get_connections().is_empty()
+    });
+}
