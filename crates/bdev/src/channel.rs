@@ -19,6 +19,7 @@ use crate::error::BdevError;
 use crate::io::MAX_SEGMENTS;
 use crate::qos::{QosLocal, QosWait};
 use crate::registry::BdevEntry;
+use crate::rw::BufIo;
 use crate::stats::{ChannelStats, IoStat};
 use crate::submit::{copy_between, Payload, Started, Submit};
 use crate::types::{IoFlags, IoType};
@@ -136,13 +137,14 @@ impl IoChannel {
         num_blocks: u64,
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
-        self.io(
+        BufIo::new(
+            self,
             IoType::Read,
             offset_blocks,
             num_blocks,
             buf,
             0,
-            IoFlags::NONE,
+            slow_one,
         )
     }
 
@@ -152,13 +154,14 @@ impl IoChannel {
         num_blocks: u64,
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
-        self.io(
+        BufIo::new(
+            self,
             IoType::Write,
             offset_blocks,
             num_blocks,
             buf,
             0,
-            IoFlags::NONE,
+            slow_one,
         )
     }
 
@@ -177,7 +180,7 @@ impl IoChannel {
         buf: IoBuf,
     ) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
         let kind = if write { IoType::Write } else { IoType::Read };
-        self.io(kind, offset_blocks, num_blocks, buf, t0, IoFlags::NONE)
+        BufIo::new(self, kind, offset_blocks, num_blocks, buf, t0, slow_one)
     }
 
     /// Scatter-gather read into up to [`MAX_SEGMENTS`] buffers, in order.
@@ -441,6 +444,26 @@ impl IoChannel {
         (r, payload)
     }
 
+    /// Whether a read or write of `buf` may take [`BufIo`]'s fast path:
+    /// the checks pass, no QoS, no bounce. Anything else goes the generic
+    /// way, which checks again and reports what failed.
+    #[inline(always)]
+    pub(crate) fn fast_path_ok(&self, kind: IoType, offset: u64, num: u64, buf: &IoBuf) -> bool {
+        let c = &self.core;
+        self.check(kind, offset, num).is_ok()
+            && c.supported[kind.index()]
+            && buf.len() as u64 == num * c.block_size as u64
+            && !c.qos_on.get()
+            && self.aligned(buf)
+    }
+
+    /// Iostat and the latest completion's timestamps for a read or write
+    /// of `num` blocks submitted at tick `t0`.
+    #[inline(always)]
+    pub(crate) fn done_rw(&self, kind: IoType, num: u64, t0: u64, ok: bool) {
+        self.done(kind, num * self.core.block_size as u64, t0, ok)
+    }
+
     /// Waits for this reactor's QoS share to let a read or write of
     /// `bytes` pass (see [`crate::qos`]); a bdev deleted meanwhile fails it.
     async fn qos_wait(&self, read: bool, bytes: u64) -> Result<(), BdevError> {
@@ -514,4 +537,16 @@ impl IoChannel {
         }
         (r, payload)
     }
+}
+
+/// The generic path of a single-buffer read or write (see [`BufIo`]).
+fn slow_one(
+    ch: &IoChannel,
+    kind: IoType,
+    offset_blocks: u64,
+    num_blocks: u64,
+    buf: IoBuf,
+    t0: u64,
+) -> impl Future<Output = (Result<(), BdevError>, IoBuf)> + '_ {
+    ch.io(kind, offset_blocks, num_blocks, buf, t0, IoFlags::NONE)
 }

@@ -31,6 +31,7 @@ pub mod modules;
 pub mod qos;
 pub mod registry;
 pub mod remote;
+mod rw;
 pub mod stats;
 mod submit;
 pub mod types;
