@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.."
 
 export ROUNDS=${ROUNDS:-3}
 export RUNTIME=${RUNTIME:-5}
-# Busy polling: in adaptive mode a reactor whose only event source is a
-# ring in DMA memory naps until its timer (see RESULTS-scsi-vfio.md).
+# Busy polling for the latency comparison; adaptive mode works too (the
+# LLDs' MSI-X/MSI wakes a sleeping reactor; Run 4 of RESULTS-scsi-vfio.md).
 export POLL=${POLL:-poll}
 export WORKLOADS=${WORKLOADS:-"randread:1 randwrite:1 randread:32 randwrite:32"}
 PROFILE=${PROFILE:-release}
