@@ -3,8 +3,11 @@
 # ustor (crates/iscsi-target/examples/serve.rs, a malloc LUN) and tgtd
 # (Debian `tgt`, a LUN on a file in /dev/shm, rdwr backing store).
 # 4 KiB random reads at QD1 and QD32 with 1 and 4 sessions (one iscsi-perf
-# process per session). iscsi-perf in libiscsi 1.19 only reads: randwrite
-# needs fio's libiscsi engine (fio --enable-libiscsi), not built here.
+# process per session). iscsi-perf in libiscsi 1.19 only reads (and fio's
+# libiscsi engine is not built here), so 4 KiB random writes go through
+# ustor's own iSCSI initiator instead: `ustor bench -w randwrite` on a SCSI
+# bdev over the iSCSI LLD (one session; `scsi_iscsi_attach_host`), the
+# same client for every target, at each QD of WQDS (WRS="" skips them).
 # SPDK's iscsi_tgt joins when SPDK_TGT names its binary (a build of
 # bench/spdk-build.sh, e.g. spdk/build/bin/iscsi_tgt; a malloc LUN, its
 # reactor on CORES: it busy-polls, so its CPU per I/O is the whole core).
@@ -19,7 +22,8 @@
 #
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
 #                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>
-#                         SPDK_TGT=<iscsi_tgt binary>)
+#                         SPDK_TGT=<iscsi_tgt binary> WRS=randwrite
+#                         WQDS="1 32" USTOR=<ustor binary>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +38,8 @@ rest = sorted(set(os.sched_getaffinity(0)) - used)
 print(",".join(map(str, rest)) if rest else sys.argv[1])' "$CORES")}
 QDS=${QDS:-"1 32"}
 SESS=${SESS:-"1 4"}
+WRS=${WRS-randwrite}
+WQDS=${WQDS:-"1 32"}
 IDLE=${IDLE:-5}
 OUT=${OUT:-/tmp/ustor-bench-iscsi}
 IQN=iqn.2016-06.io.spdk:disk1
@@ -45,12 +51,16 @@ if [ -z "${BIN:-}" ]; then
   cargo build --release -q -p ustor-iscsi-target --example serve
   BIN=target/release/examples/serve
 fi
+if [ -n "$WRS" ] && [ -z "${USTOR:-}" ]; then
+  cargo build --release -q -p ustor
+  USTOR=target/release/ustor
+fi
 
 . bench/lib/tgtd.sh
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
-declare -A PID URL
+declare -A PID URL TPORT
 UPID= SPID=
 TARGETS="ustor tgtd"
 cleanup() {
@@ -63,9 +73,9 @@ trap cleanup EXIT
 UPORT=$(free_port)
 taskset -c "$CORES" "$BIN" "$UPORT" 512 "$SIZE_MIB" >"$OUT/ustor.log" 2>&1 &
 UPID=$!; wait_port "$UPORT"
-PID[ustor]=$UPID; URL[ustor]="iscsi://127.0.0.1:$UPORT/$IQN/0"
+PID[ustor]=$UPID; URL[ustor]="iscsi://127.0.0.1:$UPORT/$IQN/0"; TPORT[ustor]=$UPORT
 tgtd_start /dev/shm/ustor-bench-iscsi-tgt.img "$SIZE_MIB" "$IQN" "$OUT/tgtd.log" taskset -c "$CORES"
-PID[tgtd]=$TGT_PID; URL[tgtd]="iscsi://127.0.0.1:$PORT/$IQN/1"
+PID[tgtd]=$TGT_PID; URL[tgtd]="iscsi://127.0.0.1:$PORT/$IQN/1"; TPORT[tgtd]=$PORT
 if [ -n "${SPDK_TGT:-}" ]; then
   SPORT=$(free_port)
   cat >"$OUT/spdk.json" <<JSON
@@ -85,7 +95,7 @@ JSON
   MASK=$(python3 -c 'import sys; print(hex(sum(1 << int(c) for c in sys.argv[1].split(","))))' "$CORES")
   "$SPDK_TGT" -m "$MASK" -r "$OUT/spdk.sock" --json "$OUT/spdk.json" >"$OUT/spdk.log" 2>&1 &
   SPID=$!; wait_port "$SPORT"
-  PID[spdk]=$SPID; URL[spdk]="iscsi://127.0.0.1:$SPORT/$IQN/0"
+  PID[spdk]=$SPID; URL[spdk]="iscsi://127.0.0.1:$SPORT/$IQN/0"; TPORT[spdk]=$SPORT
   TARGETS="$TARGETS spdk"
 fi
 
@@ -95,7 +105,7 @@ idle_pct() { # pid
 }
 
 RES="$OUT/results.tsv"
-printf 'round\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\n' >"$RES"
+printf 'round\trw\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\tlat_avg_us\tlat_p99_us\n' >"$RES"
 run_one() { # round target qd sessions
   local pid=${PID[$2]} b a i pids=()
   b=$(cpu_ticks "$pid")
@@ -114,7 +124,35 @@ for f in glob.glob(f"{out}/{tgt}-qd{qd}-s{s}-*-r{rnd}.txt"):
     iops += int(avg[-1]) if avg else 0
 cpu = int(ticks) / int(hz) * 1e6
 ios = iops * 1.0  # iops average is per second over the run
-print(f"{rnd}\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}")
+print(f"{rnd}\trandread\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}\tnan\tnan")
+PY
+}
+
+# Writes through ustor's initiator: a SCSI bdev on one iSCSI session to the
+# target's first disk LUN (tgtd's LUN 0 is its controller, so sda is LUN 1);
+# one reactor, kept on CLIENT_CORES by taskset (--no-pin).
+run_write() { # round rw target qd
+  local pid=${PID[$3]} b a cfg="$OUT/client-$3.json" json="$OUT/$3-$2-qd$4-r$1.json"
+  cat >"$cfg" <<JSON
+{"subsystems":[{"subsystem":"scsi","config":[
+ {"method":"scsi_iscsi_attach_host","params":{"portal":"127.0.0.1:${TPORT[$3]}","target":"$IQN","queue_depth":64}},
+ {"method":"bdev_scsi_create","params":{"name":"lun","device":"sda"}}]}]}
+JSON
+  b=$(cpu_ticks "$pid")
+  taskset -c "$CLIENT_CORES" "$USTOR" bench -c "$cfg" -b lun -w "$2" --bs 4K -q "$4" \
+    -t "$RUNTIME" --cores 0 --no-pin --json >"$json" 2>"$OUT/$3-$2-qd$4-r$1.err" || true
+  a=$(cpu_ticks "$pid")
+  python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" <<'PY' >>"$RES"
+import json, sys
+path, rnd, rw, tgt, qd, ticks, hz, runtime = sys.argv[1:]
+try:
+    t = json.load(open(path))["total"]
+except (OSError, ValueError, KeyError):
+    t = {"iops": 0, "lat_avg_us": float("nan"), "lat_p99_us": float("nan")}
+cpu = int(ticks) / int(hz) * 1e6
+# Same unit as the read rows: CPU over the run / one second's IOPS.
+print(f"{rnd}\t{rw}\t{tgt}\t{qd}\t1\t{t['iops']:.0f}\t{cpu / max(t['iops'], 1):.2f}"
+      f"\t{t['lat_avg_us']:.1f}\t{t['lat_p99_us']:.1f}")
 PY
 }
 
@@ -122,6 +160,9 @@ IDLE_U=$(idle_pct "${PID[ustor]}"); IDLE_T=$(idle_pct "${PID[tgtd]}")
 for r in $(seq "$ROUNDS"); do
   for qd in $QDS; do for s in $SESS; do for t in $TARGETS; do
     run_one "$r" "$t" "$qd" "$s"
+  done; done; done
+  for rw in $WRS; do for qd in $WQDS; do for t in $TARGETS; do
+    run_write "$r" "$rw" "$t" "$qd"
   done; done; done
 done
 
@@ -131,24 +172,31 @@ res, runtime, iu, it = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 rows = list(csv.DictReader(open(res), delimiter="\t"))
 cells = {}
 for r in rows:
-    k = (r["qd"], r["sessions"], r["target"])
+    k = (r["rw"], r["qd"], r["sessions"], r["target"])
     # cpu_us_per_io above divides CPU over the whole run by one second's IOPS.
     cpu = float(r["cpu_us_per_io"]) / runtime
-    cells.setdefault(k, []).append((int(r["iops"]), cpu))
-others = [t for t in ("tgtd", "spdk") if any(k[2] == t for k in cells)]
+    cells.setdefault(k, []).append((int(r["iops"]), cpu, float(r["lat_avg_us"]), float(r["lat_p99_us"])))
+others = [t for t in ("tgtd", "spdk") if any(k[3] == t for k in cells)]
 print(f"idle target CPU (% of a core): ustor {iu}  tgtd {it}")
-head = "qd sess | ustor IOPS  cpu us/io"
+head = "rw        qd sess | ustor IOPS  cpu us/io"
 for t in others:
     head += f" | {t} IOPS  cpu us/io | ustor/{t} IOPS  cpu"
 print(head)
-def med(k):
-    v = cells[k]
-    return statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)
-for qd, s in sorted({(k[0], k[1]) for k in cells}, key=lambda x: (int(x[0]), int(x[1]))):
-    ui, uc = med((qd, s, "ustor"))
-    line = f"{qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f}"
+def med(k, i):
+    return statistics.median(x[i] for x in cells[k])
+keys = sorted({k[:3] for k in cells}, key=lambda x: (x[0], int(x[1]), int(x[2])))
+for rw, qd, s in keys:
+    ui, uc = med((rw, qd, s, "ustor"), 0), med((rw, qd, s, "ustor"), 1)
+    line = f"{rw:<9} {qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f}"
     for t in others:
-        ti, tc = med((qd, s, t))
+        ti, tc = med((rw, qd, s, t), 0), med((rw, qd, s, t), 1)
         line += f" | {ti:>9.0f} {tc:>9.2f} | {ui/max(ti,1):>10.2f} {uc/max(tc,1e-9):>5.2f}"
     print(line)
+# Latency from ustor's initiator (the write rows): mean and p99 in us.
+lat = [k for k in keys if k[0] != "randread"]
+if lat:
+    print("latency (us, ustor bench client) " + " | ".join(f"{t} mean  p99" for t in ["ustor"] + others))
+    for rw, qd, s in lat:
+        print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
+            f"{med((rw, qd, s, t), 2):>9.1f} {med((rw, qd, s, t), 3):>7.1f}" for t in ["ustor"] + others))
 PY
