@@ -46,6 +46,7 @@ pub fn install_hint(program: &str) -> String {
         "nbdinfo" | "nbdcopy" | "nbdsh" => ("apt-get install libnbd-bin", ".ci/apt/nbd.txt"),
         "nbdkit" => ("apt-get install nbdkit", ".ci/apt/nbd.txt"),
         "fio" => ("apt-get install fio", ".ci/apt/nbd.txt"),
+        "sg_reset" | "sg_inq" => ("apt-get install sg3-utils", ".ci/apt/scsi.txt"),
         "spdk-rpc" => ("python3 -m pip install spdk", ".ci/pip.txt"),
         "python3" => ("apt-get install python3", ".ci/apt/iscsi.txt"),
         "tmux" => ("apt-get install tmux", ".ci/apt/operating.txt"),

@@ -251,6 +251,14 @@ fn print_banner(app: &App, a: &ServeArgs, metrics: Option<std::net::SocketAddr>)
             c.socket.display()
         );
     }
+    for c in app.vhost.scsi_controllers(None) {
+        say!(
+            "  vhost-user-scsi controller {} ({} targets) on {}",
+            c.ctrlr,
+            c.targets.len(),
+            c.socket.display()
+        );
+    }
     if let Some(m) = metrics {
         say!(
             "  Prometheus metrics on http://{m}/metrics   (ustor top -s {} for a live view)",

@@ -273,3 +273,93 @@ fn spdk_rpc_drives_vhost_controllers() {
     assert_eq!(code, 0, "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// vhost-user-scsi controllers through `spdk-rpc`: create, targets added
+/// and removed (bdev claims follow), SPDK's error codes, the listing,
+/// save_config, and delete sharing the name space with blk controllers.
+#[test]
+fn spdk_rpc_drives_vhost_scsi_controllers() {
+    if !testkit::need("spdk-rpc") {
+        return;
+    }
+    let dir = tmpdir("vhost-scsi-rpc");
+    let sockets = dir.join("vhost");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let s = Server::start(&dir, &empty_config(), &["-S", sockets.to_str().unwrap()]);
+    ok(&s, &["bdev_malloc_create", "-b", "M0", "8", "512"]);
+    ok(&s, &["bdev_malloc_create", "-b", "M1", "8", "4096"]);
+    ok(
+        &s,
+        &["vhost_create_scsi_controller", "vs0", "--cpumask", "0x1"],
+    );
+    assert!(sockets.join("vs0").exists());
+    fails(&s, &["vhost_create_scsi_controller", "vs0"], libc::EEXIST);
+    fails(
+        &s,
+        &["vhost_create_blk_controller", "vs0", "M0"],
+        libc::EEXIST,
+    );
+    // SPDK answers add_target with the target number.
+    let n = ok(&s, &["vhost_scsi_controller_add_target", "vs0", "0", "M0"]);
+    assert_eq!(n.trim(), "0");
+    ok(&s, &["vhost_scsi_controller_add_target", "vs0", "3", "M1"]);
+    assert!(claimed(&s, "M0") && claimed(&s, "M1"));
+    fails(
+        &s,
+        &["vhost_scsi_controller_add_target", "vs0", "0", "M1"],
+        libc::EEXIST,
+    );
+    fails(
+        &s,
+        &["vhost_scsi_controller_add_target", "vs0", "8", "M1"],
+        libc::EINVAL,
+    );
+    fails(
+        &s,
+        &["vhost_scsi_controller_add_target", "vs0", "1", "Nope"],
+        libc::ENODEV,
+    );
+    fails(
+        &s,
+        &["vhost_scsi_controller_add_target", "vsX", "1", "M1"],
+        libc::ENODEV,
+    );
+
+    let c = controllers(&s);
+    assert_eq!(c[0]["ctrlr"], "vs0", "{c}");
+    assert_eq!(c[0]["cpumask"], "0x1");
+    let t = &c[0]["backend_specific"]["scsi"];
+    assert_eq!(t[0]["scsi_dev_num"], 0, "{c}");
+    assert_eq!(t[0]["luns"][0]["bdev_name"], "M0");
+    assert_eq!(t[1]["scsi_dev_num"], 3);
+    assert_eq!(t[1]["luns"][0]["bdev_name"], "M1");
+
+    let saved: Value = serde_json::from_str(&ok(&s, &["save_config"])).expect("save_config JSON");
+    let vs: Vec<&Value> = saved["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["subsystem"] == "vhost_scsi")
+        .flat_map(|x| x["config"].as_array().unwrap())
+        .collect();
+    assert_eq!(vs.len(), 3, "{vs:?}");
+    assert_eq!(vs[0]["method"], "vhost_create_scsi_controller");
+    assert_eq!(vs[1]["method"], "vhost_scsi_controller_add_target");
+    assert_eq!(vs[2]["params"]["scsi_target_num"], 3);
+    assert_eq!(vs[2]["params"]["bdev_name"], "M1");
+
+    ok(&s, &["vhost_scsi_controller_remove_target", "vs0", "3"]);
+    assert!(!claimed(&s, "M1"));
+    fails(
+        &s,
+        &["vhost_scsi_controller_remove_target", "vs0", "3"],
+        libc::ENODEV,
+    );
+    ok(&s, &["vhost_delete_controller", "vs0"]);
+    assert!(!sockets.join("vs0").exists());
+    assert!(!claimed(&s, "M0"));
+    assert_eq!(controllers(&s), json!([]));
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

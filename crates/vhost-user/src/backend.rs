@@ -8,8 +8,13 @@
 //! is enabled (or, without VHOST_USER_F_PROTOCOL_FEATURES, once kicked);
 //! changing any of those stops it first, and GET_VRING_BASE stops it and
 //! answers where it stopped.
+//!
+//! The handling is the same for every device type: what differs (feature
+//! bits, config space, what runs a ring) comes from [`VhostDevice`],
+//! implemented by [`BlkDevice`] and by the SCSI device ([`crate::scsi`]).
 
 use std::fs::File;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -30,6 +35,63 @@ use crate::device::BlkDevice;
 use crate::inflight::InflightRegion;
 use crate::memory::{MemTable, RegionDesc, MAX_SLOTS};
 use crate::vring::{self, VringStart};
+
+/// What a device type supplies to the shared message handling.
+pub trait VhostDevice: Send + Sync + Sized + 'static {
+    /// Rings offered (GET_QUEUE_NUM); rings beyond are refused.
+    fn num_queues(&self) -> u16;
+    /// Device feature bits (with the vhost-user and ring bits).
+    fn features(&self) -> u64;
+    fn protocol_features(&self) -> VhostUserProtocolFeatures;
+    /// The device's config space now (GET_CONFIG answers slices of it).
+    fn config(&self) -> Vec<u8>;
+    /// SET_CONFIG with the features the driver acked; false: refused.
+    fn set_config(&self, acked: u64, offset: u32, buf: &[u8]) -> bool;
+    /// The frontend's backend channel (SET_BACKEND_REQ_FD), or its end;
+    /// for devices that offer BACKEND_REQ.
+    fn set_notifier(&self, _ch: Option<std::os::unix::net::UnixStream>) {}
+    /// Serves one ring on the calling reactor until it is stopped, then
+    /// reports its indices through `start.done`.
+    fn run_queue(start: VringStart<Self>) -> impl Future<Output = ()> + 'static;
+}
+
+impl VhostDevice for BlkDevice {
+    fn num_queues(&self) -> u16 {
+        self.geometry.num_queues
+    }
+    fn features(&self) -> u64 {
+        self.geometry.features()
+    }
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            // The backend channel, for config-change notifications
+            // (resize); taken by `notify`, not the `vhost` crate.
+            | VhostUserProtocolFeatures::BACKEND_REQ
+    }
+    fn config(&self) -> Vec<u8> {
+        self.geometry
+            .config(self.writeback.load(Ordering::Relaxed))
+            .to_vec()
+    }
+    fn set_config(&self, acked: u64, offset: u32, buf: &[u8]) -> bool {
+        // Only the cache mode is writable (CONFIG_WCE).
+        if offset == 32 && buf.len() == 1 && acked & feature::CONFIG_WCE != 0 {
+            self.writeback.store(buf[0] != 0, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+    fn set_notifier(&self, ch: Option<std::os::unix::net::UnixStream>) {
+        BlkDevice::set_notifier(self, ch)
+    }
+    fn run_queue(start: VringStart<Self>) -> impl Future<Output = ()> + 'static {
+        vring::run(start)
+    }
+}
 
 /// Longest queue the frontend may ask for.
 pub const QUEUE_SIZE_MAX: u16 = 1024;
@@ -55,8 +117,8 @@ struct Running {
 }
 
 /// One frontend connection's state.
-pub struct BlkBackend {
-    dev: Arc<BlkDevice>,
+pub struct Backend<D: VhostDevice> {
+    dev: Arc<D>,
     rt: RuntimeHandle,
     reactors: Vec<usize>,
     acked: u64,
@@ -68,14 +130,17 @@ pub struct BlkBackend {
     inflight: Option<Arc<InflightRegion>>,
 }
 
+/// The vhost-user-blk handler.
+pub type BlkBackend = Backend<BlkDevice>;
+
 fn internal(why: &'static str) -> VuError {
     VuError::InvalidOperation(why)
 }
 
-impl BlkBackend {
-    pub fn new(dev: Arc<BlkDevice>, rt: RuntimeHandle, reactors: Vec<usize>) -> BlkBackend {
-        let n = dev.geometry.num_queues as usize;
-        BlkBackend {
+impl<D: VhostDevice> Backend<D> {
+    pub fn new(dev: Arc<D>, rt: RuntimeHandle, reactors: Vec<usize>) -> Backend<D> {
+        let n = dev.num_queues() as usize;
+        Backend {
             dev,
             rt,
             reactors,
@@ -136,7 +201,7 @@ impl BlkBackend {
         };
         let reactor = self.reactors[i % self.reactors.len()];
         self.rt
-            .spawn_on(reactor, move || vring::run(start))
+            .spawn_on(reactor, move || D::run_queue(start))
             .map_err(|_| internal("reactor gone"))?;
         self.vrings[i].running = Some(Running {
             stop,
@@ -204,7 +269,7 @@ fn mem_err(e: crate::memory::MemError) -> VuError {
     VuError::InvalidParam
 }
 
-impl VhostUserBackendReqHandlerMut for BlkBackend {
+impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
     fn set_owner(&mut self) -> VuResult<()> {
         Ok(())
     }
@@ -217,10 +282,12 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
         Ok(())
     }
     fn get_features(&mut self) -> VuResult<u64> {
-        Ok(self.dev.geometry.features())
+        Ok(self.dev.features())
     }
     fn set_features(&mut self, features: u64) -> VuResult<()> {
-        if features & !self.dev.geometry.features() != 0 {
+        if features & !self.dev.features() != 0 {
+            let extra = features & !self.dev.features();
+            tracing::warn!("vhost: SET_FEATURES with bits not offered: {extra:#x}");
             return Err(VuError::InvalidParam);
         }
         self.acked = features;
@@ -290,14 +357,7 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
         Ok(())
     }
     fn get_protocol_features(&mut self) -> VuResult<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::RESET_DEVICE
-            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
-            // The backend channel, for config-change notifications
-            // (resize); taken by `notify`, not the `vhost` crate.
-            | VhostUserProtocolFeatures::BACKEND_REQ)
+        Ok(self.dev.protocol_features())
     }
     fn set_protocol_features(&mut self, features: u64) -> VuResult<()> {
         self.protocol = features;
@@ -338,9 +398,7 @@ impl VhostUserBackendReqHandlerMut for BlkBackend {
         buf: &[u8],
         _flags: VhostUserConfigFlags,
     ) -> VuResult<()> {
-        // Only the cache mode is writable (CONFIG_WCE).
-        if offset == 32 && buf.len() == 1 && self.acked & feature::CONFIG_WCE != 0 {
-            self.dev.writeback.store(buf[0] != 0, Ordering::Relaxed);
+        if self.dev.set_config(self.acked, offset, buf) {
             return Ok(());
         }
         Err(VuError::InvalidParam)

@@ -1,5 +1,6 @@
-//! A vhost-user-blk controller: its Unix socket, the control thread that
-//! serves one frontend at a time on it, and its lifecycle (create, stop).
+//! A vhost-user-blk controller and its lifecycle (create, stop), and the
+//! [`Endpoint`] every controller type serves on: its Unix socket and the
+//! control thread that serves one frontend at a time on it.
 //!
 //! Control messages are rare and `BackendReqHandler::handle_request` is
 //! synchronous (and so are ring stops, which wait for the ring's reactor):
@@ -22,7 +23,7 @@ use ustor_bdev::Registry;
 use ustor_runtime::RuntimeHandle;
 use vhost::vhost_user::{BackendReqHandler, Error as VuError};
 
-use crate::backend::BlkBackend;
+use crate::backend::{Backend, VhostDevice};
 use crate::device::BlkDevice;
 use crate::VhostError;
 
@@ -49,12 +50,7 @@ pub struct BlkControllerConfig {
 pub struct BlkController {
     pub config: BlkControllerConfig,
     dev: Arc<BlkDevice>,
-    listener_fd: RawFd,
-    _listener: UnixListener,
-    conn: Arc<Mutex<Option<UnixStream>>>,
-    stopping: Arc<AtomicBool>,
-    connections: Arc<AtomicU64>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    ep: Endpoint,
 }
 
 impl BlkController {
@@ -85,31 +81,15 @@ impl BlkController {
         dev.poll_window = config.poll_window;
         let dev = Arc::new(dev);
         let _ = target.set(Arc::downgrade(&dev));
-        let listener = match bind(&config.socket) {
-            Ok(l) => l,
-            Err(e) => {
-                dev.desc.release_claim();
-                return Err(VhostError::Socket(e));
-            }
-        };
-        let own = listener.try_clone().map_err(VhostError::Socket)?;
-        let c = Arc::new(BlkController {
-            listener_fd: own.as_raw_fd(),
-            _listener: own,
-            dev: dev.clone(),
-            conn: Arc::default(),
-            stopping: Arc::default(),
-            connections: Arc::default(),
-            thread: Mutex::new(None),
-            config: config.clone(),
-        });
-        let (conn, stopping, count) = (c.conn.clone(), c.stopping.clone(), c.connections.clone());
-        let t = std::thread::Builder::new()
-            .name(format!("vhost-{}", config.name))
-            .spawn(move || serve(listener, dev, rt, config.reactors, conn, stopping, count))
-            .map_err(VhostError::Socket)?;
-        *c.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
-        Ok(c)
+        let ep = Endpoint::start(
+            &config.name,
+            &config.socket,
+            dev.clone(),
+            rt,
+            config.reactors.clone(),
+        )
+        .inspect_err(|_| dev.desc.release_claim())?;
+        Ok(Arc::new(BlkController { config, dev, ep }))
     }
 
     pub fn device(&self) -> &Arc<BlkDevice> {
@@ -118,12 +98,83 @@ impl BlkController {
 
     /// Whether a frontend is connected now.
     pub fn connected(&self) -> bool {
-        self.conn.lock().map(|c| c.is_some()).unwrap_or(false)
+        self.ep.connected()
     }
 
     /// The connected frontend's process ID (SO_PEERCRED), when one is
     /// connected.
     pub fn frontend_pid(&self) -> Option<i32> {
+        self.ep.frontend_pid()
+    }
+
+    /// Frontends served since creation.
+    pub fn connections_served(&self) -> u64 {
+        self.ep.connections_served()
+    }
+
+    /// Disconnects the frontend (its rings drain first), stops listening,
+    /// removes the socket and releases the bdev. Idempotent.
+    pub fn stop(&self) {
+        if self.ep.stop() {
+            self.dev.desc.release_claim();
+        }
+    }
+}
+
+impl Drop for BlkController {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A controller's socket and the control thread serving it, whatever the
+/// device type.
+pub(crate) struct Endpoint {
+    socket: PathBuf,
+    listener_fd: RawFd,
+    _listener: UnixListener,
+    conn: Arc<Mutex<Option<UnixStream>>>,
+    stopping: Arc<AtomicBool>,
+    connections: Arc<AtomicU64>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Endpoint {
+    /// Binds `socket` (replacing a stale one) and serves `dev` on it.
+    pub(crate) fn start<D: VhostDevice>(
+        name: &str,
+        socket: &Path,
+        dev: Arc<D>,
+        rt: RuntimeHandle,
+        reactors: Vec<usize>,
+    ) -> Result<Endpoint, VhostError> {
+        let listener = bind(socket).map_err(VhostError::Socket)?;
+        let own = listener.try_clone().map_err(VhostError::Socket)?;
+        let ep = Endpoint {
+            socket: socket.to_path_buf(),
+            listener_fd: own.as_raw_fd(),
+            _listener: own,
+            conn: Arc::default(),
+            stopping: Arc::default(),
+            connections: Arc::default(),
+            thread: Mutex::new(None),
+        };
+        let (conn, stopping, count) =
+            (ep.conn.clone(), ep.stopping.clone(), ep.connections.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("vhost-{name}"))
+            .spawn(move || serve(listener, dev, rt, reactors, conn, stopping, count))
+            .map_err(VhostError::Socket)?;
+        *ep.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        Ok(ep)
+    }
+
+    pub(crate) fn connected(&self) -> bool {
+        self.conn.lock().map(|c| c.is_some()).unwrap_or(false)
+    }
+
+    /// The connected frontend's process ID (SO_PEERCRED).
+    pub(crate) fn frontend_pid(&self) -> Option<i32> {
         let g = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         let fd = g.as_ref()?.as_raw_fd();
         let mut cred = libc::ucred {
@@ -146,14 +197,14 @@ impl BlkController {
         (r == 0).then_some(cred.pid)
     }
 
-    /// Frontends served since creation.
-    pub fn connections_served(&self) -> u64 {
+    pub(crate) fn connections_served(&self) -> u64 {
         self.connections.load(Ordering::Relaxed)
     }
 
-    /// Disconnects the frontend (its rings drain first), stops listening,
-    /// removes the socket and releases the bdev. Idempotent.
-    pub fn stop(&self) {
+    /// Disconnects the frontend (its rings drain first), stops listening
+    /// and removes the socket; true the first time (the caller then
+    /// releases what the device holds).
+    pub(crate) fn stop(&self) -> bool {
         self.stopping.store(true, Ordering::Release);
         // SAFETY: shutdown on a socket we own; wakes the blocked accept.
         unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
@@ -161,17 +212,10 @@ impl BlkController {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = t {
-            let _ = t.join();
-            let _ = std::fs::remove_file(&self.config.socket);
-            self.dev.desc.release_claim();
-        }
-    }
-}
-
-impl Drop for BlkController {
-    fn drop(&mut self) {
-        self.stop();
+        let Some(t) = t else { return false };
+        let _ = t.join();
+        let _ = std::fs::remove_file(&self.socket);
+        true
     }
 }
 
@@ -188,9 +232,9 @@ fn bind(path: &Path) -> std::io::Result<UnixListener> {
 }
 
 /// The control thread: one frontend at a time until stopped.
-fn serve(
+fn serve<D: VhostDevice>(
     listener: UnixListener,
-    dev: Arc<BlkDevice>,
+    dev: Arc<D>,
     rt: RuntimeHandle,
     reactors: Vec<usize>,
     conn: Arc<Mutex<Option<UnixStream>>>,
@@ -220,7 +264,7 @@ fn serve(
         }
         count.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_read_timeout(Some(MESSAGE_TIMEOUT));
-        let backend = Arc::new(Mutex::new(BlkBackend::new(
+        let backend = Arc::new(Mutex::new(Backend::new(
             dev.clone(),
             rt.clone(),
             reactors.clone(),
@@ -234,7 +278,7 @@ fn serve(
 }
 
 /// Handles messages until the frontend leaves or breaks the protocol.
-fn serve_frontend(h: &mut BackendReqHandler<Mutex<BlkBackend>>, dev: &BlkDevice) {
+fn serve_frontend<D: VhostDevice>(h: &mut BackendReqHandler<Mutex<Backend<D>>>, dev: &D) {
     let fd = h.as_raw_fd();
     loop {
         if !wait_fd(fd, None) {

@@ -1,4 +1,4 @@
-//! vhost-user-blk backend on the ustor reactors.
+//! vhost-user-blk and vhost-user-scsi backends on the ustor reactors.
 //!
 //! A controller ([`controller::BlkController`]) listens on a Unix socket;
 //! a frontend (QEMU, libblkio, SPDK's virtio-user) connects and hands over
@@ -17,7 +17,8 @@
 //! bdev events), [`notify`] (the backend channel for config changes), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
 //! thread, lifecycle), [`target`] (every controller by name, for the RPCs), [`fuzzing`]
-//! (the fuzz targets' bodies).
+//! (the fuzz targets' bodies), [`scsi`] (vhost-user-scsi on the SCSI
+//! target core).
 
 pub mod backend;
 pub mod blk;
@@ -28,6 +29,7 @@ pub mod fuzzing;
 pub mod inflight;
 pub mod memory;
 pub mod notify;
+pub mod scsi;
 pub mod target;
 pub mod vring;
 pub mod workers;

@@ -72,10 +72,13 @@ struct Entry {
 
 /// Every vhost controller of the instance.
 pub struct VhostTarget {
-    rt: RuntimeHandle,
-    registry: Arc<Registry>,
+    pub(crate) rt: RuntimeHandle,
+    pub(crate) registry: Arc<Registry>,
     socket_dir: Mutex<PathBuf>,
     ctrls: Mutex<BTreeMap<String, Entry>>,
+    /// vhost-user-scsi controllers ([`crate::scsi::target`]); names are
+    /// unique across both maps.
+    pub(crate) scsi: Mutex<BTreeMap<String, crate::scsi::target::ScsiEntry>>,
 }
 
 impl VhostTarget {
@@ -87,6 +90,7 @@ impl VhostTarget {
             registry,
             socket_dir: Mutex::new(PathBuf::from(".")),
             ctrls: Mutex::default(),
+            scsi: Mutex::default(),
         }
     }
 
@@ -99,7 +103,7 @@ impl VhostTarget {
     }
 
     /// The reactors whose cores are in `mask` (all when `None`).
-    fn reactors(&self, mask: Option<&str>) -> Result<(Vec<usize>, String), VhostError> {
+    pub(crate) fn reactors(&self, mask: Option<&str>) -> Result<(Vec<usize>, String), VhostError> {
         let n = self.rt.num_reactors();
         let all: Vec<usize> = (0..n).collect();
         let Some(m) = mask else {
@@ -119,25 +123,31 @@ impl VhostTarget {
         Ok((picked.clone(), core_mask(&self.rt, &picked)))
     }
 
-    /// Creates a vhost-user-blk controller with its socket
-    /// `<socket dir>/<ctrlr>`.
-    pub fn create_blk(&self, p: &CreateBlk) -> Result<(), VhostError> {
-        if p.ctrlr.is_empty() || p.ctrlr.contains('/') || p.ctrlr == "." || p.ctrlr == ".." {
+    /// The socket of controller `ctrlr`: `<socket dir>/<ctrlr>`, for a
+    /// name that is one path component and a path `sun_path` holds.
+    pub(crate) fn socket_for(&self, ctrlr: &str) -> Result<PathBuf, VhostError> {
+        if ctrlr.is_empty() || ctrlr.contains('/') || ctrlr == "." || ctrlr == ".." {
             return Err(VhostError::Invalid(format!(
-                "bad controller name `{}`",
-                p.ctrlr
+                "bad controller name `{ctrlr}`"
             )));
         }
-        let socket = self.socket_dir().join(&p.ctrlr);
+        let socket = self.socket_dir().join(ctrlr);
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(VhostError::Invalid(format!(
                 "socket path {} is longer than {MAX_SOCKET_PATH} bytes",
                 socket.display()
             )));
         }
+        Ok(socket)
+    }
+
+    /// Creates a vhost-user-blk controller with its socket
+    /// `<socket dir>/<ctrlr>`.
+    pub fn create_blk(&self, p: &CreateBlk) -> Result<(), VhostError> {
+        let socket = self.socket_for(&p.ctrlr)?;
         let (reactors, cpumask) = self.reactors(p.cpumask.as_deref())?;
         let mut ctrls = lock(&self.ctrls);
-        if ctrls.contains_key(&p.ctrlr) {
+        if ctrls.contains_key(&p.ctrlr) || lock(&self.scsi).contains_key(&p.ctrlr) {
             return Err(VhostError::Exists(p.ctrlr.clone()));
         }
         if p.packed_ring {
@@ -177,9 +187,9 @@ impl VhostTarget {
     /// Disconnects the frontend (its requests finish first), removes the
     /// socket and releases the bdev.
     pub fn delete(&self, ctrlr: &str) -> Result<(), VhostError> {
-        let e = lock(&self.ctrls)
-            .remove(ctrlr)
-            .ok_or_else(|| VhostError::NoController(ctrlr.to_string()))?;
+        let Some(e) = lock(&self.ctrls).remove(ctrlr) else {
+            return self.delete_scsi(ctrlr);
+        };
         e.ctrl.stop();
         Ok(())
     }
@@ -198,9 +208,9 @@ impl VhostTarget {
             ));
         }
         let mut ctrls = lock(&self.ctrls);
-        let e = ctrls
-            .get_mut(ctrlr)
-            .ok_or_else(|| VhostError::NoController(ctrlr.to_string()))?;
+        let Some(e) = ctrls.get_mut(ctrlr) else {
+            return self.set_scsi_coalescing(ctrlr, delay_base_us, iops_threshold);
+        };
         e.delay_base_us = delay_base_us;
         e.iops_threshold = iops_threshold;
         e.ctrl
@@ -209,11 +219,12 @@ impl VhostTarget {
         Ok(())
     }
 
-    /// All controllers, or the one named.
+    /// All blk controllers, or the one named (none when it names a scsi
+    /// controller: see [`Self::scsi_controllers`]).
     pub fn controllers(&self, name: Option<&str>) -> Result<Vec<ControllerInfo>, VhostError> {
         let ctrls = lock(&self.ctrls);
         if let Some(n) = name {
-            if !ctrls.contains_key(n) {
+            if !ctrls.contains_key(n) && !lock(&self.scsi).contains_key(n) {
                 return Err(VhostError::NoController(n.to_string()));
             }
         }
@@ -253,6 +264,7 @@ impl VhostTarget {
             .values()
             .filter(|e| e.ctrl.connected())
             .count()
+            + self.scsi_connections()
     }
 
     /// Stops every controller (shutdown): each frontend is disconnected
@@ -264,6 +276,7 @@ impl VhostTarget {
         for c in all {
             c.stop();
         }
+        self.stop_scsi();
     }
 
     /// Waits until no frontend is connected, until `deadline` at most.

@@ -39,8 +39,9 @@ use crate::device::{BlkDevice, QueueStats};
 use crate::inflight::QueueInflight;
 use crate::workers::Pool;
 
-/// Everything a queue needs to run, sent from the control thread.
-pub struct VringStart {
+/// Everything a queue needs to run, sent from the control thread (`D`:
+/// the device the ring serves).
+pub struct VringStart<D = BlkDevice> {
     pub index: u16,
     pub size: u16,
     /// Guest physical addresses of the three parts of the split ring.
@@ -52,7 +53,7 @@ pub struct VringStart {
     pub kick: Arc<File>,
     pub call: Option<Arc<File>>,
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    pub dev: Arc<BlkDevice>,
+    pub dev: Arc<D>,
     pub stop: Arc<AtomicBool>,
     /// Where the task reports `(next_avail, next_used)` once stopped.
     pub done: mpsc::Sender<(u16, u16)>,
@@ -180,8 +181,12 @@ pub async fn run(s: VringStart) {
     let _ = done.send((q.next_avail(), q.next_used()));
 }
 
-fn setup(s: VringStart) -> Result<Vring, String> {
-    let ch = s.dev.desc.channel().map_err(|e| e.to_string())?;
+/// The split ring `s` describes, checked to lie in guest memory, its next
+/// used index where the frontend's memory has it (where the previous
+/// backend, or this one before a stop, left it); with the memory map.
+pub(crate) fn open_queue<D>(
+    s: &VringStart<D>,
+) -> Result<(Queue, Arc<GuestMemoryMmap>, u16), String> {
     let mut q = Queue::new(s.size).map_err(|e| format!("{e:?}"))?;
     q.set_size(s.size);
     q.set_desc_table_address(Some(s.desc as u32), Some((s.desc >> 32) as u32));
@@ -193,20 +198,24 @@ fn setup(s: VringStart) -> Result<Vring, String> {
     if !q.is_valid(&*mem) {
         return Err(format!("queue {}: ring outside guest memory", s.index));
     }
-    if s.index as usize >= s.dev.queue_stats.len() {
-        return Err(format!("queue {}: beyond num_queues", s.index));
-    }
-    // The used index in guest memory is where the previous backend (or
-    // this one before a stop) left it.
     let used = q
         .used_idx(&*mem, Ordering::Acquire)
         .map_err(|e| format!("{e:?}"))?;
     q.set_next_used(used.0);
+    Ok((q, mem, used.0))
+}
+
+fn setup(s: VringStart) -> Result<Vring, String> {
+    let ch = s.dev.desc.channel().map_err(|e| e.to_string())?;
+    if s.index as usize >= s.dev.queue_stats.len() {
+        return Err(format!("queue {}: beyond num_queues", s.index));
+    }
+    let (mut q, mem, used) = open_queue(&s)?;
     let (mut next_avail, mut counter, mut again) = (s.next_avail, 1, Vec::new());
     if let Some(t) = &s.inflight {
         // After a kill the frontend's base is its guess (the used index):
         // the region knows what was taken.
-        let rec = t.recover(used.0);
+        let rec = t.recover(used);
         if !rec.resubmit.is_empty() {
             tracing::info!(
                 "vhost: queue {}: resubmitting {} requests in flight at the last stop",
@@ -567,7 +576,7 @@ fn bdev_status(r: Result<(), BdevError>) -> u8 {
     }
 }
 
-fn signal(f: &File) {
+pub(crate) fn signal(f: &File) {
     let one = 1u64;
     // SAFETY: writes 8 bytes from a valid u64 to an eventfd we hold open.
     let _ = unsafe { libc::write(f.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -578,13 +587,13 @@ pub fn kick(f: &File) {
     signal(f)
 }
 
-fn drain_eventfd(f: &File) {
+pub(crate) fn drain_eventfd(f: &File) {
     let mut v = 0u64;
     // SAFETY: reads at most 8 bytes into a valid u64; the fd is non-blocking.
     let _ = unsafe { libc::read(f.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
 }
 
-fn set_nonblocking(f: &File) {
+pub(crate) fn set_nonblocking(f: &File) {
     let fd = f.as_raw_fd();
     // SAFETY: fcntl on a descriptor we hold open; no pointers involved.
     unsafe {

@@ -7,6 +7,7 @@
 
 use proptest::prelude::*;
 use ustor_vhost::fuzzing::{ring_chains, Outcome, MEM_BYTES, SIZE_AT};
+use ustor_vhost::scsi::fuzzing::scsi_chains;
 
 const NEXT: u16 = 1;
 const WRITE: u16 = 2;
@@ -79,6 +80,42 @@ proptest! {
     ) {
         let _ = ring_chains(&ring(&descs, &heads, typ));
     }
+
+    /// The same hostile rings walked as virtio-scsi chains (the body of
+    /// the `vhost_scsi_chains` fuzz target).
+    #[test]
+    fn scsi_random_bytes(data in proptest::collection::vec(any::<u8>(), 0..0x3100)) {
+        let _ = scsi_chains(&data);
+    }
+
+    #[test]
+    fn scsi_random_rings(
+        descs in proptest::collection::vec(desc(), 16),
+        heads in proptest::collection::vec(0u16..20, 0..17),
+    ) {
+        let _ = scsi_chains(&ring(&descs, &heads, 0));
+    }
+}
+
+#[test]
+fn scsi_chain_order_and_bounds() {
+    let d = |addr, len, flags, next| D {
+        addr,
+        len,
+        flags,
+        next,
+    };
+    // A command (header, response) is taken; a readable buffer after a
+    // writable one, and one past guest memory, are refused.
+    let descs = [
+        d(0x3000, 51, NEXT, 1),
+        d(0x4000, 108, WRITE, 0),
+        d(0x5000, 108, WRITE | NEXT, 3),
+        d(0x6000, 51, 0, 0),
+        d(MEM_BYTES as u64 - 8, 51, NEXT, 1),
+    ];
+    let o = scsi_chains(&ring(&descs, &[0, 2, 4], 0));
+    assert_eq!((o.chains, o.commands, o.refused), (1, 1, 2), "{o:?}");
 }
 
 #[test]

@@ -13,6 +13,7 @@ pub mod scsi;
 pub mod scsi_vfio;
 pub mod vbdev;
 pub mod vhost;
+pub mod vhost_scsi;
 
 use std::sync::Arc;
 
@@ -65,6 +66,7 @@ pub fn register_all(ctx: &Ctx) -> Result<(), RegisterError> {
     scsi::register(ctx)?;
     vbdev::register(ctx)?;
     vhost::register(ctx)?;
+    vhost_scsi::register(ctx)?;
     Ok(())
 }
 
@@ -103,7 +105,7 @@ pub fn undo_in(reg: &Registry, c: &ustor_rpc::ConfigCall) -> Option<ustor_rpc::C
             ))
         }
         "bdev_scsi_create" => "bdev_scsi_delete".to_string(),
-        "vhost_create_blk_controller" => {
+        "vhost_create_blk_controller" | "vhost_create_scsi_controller" => {
             return Some(ustor_rpc::ConfigCall::new(
                 "vhost_delete_controller",
                 serde_json::json!({ "ctrlr": c.params.get("ctrlr")? }),

@@ -1,5 +1,6 @@
 //! vhost_* methods (SPDK's names and parameters) over the vhost target,
-//! and the vhost_blk subsystem's config dump.
+//! and the vhost_blk subsystem's config dump (the scsi controllers' own
+//! methods are in `vhost_scsi`).
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use ustor_vhost::{VhostError, VhostTarget};
 
 use super::Ctx;
 
-fn err(e: VhostError) -> RpcError {
+pub(crate) fn err(e: VhostError) -> RpcError {
     let errno = e.errno();
     RpcError::errno_msg(
         errno,
@@ -155,7 +156,11 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     ctx.method("vhost_get_controllers", RPC_RUNTIME, |c, params| {
         let p: GetParams = parse_params(params)?;
         let list = c.vhost.controllers(p.name.as_deref()).map_err(err)?;
-        Ok(Value::Array(list.iter().map(info_json).collect()))
+        let scsi = c.vhost.scsi_controllers(p.name.as_deref());
+        let scsi = scsi.iter().map(super::vhost_scsi::info_json);
+        Ok(Value::Array(
+            list.iter().map(info_json).chain(scsi).collect(),
+        ))
     })?;
     ctx.method(
         "vhost_controller_set_coalescing",

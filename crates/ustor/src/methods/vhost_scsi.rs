@@ -1,0 +1,129 @@
+//! vhost-user-scsi methods (SPDK's names and parameters):
+//! `vhost_create_scsi_controller`, `vhost_scsi_controller_add_target`,
+//! `vhost_scsi_controller_remove_target`; the scsi controllers' part of
+//! `vhost_get_controllers`, and the vhost_scsi subsystem's config dump.
+//! Deleting and coalescing go through the shared vhost methods.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use ustor_rpc::{parse_params, Replier, RPC_RUNTIME};
+use ustor_vhost::scsi::target::ScsiControllerInfo;
+use ustor_vhost::target::{DEFAULT_DELAY_BASE_US, DEFAULT_IOPS_THRESHOLD};
+use ustor_vhost::VhostTarget;
+
+use super::vhost::err;
+use super::Ctx;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateParams {
+    ctrlr: String,
+    #[serde(default)]
+    cpumask: Option<String>,
+    /// SPDK's "start later" flag: accepted, the controller starts at once.
+    #[serde(default)]
+    #[allow(dead_code)]
+    delay: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddTargetParams {
+    ctrlr: String,
+    scsi_target_num: u32,
+    bdev_name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveTargetParams {
+    ctrlr: String,
+    scsi_target_num: u32,
+}
+
+/// One scsi controller as SPDK's `vhost_get_controllers` shows it.
+pub fn info_json(c: &ScsiControllerInfo) -> Value {
+    let targets: Vec<Value> = c
+        .targets
+        .iter()
+        .map(|(n, bdev)| {
+            json!({
+                "scsi_dev_num": n, "id": n, "target_name": format!("Target {n}"),
+                "luns": [{"id": 0, "bdev_name": bdev}],
+            })
+        })
+        .collect();
+    json!({
+        "ctrlr": c.ctrlr,
+        "cpumask": c.cpumask,
+        "delay_base_us": c.delay_base_us,
+        "iops_threshold": c.iops_threshold,
+        "socket": c.socket.display().to_string(),
+        "sessions": if c.connected { vec![json!({"vid": 0, "id": 0, "name": format!("{}s0", c.ctrlr), "started": true, "max_queues": c.num_queues})] } else { vec![] },
+        "backend_specific": {"scsi": targets},
+    })
+}
+
+/// The calls that recreate the scsi controllers (save_config).
+pub fn config_calls(t: &VhostTarget) -> Vec<Value> {
+    let mut calls = Vec::new();
+    for c in t.scsi_controllers(None) {
+        calls.push(json!({"method": "vhost_create_scsi_controller", "params": {
+            "ctrlr": c.ctrlr, "cpumask": c.cpumask,
+        }}));
+        for (n, bdev) in &c.targets {
+            calls.push(
+                json!({"method": "vhost_scsi_controller_add_target", "params": {
+                    "ctrlr": c.ctrlr, "scsi_target_num": n, "bdev_name": bdev,
+                }}),
+            );
+        }
+        if (c.delay_base_us, c.iops_threshold) != (DEFAULT_DELAY_BASE_US, DEFAULT_IOPS_THRESHOLD) {
+            calls.push(json!({"method": "vhost_controller_set_coalescing", "params": {
+                "ctrlr": c.ctrlr, "delay_base_us": c.delay_base_us, "iops_threshold": c.iops_threshold,
+            }}));
+        }
+    }
+    calls
+}
+
+pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
+    ctx.method("vhost_create_scsi_controller", RPC_RUNTIME, |c, params| {
+        let p: CreateParams = parse_params(params)?;
+        c.vhost
+            .create_scsi(&p.ctrlr, p.cpumask.as_deref())
+            .map_err(err)?;
+        Ok(json!(true))
+    })?;
+    ctx.method(
+        "vhost_scsi_controller_add_target",
+        RPC_RUNTIME,
+        |c, params| {
+            let p: AddTargetParams = parse_params(params)?;
+            c.vhost
+                .scsi_add_target(&p.ctrlr, p.scsi_target_num, &p.bdev_name)
+                .map_err(err)?;
+            // SPDK answers with the target number.
+            Ok(json!(p.scsi_target_num))
+        },
+    )?;
+    ctx.method(
+        "vhost_scsi_controller_remove_target",
+        RPC_RUNTIME,
+        |c, params| {
+            let p: RemoveTargetParams = parse_params(params)?;
+            c.vhost
+                .scsi_remove_target(&p.ctrlr, p.scsi_target_num)
+                .map_err(err)?;
+            Ok(json!(true))
+        },
+    )?;
+    let t: Arc<VhostTarget> = ctx.vhost.clone();
+    ctx.table
+        .add_subsystem("vhost_scsi", &["bdev"], move |reply: Replier| {
+            reply.ok(Value::Array(config_calls(&t)));
+        })?;
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! The SCSI device a controller serves: its targets (each one logical
+//! unit, LUN 0, over a bdev) as the control side changes them, the events
+//! waiting for the event queue, and what the queues share across reactors
+//! (requests in flight per target, LUN-reset epochs, which configuration
+//! each queue runs with).
+//!
+//! Queues never lock on the data path: they compare [`ScsiDevice::generation`]
+//! with the one they last saw and only then take the target lock to
+//! rebuild their LUN tables on their own reactor.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ustor_bdev::Desc;
+use ustor_scsi_target::{LuConfig, LuShared};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+
+use super::wire::{self, Event, MAX_TARGETS};
+use crate::backend::VhostDevice;
+use crate::vring::VringStart;
+
+/// Events kept while the driver has posted no buffer; past this, the
+/// next event carries EVENTS_MISSED (the driver then rescans everything).
+const MAX_PENDING_EVENTS: usize = 32;
+
+/// One target: LUN 0 over `desc`.
+pub struct TargetSlot {
+    pub bdev: String,
+    pub desc: Desc,
+    pub cfg: LuConfig,
+    /// Reservations and mode pages, shared by every queue's table.
+    pub shared: Arc<LuShared>,
+    /// Tells this attachment from an earlier one at the same number.
+    pub id: u64,
+}
+
+#[derive(Default)]
+struct Events {
+    pending: VecDeque<Event>,
+    missed: bool,
+    /// The event queue's kick eventfd while it runs: written to wake it.
+    kick: Option<Arc<File>>,
+}
+
+/// Shared (`Arc`) by the control side and every queue's reactor.
+pub struct ScsiDevice {
+    /// The I_T nexus every queue's tables serve (the controller's name:
+    /// one initiator, the VM).
+    pub nexus: String,
+    /// Request queues offered (rings: control, event, then these).
+    pub request_queues: u16,
+    /// How long a busy request queue polls after its last request.
+    pub poll_window: Duration,
+    targets: Mutex<[Option<Arc<TargetSlot>>; MAX_TARGETS]>,
+    generation: AtomicU64,
+    next_id: AtomicU64,
+    /// The generation each ring last applied (`u64::MAX`: not running).
+    applied: Box<[AtomicU64]>,
+    /// Commands running per target.
+    pub(crate) inflight: [AtomicU32; MAX_TARGETS],
+    /// LUN resets asked per target (queues raise the unit attention).
+    pub(crate) resets: [AtomicU64; MAX_TARGETS],
+    events: Mutex<Events>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ScsiDevice {
+    pub fn new(nexus: &str, request_queues: u16, poll_window: Duration) -> ScsiDevice {
+        let rings = request_queues as usize + 2;
+        ScsiDevice {
+            nexus: nexus.to_string(),
+            request_queues,
+            poll_window,
+            targets: Mutex::default(),
+            generation: AtomicU64::new(1),
+            next_id: AtomicU64::new(1),
+            applied: (0..rings).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            inflight: Default::default(),
+            resets: Default::default(),
+            events: Mutex::default(),
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The targets now (for a queue rebuilding its tables, and listings).
+    pub fn targets(&self) -> [Option<Arc<TargetSlot>>; MAX_TARGETS] {
+        lock(&self.targets).clone()
+    }
+
+    /// Attaches `desc` as target `num` (the caller checked the number
+    /// and claimed the bdev); the driver hears of it on the event queue.
+    pub fn attach(&self, num: u8, bdev: String, desc: Desc, cfg: LuConfig) -> Result<(), Desc> {
+        let mut t = lock(&self.targets);
+        let slot = &mut t[num as usize];
+        if slot.is_some() {
+            return Err(desc);
+        }
+        *slot = Some(Arc::new(TargetSlot {
+            bdev,
+            desc,
+            cfg,
+            shared: LuShared::new(),
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+        }));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        drop(t);
+        self.push_event(Event::added(num));
+        Ok(())
+    }
+
+    /// Detaches target `num`: queues stop sending it commands, and once
+    /// every running queue has applied that and its commands in flight
+    /// are done (within `timeout`) the slot is returned, for the caller
+    /// to release the bdev. The driver hears of it on the event queue.
+    pub fn detach(&self, num: u8, timeout: Duration) -> Option<Arc<TargetSlot>> {
+        let slot = lock(&self.targets)[num as usize].take()?;
+        let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.push_event(Event::removed(num));
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let applied = self
+                .applied
+                .iter()
+                .all(|a| a.load(Ordering::Acquire) >= gen);
+            if applied && self.inflight[num as usize].load(Ordering::Acquire) == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Some(slot)
+    }
+
+    /// Ring `ring` runs with generation `gen` (`u64::MAX`: it stopped).
+    pub(crate) fn applied(&self, ring: usize, gen: u64) {
+        if let Some(a) = self.applied.get(ring) {
+            a.store(gen, Ordering::Release);
+        }
+    }
+
+    /// Queues an event and wakes the event queue.
+    pub fn push_event(&self, ev: Event) {
+        let mut e = lock(&self.events);
+        if e.pending.len() >= MAX_PENDING_EVENTS {
+            e.missed = true;
+            e.pending.pop_front();
+        }
+        e.pending.push_back(ev);
+        if let Some(k) = &e.kick {
+            crate::vring::kick(k);
+        }
+    }
+
+    /// The next event to deliver and whether events were lost before it.
+    pub(crate) fn pop_event(&self) -> Option<(Event, bool)> {
+        let mut e = lock(&self.events);
+        let ev = e.pending.pop_front()?;
+        Some((ev, std::mem::take(&mut e.missed)))
+    }
+
+    /// Puts back an event no buffer was found for.
+    pub(crate) fn unpop_event(&self, ev: Event, missed: bool) {
+        let mut e = lock(&self.events);
+        e.pending.push_front(ev);
+        e.missed |= missed;
+    }
+
+    pub(crate) fn has_events(&self) -> bool {
+        !lock(&self.events).pending.is_empty()
+    }
+
+    /// The event queue started (`Some`, events before it are dropped: a
+    /// driver scans when it starts) or stopped.
+    pub(crate) fn event_queue(&self, kick: Option<Arc<File>>) {
+        let mut e = lock(&self.events);
+        if kick.is_some() {
+            e.pending.clear();
+            e.missed = false;
+        }
+        e.kick = kick;
+    }
+}
+
+impl VhostDevice for ScsiDevice {
+    fn num_queues(&self) -> u16 {
+        self.request_queues + 2
+    }
+    fn features(&self) -> u64 {
+        wire::features()
+    }
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::RESET_DEVICE
+    }
+    fn config(&self) -> Vec<u8> {
+        wire::config(self.request_queues).to_vec()
+    }
+    fn set_config(&self, _acked: u64, offset: u32, buf: &[u8]) -> bool {
+        // The driver may write sense_size and cdb_size (offsets 20 and
+        // 24); only the defaults are served.
+        let ok = |v: u32| match offset {
+            20 => v == wire::SENSE_SIZE as u32,
+            24 => v == wire::CDB_SIZE as u32,
+            _ => false,
+        };
+        buf.len() == 4 && ok(u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]))
+    }
+    fn run_queue(start: VringStart<Self>) -> impl std::future::Future<Output = ()> + 'static {
+        super::queue::run(start)
+    }
+}

@@ -1,0 +1,335 @@
+//! The request queues of a vhost-user-scsi controller: each command runs
+//! on the SCSI target core (`ustor-scsi-target`, the same core the iSCSI
+//! target uses), its data moved between guest memory and the bdev through
+//! a [`DataPath`] over the chain's pieces, and it ends with a
+//! `virtio_scsi_cmd_resp` (status, sense, residual).
+//!
+//! Each queue keeps one LUN table per target on its reactor (the unit's
+//! channel for this reactor, its reservations shared with the other
+//! queues) and rebuilds it only when the device's configuration changes.
+//! Commands are handed to reused worker tasks ([`crate::workers`]), and
+//! chains, tables and memory maps are reused or reference-counted without
+//! locking: once warm a command allocates nothing of ours.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
+
+use ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX;
+use ustor_scsi_target::{DataPath, Direction, Lun, LunTable, Outcome, XferError};
+use vm_memory::GuestMemoryMmap;
+
+use super::device::{ScsiDevice, TargetSlot};
+use super::ring::Ring;
+use super::wire::{self, resp, Chain, CmdResp, CDB_SIZE, CMD_REQ_LEN, CMD_RESP_LEN, MAX_TARGETS};
+use crate::vring::VringStart;
+use crate::workers::Pool;
+
+/// Serves ring `s.index`: 0 the control queue, 1 the event queue, then
+/// request queues.
+pub async fn run(s: VringStart<ScsiDevice>) {
+    match s.index {
+        0 => super::ctrl::run_control(s).await,
+        1 => super::ctrl::run_events(s).await,
+        _ => run_requests(s).await,
+    }
+}
+
+/// A command taken from the ring, waiting for a worker.
+struct Job {
+    chain: Chain,
+    table: Rc<LunTable>,
+    target: u8,
+    lun: u64,
+    cdb: [u8; CDB_SIZE],
+}
+
+struct ReqQueue {
+    ring: Rc<Ring>,
+    /// Per target: the attachment id the table was built for, and it.
+    tables: RefCell<[Option<(u64, Rc<LunTable>)>; MAX_TARGETS]>,
+    seen_gen: Cell<u64>,
+    resets_seen: [Cell<u64>; MAX_TARGETS],
+    chains: RefCell<Vec<Chain>>,
+    jobs: RefCell<VecDeque<Job>>,
+    workers: Pool,
+    /// Chains taken per pass at most (a ring's worth).
+    budget: usize,
+    closing: Cell<bool>,
+}
+
+async fn run_requests(s: VringStart<ScsiDevice>) {
+    let depth = s.size as usize;
+    let Some(ring) = Ring::open(s).await else {
+        return;
+    };
+    let q = Rc::new(ReqQueue {
+        ring,
+        tables: RefCell::default(),
+        seen_gen: Cell::new(0),
+        resets_seen: Default::default(),
+        chains: RefCell::new(Vec::with_capacity(depth)),
+        jobs: RefCell::new(VecDeque::with_capacity(depth)),
+        workers: Pool::new(depth),
+        budget: depth,
+        closing: Cell::new(false),
+    });
+    let ring = q.ring.clone();
+    ring.serve(ring.dev.poll_window, true, || {
+        sync_tables(&q);
+        take_available(&q)
+    })
+    .await;
+    ring.finish().await;
+    q.closing.set(true);
+    q.workers.wake_all();
+    q.ring.dev.applied(q.ring.index, u64::MAX);
+}
+
+/// Rebuilds the tables of targets that changed, and raises the unit
+/// attention of LUN resets asked on the control queue.
+fn sync_tables(q: &ReqQueue) {
+    let dev = &q.ring.dev;
+    for (t, seen) in q.resets_seen.iter().enumerate() {
+        let r = dev.resets[t].load(Ordering::Acquire);
+        if seen.replace(r) != r {
+            if let Some((_, table)) = &q.tables.borrow()[t] {
+                table.reset_lun(0);
+            }
+        }
+    }
+    let gen = dev.generation();
+    if gen == q.seen_gen.get() {
+        return;
+    }
+    let targets = dev.targets();
+    let mut tables = q.tables.borrow_mut();
+    for (t, slot) in targets.iter().enumerate() {
+        let same = matches!((&tables[t], slot), (Some((id, _)), Some(s)) if *id == s.id);
+        if !same {
+            tables[t] = slot.as_ref().and_then(|s| open_table(s, &dev.nexus));
+        }
+    }
+    q.seen_gen.set(gen);
+    dev.applied(q.ring.index, gen);
+}
+
+fn open_table(s: &TargetSlot, nexus: &str) -> Option<(u64, Rc<LunTable>)> {
+    match Lun::open(s.cfg.clone(), &s.desc) {
+        Ok(lu) => {
+            let lu = lu.with_provisioning_page().with_shared(s.shared.clone());
+            let mut t = LunTable::from_luns([(0, lu)]);
+            t.set_nexus(nexus);
+            Some((s.id, Rc::new(t)))
+        }
+        Err(e) => {
+            tracing::warn!("vhost-scsi: target over {} has no channel: {e}", s.bdev);
+            None
+        }
+    }
+}
+
+/// Takes every available chain (a ring's worth at most per pass).
+fn take_available(q: &Rc<ReqQueue>) -> usize {
+    let ring = &q.ring;
+    let mut n = 0;
+    let budget = q.budget;
+    while n < budget {
+        let mut chain = q.chains.borrow_mut().pop().unwrap_or_default();
+        let Some(ok) = ring.pop(&mut chain) else {
+            q.chains.borrow_mut().push(chain);
+            break;
+        };
+        n += 1;
+        ring.inflight.set(ring.inflight.get() + 1);
+        start(q, chain, ok.is_ok());
+    }
+    n
+}
+
+/// Routes one chain to its target's table and a worker, or answers it.
+fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
+    let mem = q.ring.mem.borrow();
+    let hdr = well_formed
+        .then(|| wire::cmd_header(&chain, &**mem))
+        .flatten();
+    let Some(hdr) = hdr else {
+        // A short header or a buffer outside guest memory: answered
+        // S_FAILURE when the response area is whole, else returned empty.
+        tracing::debug!("vhost-scsi: malformed command chain {}", chain.head);
+        let len = if chain.wr_len >= CMD_RESP_LEN {
+            chain.write(&**mem, 0, &CmdResp::transport(resp::FAILURE).encode());
+            CMD_RESP_LEN as u32
+        } else {
+            0
+        };
+        return finish(q, &mem, chain, len);
+    };
+    let addr = wire::decode_lun(&hdr.lun);
+    let table = addr.and_then(|a| {
+        let tables = q.tables.borrow();
+        tables[a.target as usize].as_ref().map(|(_, t)| t.clone())
+    });
+    let (Some(a), Some(table)) = (addr, table) else {
+        let b = CmdResp::transport(resp::BAD_TARGET).encode();
+        chain.write(&**mem, 0, &b);
+        return finish(q, &mem, chain, CMD_RESP_LEN as u32);
+    };
+    q.ring.dev.inflight[a.target as usize].fetch_add(1, Ordering::AcqRel);
+    q.jobs.borrow_mut().push_back(Job {
+        chain,
+        table,
+        target: a.target,
+        lun: a.lun,
+        cdb: hdr.cdb,
+    });
+    if let Some(id) = q.workers.dispatch() {
+        ustor_runtime::spawn(worker(q.clone(), id));
+    }
+}
+
+/// Returns a chain used and keeps it for reuse.
+fn finish(q: &ReqQueue, mem: &GuestMemoryMmap, chain: Chain, len: u32) {
+    q.ring.complete(mem, chain.head, len);
+    q.ring.inflight.set(q.ring.inflight.get() - 1);
+    q.chains.borrow_mut().push(chain);
+}
+
+/// One worker: takes commands until the queue stops.
+async fn worker(q: Rc<ReqQueue>, id: usize) {
+    let mut mem: Option<(u64, Arc<GuestMemoryMmap>)> = None;
+    loop {
+        let job = poll_fn(|cx| {
+            if let Some(job) = q.jobs.borrow_mut().pop_front() {
+                q.workers.unpark_self(id);
+                return Poll::Ready(Some(job));
+            }
+            if q.closing.get() {
+                q.workers.unpark_self(id);
+                return Poll::Ready(None);
+            }
+            // An idle worker does not keep an old memory map alive.
+            if mem.as_ref().is_some_and(|m| m.0 != q.ring.mem_gen.get()) {
+                mem = None;
+            }
+            q.workers.park(id, cx.waker());
+            Poll::Pending
+        })
+        .await;
+        let Some(job) = job else { break };
+        let gen = q.ring.mem_gen.get();
+        let m = match &mem {
+            Some((g, m)) if *g == gen => m,
+            _ => &mem.insert((gen, q.ring.mem.borrow().clone())).1,
+        };
+        let len = execute(m, &job).await;
+        q.ring.dev.inflight[job.target as usize].fetch_sub(1, Ordering::AcqRel);
+        finish(&q, m, job.chain, len);
+    }
+}
+
+/// Runs one command on the target core and writes its response; the
+/// bytes written into the chain.
+async fn execute(mem: &GuestMemoryMmap, job: &Job) -> u32 {
+    let c = &job.chain;
+    let (out, inn) = (c.rd_len - CMD_REQ_LEN, c.wr_len - CMD_RESP_LEN);
+    let (dir, len) = match (out > 0, inn > 0) {
+        (false, false) => (Direction::None, 0),
+        (true, false) => (Direction::ToDevice, out),
+        (false, true) => (Direction::FromDevice, inn),
+        // Bidirectional commands need VIRTIO_SCSI_F_INOUT (not offered).
+        (true, true) => return respond(mem, c, &CmdResp::transport(resp::FAILURE), 0),
+    };
+    let mut data = GuestData {
+        mem,
+        chain: c,
+        dir,
+        len: len.min(u32::MAX as u64) as u32,
+    };
+    let Ok(o) = job.table.execute(job.lun, &job.cdb, &mut data).await else {
+        return respond(mem, c, &CmdResp::transport(resp::FAILURE), 0);
+    };
+    let mut sense = [0u8; DESCRIPTOR_SENSE_MAX];
+    let n = encode_sense(&o, &mut sense);
+    let r = CmdResp {
+        response: resp::OK,
+        status: o.status.as_u8(),
+        resid: o.resid,
+        sense: &sense[..n],
+    };
+    let moved = match dir {
+        Direction::FromDevice => data.len.saturating_sub(o.resid),
+        _ => 0,
+    };
+    respond(mem, c, &r, moved)
+}
+
+fn respond(mem: &GuestMemoryMmap, c: &Chain, r: &CmdResp, data_in: u32) -> u32 {
+    c.write(mem, 0, &r.encode());
+    CMD_RESP_LEN as u32 + data_in
+}
+
+/// Sense bytes (fixed, or descriptor when the unit's D_SENSE is set).
+fn encode_sense(o: &Outcome, out: &mut [u8; DESCRIPTOR_SENSE_MAX]) -> usize {
+    match o.sense {
+        Some(s) if s.descriptor => s.encode_descriptor(o.field, out),
+        Some(s) => {
+            let mut fixed = [0u8; 18];
+            let n = s.encode_fixed(&mut fixed);
+            if let Some(f) = o.field {
+                f.encode(&mut fixed);
+            }
+            out[..n].copy_from_slice(&fixed[..n]);
+            n
+        }
+        None => 0,
+    }
+}
+
+/// A command's data in guest memory: data-out after the request header in
+/// the readable stream, data-in after the response in the writable one.
+struct GuestData<'a> {
+    mem: &'a GuestMemoryMmap,
+    chain: &'a Chain,
+    dir: Direction,
+    len: u32,
+}
+
+impl DataPath for GuestData<'_> {
+    fn direction(&self) -> Direction {
+        self.dir
+    }
+
+    fn expected_len(&self) -> u32 {
+        self.len
+    }
+
+    async fn data_out(&mut self, offset: u32, dst: &mut [u8]) -> Result<usize, XferError> {
+        if self.dir != Direction::ToDevice {
+            return Ok(0);
+        }
+        let room = (self.len as usize).saturating_sub(offset as usize);
+        let n = dst.len().min(room);
+        let at = CMD_REQ_LEN + offset as u64;
+        Ok(self.chain.read(self.mem, at, &mut dst[..n]))
+    }
+
+    async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {
+        if self.dir != Direction::FromDevice {
+            return Ok(0);
+        }
+        let room = (self.len as usize).saturating_sub(offset as usize);
+        let n = src.len().min(room);
+        let at = CMD_RESP_LEN + offset as u64;
+        Ok(self.chain.write(self.mem, at, &src[..n]))
+    }
+
+    /// virtio-scsi reports residuals (`resid` in the response).
+    fn residuals(&self) -> bool {
+        true
+    }
+}
