@@ -278,7 +278,14 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         Ok(())
     }
     fn reset_device(&mut self) -> VuResult<()> {
-        self.reset();
+        // Rings only (as libvhost-user): the frontend keeps its view of the
+        // memory table and, with memory slots, sends only changes to it
+        // afterwards (QEMU's vhost-user-scsi resets the device whenever
+        // the guest resets it, then starts the rings on the same memory).
+        for i in 0..self.vrings.len() {
+            let _ = self.stop(i);
+            self.vrings[i] = VringCtl::default();
+        }
         Ok(())
     }
     fn get_features(&mut self) -> VuResult<u64> {

@@ -48,10 +48,12 @@ struct Job {
     cdb: [u8; CDB_SIZE],
 }
 
+/// Per target: the attachment id a queue's table was built for, and it.
+type Tables = [Option<(u64, Rc<LunTable>)>; MAX_TARGETS];
+
 struct ReqQueue {
     ring: Rc<Ring>,
-    /// Per target: the attachment id the table was built for, and it.
-    tables: RefCell<[Option<(u64, Rc<LunTable>)>; MAX_TARGETS]>,
+    tables: RefCell<Tables>,
     seen_gen: Cell<u64>,
     resets_seen: [Cell<u64>; MAX_TARGETS],
     chains: RefCell<Vec<Chain>>,
