@@ -34,7 +34,9 @@ pub struct Rig {
 }
 
 /// A stack with one emulated host: target 0 with LUN 0 (and `extra` LUNs),
-/// 100 ms command timeout, 3 retries.
+/// 500 ms command timeout (long enough that a loaded machine does not time
+/// out a command the emulator answers; tests that script a timeout wait it
+/// out), 3 retries.
 pub fn rig(luns: Vec<EmulLun>) -> Rig {
     let rt = runtime();
     let reg = Registry::new(Some(rt.handle()));
@@ -42,7 +44,7 @@ pub fn rig(luns: Vec<EmulLun>) -> Rig {
     let emul = EmulHandle::new(1, luns, HostLimits::default());
     let e = emul.clone();
     let cfg = HostConfig {
-        cmd_timeout_ms: 100,
+        cmd_timeout_ms: 500,
         max_retries: 3,
     };
     let host = stack
