@@ -73,9 +73,8 @@ impl VhostDevice for BlkDevice {
             | VhostUserProtocolFeatures::BACKEND_REQ
     }
     fn config(&self) -> Vec<u8> {
-        self.geometry
-            .config(self.writeback.load(Ordering::Relaxed))
-            .to_vec()
+        // The capacity now (a resize changes it), not the geometry's.
+        BlkDevice::config(self).to_vec()
     }
     fn set_config(&self, acked: u64, offset: u32, buf: &[u8]) -> bool {
         // Only the cache mode is writable (CONFIG_WCE).
