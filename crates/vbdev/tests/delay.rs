@@ -52,17 +52,43 @@ fn measure(
         .unwrap()
 }
 
-/// Every sample took at least the set latency, and the median not much
-/// more. The median, not the mean: on a loaded machine a few samples wait
-/// for the CPU, which says nothing about the delay the bdev adds.
-fn within(sorted: &[Duration], us: u64) {
-    let want = Duration::from_micros(us);
-    let (least, median) = (sorted[0], sorted[sorted.len() / 2]);
-    assert!(least >= want, "{least:?} is less than the set {want:?}");
-    assert!(
-        median <= want + want / 4 + Duration::from_micros(300),
-        "median {median:?} is well over the set {want:?}"
-    );
+/// Every sample took at least the set latency (asserted on every run),
+/// and in some run of 20 samples the fastest was not much more. On a loaded
+/// machine a whole run can wait for the CPU (a fastest read of 3.6 ms for a
+/// set 0.5 ms was seen beside busy loops), which says nothing about the
+/// delay the bdev adds, so up to 10 runs are measured before failing. The
+/// slack (half the latency and 0.5 ms) stays under the first latencies set
+/// here, so the second check still shows that the update applied.
+fn takes_latency(
+    rt: &ustor_runtime::Runtime,
+    reg: &ustor_bdev::Registry,
+    read_us: u64,
+    write_us: u64,
+) {
+    let bound = |us: u64| {
+        let want = Duration::from_micros(us);
+        (want, want + want / 2 + Duration::from_micros(500))
+    };
+    let ((rmin, rmax), (wmin, wmax)) = (bound(read_us), bound(write_us));
+    let mut last = (Duration::ZERO, Duration::ZERO);
+    for _ in 0..10 {
+        let (r, w) = measure(rt, reg, 20);
+        assert!(
+            r[0] >= rmin,
+            "read {:?} is less than the set {rmin:?}",
+            r[0]
+        );
+        assert!(
+            w[0] >= wmin,
+            "write {:?} is less than the set {wmin:?}",
+            w[0]
+        );
+        if r[0] <= rmax && w[0] <= wmax {
+            return;
+        }
+        last = (r[0], w[0]);
+    }
+    panic!("the fastest read/write {last:?} stayed well over the set {rmin:?}/{wmin:?}");
 }
 
 #[test]
@@ -77,9 +103,7 @@ fn reads_and_writes_take_their_latency_and_updates_apply() {
             "avg_write_latency": 1000, "p99_write_latency": 1000}),
     )
     .unwrap();
-    let (r, w) = measure(&rt, &reg, 20);
-    within(&r, 2000);
-    within(&w, 1000);
+    takes_latency(&rt, &reg, 2000, 1000);
     for (t, us) in [
         ("avg_read", 500),
         ("p99_read", 500),
@@ -95,9 +119,7 @@ fn reads_and_writes_take_their_latency_and_updates_apply() {
         )
         .unwrap();
     }
-    let (r, w) = measure(&rt, &reg, 20);
-    within(&r, 500);
-    within(&w, 300);
+    takes_latency(&rt, &reg, 500, 300);
     let cfg = reg.get("d").unwrap().bdev().config_json();
     assert_eq!(cfg["params"]["avg_read_latency"], 500, "{cfg}");
     let e = create(
