@@ -85,15 +85,27 @@ fn listener_attach_detach_and_stats_over_rpc() {
     assert!(format!("{e:?}").contains("exists"), "{e:?}");
 
     // The target sees the host's queues, each with its own coalescer state.
-    let st = t.ok("nvmf_get_stats", Value::Null);
-    let qps: Vec<&Value> = st["poll_groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["qpairs"].as_array().unwrap().iter())
-        .collect();
-    assert!(qps.iter().any(|q| q["qid"] == 0), "{st}");
-    assert!(qps.iter().all(|q| q["subnqn"] == NQN), "{st}");
+    // The probe connection of `connects` above is listed (no subsystem yet)
+    // until the target has taken its close, so wait for that.
+    let qpairs = |st: &Value| -> Vec<Value> {
+        st["poll_groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["qpairs"].as_array().unwrap().iter().cloned())
+            .collect()
+    };
+    let st = testkit::wait_for(
+        "only the host's queues in nvmf_get_stats",
+        Duration::from_secs(10),
+        || {
+            let st = t.ok("nvmf_get_stats", Value::Null);
+            let qps = qpairs(&st);
+            let host_only = qps.iter().all(|q| q["subnqn"] == NQN);
+            (host_only && qps.iter().any(|q| q["qid"] == 0)).then_some(st)
+        },
+    );
+    let qps = qpairs(&st);
     for q in &qps {
         let c = &q["coalesce"];
         assert!(c["degree"].as_u64().unwrap() >= 1, "{q}");
