@@ -248,12 +248,26 @@ async fn admit(
         }
         return Ok((Some(ctl), false));
     }
-    if !svc.shared.duplicated_isid() {
+    // max_sessions, per node: a login over it is answered "out of
+    // resources" before any session it would reinstate is touched.
+    let max = svc.shared.max_sessions();
+    let reinstates = !svc.shared.duplicated_isid();
+    if reinstates {
+        sessions.room(name, &e.initiator, &e.isid, max)?;
         for old in sessions.same_nexus(&e.initiator, &e.isid, name) {
             sessions.end(&svc.shared.rt, &old).await;
         }
     }
-    let ctl = sessions.add(e.tsih, &e.initiator, e.isid, name, svc.tag, e.params, e.cid);
+    let ctl = sessions.add(
+        e.tsih,
+        &e.initiator,
+        e.isid,
+        name,
+        svc.tag,
+        e.params,
+        e.cid,
+        max,
+    )?;
     Ok((Some(ctl), false))
 }
 

@@ -3,7 +3,8 @@
 //! connections per session feed the operational-key offer of every login
 //! from then on, the NOP-In interval and timeout the pings of sessions
 //! logging in from then on, allow_duplicated_isid turns session
-//! reinstatement off; the others
+//! reinstatement off, max_sessions caps each target node's normal
+//! sessions (SPDK's caps every session of the target); the others
 //! are kept and reported so that SPDK's tools see the fields they expect.
 
 use serde::{Deserialize, Serialize};

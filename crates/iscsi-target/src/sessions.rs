@@ -148,7 +148,32 @@ impl Sessions {
         self.lock().contains_key(&tsih)
     }
 
-    /// A new session's entry (its connection `cid` counted).
+    /// Whether `node` has room for one more session of this initiator
+    /// port: fewer than `max` sessions besides the ones a new session of
+    /// the port reinstates (checked before they are ended, so a login
+    /// over the cap disturbs nothing).
+    pub(crate) fn room(
+        &self,
+        node: &str,
+        initiator: &str,
+        isid: &[u8; 6],
+        max: usize,
+    ) -> Result<(), LoginFail> {
+        let m = self.lock();
+        let others = m
+            .values()
+            .filter(|c| c.node == node)
+            .filter(|c| c.initiator != initiator || c.isid != *isid)
+            .count();
+        if others >= max {
+            return Err(LoginFail::Resources);
+        }
+        Ok(())
+    }
+
+    /// A new session's entry (its connection `cid` counted), if `node`
+    /// has fewer than `max` sessions (checked and entered at once, so
+    /// logins racing for the last place cannot both take it).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
         &self,
@@ -159,7 +184,12 @@ impl Sessions {
         tag: u32,
         params: Params,
         cid: u16,
-    ) -> Arc<SessionCtl> {
+        max: usize,
+    ) -> Result<Arc<SessionCtl>, LoginFail> {
+        let mut m = self.lock();
+        if m.values().filter(|c| c.node == node).count() >= max {
+            return Err(LoginFail::Resources);
+        }
         let ctl = Arc::new(SessionCtl {
             tsih,
             initiator: initiator.to_string(),
@@ -171,8 +201,8 @@ impl Sessions {
             cids: Mutex::new(vec![cid]),
             ended: Signal::default(),
         });
-        self.lock().insert(tsih, ctl.clone());
-        ctl
+        m.insert(tsih, ctl.clone());
+        Ok(ctl)
     }
 
     /// The session a connection with a non-zero TSIH wants to join; it

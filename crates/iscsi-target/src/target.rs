@@ -120,6 +120,12 @@ impl Shared {
         self.options().allow_duplicated_isid
     }
 
+    /// SPDK's `max_sessions`, enforced per target node: the normal
+    /// sessions one node may have at once.
+    pub(crate) fn max_sessions(&self) -> usize {
+        self.options().max_sessions as usize
+    }
+
     /// The physical block size new sessions' LUNs report (0: their own).
     pub(crate) fn physical_block(&self) -> u32 {
         self.options().physical_block_size

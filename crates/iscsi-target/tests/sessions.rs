@@ -9,8 +9,9 @@
 //! and task management reaching other sessions (LUN RESET and CLEAR TASK
 //! SET abort their tasks and give them a unit attention; ABORT TASK SET
 //! does not touch them); COMPARE AND WRITE atomic against another
-//! session's WRITE (a delay bdev makes the race certain). Data is checked
-//! in the bdev.
+//! session's WRITE (a delay bdev makes the race certain); max_sessions
+//! per node (0x0302 over it, libiscsi refused too). Data is checked in
+//! the bdev.
 
 mod common;
 
@@ -494,4 +495,103 @@ fn target_cold_reset_ends_every_session() {
     testkit::wait_until("no session left", Duration::from_secs(10), || {
         f.target.get_connections().is_empty()
     });
+}
+
+/// `max_sessions` caps each node's normal sessions: a login over it gets
+/// "out of resources" (0x0302) and the close, and disturbs nothing; a
+/// login that reinstates its own session, a connection joining a
+/// session (MC/S), a discovery session and another node's sessions do
+/// not count against it. libiscsi's login is refused as well.
+#[test]
+fn max_sessions_caps_the_sessions_of_a_node() {
+    use ustor_bdev::modules::{malloc, RamOpts};
+    let f = start_full(
+        16 << 20,
+        512,
+        |_| {},
+        |t| {
+            let o = ustor_iscsi_target::IscsiOptions {
+                max_sessions: 2,
+                ..Default::default()
+            };
+            t.set_options(o).expect("options");
+        },
+    );
+    let mc = [("MaxConnections", "2")];
+    let mut a = login_as(f.port, INITIATOR, ISID, 0, 0, &mc);
+    assert_eq!(a.status, (0, 0));
+    let mut b = login(f.port, [0x80, 0, 0, 0, 0, 0x51]);
+    // A third session of the node: out of resources, TSIH 0, closed.
+    let mut c = login_as(f.port, INITIATOR, [0x80, 0, 0, 0, 0, 0x52], 0, 0, &[]);
+    assert_eq!(c.status, (3, 2), "out of resources");
+    assert_eq!(c.tsih, 0);
+    until_closed(&mut c.s, |_| false);
+    // A and B were not disturbed.
+    a.s.write_all(&write_cmd(1, 1, 0, &pattern(51, 4096)))
+        .unwrap();
+    assert_eq!(status_of(&mut a.s, 1).0, 0);
+    b.s.write_all(&tur(1, 1)).unwrap();
+    assert_eq!(status_of(&mut b.s, 1).0, 0);
+    // A second connection of A's session is no new session.
+    let j = login_as(f.port, INITIATOR, ISID, a.tsih, 1, &mc);
+    assert_eq!(j.status, (0, 0), "joining connection");
+    assert_eq!(j.tsih, a.tsih);
+    // libiscsi's login (another initiator port) is refused too.
+    if have("iscsi-inq") {
+        let out = std::process::Command::new("iscsi-inq")
+            .arg(f.url(0))
+            .output()
+            .expect("iscsi-inq");
+        assert!(!out.status.success(), "iscsi-inq logged in over the cap");
+        // Discovery sessions do not count.
+        let out = stdout(&run("iscsi-ls", &[&format!("iscsi://{}", f.portal())]));
+        assert!(out.contains(NODE), "{out}");
+    }
+    // Another node has places of its own.
+    let opts = RamOpts {
+        name: "Malloc1".into(),
+        num_blocks: 2048,
+        block_size: 512,
+        uuid: None,
+        optimal_io_boundary: 0,
+        max_transfer_blocks: 0,
+    };
+    malloc::create(&f.registry, opts).expect("malloc");
+    f.target
+        .create_target_node(&node_params("other", "Malloc1"))
+        .expect("node");
+    let other = "iqn.2016-06.io.spdk:other";
+    let o = login_to(
+        f.port,
+        other,
+        INITIATOR,
+        [0x80, 0, 0, 0, 0, 0x53],
+        0,
+        0,
+        &[],
+    );
+    assert_eq!(o.status, (0, 0), "another node");
+    // Reinstating B's initiator port at the cap: B ends, the new one is
+    // in (the cap counts sessions besides the one it replaces).
+    let b2 = login(f.port, [0x80, 0, 0, 0, 0, 0x51]);
+    b.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    until_closed(&mut b.s, |_| false);
+    drop(b2);
+    // Once a session has gone, a new one (libiscsi's) fits.
+    testkit::wait_until("B's successor gone", Duration::from_secs(10), || {
+        f.target
+            .get_connections()
+            .iter()
+            .filter(|c| c.target_node_name == NODE)
+            .count()
+            == 2
+    });
+    if have("iscsi-inq") {
+        let out = stdout(&run("iscsi-inq", &[&f.url(0)]));
+        assert!(out.contains("Vendor:USTOR"), "{out}");
+    }
+    // A's data is there, and A still answers.
+    assert_eq!(f.read_bdev("Malloc0", 0, 4096), pattern(51, 4096));
+    a.s.write_all(&tur(2, 2)).unwrap();
+    assert_eq!(status_of(&mut a.s, 2).0, 0);
 }
