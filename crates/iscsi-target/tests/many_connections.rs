@@ -154,9 +154,12 @@ fn a_thousand_sessions_and_the_excess_refused() {
         |t| {
             t.set_max_connections(CAP);
             t.set_login_timeout(Duration::from_secs(2));
-            // No NOP-In pings in between the answers the client reads.
+            // No NOP-In pings in between the answers the client reads;
+            // max_sessions (per node) above the connection cap, which is
+            // what refuses here.
             t.set_options(IscsiOptions {
                 nop_in_interval: 0,
+                max_sessions: 2 * CAP as u32,
                 ..t.get_options()
             })
             .unwrap();
