@@ -1,81 +1,213 @@
 #!/usr/bin/env bash
-# File service through FUSE: `ustor fs mount` (ustor serve's file service on
-# a region in /dev/shm) against sshfs without encryption (sftp-server behind
-# socat, `-o directport`) on a directory in /dev/shm, so both serve from
-# the same kind of storage (RAM), both over TCP on 127.0.0.1, both through
-# the kernel's FUSE.
-# Workloads: fio psync QD1 4 KiB randread and randwrite, 1 MiB sequential
-# read and write (buffered: FUSE's page cache is part of what a client
-# sees, reads of a file just written may hit it for both), and metadata
-# (create + stat + unlink of N files, timed by python).
-# Rounds alternate the two mounts; each cell is the median of ROUNDS.
-# Prints ustor/sshfs ratios (> 1: ustor faster).
+# Issue 23's experiment: ustor's file service through its FUSE client
+# (`ustor fs mount`) against nfs-ganesha (NFSv3, measured with libnfs: no
+# kernel client), sshfs without encryption (openssh's sftp-server behind
+# socat, `-o directport`), also with `-o sshfs_sync`, and against itself
+# with the one-copy ablation (ustor_copy: fs_export's copy_writes, a
+# write received into a buffer and copied), bounded below by the
+# FUSE floor (bench/lib/fuse_floor.c: one file in memory behind FUSE) and
+# local tmpfs. ustor_lib is ustor's client library with no kernel
+# crossing (crates/fs-client/examples/fsbench.rs, the same loop as
+# nfsbench), the like-for-like peer of libnfs. Every server serves from
+# /dev/shm (tmpfs), over TCP on 127.0.0.1.
 #
-# Usage: bench/fs.sh   (env: USTOR=target/release/ustor ROUNDS=3 RUNTIME=3
-#                       SIZE_MIB=64 NFILES=500 CORES=<taskset list for servers>)
-# Needs: fio, sshfs, socat, openssh-sftp-server, python3, root (mount).
+# Workloads: QD1 psync O_DIRECT 4 KiB randread/randwrite, 1 KiB randwrite
+# (the ablation's case) and 1 MiB
+# sequential read/write (fio; ganesha: bench/lib/nfsbench.c, the same loop
+# over libnfs), and meta (create + stat + unlink of NFILES files). Each
+# placement is measured: "pinned" puts every process of the run (servers,
+# FUSE daemons, the load generator) on CPU 0, "unpinned" lets them use all
+# CPUs (a cross-CPU wake-up costs 40-80 us on a VM whose idle vCPUs halt).
+# Rounds interleave everything: per round, per placement, per workload,
+# every target in turn (the order rotates each round). Cells are medians
+# over rounds of mean latency, p50, p99 and throughput.
+#
+# Prints one table per placement and workload, and ustor's ratios against
+# each peer: latency ratio (ustor/peer, < 1: ustor faster) and throughput
+# ratio (ustor/peer, > 1: ustor faster). Raw cells go to $OUT.raw.
+#
+# Usage: cargo build --release -p ustor -p ustor-fs-client --example fsbench
+#        bench/fs.sh
+#   env: USTOR=target/release/ustor ROUNDS=3 RUNTIME=3 SIZE_MIB=64
+#        NFILES=300 TARGETS="ustor ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs"
+#        FSBENCH=target/release/examples/fsbench
+#        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
+#        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
+# Needs root (mount, unshare), fio, sshfs, socat, openssh-sftp-server,
+# nfs-ganesha + nfs-ganesha-vfs, libnfs-dev, libfuse3-dev, a C compiler,
+# python3 (.ci/apt/bench.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 USTOR=${USTOR:-target/release/ustor}
+FSBENCH=${FSBENCH:-target/release/examples/fsbench}
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-3}
 SIZE_MIB=${SIZE_MIB:-64}
-NFILES=${NFILES:-500}
-CORES=${CORES:-0}
+NFILES=${NFILES:-300}
+TARGETS=${TARGETS:-ustor ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs}
+WORKS=${WORKS:-randread:4k randwrite:4k randwrite:1k read:1m write:1m meta}
+PLACES=${PLACES:-pinned unpinned}
 SFTP=${SFTP:-/usr/lib/openssh/sftp-server}
+OUT=${OUT:-bench/results/fs-$(date -u +%Y%m%d-%H%M).txt}
+ALL_CPUS=0-$(($(nproc) - 1))
+mkdir -p "$(dirname "$OUT")"
+: > "$OUT.raw"
 
 W=$(mktemp -d /dev/shm/ustor-fs-bench.XXXXXX)
 PIDS=()
+MOUNTS=()
+# $1 and all of its descendants.
+tree() {
+    echo "$1"
+    for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree "$c"; done
+}
 cleanup() {
-    for m in "$W/m-ustor" "$W/m-sshfs"; do
-        mountpoint -q "$m" && umount -l "$m" || true
-    done
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for m in "${MOUNTS[@]}"; do mountpoint -q "$m" && umount -l "$m" || true; done
+    for p in "${PIDS[@]}"; do kill $(tree "$p") 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$W"
 }
 trap cleanup EXIT
-mkdir -p "$W/m-ustor" "$W/m-sshfs" "$W/sshfs-data"
-
+has() { [[ " $TARGETS " == *" $1 "* ]]; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_mount() {
+    for _ in $(seq 100); do mountpoint -q "$1" && return 0; sleep 0.1; done
+    echo "no mount at $1" >&2
+    return 1
+}
 
-# ustor: serve + fs_create/fs_export, then the FUSE client.
-UPORT=$(free_port)
-echo "secret" > "$W/secret"
-cat > "$W/cfg.json" <<JSON
-{"subsystems":[{"subsystem":"fs","config":[
- {"method":"fs_create","params":{"name":"vol","path":"$W/region","size":$(( (SIZE_MIB * 4 + 256) << 20 ))}},
- {"method":"fs_export","params":{"name":"vol","listen":"127.0.0.1:$UPORT","secret_file":"$W/secret"}}]}]}
-JSON
-taskset -c "$CORES" "$USTOR" serve -r "$W/rpc.sock" -c "$W/cfg.json" --log-level warn >"$W/serve.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
-"$USTOR" fs mount "127.0.0.1:$UPORT/vol" "$W/m-ustor" --secret-file "$W/secret" >"$W/mount.log" 2>&1 &
-PIDS+=($!)
+# Load generators.
+cc -O2 -o "$W/nfsbench" bench/lib/nfsbench.c -lnfs
+cc -O2 -o "$W/fuse_floor" bench/lib/fuse_floor.c $(pkg-config --cflags --libs fuse3)
 
-# sshfs: sftp-server behind socat, no ssh, no encryption.
-SPORT=$(free_port)
-(cd "$W/sshfs-data" && exec taskset -c "$CORES" socat TCP-LISTEN:$SPORT,bind=127.0.0.1,reuseaddr,fork EXEC:"$SFTP") &
-PIDS+=($!)
-for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$SPORT) 2>/dev/null && break; sleep 0.1; done
-sshfs -o directport=$SPORT "127.0.0.1:$W/sshfs-data" "$W/m-sshfs"
+if has ustor || has ustor_lib || has ustor_copy; then
+    UPORT=$(free_port)
+    CPORT=$(free_port)
+    echo "secret" > "$W/secret"
+    vol() { # name port copy_writes
+        echo '{"method":"fs_create","params":{"name":"'$1'","path":"'$W/region-$1'","size":'$(( (SIZE_MIB * 2 + 256) << 20 ))'}},'
+        echo '{"method":"fs_export","params":{"name":"'$1'","listen":"127.0.0.1:'$2'","secret_file":"'$W/secret'"'$3'}}'
+    }
+    {
+        echo '{"subsystems":[{"subsystem":"fs","config":['
+        (has ustor || has ustor_lib) && vol vol $UPORT ""
+        (has ustor || has ustor_lib) && has ustor_copy && echo ,
+        has ustor_copy && vol copy $CPORT ',"copy_writes":true'
+        echo ']}]}'
+    } > "$W/cfg.json"
+    # One reactor; placement comes from taskset below, not from ustor.
+    "$USTOR" serve --cores 0 --no-pin -r "$W/rpc.sock" -c "$W/cfg.json" --log-level warn >"$W/serve.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
+    for t in ustor:vol:$UPORT ustor_copy:copy:$CPORT; do
+        IFS=: read -r tn vn port <<< "$t"
+        has "$tn" || continue
+        mkdir -p "$W/m-$tn"
+        "$USTOR" fs mount "127.0.0.1:$port/$vn" "$W/m-$tn" --secret-file "$W/secret" >"$W/mount-$tn.log" 2>&1 &
+        PIDS+=($!)
+        MOUNTS+=("$W/m-$tn")
+        wait_mount "$W/m-$tn" || { cat "$W/mount-$tn.log" "$W/serve.log"; exit 1; }
+    done
+fi
 
-for _ in $(seq 100); do mountpoint -q "$W/m-ustor" && break; sleep 0.1; done
-mountpoint -q "$W/m-ustor" || { cat "$W/mount.log"; exit 1; }
+if has ganesha; then
+    NPORT=$(free_port)
+    MPORT=$(free_port)
+    mkdir -p "$W/ganesha-data"
+    cat > "$W/ganesha.conf" <<CONF
+NFS_CORE_PARAM {
+    Protocols = 3; NFS_Port = $NPORT; MNT_Port = $MPORT; Bind_addr = 127.0.0.1;
+    Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
+}
+EXPORT {
+    Export_Id = 1; Path = $W/ganesha-data; Pseudo = /data; Protocols = 3;
+    Transports = TCP; Access_Type = RW; Squash = No_Root_Squash;
+    FSAL { Name = VFS; }
+}
+LOG { Default_Log_Level = WARN; }
+CONF
+    # ganesha must register with rpcbind: a private /run holds a stand-in.
+    cat > "$W/ganesha.sh" <<SH
+mount -t tmpfs none /run
+python3 bench/lib/fake_rpcbind.py /run/rpcbind.sock &
+for i in \$(seq 50); do [ -S /run/rpcbind.sock ] && break; sleep 0.1; done
+exec ganesha.nfsd -F -f $W/ganesha.conf -L $W/ganesha.log -p /run/ganesha.pid
+SH
+    unshare -m --propagation private sh "$W/ganesha.sh" >"$W/ganesha.out" 2>&1 &
+    PIDS+=($!)
+    NFS_URL="nfs://127.0.0.1$W/ganesha-data?nfsport=$NPORT&mountport=$MPORT"
+    for _ in $(seq 100); do timeout 5 nfs-ls "$NFS_URL" >/dev/null 2>&1 && break; sleep 0.2; done
+    timeout 5 nfs-ls "$NFS_URL" >/dev/null || { cat "$W/ganesha.out" "$W/ganesha.log"; exit 1; }
+fi
 
-fio_run() { # mount rw bs -> "iops lat_us"
-    fio --name=b --directory="$1" --filename=bench.dat --size=${SIZE_MIB}m \
-        --ioengine=psync --iodepth=1 --rw="$2" --bs="$3" --time_based \
-        --runtime="$RUNTIME" --output-format=json 2>/dev/null | python3 -c '
+if has sshfs || has sshfs_sync; then
+    SPORT=$(free_port)
+    (cd "$W" && exec socat TCP-LISTEN:$SPORT,bind=127.0.0.1,reuseaddr,fork EXEC:"$SFTP") &
+    PIDS+=($!)
+    for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$SPORT) 2>/dev/null && break; sleep 0.1; done
+    for t in sshfs sshfs_sync; do
+        has $t || continue
+        mkdir -p "$W/$t-data" "$W/m-$t"
+        opt=""
+        [ $t = sshfs_sync ] && opt="-o sshfs_sync"
+        sshfs -f -o directport=$SPORT $opt "127.0.0.1:$W/$t-data" "$W/m-$t" &
+        PIDS+=($!)
+        MOUNTS+=("$W/m-$t")
+        wait_mount "$W/m-$t"
+    done
+fi
+
+if has floor; then
+    mkdir -p "$W/m-floor"
+    "$W/fuse_floor" "$SIZE_MIB" "$W/m-floor" -f -s &
+    PIDS+=($!)
+    MOUNTS+=("$W/m-floor")
+    wait_mount "$W/m-floor"
+fi
+has tmpfs && mkdir -p "$W/m-tmpfs"
+
+# Every process of the run and all of its threads onto $1's CPUs.
+place() {
+    for p in "${PIDS[@]}"; do
+        for q in $(tree "$p"); do taskset -a -p -c "$1" "$q" >/dev/null 2>&1 || true; done
+    done
+}
+
+fio_run() { # cpus dir rw bs -> "iops mean_us p50_us p99_us MiB/s"
+    taskset -c "$1" fio --name=b --directory="$2" --filename=bench.dat --size=${SIZE_MIB}m \
+        --ioengine=psync --iodepth=1 --direct=1 --rw="$3" --bs="$4" --time_based \
+        --runtime="$RUNTIME" --lat_percentiles=1 --percentile_list=50:99 \
+        --output-format=json 2>/dev/null | python3 -c '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
 k = "read" if j["read"]["io_bytes"] else "write"
-print("%.0f %.1f %.1f" % (j[k]["iops"], j[k]["lat_ns"]["mean"] / 1e3, j[k]["bw_bytes"] / 1048576))'
+l = j[k]["lat_ns"]
+p = l["percentile"]
+print("%.0f %.1f %.1f %.1f %.1f" % (j[k]["iops"], l["mean"] / 1e3, p["50.000000"] / 1e3,
+      p["99.000000"] / 1e3, j[k]["bw_bytes"] / 1048576))'
 }
 
-meta_run() { # mount -> operations per second (create+stat+unlink = 3 ops)
-    python3 - "$1" "$NFILES" <<'PY'
+lib_run() { # cpus rw bs -> same columns (ustor's client library)
+    local r kib=${3%k}
+    [[ $3 == *m ]] && kib=$(( ${3%m} * 1024 ))
+    r=$(USTOR_FS_SECRET=secret taskset -c "$1" "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat \
+        "$2" "$kib" "$SIZE_MIB" "$RUNTIME")
+    set -- $r
+    echo "$1 $2 $4 $5 $3"
+}
+
+nfs_run() { # cpus rw bs -> same columns
+    local r kib=${3%k}
+    [[ $3 == *m ]] && kib=$(( ${3%m} * 1024 ))
+    r=$(taskset -c "$1" "$W/nfsbench" "$NFS_URL" /bench.dat "$2" "$kib" "$SIZE_MIB" "$RUNTIME")
+    # nfsbench prints iops mean MiB/s p50 p99.
+    set -- $r
+    echo "$1 $2 $4 $5 $3"
+}
+
+meta_run() { # cpus dir -> ops/s (create + stat + unlink = 3 ops per file)
+    taskset -c "$1" python3 - "$2" "$NFILES" <<'PY'
 import os, sys, time
 d, n = os.path.join(sys.argv[1], "meta"), int(sys.argv[2])
 os.makedirs(d, exist_ok=True)
@@ -90,34 +222,97 @@ print("%.0f" % (3 * n / (time.perf_counter() - t)))
 PY
 }
 
-# Lay the fio file out once per mount.
-for m in ustor sshfs; do
-    fio --name=lay --directory="$W/m-$m" --filename=bench.dat --size=${SIZE_MIB}m --rw=write --bs=1m >/dev/null
+cell() { # cpus target work -> columns
+    local cpus=$1 t=$2 w=$3 rw=${3%%:*} bs=${3##*:}
+    if [ "$w" = meta ]; then
+        case $t in
+            ganesha) taskset -c "$cpus" "$W/nfsbench" "$NFS_URL" /meta meta "$NFILES" ;;
+            floor | ustor_lib) echo "-" ;;
+            *) meta_run "$cpus" "$W/m-$t" ;;
+        esac
+    elif [ "$t" = ganesha ]; then
+        nfs_run "$cpus" "$rw" "$bs"
+    elif [ "$t" = ustor_lib ]; then
+        lib_run "$cpus" "$rw" "$bs"
+    else
+        fio_run "$cpus" "$W/m-$t" "$rw" "$bs"
+    fi
+}
+
+# Lay the data file out once per target.
+for t in $TARGETS; do
+    case $t in
+        ganesha) "$W/nfsbench" "$NFS_URL" /bench.dat lay "$SIZE_MIB" ;;
+        ustor_lib) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat lay "$SIZE_MIB" ;;
+        floor) ;;
+        *) fio --name=lay --directory="$W/m-$t" --filename=bench.dat --size=${SIZE_MIB}m \
+               --rw=write --bs=1m >/dev/null ;;
+    esac
 done
 
-declare -A R
-WORKS="randread:4k randwrite:4k read:1m write:1m meta"
+{
+    echo "# bench/fs.sh $(date -u +%FT%TZ) on $(uname -r), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "# USTOR=$USTOR ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NFILES=$NFILES"
+    echo "# TARGETS=$TARGETS"
+    echo "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), sshfs $(sshfs --version 2>&1 | head -1)"
+} | tee "$OUT"
+
+read -r -a TARR <<< "$TARGETS"
 for r in $(seq "$ROUNDS"); do
-    for w in $WORKS; do
-        for m in ustor sshfs; do
-            if [ "$w" = meta ]; then v=$(meta_run "$W/m-$m"); else v=$(fio_run "$W/m-$m" "${w%%:*}" "${w##*:}"); fi
-            R[$w,$m]="${R[$w,$m]:-}$v;"
+    # Rotate the order of the targets each round.
+    n=${#TARR[@]}
+    order=()
+    for i in $(seq 0 $((n - 1))); do order+=("${TARR[$(((i + r - 1) % n))]}"); done
+    for p in $PLACES; do
+        cpus=0
+        [ "$p" = unpinned ] && cpus=$ALL_CPUS
+        place "$cpus"
+        for w in $WORKS; do
+            for t in "${order[@]}"; do
+                v=$(cell "$cpus" "$t" "$w")
+                printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$p" "$w" "$t" "$v" >> "$OUT.raw"
+            done
         done
     done
-    echo "round $r done" >&2
+    echo "round $r done ($(cut -d' ' -f1-3 /proc/loadavg))" >&2
 done
+echo "# load at the end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT"
 
-python3 - "$WORKS" <<PY
-import statistics, sys
-R = {$(for k in "${!R[@]}"; do printf '"%s": "%s", ' "$k" "${R[$k]}"; done)}
-print("%-14s %-6s %10s %10s %10s" % ("workload", "mount", "IOPS|ops/s", "lat us", "MiB/s"))
-for w in sys.argv[1].split():
+python3 - "$OUT.raw" "$TARGETS" <<'PY' | tee -a "$OUT"
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+order = []
+for line in open(sys.argv[1]):
+    r, p, w, t, v = line.rstrip("\n").split("\t")
+    if v.strip() == "-":
+        continue
+    rows[(p, w, t)].append([float(x) for x in v.split()])
+    if (p, w) not in order:
+        order.append((p, w))
+targets = sys.argv[2].split()
+for p, w in order:
     med = {}
-    for m in ("ustor", "sshfs"):
-        rows = [list(map(float, x.split())) for x in R[w + "," + m].split(";") if x]
-        cols = [statistics.median(c) for c in zip(*rows)]
-        med[m] = cols
-        print("%-14s %-6s %10.0f %10s %10s" % (w, m, cols[0],
-              "%.1f" % cols[1] if len(cols) > 1 else "-", "%.1f" % cols[2] if len(cols) > 2 else "-"))
-    print("%-14s ratio ustor/sshfs (throughput): %.2fx" % (w, med["ustor"][0] / med["sshfs"][0]))
+    for t in targets:
+        if (p, w, t) in rows:
+            med[t] = [statistics.median(c) for c in zip(*rows[(p, w, t)])]
+    print()
+    if w == "meta":
+        print("%s %s (ops/s, median of %d)" % (p, w, len(rows[(p, w, targets[0])])))
+        for t, m in med.items():
+            print("  %-11s %10.0f" % (t, m[0]))
+        for t, m in med.items():
+            if t != "ustor" and "ustor" in med:
+                print("  ustor/%-11s throughput %.2fx" % (t, med["ustor"][0] / m[0]))
+        continue
+    print("%s %s: %-11s %8s %9s %9s %9s %9s" % (p, w, "target", "IOPS", "mean us", "p50 us", "p99 us", "MiB/s"))
+    for t, m in med.items():
+        print("  %-25s %8.0f %9.1f %9.1f %9.1f %9.1f" % (t, m[0], m[1], m[2], m[3], m[4]))
+    if "ustor" in med:
+        u = med["ustor"]
+        for t, m in med.items():
+            if t == "ustor":
+                continue
+            print("  ustor/%-11s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
+                  % (t, u[1] / m[1], u[2] / m[2], u[3] / m[3], u[4] / m[4]))
 PY
+echo "raw cells: $OUT.raw"

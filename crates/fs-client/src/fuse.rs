@@ -48,6 +48,8 @@ pub struct FuseFs {
     seen: Seen,
     workers: Workers,
     opened: Opened,
+    /// Ask the kernel for its writeback cache.
+    writeback: bool,
 }
 
 /// Files open through this mount, and those unlinked (or renamed over)
@@ -121,7 +123,18 @@ impl FuseFs {
             seen: Seen::default(),
             workers: Workers::new(WORKERS),
             opened: Opened::default(),
+            writeback: false,
         }
+    }
+
+    /// With `on`, the kernel's writeback cache: writes are buffered in the
+    /// page cache and sent in the background (coalesced into large
+    /// writes), at the latest when the file is closed (the kernel flushes
+    /// dirty pages before FLUSH) or fsync'ed, so close-to-open holds and
+    /// fsync still means durable on the server.
+    pub fn writeback(mut self, on: bool) -> Self {
+        self.writeback = on;
+        self
     }
 
     /// The inode `name` in `dir` names when it is a file open here whose
@@ -171,6 +184,10 @@ impl Filesystem for FuseFs {
         // One protocol request carries up to 1 MiB; so may the kernel's.
         let _ = cfg.set_max_write(ustor_fs::MAX_WRITE as u32);
         let _ = cfg.set_max_readahead(ustor_fs::MAX_WRITE as u32);
+        if self.writeback {
+            cfg.add_capabilities(fuser::consts::FUSE_WRITEBACK_CACHE)
+                .map_err(|_| libc::ENOSYS)?;
+        }
         Ok(())
     }
 

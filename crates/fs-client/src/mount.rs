@@ -59,6 +59,8 @@ pub struct MountRequest<'a> {
     pub mountpoint: &'a Path,
     pub ttl: Duration,
     pub allow_other: bool,
+    /// The kernel's writeback cache ([`FuseFs::writeback`]).
+    pub writeback: bool,
 }
 
 fn signal_set() -> libc::sigset_t {
@@ -90,7 +92,7 @@ pub fn mount(r: MountRequest<'_>) -> Result<(), String> {
     if r.allow_other {
         opts.push(MountOption::AllowOther);
     }
-    let fs = FuseFs::new(Arc::new(c), r.ttl);
+    let fs = FuseFs::new(Arc::new(c), r.ttl).writeback(r.writeback);
     let mut se = Session::new(fs, r.mountpoint, &opts)
         .map_err(|e| format!("mount {}: {e}", r.mountpoint.display()))?;
     let mut unmounter = se.unmount_callable();

@@ -5,9 +5,18 @@
 //! no real persistent memory on the machines this runs on, so cache-line
 //! flushes plus a fence (what a DAX mapping would need) would not make
 //! anything durable here. A `Vec<u8>` is volatile memory for tests.
+//!
+//! The region may also be a block device (a disk partition, a loop or
+//! zram device): it is mapped shared through the device's page cache and
+//! msync writes the pages back to the device. Such a region (and a file on
+//! a disk file system) can have pages that are not in memory: touching
+//! one blocks on the device, so the server asks [`resident`] before it
+//! sends a read from the reactor and faults pages in off the reactor
+//! ([`populate`]) when they are not.
 
 use std::fs::OpenOptions;
-use std::io;
+use std::io::{self, Seek, SeekFrom};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 /// A byte region plus the call that makes a range of it durable.
@@ -35,20 +44,67 @@ pub struct MappedFile {
     map: memmap2::MmapMut,
 }
 
+/// Whether `path` is a block device.
+pub fn is_block_device(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+/// Whether pages of a region at `path` can be out of memory (so touching
+/// them may block on a device): a block device, or a file on anything but
+/// tmpfs/ramfs.
+pub fn may_fault(path: &Path) -> bool {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    if is_block_device(path) {
+        return true;
+    }
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return true;
+    };
+    // SAFETY: `c` is a NUL-terminated path and `st` a zeroed statfs the
+    // call fills; nothing else is touched.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return true;
+    }
+    // f_type's width differs between targets; the magics are 32-bit.
+    let t = st.f_type as u64 & 0xffff_ffff;
+    t != TMPFS_MAGIC && t != RAMFS_MAGIC
+}
+
 impl MappedFile {
-    /// Maps an existing region file of its whole length.
+    /// Maps an existing region of its whole length: a file, or a block
+    /// device (whose length is where a seek to its end lands).
     pub fn open(path: &Path) -> io::Result<Self> {
-        let f = OpenOptions::new().read(true).write(true).open(path)?;
+        let mut f = OpenOptions::new().read(true).write(true).open(path)?;
+        let len = f.seek(SeekFrom::End(0))?;
+        let len = usize::try_from(len).map_err(|_| io::Error::other("region too large"))?;
         // SAFETY: the region file belongs to this file service; another
         // process truncating it under us is outside the supported use (as it
         // is for any mmap-based store) and would fault, not corrupt memory
         // safety within the mapping's bounds.
-        let map = unsafe { memmap2::MmapMut::map_mut(&f)? };
+        let map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&f)? };
         Ok(Self { map })
     }
 
-    /// Creates (or resizes) a region file of `size` bytes and maps it.
+    /// Creates (or resizes) a region file of `size` bytes and maps it. A
+    /// block device keeps its size: `size` must not exceed it and the whole
+    /// device is the region.
     pub fn create(path: &Path, size: u64) -> io::Result<Self> {
+        if is_block_device(path) {
+            let m = Self::open(path)?;
+            if size > m.map.len() as u64 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} holds {} bytes, fewer than {size}",
+                        path.display(),
+                        m.map.len()
+                    ),
+                ));
+            }
+            return Ok(m);
+        }
         let f = OpenOptions::new()
             .read(true)
             .write(true)
@@ -71,5 +127,67 @@ impl Media for MappedFile {
     fn persist(&self, off: usize, len: usize) -> io::Result<()> {
         // memmap2 rounds the range out to whole pages for msync.
         self.map.flush_range(off, len)
+    }
+}
+
+const PAGE: usize = 4096;
+
+/// The pages covering `ptr..ptr + len`, from a page boundary.
+fn pages(ptr: *const u8, len: usize) -> (usize, usize) {
+    let start = ptr as usize & !(PAGE - 1);
+    let end = (ptr as usize + len).div_ceil(PAGE) * PAGE;
+    (start, end)
+}
+
+/// Whether every page of `ptr..ptr + len` (inside a mapping of this
+/// process) is in memory, so that reading it cannot block on a device.
+/// An error answers false (the caller then faults them in off the reactor).
+pub fn resident(ptr: *const u8, len: usize) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let (mut at, end) = pages(ptr, len);
+    let mut vec = [0u8; 64];
+    // Budget: 64 pages per call, (len / 256 KiB) + 1 calls.
+    while at < end {
+        let n = ((end - at) / PAGE).min(vec.len());
+        // SAFETY: `at..at + n pages` lies inside the caller's mapping
+        // (page-aligned as mincore requires) and `vec` has room for one
+        // byte per page; mincore only writes `vec`.
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, n * PAGE, vec.as_mut_ptr()) };
+        if r != 0 || vec[..n].iter().any(|v| v & 1 == 0) {
+            return false;
+        }
+        at += n * PAGE;
+    }
+    true
+}
+
+/// Brings the pages of `ptr..ptr + len` (inside a mapping of this process)
+/// into memory; blocks while the device reads them. Meant for a thread
+/// that may block, before a send from the reactor reads them.
+pub fn populate(ptr: *const u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let (start, end) = pages(ptr, len);
+    // SAFETY: the range lies inside the caller's mapping; POPULATE_READ
+    // only faults pages in (no data changes).
+    let r = unsafe {
+        libc::madvise(
+            start as *mut libc::c_void,
+            end - start,
+            libc::MADV_POPULATE_READ,
+        )
+    };
+    if r != 0 {
+        // Older kernels: touch one byte per page.
+        let mut at = start.max(ptr as usize);
+        while at < ptr as usize + len {
+            // SAFETY: `at` lies inside the caller's mapping; a volatile
+            // read of one byte is the fault.
+            unsafe { std::ptr::read_volatile(at as *const u8) };
+            at = (at & !(PAGE - 1)) + PAGE;
+        }
     }
 }

@@ -13,17 +13,18 @@ pub struct FsArgs {
 #[derive(Subcommand)]
 enum FsCmd {
     /// Create (or overwrite) a region file of SIZE bytes with an empty file
-    /// system.
+    /// system, or format a whole block device (SIZE optional: the device's).
     Format {
-        /// The region file (e.g. under /dev/shm).
+        /// The region: a file (e.g. under /dev/shm) or a block device.
         region: std::path::PathBuf,
-        /// Its size in bytes.
-        size: u64,
+        /// Its size in bytes (for a block device: at most its size; the
+        /// whole device is used).
+        size: Option<u64>,
     },
     /// Verify a region: superblock, inodes, directories, link counts, block
     /// ownership and bitmap (a committed redo log is replayed on a copy).
     Check {
-        /// The region: a file (e.g. under /dev/shm) or a DAX device.
+        /// The region: a file (e.g. under /dev/shm) or a block device.
         region: std::path::PathBuf,
     },
     /// Mount an export through FUSE and serve it until unmounted (umount
@@ -56,7 +57,18 @@ pub fn run(a: FsArgs) -> i32 {
     }
 }
 
-fn format(region: &std::path::Path, size: u64) -> i32 {
+fn format(region: &std::path::Path, size: Option<u64>) -> i32 {
+    let size = match size {
+        Some(s) => s,
+        None if ustor_fs::media::is_block_device(region) => 0,
+        None => {
+            eprintln!(
+                "ustor fs format: {}: SIZE is needed for a file",
+                region.display()
+            );
+            return 2;
+        }
+    };
     let r = ustor_fs::MappedFile::create(region, size)
         .map_err(ustor_fs::FsError::from)
         .and_then(|m| ustor_fs::Fs::format(Box::new(m)));

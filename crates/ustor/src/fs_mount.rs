@@ -33,6 +33,12 @@ pub struct MountArgs {
     /// Let other users than the one mounting access the file system.
     #[arg(long)]
     allow_other: bool,
+    /// Let the kernel cache writes (FUSE's writeback cache): a write
+    /// returns once it is in the page cache and reaches the server in the
+    /// background, at close or at fsync (close-to-open still holds). Off:
+    /// every write is durable on the server when it returns.
+    #[arg(long)]
+    writeback: bool,
 }
 
 pub fn run(a: MountArgs) -> i32 {
@@ -58,6 +64,7 @@ pub fn run(a: MountArgs) -> i32 {
         mountpoint: &a.mountpoint,
         ttl: Duration::from_secs_f64(a.attr_timeout.max(0.0)),
         allow_other: a.allow_other,
+        writeback: a.writeback,
     };
     match mount(req) {
         Ok(()) => 0,

@@ -5,7 +5,10 @@
 //! POSIX calls gives the same results on the mount as on tmpfs (readdir's
 //! "." and ".." included); a file written through a shared mmap reads back
 //! through the server; a sqlite database passes integrity_check on both
-//! mounts, and a file rewritten on one is read fresh on the other.
+//! mounts, and a file rewritten on one is read fresh on the other. The
+//! second mount runs with the kernel's writeback cache (`--writeback`):
+//! what it writes is on the server by its close, and buffered fio with 4
+//! jobs verifies through it while the first mount reads the same bytes.
 
 mod common;
 mod posix;
@@ -43,13 +46,14 @@ struct Rig {
     dir: PathBuf,
 }
 
-fn mount(mp: &Path, secret: &Path) -> Child {
+fn mount(mp: &Path, secret: &Path, extra: &[&str]) -> Child {
     std::fs::create_dir_all(mp).unwrap();
     let mut m = Command::new(BIN)
         .args(["fs", "mount", "127.0.0.1/vol"])
         .arg(mp)
         .arg("--secret-file")
         .arg(secret)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -78,8 +82,9 @@ impl Rig {
         assert_eq!(ex[0]["listen"], "127.0.0.1:4800", "{ex}");
         let mp2 = dir.join("mnt2");
         let mounts = vec![
-            (mount(&mp, &secret), mp.clone()),
-            (mount(&mp2, &secret), mp2),
+            (mount(&mp, &secret, &[]), mp.clone()),
+            // The second mount with the kernel's writeback cache.
+            (mount(&mp2, &secret, &["--writeback"]), mp2),
         ];
         Rig {
             server: Some(server),
@@ -113,12 +118,16 @@ impl Drop for Rig {
 }
 
 fn fio(dir: &Path, bs: &str, rw: &str, size: &str) -> String {
+    fio_with(dir, bs, rw, size, "--direct=1")
+}
+
+fn fio_with(dir: &Path, bs: &str, rw: &str, size: &str, direct: &str) -> String {
     let o = Command::new("fio")
         .args([
             "--name=par",
             "--numjobs=4",
             "--ioengine=psync",
-            "--direct=1",
+            direct,
             "--verify=crc32c",
             "--do_verify=1",
             "--verify_fatal=1",
@@ -251,6 +260,32 @@ fn sqlite_and_two_clients(r: &Rig) {
         std::fs::read(b.join("shared")).unwrap() == pseudo_random(8192, 2),
         "the second mount served a stale page cache"
     );
+    // The other way: what the writeback mount wrote reaches the server by
+    // its close.
+    std::fs::write(b.join("shared"), pseudo_random(8192, 3)).unwrap();
+    assert!(
+        std::fs::read(a.join("shared")).unwrap() == pseudo_random(8192, 3),
+        "a write the writeback mount closed was not on the server"
+    );
+}
+
+/// The second mount caches writes (the kernel's writeback cache): buffered
+/// fio with 4 jobs verifies its blocks, and once fio closed its files the
+/// first mount (another client, nothing cached) reads the same bytes.
+fn writeback_fio_then_other_client(r: &Rig) {
+    let (a, b) = (&r.mounts[0].1, &r.mounts[1].1);
+    std::fs::create_dir(b.join("wb")).unwrap();
+    fio_with(&b.join("wb"), "4k", "randwrite", "512k", "--direct=0");
+    for j in 0..4 {
+        let name = format!("wb/par.{j}.0");
+        let via_b = sha256(&std::fs::read(b.join(&name)).unwrap());
+        assert_eq!(
+            sha256(&std::fs::read(a.join(&name)).unwrap()),
+            via_b,
+            "{name}"
+        );
+    }
+    std::fs::remove_dir_all(b.join("wb")).unwrap();
 }
 
 #[test]
@@ -270,6 +305,8 @@ fn mount_on_default_port_parallel_posix_table_and_mmap() {
     eprintln!("mmap done after {:?}", t.elapsed());
     sqlite_and_two_clients(&r);
     eprintln!("sqlite done after {:?}", t.elapsed());
+    writeback_fio_then_other_client(&r);
+    eprintln!("writeback done after {:?}", t.elapsed());
     let st = r.stats();
     assert_eq!(st["copied_bytes"], 0, "{st}");
 }

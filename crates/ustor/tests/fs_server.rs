@@ -4,7 +4,8 @@
 //! (a wrong secret refused with EACCES), pipelined creates, writes and
 //! reads checked by checksum (holes read as zeros), `fs_get_stats` showing
 //! no payload copied by us, malformed frames answered with their errno
-//! before the connection closes, and the fs_* RPCs (save_config, delete).
+//! before the connection closes, and the fs_* RPCs (save_config, delete);
+//! the one-copy ablation (`copy_writes`) counts every byte it copies.
 
 mod common;
 
@@ -450,5 +451,55 @@ fn two_clients_many_requests_in_flight() {
         .output()
         .unwrap();
     assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The one-copy ablation (`copy_writes`, for bench/fs.sh): every payload
+/// byte is received into a buffer and copied into the region, which
+/// `copied_bytes` counts; the data is the same, and save_config keeps the
+/// switch.
+#[test]
+fn one_copy_ablation_counts_every_byte_copied() {
+    let dir = tmpdir("fs-server-copy");
+    let region = dir.join("region");
+    let cfg = json!({"subsystems": [{"subsystem": "fs", "config": [
+        {"method": "fs_create", "params": {"name": "vol", "path": region.to_str().unwrap(), "size": 64u64 << 20}},
+        {"method": "fs_export", "params": {"name": "vol", "listen": "127.0.0.1:0", "secret": SECRET,
+            "copy_writes": true}},
+    ]}]});
+    let srv = Server::start(&dir, &cfg, &[]);
+    let listen = srv.ok("fs_get_exports", Value::Null)[0]["listen"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let c = ustor_fs_client::Client::connect(ustor_fs_client::Config::new(
+        &listen,
+        "vol",
+        SECRET.as_bytes(),
+    ))
+    .unwrap();
+    let f = c.create(ROOT_INO, b"f", 0o644, 0, 0).unwrap().ino;
+    // 3 MiB from 0 (1 MiB requests), then 1000 bytes at an odd offset.
+    let data = pseudo_random(3 << 20, 5);
+    c.write(f, 0, &data).unwrap();
+    let odd = pseudo_random(1000, 6);
+    c.write(f, 12_345, &odd).unwrap();
+    let mut want = data.clone();
+    want[12_345..13_345].copy_from_slice(&odd);
+    assert_eq!(sha256(&c.read(f, 0, 3 << 20).unwrap()), sha256(&want));
+    let st = &srv.ok("fs_get_stats", json!({"name": "vol"}))[0];
+    assert_eq!(st["copied_bytes"], (3 << 20) + 1000, "{st}");
+    assert_eq!(st["bytes_written"], (3 << 20) + 1000, "{st}");
+    let cfg = srv.ok("framework_get_config", json!({"name": "fs"}));
+    let ex = cfg
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["method"] == "fs_export")
+        .unwrap();
+    assert_eq!(ex["params"]["copy_writes"], true, "{cfg}");
+    drop(c);
+    let (code, out) = srv.stop();
+    assert_eq!(code, 0, "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }

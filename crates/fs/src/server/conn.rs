@@ -48,6 +48,9 @@ use crate::proto::{self, Header, Op, ProtoError, Request, HEADER_LEN, NONCE_LEN}
 use crate::serve::{self, Reply};
 use crate::{FsError, MAX_WRITE, NAME_MAX};
 
+mod replay;
+pub use replay::replay_session;
+
 /// Requests received and not yet answered, per connection.
 const MAX_OUTSTANDING: usize = 128;
 /// Largest Hello body: nonce, name length, name.
@@ -238,29 +241,69 @@ pub(crate) struct FsProto {
 
 /// Work for the sync pool.
 pub(crate) enum Job {
-    /// A request that changes the file system, or fsync: header and body.
+    /// A request that changes the file system, fsync, or any request that
+    /// found the volume busy: header and body.
     Meta(Header, Vec<u8>),
     /// A write whose payload is in place: persisted and committed.
     Commit(Header, Box<WritePlan>),
+    /// A planned read whose pages must come in from the device first.
+    Fault(FsReply),
 }
 
 /// Runs a job (on a pool thread) and builds its reply.
 fn run_job(svc: &ExportSvc, job: Job) -> FsReply {
     match job {
         Job::Meta(h, body) => {
-            let r = match proto::decode_request(&h, &body) {
+            let rep = match proto::decode_request(&h, &body) {
                 Ok(req) => {
                     let mut g = svc.vol.lock();
                     let inner = &mut *g;
-                    serve::handle(&mut inner.fs, svc.read_only, &mut inner.st, h.ino, &req)
+                    let r = serve::handle(&mut inner.fs, svc.read_only, &mut inner.st, h.ino, &req);
+                    reply(&mut inner.st, &h, r)
                 }
                 // Decoded once already on the reactor: cannot happen.
-                Err(_) => Err(FsError::Invalid),
+                Err(_) => FsReply::Bytes(serve::encode_reply(h.tag, h.op, &Err(FsError::Invalid))),
             };
-            FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r))
+            fault_in(svc, rep)
         }
         Job::Commit(h, plan) => commit_write(svc, h, *plan),
+        Job::Fault(rep) => fault_in(svc, rep),
     }
+}
+
+/// Encodes a request's result; a read's data is sent later, from the
+/// region segments (counted here as the kernel's copy).
+fn reply(st: &mut serve::Stats, h: &Header, r: Result<Reply, FsError>) -> FsReply {
+    match r {
+        Ok(Reply::Data(segs)) => {
+            let total: usize = segs.iter().map(serve::seg_len).sum();
+            st.kernel_copied_bytes += total as u64;
+            let mut head = serve::encode_reply(h.tag, h.op, &Ok(Reply::Data(Vec::new())));
+            head[..4].copy_from_slice(&(total as u32).to_le_bytes());
+            FsReply::Data {
+                head: Some(head),
+                segs,
+                at: 0,
+            }
+        }
+        r => FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r)),
+    }
+}
+
+/// Brings a read's region pages into memory (on a pool thread) so the
+/// reactor's send never waits for the device.
+fn fault_in(svc: &ExportSvc, rep: FsReply) -> FsReply {
+    if let FsReply::Data { segs, .. } = &rep {
+        if svc.vol.may_fault {
+            for s in segs {
+                if let ReadSeg::Region { off, len } = *s {
+                    // SAFETY: read_plan ranges lie inside the region.
+                    crate::media::populate(unsafe { svc.vol.base.add(off) }, len);
+                }
+            }
+        }
+    }
+    rep
 }
 
 /// Makes a received write durable (data, then the metadata pointing to
@@ -347,34 +390,47 @@ impl FsProto {
             st.consume(pre);
             return Recv::Dispatch(Job::Meta(h, body));
         }
-        let vol = &self.svc.vol;
-        let mut g = vol.lock();
-        let inner = &mut *g;
-        let r = serve::handle(
-            &mut inner.fs,
-            self.svc.read_only,
-            &mut inner.st,
-            h.ino,
-            &req,
-        );
+        let r = self.answer(h, &req, st.peek(pre));
         st.consume(pre);
-        let rep = match r {
-            Ok(Reply::Data(segs)) => {
-                inner.st.kernel_copied_bytes +=
-                    segs.iter().map(serve::seg_len).sum::<usize>() as u64;
-                let head = serve::encode_reply(h.tag, h.op, &Ok(Reply::Data(Vec::new())));
-                let mut head = head;
-                let total: usize = segs.iter().map(serve::seg_len).sum();
-                head[..4].copy_from_slice(&(total as u32).to_le_bytes());
-                FsReply::Data {
-                    head: Some(head),
-                    segs,
-                    at: 0,
-                }
+        r
+    }
+
+    /// Lookups, getattr, readdir, readlink, statfs and reads answer here
+    /// unless that could block the reactor: the volume is busy (a commit
+    /// holds it: the pool runs the request) or a read's pages are not in
+    /// memory (the pool brings them in). `raw` is the request's body.
+    fn answer(&self, h: Header, req: &Request<'_>, raw: &[u8]) -> Recv<Self> {
+        let is_read = matches!(req, Request::Read { .. });
+        let Some(mut g) = self.svc.vol.try_lock() else {
+            if is_read {
+                self.svc.reads_offloaded.fetch_add(1, Ordering::Relaxed);
             }
-            r => FsReply::Bytes(serve::encode_reply(h.tag, h.op, &r)),
+            return Recv::Dispatch(Job::Meta(h, raw.to_vec()));
         };
+        let inner = &mut *g;
+        let r = serve::handle(&mut inner.fs, self.svc.read_only, &mut inner.st, h.ino, req);
+        let rep = reply(&mut inner.st, &h, r);
+        drop(g);
+        if self.svc.vol.may_fault && !self.in_memory(&rep) {
+            self.svc.reads_offloaded.fetch_add(1, Ordering::Relaxed);
+            return Recv::Dispatch(Job::Fault(rep));
+        }
         Recv::Reply(rep)
+    }
+
+    /// Whether a read's region segments are all in memory (sending them
+    /// from the reactor cannot block on the device).
+    fn in_memory(&self, rep: &FsReply) -> bool {
+        let FsReply::Data { segs, .. } = rep else {
+            return true;
+        };
+        segs.iter().all(|s| match *s {
+            // SAFETY: read_plan ranges lie inside the region.
+            ReadSeg::Region { off, len } => {
+                crate::media::resident(unsafe { self.svc.vol.base.add(off) }, len)
+            }
+            ReadSeg::Zero(_) => true,
+        })
     }
 
     fn begin_write(&self, h: Header, off: u64, len: u32) -> Recv<Self> {
@@ -405,6 +461,25 @@ impl FsProto {
         }
     }
 
+    /// The one-copy ablation: the payload of the range just received into
+    /// `buf` is copied into the region (counted in `copied_bytes`).
+    fn copy_in(&self, buf: &IoBuf) {
+        let s = self.st.borrow();
+        let St::Write { plan, seg, .. } = &*s else {
+            return;
+        };
+        let Some(&(o, n)) = seg.checked_sub(1).and_then(|i| plan.segs.get(i)) else {
+            return;
+        };
+        let n = n.min(buf.len());
+        // SAFETY: the planned range `o..o + n` is this write's own (see
+        // `next_seg`) and `buf` holds the `n` bytes just received.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.as_ptr(), self.svc.vol.base.add(o), n);
+        }
+        self.svc.vol.lock().st.copied_bytes += n as u64;
+    }
+
     /// Receives the next planned range, or finishes the write.
     fn next_seg(&self) -> Recv<Self> {
         let mut s = self.st.borrow_mut();
@@ -413,6 +488,16 @@ impl FsProto {
         };
         if let Some(&(o, n)) = plan.segs.get(*seg) {
             *seg += 1;
+            if self.svc.copy_writes {
+                // The ablation: into a buffer first (`RecvEvent::Payload`
+                // copies it into the region).
+                return Recv::Payload {
+                    buf: None,
+                    off: 0,
+                    len: n,
+                    via: Via::Direct { tail: 0 },
+                };
+            }
             // SAFETY: `o..o + n` lies inside the region (planned by
             // begin_write, checked against the geometry), the mapping lives
             // as long as the volume this connection holds, and the planned
@@ -456,7 +541,12 @@ impl Protocol for FsProto {
                     self.header(st)
                 }
             }
-            RecvEvent::Payload(_) => self.next_seg(),
+            RecvEvent::Payload(buf) => {
+                if self.svc.copy_writes {
+                    self.copy_in(&buf);
+                }
+                self.next_seg()
+            }
             RecvEvent::Skipped => match std::mem::replace(&mut *self.st.borrow_mut(), St::Idle) {
                 St::Skip(r) => Recv::Reply(r),
                 _ => Recv::Close,
@@ -476,7 +566,7 @@ impl Protocol for FsProto {
     async fn execute(&self, job: Job) -> FsReply {
         let commit = match &job {
             Job::Commit(h, _) => Some(h.ino),
-            Job::Meta(..) => None,
+            Job::Meta(..) | Job::Fault(_) => None,
         };
         let svc = self.svc.clone();
         let r = offload(move || run_job(&svc, job)).await;
@@ -581,139 +671,4 @@ fn encode_bytes(b: Vec<u8>, g: &mut PduGroup) -> Result<(), FsReply> {
     }
     g.end_pdu(false);
     Ok(())
-}
-
-/// Runs a byte stream through the server's request path without a socket,
-/// as the driver would (exact staging, payloads received into the region,
-/// skips), after the handshake's checks on its first two frames (Hello,
-/// then an Auth checked against `secret`). Returns the replies queued. The
-/// fuzz target `fs_server` and a proptest run this; it must never panic.
-pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]) -> usize {
-    let mut d = data;
-    let mut take = |n: usize| -> Option<Vec<u8>> {
-        let n = n.min(d.len());
-        let (h, t) = d.split_at(n);
-        d = t;
-        (n > 0).then(|| h.to_vec())
-    };
-    // Handshake: the same decoding and checks as `handshake`.
-    let sn = [9u8; NONCE_LEN];
-    let mut cn = [0u8; NONCE_LEN];
-    for op in [Op::Hello, Op::Auth] {
-        let Some(raw) = take(HEADER_LEN).filter(|r| r.len() == HEADER_LEN) else {
-            return 0;
-        };
-        let raw: [u8; HEADER_LEN] = raw.try_into().expect("header");
-        let max = if op == Op::Hello {
-            MAX_HELLO
-        } else {
-            NONCE_LEN
-        };
-        let Ok(h) = proto::decode_header(&raw).map_err(|e| proto_errno(&e)) else {
-            return 0;
-        };
-        if h.op != op || h.len as usize > max {
-            return 0;
-        }
-        let body = take(h.len as usize).unwrap_or_default();
-        match proto::decode_request(&h, &body) {
-            Ok(Request::Hello { nonce, .. }) => cn = nonce,
-            Ok(Request::Auth { mac }) => {
-                if !secret.is_empty() && !mac_ok(secret, &cn, &sn, &mac) {
-                    return 0;
-                }
-            }
-            _ => return 0,
-        }
-    }
-    let mut fs = fs;
-    let region = fs.region_mut();
-    let base = region.as_mut_ptr();
-    let size = region.len() as u64;
-    let vol = super::Volume {
-        name: "fuzz".into(),
-        path: std::path::PathBuf::new(),
-        size,
-        inner: std::sync::Mutex::new(super::Inner {
-            fs,
-            st: crate::serve::Stats::default(),
-        }),
-        base,
-    };
-    let svc = Arc::new(ExportSvc {
-        vol: Arc::new(vol),
-        read_only,
-        secret: secret.to_vec(),
-        auth_failures: Default::default(),
-        max_in_flight: Default::default(),
-    });
-    let p = FsProto {
-        svc,
-        st: RefCell::new(St::Idle),
-        close_after: Cell::new(false),
-        in_flight: Cell::new(0),
-        committing: RefCell::new(Vec::new()),
-    };
-    let mut st = Staging::new(64 << 10, ustor_net::Rewind::Lazy);
-    let mut g = PduGroup::new();
-    let (mut ev, mut replies) = (RecvEvent::Next, 0);
-    // Budget: every round consumes input or ends (a Next-only loop cannot
-    // happen: Next always stages).
-    for _ in 0..(data.len() + 4) * 4 {
-        ev = match p.apply(ev, &mut st) {
-            Recv::Stage { need, .. } => {
-                let missing = need.saturating_sub(st.avail());
-                match take(missing) {
-                    Some(b) if b.len() == missing => st.stage_bytes(&b),
-                    _ => break,
-                }
-                RecvEvent::Staged
-            }
-            Recv::Payload { buf, off, len, .. } => {
-                let Some(mut buf) = buf else { break };
-                match take(len) {
-                    Some(b) if b.len() == len => {
-                        buf.spare_mut()[off..off + len].copy_from_slice(&b);
-                        RecvEvent::Payload(buf)
-                    }
-                    _ => break,
-                }
-            }
-            Recv::Skip(n) => match take(n as usize) {
-                Some(b) if b.len() as u64 == n => RecvEvent::Skipped,
-                None if n == 0 => RecvEvent::Skipped,
-                _ => break,
-            },
-            Recv::Reply(r) | Recv::Interim(r) => {
-                replies += 1;
-                drain(&p, r, &mut g);
-                RecvEvent::Next
-            }
-            // The pool's work, done here in order: nothing stays committing.
-            Recv::Dispatch(j) => {
-                let r = run_job(&p.svc, j);
-                p.committing.borrow_mut().clear();
-                replies += 1;
-                drain(&p, r, &mut g);
-                RecvEvent::Next
-            }
-            _ => break,
-        };
-    }
-    p.on_close();
-    let inner = p.svc.vol.lock();
-    debug_assert_eq!(inner.st.copied_bytes, 0);
-    replies
-}
-
-/// Encodes a reply into groups and drops them (the sans-IO harness).
-fn drain(p: &FsProto, r: FsReply, g: &mut PduGroup) {
-    let mut r = Some(r);
-    while let Some(x) = r.take() {
-        if let Err(back) = p.encode(x, g) {
-            g.clear();
-            r = Some(back);
-        }
-    }
-    g.clear();
 }

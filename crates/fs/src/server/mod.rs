@@ -101,6 +101,11 @@ pub struct ExportParams {
     pub secret_file: Option<String>,
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// The one-copy ablation (RZCFS's comparison): a write's payload is
+    /// received into a buffer and copied into the region, as a server
+    /// without in-place receive would. Off: the zero-copy path.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub copy_writes: bool,
 }
 
 /// Parameters of `fs_delete`, and of `fs_get_stats` (name optional there).
@@ -145,6 +150,11 @@ pub struct StatsInfo {
     /// The most requests one connection had in flight (received, reply not
     /// yet sent) since the export started.
     pub max_requests_in_flight: u64,
+    /// Reads served off the reactor: planned on the sync pool because the
+    /// volume was busy (a commit holding it), or with their pages brought
+    /// in from the device there first (a region on a block device or a
+    /// disk file whose pages were not in memory).
+    pub reads_offloaded: u64,
 }
 
 /// A file system served from a mapped region.
@@ -156,6 +166,9 @@ pub struct Volume {
     /// The region's first byte: the mapping never moves while `inner`
     /// holds the file system, and payloads go to and from it directly.
     base: *mut u8,
+    /// Pages of the region can be out of memory (a block device, a file
+    /// on a disk): a read checks before sending from the reactor.
+    may_fault: bool,
 }
 
 // SAFETY: `base` points into the mapping `inner` owns; it is only
@@ -175,7 +188,18 @@ impl Volume {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The lock when it is free now (a reactor never waits for it).
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Inner>> {
+        match self.inner.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     fn open(name: &str, path: &Path, size: Option<u64>) -> Result<Volume, FsServerError> {
+        // A block device always exists: it is opened, never formatted here
+        // (`ustor fs format DEVICE` does that, on purpose).
         let mut fs = if path.exists() {
             Fs::open(Box::new(MappedFile::open(path)?))?
         } else {
@@ -198,6 +222,7 @@ impl Volume {
                 st: Stats::default(),
             }),
             base,
+            may_fault: crate::media::may_fault(path),
         })
     }
 }
@@ -206,12 +231,16 @@ impl Volume {
 pub(crate) struct ExportSvc {
     pub vol: Arc<Volume>,
     pub read_only: bool,
+    /// [`ExportParams::copy_writes`].
+    pub copy_writes: bool,
     pub secret: Vec<u8>,
     pub auth_failures: AtomicU64,
     /// The most requests one connection had received and not yet answered
     /// (its replies not yet handed to the socket): above 1 when a client
     /// pipelines and the server overlaps them.
     pub max_in_flight: AtomicU64,
+    /// Reads served off the reactor (`StatsInfo::reads_offloaded`).
+    pub reads_offloaded: AtomicU64,
 }
 
 impl Service for ExportSvc {
@@ -324,9 +353,11 @@ impl FsServer {
         let svc = Arc::new(ExportSvc {
             vol: e.vol.clone(),
             read_only: p.read_only,
+            copy_writes: p.copy_writes,
             secret,
             auth_failures: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
+            reads_offloaded: AtomicU64::new(0),
         });
         let limit = ConnLimit::new(p.max_connections.max(1));
         let cfg = ListenerConfig::new("fs", limit.clone());
@@ -412,6 +443,11 @@ impl FsServer {
                     max_requests_in_flight: e.export.as_ref().map_or(0, |x| {
                         x.svc
                             .max_in_flight
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                    }),
+                    reads_offloaded: e.export.as_ref().map_or(0, |x| {
+                        x.svc
+                            .reads_offloaded
                             .load(std::sync::atomic::Ordering::Relaxed)
                     }),
                 }
