@@ -3,7 +3,8 @@
 //! [PHYSICAL]` serves node `iqn.2016-06.io.spdk:disk1` (LUN 0: a malloc
 //! bdev) on 127.0.0.1:PORT until killed; PHYSICAL is the physical block
 //! size the LUN reports (the `physical_block_size` option, default 4096;
-//! 0 = the block size).
+//! 0 = the block size). The target runs REACTORS reactors (environment,
+//! default 2).
 
 use std::sync::Arc;
 
@@ -18,8 +19,12 @@ fn main() {
     let block: u32 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(512);
     let mib: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(128);
     let physical: Option<u32> = args.get(4).and_then(|s| s.parse().ok());
+    let reactors: usize = std::env::var("REACTORS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     let rt = Runtime::start(RuntimeConfig {
-        cores: vec![0, 1],
+        cores: (0..reactors.max(1)).collect(),
         pin: false,
         ..RuntimeConfig::default()
     })

@@ -3,8 +3,9 @@
 //! registration (ending the session it reinstates first), the LUN table
 //! of the node opened on this reactor and the full feature phase
 //! ([`crate::session`]); a connection that joins a session (MC/S or
-//! connection reinstatement) moves to the session's reactor. A discovery
-//! session only answers Text and Logout.
+//! connection reinstatement) stays on the reactor the listener placed it
+//! on, in the session's part there (made for it if there is none). A
+//! discovery session only answers Text and Logout.
 
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -17,9 +18,9 @@ use crate::exec::Core;
 use crate::io::{ConnError, Received, Wire};
 use crate::live::ConnInfo;
 use crate::login::{Established, Login, LoginFail};
-use crate::sess::{Leave, Sess};
+use crate::sess::{Leave, Sess, Window};
 use crate::session::Session;
-use crate::sessions::SessionCtl;
+use crate::sessions::{SessionCtl, Ticket};
 use crate::target::{NodeEntry, PortalService};
 use crate::tx::Tx;
 
@@ -33,7 +34,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
     let fd = conn.fd.as_raw_fd();
     let mut wire = Wire::new(fd, LOGIN_DATA);
     let peer = crate::live::peer_ip(&conn.fd);
-    let (est, ctl, replaces) = match conn.handshake(login(&mut wire, &svc, peer)).await {
+    let (est, admitted) = match conn.handshake(login(&mut wire, &svc, peer)).await {
         Some(Ok(e)) => e,
         Some(Err(e)) => {
             tracing::debug!("iscsi: login ended: {e}");
@@ -41,63 +42,35 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<PortalService>) {
         }
         None => return,
     };
-    match ctl {
-        Some(ctl) if !est.leading => {
-            let reactor = ctl.reactor;
-            if reactor == ustor_runtime::reactor_id() {
-                return join(conn, est, svc, ctl, replaces).await;
-            }
-            // The session runs on another reactor: the connection goes
-            // there (its login left nothing buffered: the initiator sends
-            // nothing before the final Login Response).
-            let rt = svc.shared.rt.clone();
-            if rt
-                .spawn_on(reactor, move || join(conn, est, svc, ctl, replaces))
-                .is_err()
-            {
-                tracing::warn!("iscsi: reactor {reactor} gone, connection dropped");
-            }
-        }
-        ctl => lead(conn, est, svc, ctl).await,
+    match admitted {
+        Some((ctl, ticket)) => part(conn, est, svc, ctl, ticket).await,
+        None => discovery(conn, est, svc).await,
     }
 }
 
-/// The first connection of a session (or a discovery session).
-async fn lead(conn: Accepted, est: Est, svc: Arc<PortalService>, ctl: Option<Arc<SessionCtl>>) {
-    let table = match &est.node {
-        Some(node) => match open_luns(node, svc.shared.physical_block()) {
-            Some(mut t) => {
-                t.set_nexus(&nexus_name(&est.initiator, &est.isid));
-                Some(t)
-            }
-            None => {
-                if let Some(ctl) = &ctl {
-                    svc.shared.sessions.forget(ctl);
-                }
-                return;
-            }
-        },
-        None => None,
-    };
-    let qd = est.node.as_ref().map_or(1, |n| n.params.queue_depth);
-    let sess = Sess::new(table.unwrap_or_default(), ctl.clone(), est.exp_cmdsn, qd);
-    if let Some(ctl) = &ctl {
-        let g = svc.shared.sessions.register_local(ctl, &sess);
-        *sess.guard.borrow_mut() = Some(g);
-    }
-    run_conn(conn, est, svc, sess, false).await
+/// A discovery session: one connection, no LUNs.
+async fn discovery(conn: Accepted, est: Est, svc: Arc<PortalService>) {
+    let window = Window::new(est.exp_cmdsn, 1, false);
+    let sess = Sess::new(LunTable::default(), None, window);
+    run_conn(conn, est, svc, sess).await
 }
 
-/// A connection that joins its session here, on the session's reactor
-/// (`replaces`: the session was held for it).
-async fn join(
+/// A connection of a normal session, in the session's part on this
+/// reactor: the one there, or a new one (the LUNs opened on this
+/// reactor's channels) that takes over the connection's ticket.
+async fn part(
     conn: Accepted,
     est: Est,
     svc: Arc<PortalService>,
     ctl: Arc<SessionCtl>,
-    replaces: bool,
+    ticket: Ticket,
 ) {
-    let Some(sess) = svc.shared.sessions.local(ctl.tsih).filter(|s| s.open()) else {
+    let sessions = &svc.shared.sessions;
+    if let Some(sess) = sessions.locals(ctl.tsih).into_iter().find(|s| s.open()) {
+        drop(ticket);
+        return run_conn(conn, est, svc, sess).await;
+    }
+    if ctl.window.ended() {
         tracing::debug!(
             "iscsi: session {:#x} ended before CID {} joined",
             ctl.tsih,
@@ -105,20 +78,23 @@ async fn join(
         );
         ustor_net::recv::shutdown(conn.fd.as_raw_fd());
         return;
+    }
+    let Some(node) = &est.node else {
+        return;
     };
-    run_conn(conn, est, svc, sess, replaces).await
+    let Some(mut table) = open_luns(node, svc.shared.physical_block()) else {
+        return;
+    };
+    table.set_nexus(&nexus_name(&est.initiator, &est.isid));
+    let sess = Sess::new(table, Some(ctl.clone()), ctl.window.clone());
+    let g = sessions.register_local(&ctl, &sess, ticket);
+    *sess.guard.borrow_mut() = Some(g);
+    run_conn(conn, est, svc, sess).await
 }
 
 /// The full feature phase of one connection of `sess` (of a normal
-/// session when it has a node); `replaces`: the session is held for it
-/// (connection reinstatement), let go once it is attached.
-async fn run_conn(
-    conn: Accepted,
-    est: Est,
-    svc: Arc<PortalService>,
-    sess: Rc<Sess>,
-    replaces: bool,
-) {
+/// session when it has a node).
+async fn run_conn(conn: Accepted, est: Est, svc: Arc<PortalService>, sess: Rc<Sess>) {
     let normal = est.node.is_some();
     let fd = conn.fd.as_raw_fd();
     let (initiator_addr, target_addr) = crate::live::addrs(&conn.fd);
@@ -146,6 +122,7 @@ async fn run_conn(
             .node
             .as_ref()
             .map_or(String::new(), |n| n.full_name.clone()),
+        thread_name: format!("reactor_{}", ustor_runtime::reactor_id()),
         ops: 0,
         bytes_read: 0,
         bytes_written: 0,
@@ -159,9 +136,6 @@ async fn run_conn(
     let tx = Tx::new(fd, digests, timeout, est.statsn, sess.window.clone());
     let core = Rc::new(Core::new(tx, est.params, sess.clone(), est.cid));
     sess.attach(&core);
-    if replaces {
-        sess.unhold();
-    }
     let mut s = Session::new(wire, core, normal, &*svc, est.initiator.clone());
     s.count_into(counters);
     s.set_pings(svc.shared.pings());
@@ -180,11 +154,15 @@ async fn run_conn(
     drop(live);
 }
 
+/// What a finished login admitted: for a normal session, the session
+/// and the ticket that keeps it for this connection.
+type Admitted = Option<(Arc<SessionCtl>, Ticket)>;
+
 async fn login(
     wire: &mut Wire,
     svc: &Arc<PortalService>,
     peer: Option<std::net::IpAddr>,
-) -> Result<(Est, Option<Arc<SessionCtl>>, bool), ConnError> {
+) -> Result<(Est, Admitted), ConnError> {
     let mut l = Login::new(svc.tag);
     if let Some(peer) = peer {
         l = l.with_peer(peer);
@@ -198,10 +176,10 @@ async fn login(
         };
         let data = wire.data().to_vec();
         let mut a = l.step(&**svc, &b, &data);
-        let (mut ctl, mut replaces) = (None, false);
+        let mut admitted = None;
         if let Some(e) = &a.done {
             match admit(svc, e).await {
-                Ok(c) => (ctl, replaces) = c,
+                Ok(c) => admitted = c,
                 Err(f) => a = l.refuse(&b, f),
             }
         }
@@ -211,54 +189,52 @@ async fn login(
             return Err(ConnError::LoginFailed);
         }
         if let Some(e) = a.done {
-            return Ok((e, ctl, replaces));
+            return Ok((e, admitted));
         }
     }
 }
 
 /// Before the final Login Response of a normal session: a new session is
-/// registered, after the session it reinstates (same initiator port on
-/// the same node, RFC 7143 §6.3.5) has ended; a joining connection takes
-/// its place in its session (MaxConnections); `true` with it when it
-/// replaces a connection (the session is held for it).
-async fn admit(
-    svc: &Arc<PortalService>,
-    e: &Est,
-) -> Result<(Option<Arc<SessionCtl>>, bool), LoginFail> {
+/// registered (under max_sessions), after the session it reinstates (same
+/// initiator port on the same node, RFC 7143 §6.3.5) has ended; a joining
+/// connection takes its place in its session (MaxConnections), and one
+/// that replaces a connection (same CID) has the old one closed first.
+async fn admit(svc: &Arc<PortalService>, e: &Est) -> Result<Admitted, LoginFail> {
     let Some(node) = &e.node else {
-        return Ok((None, false));
+        return Ok(None);
     };
     let sessions = &svc.shared.sessions;
     let name = node.full_name.as_str();
     if !e.leading {
         let ctl = sessions.joinable(e.tsih, &e.initiator, &e.isid, name, svc.tag)?;
+        // Taken before the old connection goes: the session outlives it.
+        let ticket = ctl.ticket(sessions)?;
         if ctl.reserve(e.cid)? {
             // Connection reinstatement (RFC 7143 §6.3.4): the login logs
-            // the old connection out first, its tasks ended unanswered.
+            // the old connection out first, its tasks ended unanswered,
+            // whichever reactor it is on.
             let cid = e.cid;
-            let rt = &svc.shared.rt;
             sessions
-                .on_session(rt, &ctl, move |s| async move {
-                    s.hold();
+                .on_parts(&svc.shared.rt, ctl.tsih, move |s| async move {
                     let gone = s.close_cid(cid, Leave::Replaced);
                     s.tasks.ended(|t| gone.contains(&t.conn)).await;
                 })
                 .await;
-            return Ok((Some(ctl), true));
         }
-        return Ok((Some(ctl), false));
+        return Ok(Some((ctl, ticket)));
     }
     // max_sessions, per node: a login over it is answered "out of
     // resources" before any session it would reinstate is touched.
     let max = svc.shared.max_sessions();
-    let reinstates = !svc.shared.duplicated_isid();
-    if reinstates {
+    if !svc.shared.duplicated_isid() {
         sessions.room(name, &e.initiator, &e.isid, max)?;
         for old in sessions.same_nexus(&e.initiator, &e.isid, name) {
             sessions.end(&svc.shared.rt, &old).await;
         }
     }
-    let ctl = sessions.add(
+    let several = e.params.max_connections > 1;
+    let window = Window::new(e.exp_cmdsn, node.params.queue_depth, several);
+    let (ctl, ticket) = sessions.add(
         e.tsih,
         &e.initiator,
         e.isid,
@@ -267,8 +243,9 @@ async fn admit(
         e.params,
         e.cid,
         max,
+        window,
     )?;
-    Ok((Some(ctl), false))
+    Ok(Some((ctl, ticket)))
 }
 
 /// The I_T nexus of a session: the initiator port name `name,i,0xISID`

@@ -102,16 +102,18 @@ impl Command {
 /// The body of one command's task: runs it and answers it, then leaves
 /// the task set.
 pub async fn run(core: Rc<Core>, task: Rc<Task>, cmd: Command) {
-    let tasks = &core.sess.tasks;
-    tasks.may_start(&task).await;
+    let (tasks, window) = (&core.sess.tasks, &core.sess.window);
+    tasks.may_start(&task, window.gate.as_ref()).await;
     if !task.aborted() {
         execute(&core, &task, &cmd).await;
     }
     tasks.remove(&task);
+    if let (Some(g), Some(seq)) = (&window.gate, task.gate_seq) {
+        g.leave(seq);
+    }
     if task.windowed {
         // Its slot of the window is free again.
-        let w = &core.sess.window;
-        w.max.set(w.max.get().wrapping_add(1));
+        window.credit();
     }
 }
 

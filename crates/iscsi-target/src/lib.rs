@@ -11,8 +11,10 @@
 //! - [`login`]: login without sockets (CHAP, stages), [`negotiate`] the
 //!   operational keys.
 //! - `sessions`: the target's sessions across reactors (reinstatement,
-//!   connections joining, resets reaching other sessions), `sess` one
-//!   session on its reactor (command window, task set, connections).
+//!   max_sessions, connections joining, work sent to every part of a
+//!   session, resets reaching other sessions), `sess` a session's part on
+//!   one reactor (task set, LUN table, connections) and what its parts
+//!   share (the command window, the task order across reactors).
 //! - [`session`]: the full feature phase (the receive loop), `exec` one
 //!   SCSI command as a task of its own, `tasks` the session's task set
 //!   (attributes, aborts), [`command`] one SCSI command's data phase

@@ -24,6 +24,9 @@ pub struct ConnInfo {
     pub target_addr: String,
     /// Empty for a discovery session.
     pub target_node_name: String,
+    /// The reactor it runs on (`reactor_N`; SPDK names its poll group's
+    /// thread here).
+    pub thread_name: String,
     /// SCSI commands answered on this connection (ustor's own field).
     pub ops: u64,
     /// Bytes sent as Data-In, and bytes of the write commands answered.

@@ -1,17 +1,25 @@
-//! One session on its reactor, shared by its connections (MC/S): the
-//! command window (ExpCmdSN/MaxCmdSN, session-wide: commands are admitted
-//! in CmdSN order whichever connection carries them), the task set, the
-//! LUN table (the I_T nexus), and the connections themselves. With
-//! ErrorRecoveryLevel 0 (all we offer) a connection that fails ends the
-//! session: every connection is closed and every task aborted (session
-//! recovery, RFC 7143 §7.1.4.3); one that logs out or is replaced by a
-//! login with its CID (connection reinstatement, §6.3.4) leaves alone,
-//! its tasks aborted silently.
+//! One session on one reactor, and what its reactors share. A session's
+//! connections (MC/S) run on the reactors the listener placed them on:
+//! each reactor with connections of the session holds one part ([`Sess`]:
+//! its task set, its LUN table on that reactor's channels, its
+//! connections), and every part shares the session's [`Window`]
+//! (ExpCmdSN/MaxCmdSN in atomics: commands are admitted in CmdSN order
+//! whichever connection and reactor carries them) and, in a session that
+//! may have several connections, its [`Gate`] (the task attributes'
+//! order across parts). With ErrorRecoveryLevel 0 (all we offer) a
+//! connection that fails ends the session: every part ends, every
+//! connection is closed and every task aborted (session recovery, RFC
+//! 7143 §7.1.4.3); one that logs out or is replaced by a login with its
+//! CID (connection reinstatement, §6.3.4) leaves alone, its tasks aborted
+//! silently.
 
 use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::poll_fn;
 use std::rc::{Rc, Weak};
-use std::task::{Poll, Waker};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use ustor_scsi_target::LunTable;
 
@@ -19,11 +27,207 @@ use crate::exec::Core;
 use crate::sessions::{LocalGuard, SessionCtl};
 use crate::tasks::TaskSet;
 
-/// ExpCmdSN and MaxCmdSN, stamped on every connection's responses.
+/// A sequence number every reactor of the session reads and writes.
+#[derive(Debug, Default)]
+pub struct SeqNo(AtomicU32);
+
+impl SeqNo {
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    pub fn set(&self, v: u32) {
+        self.0.store(v, Ordering::Release)
+    }
+}
+
+/// The session's command window (ExpCmdSN, MaxCmdSN), stamped on every
+/// connection's responses, and the commands waiting for their turn.
 #[derive(Debug, Default)]
 pub struct Window {
-    pub exp: Cell<u32>,
-    pub max: Cell<u32>,
+    pub exp: SeqNo,
+    pub max: SeqNo,
+    /// Set when the session ends.
+    ended: AtomicBool,
+    /// Commands that came ahead of their turn, on any reactor; `waiting`
+    /// counts them so that admitting a command takes no lock when none
+    /// waits.
+    waiting: AtomicUsize,
+    order: Mutex<Vec<Waker>>,
+    /// Connection serials, unique within the session.
+    next_conn: AtomicU64,
+    /// The task order across parts (a session that may have several
+    /// connections).
+    pub gate: Option<Gate>,
+}
+
+impl Window {
+    /// A session's window from `exp_cmdsn`, `queue_depth` commands wide;
+    /// `several`: it may have several connections (a gate orders its
+    /// tasks across reactors).
+    pub fn new(exp_cmdsn: u32, queue_depth: u32, several: bool) -> Arc<Window> {
+        let w = Window {
+            gate: several.then(Gate::default),
+            ..Window::default()
+        };
+        w.exp.set(exp_cmdsn);
+        w.max.set(exp_cmdsn.wrapping_add(queue_depth.max(1) - 1));
+        Arc::new(w)
+    }
+
+    /// Admits `cmdsn` as the next command: ExpCmdSN moves past it, if it
+    /// is still ExpCmdSN (a CmdSN sent twice is admitted once).
+    pub fn advance(&self, cmdsn: u32) -> bool {
+        let next = cmdsn.wrapping_add(1);
+        let ok = self
+            .exp
+            .0
+            .compare_exchange(cmdsn, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if ok {
+            self.wake_order();
+        }
+        ok
+    }
+
+    /// One slot of the window is free again (MaxCmdSN moves on).
+    pub fn credit(&self) {
+        self.max.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.wake_order();
+    }
+
+    fn lock_order(&self) -> MutexGuard<'_, Vec<Waker>> {
+        self.order.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake_order(&self) {
+        // SeqCst pairs with `turn`: a waiter counted before our store of
+        // ExpCmdSN is woken here, one counted after it sees the store.
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let w = std::mem::take(&mut *self.lock_order());
+        w.into_iter().for_each(Waker::wake);
+    }
+
+    /// Waits until ExpCmdSN reaches `cmdsn` (a command that came on one
+    /// connection ahead of one sent before it on another); `false` if the
+    /// session ends first.
+    pub async fn turn(&self, cmdsn: u32) -> bool {
+        /// Counts the waiter while it waits (also when its wait is dropped).
+        struct Counted<'a>(&'a AtomicUsize);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _counted = Counted(&self.waiting);
+        poll_fn(|cx| {
+            let ready = |w: &Window| {
+                if w.ended() {
+                    Some(false)
+                } else if w.exp.0.load(Ordering::SeqCst) == cmdsn {
+                    Some(true)
+                } else {
+                    None
+                }
+            };
+            if let Some(v) = ready(self) {
+                return Poll::Ready(v);
+            }
+            self.lock_order().push(cx.waker().clone());
+            // Checked again once the waker is in: an advance between the
+            // first check and the push would otherwise be missed.
+            match ready(self) {
+                Some(v) => Poll::Ready(v),
+                None => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// A serial number for a new connection (its tasks carry it).
+    pub fn conn_serial(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// SAM task order across the parts of a session: every task enters in
+/// admission (CmdSN) order; a SIMPLE task starts unless an earlier
+/// ORDERED one is still in, an ORDERED one once every earlier task has
+/// left. A SIMPLE task takes the lock twice (enter, leave) and skips it
+/// to start while no ORDERED task is in.
+#[derive(Debug, Default)]
+pub struct Gate {
+    st: Mutex<GateState>,
+    ordered: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    next: u64,
+    live: BTreeMap<u64, bool>,
+    ordered: BTreeSet<u64>,
+    waiters: Vec<Waker>,
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new task's place in the order.
+    pub fn enter(&self, ordered: bool) -> u64 {
+        let mut g = self.lock();
+        let seq = g.next;
+        g.next += 1;
+        g.live.insert(seq, ordered);
+        if ordered {
+            g.ordered.insert(seq);
+            self.ordered.fetch_add(1, Ordering::AcqRel);
+        }
+        seq
+    }
+
+    /// Whether task `seq` may start now; if not, `cx` is woken when a
+    /// task leaves.
+    pub fn ready(&self, seq: u64, ordered: bool, cx: &Context<'_>) -> bool {
+        if !ordered && self.ordered.load(Ordering::Acquire) == 0 {
+            return true;
+        }
+        let mut g = self.lock();
+        let ok = if ordered {
+            g.live.keys().next().map_or(true, |first| *first >= seq)
+        } else {
+            g.ordered.iter().next().map_or(true, |first| *first >= seq)
+        };
+        if !ok {
+            g.waiters.push(cx.waker().clone());
+        }
+        ok
+    }
+
+    /// Task `seq` has ended.
+    pub fn leave(&self, seq: u64) {
+        let w = {
+            let mut g = self.lock();
+            if g.live.remove(&seq) == Some(true) {
+                g.ordered.remove(&seq);
+                self.ordered.fetch_sub(1, Ordering::AcqRel);
+            }
+            std::mem::take(&mut g.waiters)
+        };
+        w.into_iter().for_each(Waker::wake);
+    }
 }
 
 /// How a connection leaves its session.
@@ -39,46 +243,28 @@ pub enum Leave {
     Replaced,
 }
 
-/// A session's state on its reactor.
+/// A session's part on one reactor.
 pub struct Sess {
-    pub window: Rc<Window>,
+    pub window: Arc<Window>,
     pub tasks: TaskSet,
     /// Dropped before `guard`: a reinstating session with the same I_T
     /// nexus only starts once this one's reservations are detached.
     pub table: LunTable,
     conns: RefCell<Vec<Weak<Core>>>,
     ending: Cell<bool>,
-    next_conn: Cell<u64>,
-    /// Woken when ExpCmdSN moves or the session ends.
-    order: RefCell<Vec<Waker>>,
-    /// Keeps the session for a connection on its way to replace one
-    /// (connection reinstatement), even when no connection is left.
-    holds: RefCell<Vec<Rc<Sess>>>,
-    pub ctl: Option<std::sync::Arc<SessionCtl>>,
-    /// Lists the session on its reactor; its drop signals the end.
+    pub ctl: Option<Arc<SessionCtl>>,
+    /// Lists the part on its reactor and keeps the session registered.
     pub(crate) guard: RefCell<Option<LocalGuard>>,
 }
 
 impl Sess {
-    pub fn new(
-        table: LunTable,
-        ctl: Option<std::sync::Arc<SessionCtl>>,
-        exp_cmdsn: u32,
-        queue_depth: u32,
-    ) -> Rc<Sess> {
-        let window = Window {
-            exp: Cell::new(exp_cmdsn),
-            max: Cell::new(exp_cmdsn.wrapping_add(queue_depth.max(1) - 1)),
-        };
+    pub fn new(table: LunTable, ctl: Option<Arc<SessionCtl>>, window: Arc<Window>) -> Rc<Sess> {
         Rc::new(Sess {
-            window: Rc::new(window),
+            window,
             tasks: TaskSet::default(),
             table,
             conns: RefCell::default(),
             ending: Cell::new(false),
-            next_conn: Cell::new(0),
-            order: RefCell::default(),
-            holds: RefCell::default(),
             ctl,
             guard: RefCell::default(),
         })
@@ -86,18 +272,20 @@ impl Sess {
 
     /// A serial number for a new connection (its tasks carry it).
     pub fn conn_serial(&self) -> u64 {
-        let n = self.next_conn.get();
-        self.next_conn.set(n + 1);
-        n
+        self.window.conn_serial()
     }
 
-    /// Whether the session still takes connections.
+    /// Whether this part still takes connections.
     pub fn open(&self) -> bool {
-        !self.ending.get()
+        !self.ending.get() && !self.window.ended()
     }
 
+    /// The session's connections, on every reactor.
     pub fn connections(&self) -> usize {
-        self.conns.borrow().len()
+        match &self.ctl {
+            Some(c) => c.connections(),
+            None => self.conns.borrow().len(),
+        }
     }
 
     /// A connection joins; one with the same CID is replaced first.
@@ -106,8 +294,9 @@ impl Sess {
         self.conns.borrow_mut().push(Rc::downgrade(core));
     }
 
-    /// Closes the connection `cid` (its tasks aborted, nothing more sent
-    /// on it); the serials of the connections closed (none: no such CID).
+    /// Closes the connection `cid` if it is on this part (its tasks
+    /// aborted, nothing more sent on it); the serials of the connections
+    /// closed.
     pub fn close_cid(&self, cid: u16, how: Leave) -> Vec<u64> {
         let old: Vec<Rc<Core>> = self
             .conns
@@ -134,22 +323,11 @@ impl Sess {
         }
     }
 
-    /// Keeps the session for a connection that replaces one of its own
-    /// and is on its way here ([`Sess::unhold`] once it is attached).
-    pub fn hold(self: &Rc<Self>) {
-        self.holds.borrow_mut().push(self.clone());
-    }
-
-    pub fn unhold(&self) {
-        let held = self.holds.borrow_mut().pop();
-        drop(held);
-    }
-
-    /// Ends the session: every connection closed, every task aborted.
+    /// Ends the session on this part: every connection here closed, every
+    /// task here aborted (the other parts are told by the caller).
     pub fn end(&self) {
         self.ending.set(true);
-        let held = std::mem::take(&mut *self.holds.borrow_mut());
-        drop(held);
+        self.window.end();
         self.tasks.abort(|_| true);
         let conns: Vec<Rc<Core>> = self
             .conns
@@ -160,12 +338,12 @@ impl Sess {
         for c in conns {
             c.tx.close();
         }
-        self.wake_order();
     }
 
     /// A connection's end, once its tasks have ended. A failed one ends
-    /// the session (ERL 0); once the last one has left the session takes
-    /// no more (its registration goes when the last reference does).
+    /// the session (ERL 0); once a part's last connection has left it
+    /// takes no more (its registration goes when the last reference
+    /// does).
     pub fn leave(&self, core: &Core) {
         let how = core.leave.get();
         if how == Leave::Failed && !self.ending.get() {
@@ -174,37 +352,56 @@ impl Sess {
         self.conns
             .borrow_mut()
             .retain(|w| w.upgrade().is_some_and(|c| c.serial != core.serial));
-        if self.conns.borrow().is_empty() && self.holds.borrow().is_empty() {
+        if self.conns.borrow().is_empty() {
             self.ending.set(true);
         }
-        self.wake_order();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Noop;
+
+    impl std::task::Wake for Noop {
+        fn wake(self: Arc<Self>) {}
     }
 
-    /// Admits `cmdsn` as the next command: ExpCmdSN moves past it.
-    pub fn advance(&self, cmdsn: u32) {
-        self.window.exp.set(cmdsn.wrapping_add(1));
-        self.wake_order();
+    #[test]
+    fn the_gate_keeps_ordered_tasks_in_order() {
+        let g = Gate::default();
+        let waker = Waker::from(Arc::new(Noop));
+        let cx = Context::from_waker(&waker);
+        let (s0, o1, s2) = (g.enter(false), g.enter(true), g.enter(false));
+        assert!(g.ready(s0, false, &cx));
+        assert!(!g.ready(o1, true, &cx), "ORDERED passed an earlier task");
+        assert!(!g.ready(s2, false, &cx), "SIMPLE passed an earlier ORDERED");
+        g.leave(s0);
+        assert!(g.ready(o1, true, &cx));
+        assert!(!g.ready(s2, false, &cx));
+        g.leave(o1);
+        assert!(g.ready(s2, false, &cx));
+        let o3 = g.enter(true);
+        assert!(!g.ready(o3, true, &cx));
+        // A SIMPLE task after an ORDERED one that has left starts at once.
+        g.leave(s2);
+        assert!(g.ready(o3, true, &cx));
+        g.leave(o3);
+        let s4 = g.enter(false);
+        assert!(g.ready(s4, false, &cx));
     }
 
-    fn wake_order(&self) {
-        let w = std::mem::take(&mut *self.order.borrow_mut());
-        w.into_iter().for_each(Waker::wake);
-    }
-
-    /// Waits until ExpCmdSN reaches `cmdsn` (a command that came on one
-    /// connection ahead of one sent before it on another); `false` if the
-    /// session ends first.
-    pub async fn turn(&self, cmdsn: u32) -> bool {
-        poll_fn(|cx| {
-            if self.ending.get() {
-                return Poll::Ready(false);
-            }
-            if self.window.exp.get() == cmdsn {
-                return Poll::Ready(true);
-            }
-            self.order.borrow_mut().push(cx.waker().clone());
-            Poll::Pending
-        })
-        .await
+    #[test]
+    fn the_window_admits_each_cmdsn_once_across_the_wrap() {
+        let w = Window::new(u32::MAX, 4, true);
+        assert_eq!(w.max.get(), 2);
+        assert!(!w.advance(0), "ahead of ExpCmdSN");
+        assert!(w.advance(u32::MAX));
+        assert!(!w.advance(u32::MAX), "admitted twice");
+        assert_eq!(w.exp.get(), 0);
+        w.credit();
+        assert_eq!(w.max.get(), 3);
+        assert!(w.gate.is_some());
     }
 }

@@ -1,7 +1,8 @@
 //! Full feature phase of one connection of a session: the receive loop.
 //! It admits requests by the session's command window (ExpCmdSN/MaxCmdSN,
-//! shared by the session's connections, [`crate::sess`]: a command that
-//! arrives ahead of one sent earlier on another connection waits for it)
+//! shared by the session's connections on every reactor, [`crate::sess`]:
+//! a command that arrives ahead of one sent earlier on another connection
+//! waits for it)
 //! and serves each request PDU in turn: a SCSI Command becomes a task of its
 //! own ([`crate::exec`]) so every command the window admits runs at once,
 //! its status sent when it finishes; Data-Out goes to its task's mailbox;
@@ -87,6 +88,8 @@ pub struct Session<'a, D: Discovery> {
     /// Text payloads are copied here once).
     scratch: Vec<u8>,
     idle: Idle,
+    /// The gate place `admit` took for the SCSI command it admitted.
+    gate_seq: Option<u64>,
 }
 
 /// What ended a wait for the next PDU.
@@ -123,6 +126,7 @@ impl<'a, D: Discovery> Session<'a, D> {
             text_left: Vec::new(),
             scratch: Vec::new(),
             idle: Idle::default(),
+            gate_seq: None,
         }
     }
 
@@ -198,8 +202,9 @@ impl<'a, D: Discovery> Session<'a, D> {
             core.tx.close();
             core.sess.tasks.abort(|t| t.conn == serial);
             if core.leave.get() == Leave::Failed {
-                // ERL 0: the connection failed, the session ends with it.
-                core.sess.end();
+                // ERL 0: the connection failed, the session ends with it,
+                // on every reactor.
+                self.end_session();
             }
         }
         core.sess.tasks.ended(|t| t.conn == serial).await;
@@ -249,9 +254,10 @@ impl<'a, D: Discovery> Session<'a, D> {
     /// CmdSN rules: a non-immediate request advances ExpCmdSN; one outside
     /// the window is dropped (RFC 7143 §4.2.2.1), except that in a session
     /// of several connections one ahead of ExpCmdSN waits for the requests
-    /// before it, sent on the others. A SCSI command keeps its slot of the
-    /// window until it ends; other requests are answered at once and give
-    /// theirs back.
+    /// before it, sent on the others (on any reactor). A SCSI command of a
+    /// session with a gate takes its place there first. A SCSI command
+    /// keeps its slot of the window until it ends; other requests are
+    /// answered at once and give theirs back.
     async fn admit(&mut self, b: &Bhs) -> Result<bool, ConnError> {
         let op = b.opcode();
         let immediate = b.0[0] & 0x40 != 0;
@@ -264,13 +270,26 @@ impl<'a, D: Discovery> Session<'a, D> {
         let ahead = (cmdsn.wrapping_sub(w.exp.get()) as i32) > 0;
         let beyond = |max: u32| (cmdsn.wrapping_sub(max) as i32) > 0;
         if ahead && !beyond(w.max.get()) && sess.connections() > 1 {
-            match ustor_net::time::timeout(ORDER_TIMEOUT, sess.turn(cmdsn)).await {
+            match ustor_net::time::timeout(ORDER_TIMEOUT, w.turn(cmdsn)).await {
                 Some(true) => {}
                 Some(false) => return Err(ConnError::Protocol("session ended")),
                 None => return Err(ConnError::Protocol("CmdSN gap across connections")),
             }
         }
-        if cmdsn != w.exp.get() || beyond(w.max.get()) {
+        let scsi = op == opcode::SCSI_CMD && self.normal;
+        let over = beyond(w.max.get());
+        // A task enters the gate before ExpCmdSN moves past it: the next
+        // command, perhaps on another reactor, enters after it.
+        let seq = match &w.gate {
+            Some(g) if scsi && !over && cmdsn == w.exp.get() => {
+                Some(g.enter(task_attr(b) == crate::tasks::attr::ORDERED))
+            }
+            _ => None,
+        };
+        if over || !w.advance(cmdsn) {
+            if let (Some(g), Some(seq)) = (&w.gate, seq) {
+                g.leave(seq);
+            }
             tracing::debug!(
                 "iscsi: CmdSN {cmdsn} outside the window [{}, {}]",
                 w.exp.get(),
@@ -278,10 +297,10 @@ impl<'a, D: Discovery> Session<'a, D> {
             );
             return Ok(false);
         }
-        if op != opcode::SCSI_CMD || !self.normal {
-            w.max.set(w.max.get().wrapping_add(1));
+        if !scsi {
+            w.credit();
         }
-        sess.advance(cmdsn);
+        self.gate_seq = seq;
         Ok(true)
     }
 
@@ -302,24 +321,25 @@ impl<'a, D: Discovery> Session<'a, D> {
 
     /// Starts the command as a task of its own.
     async fn scsi(&mut self, b: &Bhs) -> Result<(), ConnError> {
+        let seq = self.gate_seq.take();
         let Some(cmd) = exec::Command::parse(b, self.wire.data()) else {
+            if let (Some(g), Some(seq)) = (&self.core.sess.window.gate, seq) {
+                g.leave(seq);
+            }
             // Bidirectional commands are not offered.
             return self.reject(b, reject::NOT_SUPPORTED).await;
         };
-        // COMPARE AND WRITE and ORWRITE read before they write: they run
-        // alone in the session (as ORDERED) so none of its own writes
-        // interleave (crates/scsi-target's rmw relies on it).
-        let attr = match b.0[32] {
-            0x89 | 0x8b => crate::tasks::attr::ORDERED,
-            _ => b.flags() & 0x07,
-        };
+        let attr = task_attr(b);
         let lun = decode_lun(cmd.info.lun);
         let windowed = b.0[0] & 0x40 == 0;
         let core = &self.core;
+        // An immediate command takes its place in the gate now.
+        let ordered = attr == crate::tasks::attr::ORDERED;
+        let seq = (core.sess.window.gate.as_ref()).map(|g| seq.unwrap_or_else(|| g.enter(ordered)));
         let task = core
             .sess
             .tasks
-            .add(cmd.info.itt, lun, core.serial, attr, windowed);
+            .add(cmd.info.itt, lun, core.serial, attr, windowed, seq);
         ustor_runtime::spawn(exec::run(self.core.clone(), task, cmd));
         Ok(())
     }
@@ -378,42 +398,61 @@ impl<'a, D: Discovery> Session<'a, D> {
         let function = b.flags() & 0x7f;
         let lun = decode_lun(b.lun());
         let core = self.core.clone();
-        let (tasks, table) = (&core.sess.tasks, &core.sess.table);
         let response = match function {
             1 => {
                 let rtt = b.u32_at(20);
-                match tasks.find(rtt) {
-                    Some(t) if t.lun == lun => {
-                        tasks.abort(|x| x.itt == rtt);
-                        tasks.ended(|x| x.itt == rtt).await;
-                        tmf_response::COMPLETE
-                    }
-                    Some(_) => tmf_response::NO_TASK,
+                // The task may be on any connection of the session.
+                let found = self
+                    .each_part(move |s| async move {
+                        let tasks = &s.tasks;
+                        match tasks.find(rtt) {
+                            Some(t) if t.lun == lun => {
+                                tasks.abort(|x| x.itt == rtt);
+                                tasks.ended(|x| x.itt == rtt).await;
+                                Some(tmf_response::COMPLETE)
+                            }
+                            Some(_) => Some(tmf_response::NO_TASK),
+                            None => None,
+                        }
+                    })
+                    .await;
+                match found.into_iter().flatten().min() {
+                    Some(r) => r,
                     None => self.gone(b.u32_at(32)),
                 }
             }
             2 | 3 => {
-                tasks.abort(|t| t.lun == lun);
-                tasks.ended(|t| t.lun == lun).await;
+                self.each_part(move |s| async move {
+                    s.tasks.abort(|t| t.lun == lun);
+                    s.tasks.ended(|t| t.lun == lun).await;
+                })
+                .await;
                 if function == 3 {
                     self.others(Some(lun), false).await;
                 }
                 tmf_response::COMPLETE
             }
             4 => tmf_response::COMPLETE,
-            5 if table.get(lun).is_some() => {
-                tasks.abort(|t| t.lun == lun);
-                tasks.ended(|t| t.lun == lun).await;
+            5 if core.sess.table.get(lun).is_some() => {
+                self.each_part(move |s| async move {
+                    s.tasks.abort(|t| t.lun == lun);
+                    s.tasks.ended(|t| t.lun == lun).await;
+                })
+                .await;
                 self.others(Some(lun), true).await;
-                table.reset_lun(lun);
+                self.each_part(move |s| async move { s.table.reset_lun(lun) })
+                    .await;
                 tmf_response::COMPLETE
             }
             5 => tmf_response::NO_LUN,
             6 | 7 => {
-                tasks.abort(|_| true);
-                tasks.ended(|_| true).await;
+                self.each_part(|s| async move {
+                    s.tasks.abort(|_| true);
+                    s.tasks.ended(|_| true).await;
+                })
+                .await;
                 self.others(None, true).await;
-                table.reset_all();
+                self.each_part(|s| async move { s.table.reset_all() }).await;
                 tmf_response::COMPLETE
             }
             8 => tmf_response::NO_REASSIGN,
@@ -425,9 +464,35 @@ impl<'a, D: Discovery> Session<'a, D> {
             // TARGET COLD RESET: then every session of the target ends
             // (RFC 7143 §11.5.1), this one too.
             self.end_others().await;
-            core.sess.end();
+            self.end_session();
         }
         Ok(())
+    }
+
+    /// Runs `f` with every part of this session (each on its reactor), or
+    /// with this one when the session cannot have others; their results.
+    async fn each_part<F, Fut, R>(&self, f: F) -> Vec<R>
+    where
+        F: Fn(Rc<crate::sess::Sess>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + 'static,
+        R: Send + 'static,
+    {
+        match (&self.peers, &self.core.sess.ctl) {
+            (Some((sessions, rt)), Some(ctl)) if ctl.several() => {
+                sessions.on_parts(rt, ctl.tsih, f).await
+            }
+            _ => vec![f(self.core.sess.clone()).await],
+        }
+    }
+
+    /// Ends this session: this part now, the others on their reactors.
+    fn end_session(&self) {
+        self.core.sess.end();
+        if let (Some((sessions, rt)), Some(ctl)) = (&self.peers, &self.core.sess.ctl) {
+            if ctl.several() {
+                sessions.end_now(rt, ctl.tsih);
+            }
+        }
     }
 
     /// Ends every other session of the node (connections closed).
@@ -456,7 +521,7 @@ impl<'a, D: Discovery> Session<'a, D> {
                 continue;
             }
             sessions
-                .on_session(rt, &ctl, move |s| async move {
+                .on_parts(rt, ctl.tsih, move |s| async move {
                     let n = s.tasks.abort(|t| on(t.lun));
                     s.tasks.ended(|t| on(t.lun)).await;
                     let ua = match (reset, n) {
@@ -498,7 +563,8 @@ impl<'a, D: Discovery> Session<'a, D> {
         let cid = b.u16_at(20);
         let (response, ends) = match b.flags() & 0x7f {
             logout_reason::SESSION => {
-                tasks.ended(|_| true).await;
+                self.each_part(|s| async move { s.tasks.ended(|_| true).await })
+                    .await;
                 core.sess.set_leave(&core, Leave::LoggedOut);
                 (logout_response::CLOSED, true)
             }
@@ -508,9 +574,15 @@ impl<'a, D: Discovery> Session<'a, D> {
                 (logout_response::CLOSED, true)
             }
             logout_reason::CONNECTION => {
-                let gone = core.sess.close_cid(cid, Leave::LoggedOut);
-                tasks.ended(|t| gone.contains(&t.conn)).await;
-                if gone.is_empty() {
+                // Another connection, on whichever reactor it runs.
+                let closed = self
+                    .each_part(move |s| async move {
+                        let gone = s.close_cid(cid, Leave::LoggedOut);
+                        s.tasks.ended(|t| gone.contains(&t.conn)).await;
+                        !gone.is_empty()
+                    })
+                    .await;
+                if !closed.contains(&true) {
                     (logout_response::NO_CID, false)
                 } else {
                     (logout_response::CLOSED, false)
@@ -528,9 +600,19 @@ impl<'a, D: Discovery> Session<'a, D> {
         tx.send(&r, &[]).await?;
         if b.flags() & 0x7f == logout_reason::SESSION {
             // The session's other connections end with it.
-            core.sess.end();
+            self.end_session();
         }
         Ok(ends)
+    }
+}
+
+/// A SCSI Command's task attribute. COMPARE AND WRITE and ORWRITE read
+/// before they write: they run alone in the session (as ORDERED) so none
+/// of its own writes interleave (crates/scsi-target's rmw relies on it).
+fn task_attr(b: &Bhs) -> u8 {
+    match b.0[32] {
+        0x89 | 0x8b => crate::tasks::attr::ORDERED,
+        _ => b.flags() & 0x07,
     }
 }
 

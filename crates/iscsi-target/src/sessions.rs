@@ -1,18 +1,21 @@
 //! The target's sessions as logins and task management see them, across
 //! reactors: a registry of every normal session in full feature phase
 //! ([`Sessions`], one [`SessionCtl`] each: its TSIH, I_T nexus, node,
-//! reactor, negotiated parameters and connection IDs) and the reactor-local
-//! side of each session ([`crate::sess::Sess`], found by TSIH on its own
-//! reactor). A session runs on one reactor: a connection that joins it
-//! (MC/S, connection reinstatement) is moved there after its login.
-//! Work on another session (end it for session reinstatement, abort its
-//! tasks for a reset) is sent to its reactor and waited for here with a
-//! [`Signal`], never by blocking a reactor.
+//! negotiated parameters, connection IDs and command window) and the
+//! reactor-local parts of each session ([`crate::sess::Sess`], found by
+//! TSIH on their reactor). A session's connections run where the
+//! listener placed them: a reactor with connections of a session has a
+//! part of it. A session stays registered while a part of it or a
+//! connection on its way to one ([`Ticket`]) is left. Work on a session
+//! (end it for session reinstatement, abort its tasks for a reset) is
+//! sent to every reactor and waited for here with a [`Signal`], never by
+//! blocking a reactor.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -21,7 +24,7 @@ use ustor_runtime::RuntimeHandle;
 
 use crate::login::LoginFail;
 use crate::negotiate::Params;
-use crate::sess::Sess;
+use crate::sess::{Sess, Window};
 
 /// How long a login waits for the session it reinstates to end, and a
 /// reset for other sessions' tasks to end.
@@ -69,13 +72,15 @@ pub struct SessionCtl {
     pub node: String,
     /// The portal group it logged in through.
     pub tag: u32,
-    /// The reactor its connections run on.
-    pub reactor: usize,
     /// The session-wide parameters its leading login negotiated.
     pub params: Params,
-    /// The CIDs of its connections (reserved at login, before the move).
+    /// Its command window, shared by every part.
+    pub window: Arc<Window>,
+    /// The CIDs of its connections (reserved at login).
     cids: Mutex<Vec<u16>>,
-    /// Set when its last connection has ended.
+    /// Its parts and the connections on their way to one; 0: ended.
+    users: AtomicUsize,
+    /// Set when its last part has ended.
     pub ended: Signal,
 }
 
@@ -103,6 +108,54 @@ impl SessionCtl {
     pub(crate) fn release(&self, cid: u16) {
         self.cids().retain(|c| *c != cid);
     }
+
+    /// Its connections, on every reactor.
+    pub(crate) fn connections(&self) -> usize {
+        self.cids().len()
+    }
+
+    /// Whether its connections may be on several reactors (it may have
+    /// more than one).
+    pub(crate) fn several(&self) -> bool {
+        self.params.max_connections > 1
+    }
+
+    /// Keeps the session registered for a connection on its way to it;
+    /// `NoSession` once it has ended.
+    pub(crate) fn ticket(self: &Arc<Self>, sessions: &Arc<Sessions>) -> Result<Ticket, LoginFail> {
+        self.users
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u > 0).then_some(u + 1)
+            })
+            .map_err(|_| LoginFail::NoSession)?;
+        Ok(Ticket {
+            sessions: sessions.clone(),
+            ctl: self.clone(),
+        })
+    }
+}
+
+/// Keeps a session registered: held by each of its parts and by each
+/// connection between its login and its part. The last one to go ends
+/// the session (its TSIH is free, its end signalled).
+pub struct Ticket {
+    sessions: Arc<Sessions>,
+    ctl: Arc<SessionCtl>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.ctl.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let tsih = self.ctl.tsih;
+        let mut m = self.sessions.lock();
+        if m.get(&tsih).is_some_and(|c| Arc::ptr_eq(c, &self.ctl)) {
+            m.remove(&tsih);
+        }
+        drop(m);
+        self.ctl.ended.set();
+    }
 }
 
 /// Every normal session of one target, by TSIH.
@@ -112,29 +165,22 @@ pub struct Sessions {
 }
 
 thread_local! {
-    /// This reactor's sessions: (registry address, TSIH, session).
+    /// This reactor's session parts: (registry address, TSIH, part).
     static LOCAL: RefCell<Vec<(usize, u16, Weak<Sess>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Takes the session off its reactor's list and the registry when the
-/// session ends, and signals its end.
+/// Lists a part on its reactor and keeps its session registered; it
+/// drops with the part.
 pub struct LocalGuard {
-    sessions: Arc<Sessions>,
-    ctl: Arc<SessionCtl>,
+    _ticket: Ticket,
 }
 
 impl Drop for LocalGuard {
     fn drop(&mut self) {
-        let key = Arc::as_ptr(&self.sessions) as usize;
-        let tsih = self.ctl.tsih;
-        // try_with: a session may drop while its reactor's thread ends.
-        let _ = LOCAL.try_with(|l| l.borrow_mut().retain(|e| (e.0, e.1) != (key, tsih)));
-        let mut m = self.sessions.lock();
-        if m.get(&tsih).is_some_and(|c| Arc::ptr_eq(c, &self.ctl)) {
-            m.remove(&tsih);
-        }
-        drop(m);
-        self.ctl.ended.set();
+        // The part is being dropped (no strong reference left): its entry
+        // and any other dead one go. try_with: a part may drop while its
+        // reactor's thread ends.
+        let _ = LOCAL.try_with(|l| l.borrow_mut().retain(|e| e.2.strong_count() > 0));
     }
 }
 
@@ -171,12 +217,13 @@ impl Sessions {
         Ok(())
     }
 
-    /// A new session's entry (its connection `cid` counted), if `node`
-    /// has fewer than `max` sessions (checked and entered at once, so
-    /// logins racing for the last place cannot both take it).
+    /// A new session's entry (its connection `cid` counted, the ticket
+    /// its first part takes over), if `node` has fewer than `max`
+    /// sessions (checked and entered at once, so logins racing for the
+    /// last place cannot both take it). `window` is its command window.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
-        &self,
+        self: &Arc<Self>,
         tsih: u16,
         initiator: &str,
         isid: [u8; 6],
@@ -185,7 +232,8 @@ impl Sessions {
         params: Params,
         cid: u16,
         max: usize,
-    ) -> Result<Arc<SessionCtl>, LoginFail> {
+        window: Arc<Window>,
+    ) -> Result<(Arc<SessionCtl>, Ticket), LoginFail> {
         let mut m = self.lock();
         if m.values().filter(|c| c.node == node).count() >= max {
             return Err(LoginFail::Resources);
@@ -196,13 +244,18 @@ impl Sessions {
             isid,
             node: node.to_string(),
             tag,
-            reactor: ustor_runtime::reactor_id(),
             params,
+            window,
             cids: Mutex::new(vec![cid]),
+            users: AtomicUsize::new(1),
             ended: Signal::default(),
         });
         m.insert(tsih, ctl.clone());
-        Ok(ctl)
+        let t = Ticket {
+            sessions: self.clone(),
+            ctl: ctl.clone(),
+        };
+        Ok((ctl, t))
     }
 
     /// The session a connection with a non-zero TSIH wants to join; it
@@ -242,16 +295,6 @@ impl Sessions {
             .collect()
     }
 
-    /// Drops a session that never started on its reactor.
-    pub(crate) fn forget(&self, ctl: &Arc<SessionCtl>) {
-        let mut m = self.lock();
-        if m.get(&ctl.tsih).is_some_and(|c| Arc::ptr_eq(c, ctl)) {
-            m.remove(&ctl.tsih);
-        }
-        drop(m);
-        ctl.ended.set();
-    }
-
     /// Every session of `node`.
     pub(crate) fn of_node(&self, node: &str) -> Vec<Arc<SessionCtl>> {
         self.lock()
@@ -261,56 +304,87 @@ impl Sessions {
             .collect()
     }
 
-    /// Lists `sess` on this (its) reactor until the guard drops.
+    /// Lists part `sess` on this reactor until the guard drops; the
+    /// guard holds `ticket`.
     pub(crate) fn register_local(
         self: &Arc<Self>,
         ctl: &Arc<SessionCtl>,
         sess: &Rc<Sess>,
+        ticket: Ticket,
     ) -> LocalGuard {
         let key = Arc::as_ptr(self) as usize;
         LOCAL.with(|l| l.borrow_mut().push((key, ctl.tsih, Rc::downgrade(sess))));
-        LocalGuard {
-            sessions: self.clone(),
-            ctl: ctl.clone(),
-        }
+        LocalGuard { _ticket: ticket }
     }
 
-    /// The session `tsih` if it runs on this reactor.
-    pub(crate) fn local(self: &Arc<Self>, tsih: u16) -> Option<Rc<Sess>> {
+    /// The parts of session `tsih` on this reactor (an ending one may be
+    /// there beside a new one).
+    pub(crate) fn locals(self: &Arc<Self>, tsih: u16) -> Vec<Rc<Sess>> {
         let key = Arc::as_ptr(self) as usize;
         LOCAL.with(|l| {
             l.borrow()
                 .iter()
-                .find(|e| (e.0, e.1) == (key, tsih))
-                .and_then(|e| e.2.upgrade())
+                .filter(|e| (e.0, e.1) == (key, tsih))
+                .filter_map(|e| e.2.upgrade())
+                .collect()
         })
     }
 
-    /// Runs `f` on the reactor of `ctl`'s session with that session (if it
-    /// still runs) and waits for the future it returns to finish.
-    pub(crate) async fn on_session<F, Fut>(
+    /// Runs `f` with every part of session `tsih`, each on its reactor,
+    /// and waits for all of them; their results.
+    pub(crate) async fn on_parts<F, Fut, R>(
         self: &Arc<Self>,
         rt: &RuntimeHandle,
-        ctl: &SessionCtl,
+        tsih: u16,
         f: F,
-    ) where
-        F: FnOnce(Rc<Sess>) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()> + 'static,
+    ) -> Vec<R>
+    where
+        F: Fn(Rc<Sess>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = R> + 'static,
+        R: Send + 'static,
     {
+        let n = rt.num_reactors();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let left = Arc::new(AtomicUsize::new(n));
         let done = Arc::new(Signal::default());
-        let (me, tsih, d) = (self.clone(), ctl.tsih, done.clone());
-        let sent = rt.spawn_on(ctl.reactor, move || async move {
-            if let Some(s) = me.local(tsih) {
-                f(s).await;
+        let f = Arc::new(f);
+        let one_less = |left: &AtomicUsize, done: &Signal| {
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                done.set();
             }
-            d.set();
-        });
-        if sent.is_ok()
-            && ustor_net::time::timeout(OTHERS_TIMEOUT, done.wait())
-                .await
-                .is_none()
+        };
+        for r in 0..n {
+            let (me, f, out) = (self.clone(), f.clone(), out.clone());
+            let (l, d) = (left.clone(), done.clone());
+            let sent = rt.spawn_on(r, move || async move {
+                for s in me.locals(tsih) {
+                    let v = f(s).await;
+                    out.lock().unwrap_or_else(|p| p.into_inner()).push(v);
+                }
+                one_less(&l, &d);
+            });
+            if sent.is_err() {
+                one_less(&left, &done);
+            }
+        }
+        if ustor_net::time::timeout(OTHERS_TIMEOUT, done.wait())
+            .await
+            .is_none()
         {
             tracing::warn!("iscsi: session {tsih:#x} did not answer in time");
+        }
+        let mut g = out.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *g)
+    }
+
+    /// Tells every part of session `tsih` to end, without waiting (a
+    /// connection that failed: ERL 0 ends the session).
+    pub(crate) fn end_now(self: &Arc<Self>, rt: &RuntimeHandle, tsih: u16) {
+        for r in 0..rt.num_reactors() {
+            let me = self.clone();
+            let _ = rt.spawn_on(r, move || async move {
+                me.locals(tsih).iter().for_each(|s| s.end());
+            });
         }
     }
 
@@ -319,7 +393,8 @@ impl Sessions {
     /// cold reset.
     pub(crate) async fn end(self: &Arc<Self>, rt: &RuntimeHandle, ctl: &Arc<SessionCtl>) {
         tracing::info!("iscsi: session {:#x} of {} ends", ctl.tsih, ctl.initiator);
-        self.on_session(rt, ctl, |s| async move { s.end() }).await;
+        self.on_parts(rt, ctl.tsih, |s| async move { s.end() })
+            .await;
         if ustor_net::time::timeout(OTHERS_TIMEOUT, ctl.ended.wait())
             .await
             .is_none()

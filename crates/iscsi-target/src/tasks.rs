@@ -5,7 +5,10 @@
 //! task starts when every earlier task has ended; HEAD OF QUEUE starts at
 //! once (SAM-5 §8.6). Task management finds tasks here: ABORT TASK by
 //! tag, ABORT/CLEAR TASK SET and LUN RESET by LUN, target resets all; the
-//! TMF answers only once the aborted tasks have ended.
+//! TMF answers only once the aborted tasks have ended. A session whose
+//! connections may be on several reactors has a task set per reactor and
+//! keeps the attributes' order across them in its gate
+//! ([`crate::sess::Gate`]).
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -14,6 +17,8 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use ustor_iscsi::wire::Bhs;
+
+use crate::sess::Gate;
 
 /// SAM task attributes as the SCSI Command PDU carries them (ATTR field);
 /// the others (untagged, SIMPLE, ACA) run as SIMPLE.
@@ -33,6 +38,9 @@ pub struct Task {
     attr: u8,
     /// Takes a slot of the command window (not an immediate command).
     pub windowed: bool,
+    /// Its place in the session's gate (a session of several
+    /// connections: the order is kept across reactors there).
+    pub gate_seq: Option<u64>,
     aborted: Cell<bool>,
     /// Its status is queued: too late to abort, task management no
     /// longer sees it.
@@ -87,7 +95,15 @@ pub struct TaskSet {
 
 impl TaskSet {
     /// Enters a new task (before it is spawned, so its Data-Out finds it).
-    pub fn add(&self, itt: u32, lun: u64, conn: u64, attr: u8, windowed: bool) -> Rc<Task> {
+    pub fn add(
+        &self,
+        itt: u32,
+        lun: u64,
+        conn: u64,
+        attr: u8,
+        windowed: bool,
+        gate_seq: Option<u64>,
+    ) -> Rc<Task> {
         let n = self.next.get();
         self.next.set(n + 1);
         let t = Rc::new(Task {
@@ -97,6 +113,7 @@ impl TaskSet {
             n,
             attr,
             windowed,
+            gate_seq,
             aborted: Cell::new(false),
             answered: Cell::new(false),
             mailbox: RefCell::default(),
@@ -178,12 +195,26 @@ impl TaskSet {
         .await
     }
 
-    /// Waits until `t` may start by its task attribute (or is aborted).
-    pub async fn may_start(&self, t: &Task) {
+    /// Waits until `t` may start by its task attribute (or is aborted):
+    /// by this task set's order, or by the session's `gate` (the order
+    /// across its reactors) when it has one.
+    pub async fn may_start(&self, t: &Task, gate: Option<&Gate>) {
         if t.attr == attr::HEAD_OF_QUEUE {
             return;
         }
         let ordered = t.attr == attr::ORDERED;
+        if let (Some(g), Some(seq)) = (gate, t.gate_seq) {
+            // Woken by the gate when a task leaves, by this set when `t`
+            // is aborted.
+            return poll_fn(|cx| {
+                if t.aborted() || g.ready(seq, ordered, cx) {
+                    return Poll::Ready(());
+                }
+                self.waiters.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            })
+            .await;
+        }
         self.until(|ts| {
             t.aborted()
                 || !ts

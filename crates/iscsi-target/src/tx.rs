@@ -10,7 +10,7 @@ use std::future::{poll_fn, Future};
 use std::io;
 use std::os::fd::RawFd;
 use std::pin::pin;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
@@ -46,8 +46,9 @@ pub struct Tx {
     timeout: Cell<Duration>,
     /// StatSN of the next response (per connection).
     statsn: Cell<u32>,
-    /// The session's ExpCmdSN and MaxCmdSN (shared by its connections).
-    window: Rc<Window>,
+    /// The session's ExpCmdSN and MaxCmdSN (shared by its connections,
+    /// whichever reactor they run on).
+    window: Arc<Window>,
 }
 
 impl Tx {
@@ -56,7 +57,7 @@ impl Tx {
         digests: (bool, bool),
         timeout: Duration,
         statsn: u32,
-        window: Rc<Window>,
+        window: Arc<Window>,
     ) -> Tx {
         let buf = || {
             let mut b = IoBuf::heap(FIRST_OUT);

@@ -188,6 +188,18 @@ fn status_of(s: &mut TcpStream, itt: u32) -> (u8, Vec<u8>, Vec<u8>) {
     }
 }
 
+/// The statuses of the next `n` SCSI Responses, in whatever order they
+/// come, by ITT.
+fn responses(s: &mut TcpStream, n: usize) -> std::collections::BTreeMap<u32, u8> {
+    let mut m = std::collections::BTreeMap::new();
+    while m.len() < n {
+        let (b, _) = recv_pdu(s).unwrap();
+        assert_eq!(b.opcode(), opcode::SCSI_RESP, "ITT {:#x}", b.itt());
+        m.insert(b.itt(), b.u8_at(3));
+    }
+    m
+}
+
 /// Reads until the connection ends; every PDU seen must pass `ok`.
 fn until_closed(s: &mut TcpStream, ok: impl Fn(&Bhs) -> bool) {
     loop {
@@ -432,12 +444,12 @@ fn write_block(itt: u32, cmdsn: u32, data: &[u8]) -> Vec<u8> {
 /// data and compare, and its write would land after session 2's: lost.
 /// Should the COMPARE AND WRITE reach the target first, session 2's
 /// WRITE waits for it. Either way the block ends with session 2's data.
-#[test]
-fn compare_and_write_is_atomic_against_other_sessions() {
+/// Node `slow` on `Delay0`, a delay bdev over `Malloc1` (1 MiB of 512-byte
+/// blocks) whose writes take `write_us` and reads about none.
+fn slow_node(f: &Fixture, write_us: u64) {
     use std::sync::Arc;
     use ustor_bdev::modules::{malloc, RamOpts};
     use ustor_vbdev::delay::{self, DelayParams};
-    let f = start(16 << 20, 512);
     let opts = RamOpts {
         name: "Malloc1".into(),
         num_blocks: 2048,
@@ -452,14 +464,20 @@ fn compare_and_write_is_atomic_against_other_sessions() {
         name: "Delay0".into(),
         avg_read_latency: 1,
         p99_read_latency: 1,
-        avg_write_latency: 600_000,
-        p99_write_latency: 600_000,
+        avg_write_latency: write_us,
+        p99_write_latency: write_us,
         uuid: None,
     };
     delay::create(&f.registry, &Arc::downgrade(&f.registry), p).expect("delay bdev");
     f.target
         .create_target_node(&node_params("slow", "Delay0"))
         .expect("node");
+}
+
+#[test]
+fn compare_and_write_is_atomic_against_other_sessions() {
+    let f = start(16 << 20, 512);
+    slow_node(&f, 600_000);
     let mut s1 = login_to(f.port, SLOW, INITIATOR, ISID, 0, 0, &[]);
     let mut s2 = login_to(f.port, SLOW, INITIATOR, [0x80, 0, 0, 0, 0, 0x41], 0, 0, &[]);
     assert_eq!((s1.status, s2.status), ((0, 0), (0, 0)));
@@ -594,4 +612,88 @@ fn max_sessions_caps_the_sessions_of_a_node() {
     assert_eq!(f.read_bdev("Malloc0", 0, 4096), pattern(51, 4096));
     a.s.write_all(&tur(2, 2)).unwrap();
     assert_eq!(status_of(&mut a.s, 2).0, 0);
+}
+
+/// MC/S spread over reactors: the two connections of one session run on
+/// two reactors (the listener's round robin), and still share one CmdSN
+/// window and one task order: an ORDERED READ on one waits for the slow
+/// WRITE sent before it on the other (300 ms writes: without the order
+/// across reactors it would read the old data), WRITEs sent ahead of
+/// their turn on alternate connections all land, ABORT TASK on one
+/// connection aborts a task of the other, and a session logout from one
+/// ends both.
+#[test]
+fn a_sessions_connections_run_on_two_reactors() {
+    let f = start(16 << 20, 512);
+    slow_node(&f, 300_000);
+    let mc = [("MaxConnections", "2")];
+    let mut a = login_to(f.port, SLOW, INITIATOR, ISID, 0, 0, &mc);
+    assert_eq!(a.status, (0, 0));
+    let mut b = login_to(f.port, SLOW, INITIATOR, ISID, a.tsih, 1, &mc);
+    assert_eq!(b.status, (0, 0));
+    testkit::wait_until("both connections listed", Duration::from_secs(5), || {
+        f.target.get_connections().len() == 2
+    });
+    let threads: std::collections::BTreeSet<String> = f
+        .target
+        .get_connections()
+        .into_iter()
+        .map(|c| c.thread_name)
+        .collect();
+    assert_eq!(threads.len(), 2, "both on one reactor: {threads:?}");
+
+    // CmdSN 2, ORDERED, on B before CmdSN 1 on A.
+    b.s.write_all(&read_cmd(20, 2, 0)).unwrap();
+    a.s.write_all(&write_cmd(10, 1, 0, &pattern(61, 4096)))
+        .unwrap();
+    assert_eq!(status_of(&mut a.s, 10).0, 0);
+    let (st, data, _) = status_of(&mut b.s, 20);
+    assert_eq!(st, 0);
+    assert!(data == pattern(61, 4096), "the READ passed the WRITE");
+
+    // Eight WRITEs, CmdSN 3 to 10, alternating connections, each pair's
+    // second one sent first (it waits for its turn on the other reactor).
+    for pair in 0..4u32 {
+        let (n1, n2) = (3 + 2 * pair, 4 + 2 * pair);
+        let (l1, l2) = (8 + 16 * pair, 16 + 16 * pair);
+        b.s.write_all(&write_cmd(n2, n2, l2, &pattern(n2 as u64, 4096)))
+            .unwrap();
+        a.s.write_all(&write_cmd(n1, n1, l1, &pattern(n1 as u64, 4096)))
+            .unwrap();
+    }
+    // They run at once: answered in any order.
+    let all_good = |m: std::collections::BTreeMap<u32, u8>| m.values().all(|s| *s == 0);
+    let on_a = responses(&mut a.s, 4);
+    assert_eq!(on_a.keys().copied().collect::<Vec<_>>(), [3, 5, 7, 9]);
+    let on_b = responses(&mut b.s, 4);
+    assert_eq!(on_b.keys().copied().collect::<Vec<_>>(), [4, 6, 8, 10]);
+    assert!(all_good(on_a) && all_good(on_b), "a WRITE failed");
+    for n in 3..=10u32 {
+        let lba = 8 * (n - 2) as u64;
+        let got = f.read_bdev("Malloc1", lba * 512, 4096);
+        assert!(got == pattern(n as u64, 4096), "WRITE {n} at LBA {lba}");
+    }
+
+    // B's WRITE waits for its data; A aborts it (ABORT TASK is
+    // immediate: CmdSN 12 is the next one).
+    b.s.write_all(&pending_write(30, 11, 512)).unwrap();
+    expect(&mut b.s, opcode::R2T, 30);
+    let abort = build::tmf(1, [0; 8], 31, 30, 12, 0, 11);
+    a.s.write_all(&pdu_bytes(abort, &[])).unwrap();
+    let (r, _) = expect(&mut a.s, opcode::TMF_RESP, 31);
+    assert_eq!(r.u8_at(2), 0, "task aborted");
+    // B's next answer is for its next command: the WRITE never is.
+    b.s.write_all(&tur(32, 12)).unwrap();
+    assert_eq!(status_of(&mut b.s, 32).0, 0);
+    assert_eq!(f.read_bdev("Malloc1", 512 * 512, 4096), vec![0u8; 4096]);
+
+    // A logs the session out: B ends too.
+    a.s.write_all(&logout(0, 33, 13, 0)).unwrap();
+    let (r, _) = expect(&mut a.s, opcode::LOGOUT_RESP, 33);
+    assert_eq!(r.u8_at(2), 0, "session closed");
+    b.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    until_closed(&mut b.s, |_| false);
+    testkit::wait_until("the session ended", Duration::from_secs(10), || {
+        f.target.get_connections().is_empty()
+    });
 }
