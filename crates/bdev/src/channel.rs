@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use ustor_runtime::{ticks, IoBuf};
 
+use crate::child::chunk;
 use crate::device::BdevChannel;
 use crate::error::BdevError;
 use crate::io::MAX_SEGMENTS;
@@ -40,6 +41,8 @@ pub(crate) struct ChannelCore {
     /// 64-bit `div` costs tens of cycles on every I/O).
     align_pow2: bool,
     pub(crate) supported: [bool; IoType::ALL.len()],
+    /// [`crate::Bdev::max_compare_and_write_blocks`].
+    pub(crate) max_caw: u64,
     /// The driver honours [`IoFlags::FUA`] itself for this kind.
     fua_native: [bool; IoType::ALL.len()],
     /// The device has a volatile write cache that a flush empties: FUA
@@ -75,6 +78,7 @@ impl ChannelCore {
             may_split: info.max_transfer_blocks > 0 || info.optimal_boundary_blocks > 0,
             align_pow2: info.required_alignment.max(1).is_power_of_two(),
             volatile: info.write_cache && supported[IoType::Flush.index()],
+            max_caw: b.max_compare_and_write_blocks(),
             supported,
             fua_native,
             entry,
@@ -360,6 +364,54 @@ impl IoChannel {
         Ok(())
     }
 
+    /// Compares `num_blocks` at `offset_blocks` with `compare` and, only
+    /// if every byte matches, writes `write` there, atomically against
+    /// every other write to the range (each buffer `num_blocks *
+    /// block_size` bytes). A difference fails it with
+    /// [`BdevError::Miscompare`] (the first differing byte, where the
+    /// device says) and writes nothing. Only bdevs that do it natively
+    /// take it ([`IoChannel::supports`]); others say `NotSupported`. It is
+    /// never split: a range past the device's max transfer or across its
+    /// boundary fails with `Io(EINVAL)`, as does one larger than the
+    /// device's own limit ([`IoChannel::max_compare_and_write_blocks`];
+    /// librbd: one 512-byte sector).
+    pub async fn compare_and_write(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        compare: IoBuf,
+        write: IoBuf,
+        flags: IoFlags,
+    ) -> (Result<(), BdevError>, IoBuf, IoBuf) {
+        let kind = IoType::CompareAndWrite;
+        let (r, (compare, write)) = self
+            .io(kind, offset_blocks, num_blocks, (compare, write), 0, flags)
+            .await;
+        let r = self
+            .fua_flush(kind, flags, r, offset_blocks, num_blocks)
+            .await;
+        (r, compare, write)
+    }
+
+    /// Most blocks one compare-and-write may cover on this device (0:
+    /// none, the device has no native compare-and-write).
+    pub fn max_compare_and_write_blocks(&self) -> u64 {
+        if self.core.supported[IoType::CompareAndWrite.index()] {
+            self.core.max_caw
+        } else {
+            0
+        }
+    }
+
+    /// Whether a compare-and-write of the range goes to the driver whole:
+    /// within the device's limit and not split (max transfer, boundary).
+    fn compare_and_write_fits(&self, offset_blocks: u64, num_blocks: u64) -> bool {
+        let c = &self.core;
+        num_blocks <= c.max_caw
+            && (!c.may_split
+                || chunk(c.max_xfer, c.boundary, offset_blocks, num_blocks) == num_blocks)
+    }
+
     /// Waits for this channel's outstanding I/O, then resets the device queue.
     pub async fn reset(&self) -> Result<(), BdevError> {
         self.io(IoType::Reset, 0, 0, (), 0, IoFlags::NONE).await.0
@@ -408,10 +460,15 @@ impl IoChannel {
             return (Err(BdevError::NotSupported), payload);
         }
         if kind.has_data() {
-            let want = num_blocks * self.core.block_size as u64;
+            let want = kind.payload_bytes(num_blocks, self.core.block_size as u64);
             let got = payload.total_len();
             if got != want {
                 return (Err(BdevError::BadLength { got, want }), payload);
+            }
+            if kind == IoType::CompareAndWrite
+                && !self.compare_and_write_fits(offset_blocks, num_blocks)
+            {
+                return (Err(BdevError::Io(libc::EINVAL)), payload);
             }
             if payload.segments() > MAX_SEGMENTS {
                 let n = payload.segments();
@@ -523,7 +580,7 @@ impl IoChannel {
     ) -> (Result<(), BdevError>, P) {
         let len = payload.total_len() as usize;
         let mut bounce = IoBuf::alloc(len).await;
-        if kind == IoType::Write {
+        if kind != IoType::Read {
             copy_between(&mut payload, &mut bounce, true);
         }
         let st = &self.core.stats;

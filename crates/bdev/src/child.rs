@@ -77,8 +77,9 @@ impl IoHandle {
             (s.kind.get(), s.num_blocks.get(), bytes)
         });
         let whole = !kind.has_data()
-            || (bytes == num * c.block_size as u64
-                && chunk(c.max_xfer, c.boundary, offset_blocks, num) == num);
+            || (bytes == kind.payload_bytes(num, c.block_size as u64)
+                && chunk(c.max_xfer, c.boundary, offset_blocks, num) == num
+                && (kind != IoType::CompareAndWrite || num <= c.max_caw));
         if !whole {
             let kids = self.into_children();
             return kids.submit(ch, kind, offset_blocks, num, 0);
@@ -205,6 +206,15 @@ impl Children {
             return;
         }
         let bs = c.block_size as u64;
+        if kind == IoType::CompareAndWrite {
+            return self.submit_compare_and_write(
+                ch,
+                offset_blocks,
+                num_blocks,
+                parent_byte_offset,
+                watch,
+            );
+        }
         let mut done = 0;
         while done < num_blocks {
             let off = offset_blocks + done;
@@ -215,6 +225,42 @@ impl Children {
             };
             c.driver.submit(IoHandle::from_parts(child, gen));
             done += n;
+        }
+    }
+
+    /// A compare-and-write child: only the parent's whole payload (compare
+    /// data, then write data) in one piece, since its two halves cannot be
+    /// cut to a sub-range and a split one would not be atomic. Anything
+    /// else fails the parent (`Io(EINVAL)`) before a child starts, so a
+    /// compare-and-write spread over several bases writes nothing.
+    #[cold]
+    fn submit_compare_and_write(
+        &self,
+        ch: &IoChannel,
+        offset_blocks: u64,
+        num_blocks: u64,
+        parent_byte_offset: u64,
+        watch: Option<Watch>,
+    ) {
+        let c = &*ch.core;
+        let kind = IoType::CompareAndWrite;
+        let want = kind.payload_bytes(num_blocks, c.block_size as u64);
+        let have: u64 = with_table(|t| {
+            let p = &t.slots[self.idx as usize];
+            // SAFETY: the parent's iovecs are only read (see `child_slot`).
+            let iov = unsafe { &*p.iov.get() };
+            iov[..p.iovcnt.get() as usize]
+                .iter()
+                .map(|v| v.iov_len as u64)
+                .sum()
+        });
+        let one_piece = num_blocks <= c.max_caw
+            && chunk(c.max_xfer, c.boundary, offset_blocks, num_blocks) == num_blocks;
+        if parent_byte_offset != 0 || have != want || !one_piece {
+            return self.fail(BdevError::Io(libc::EINVAL));
+        }
+        if let Some((child, gen)) = self.child_slot(ch, kind, offset_blocks, num_blocks, 0, watch) {
+            c.driver.submit(IoHandle::from_parts(child, gen));
         }
     }
 
@@ -253,7 +299,7 @@ impl Children {
             s.parent.set(self.idx);
             s.watch.set(watch);
             if kind.has_data() {
-                let len = n * c.block_size as u64;
+                let len = kind.payload_bytes(n, c.block_size as u64);
                 // SAFETY: parent and child are distinct slots of this
                 // reactor's table; the parent's iovecs are not written while
                 // it has a driver (only read here).

@@ -29,6 +29,14 @@ pub trait Bdev: Send + Sync + 'static {
         false
     }
 
+    /// Most blocks one compare-and-write may cover (SPDK's `acwu`), for a
+    /// driver that supports it; larger ones fail with `Io(EINVAL)` in the
+    /// generic layer. librbd, for one, compares within one 512-byte
+    /// sector only.
+    fn max_compare_and_write_blocks(&self) -> u64 {
+        u64::MAX
+    }
+
     /// Makes this device's channel for the calling reactor (called on it,
     /// once, lazily).
     fn create_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError>;

@@ -23,8 +23,12 @@ pub enum BdevError {
     ReadOnly,
     #[error("device I/O error (errno {0})")]
     Io(i32),
-    #[error("data miscompare")]
-    Miscompare,
+    /// A compare (compare-and-write) found different data and wrote
+    /// nothing. `offset`: the first differing byte, counted from the start
+    /// of the compared range (SCSI's sense INFORMATION), when the device
+    /// says (NVMe does not).
+    #[error("data miscompare{}", miscompare_at(offset))]
+    Miscompare { offset: Option<u64> },
     #[error("I/O aborted")]
     Aborted,
 }
@@ -40,7 +44,7 @@ impl BdevError {
             BdevError::Removed => libc::ENODEV,
             BdevError::ReadOnly => libc::EPERM,
             BdevError::Io(e) => *e,
-            BdevError::Miscompare => libc::EILSEQ,
+            BdevError::Miscompare { .. } => libc::EILSEQ,
             BdevError::Aborted => libc::ECANCELED,
         }
     }
@@ -52,6 +56,13 @@ impl BdevError {
             libc::ECANCELED => BdevError::Aborted,
             e => BdevError::Io(e),
         }
+    }
+}
+
+fn miscompare_at(offset: &Option<u64>) -> String {
+    match offset {
+        Some(o) => format!(" at byte {o} of the compared range"),
+        None => String::new(),
     }
 }
 

@@ -342,6 +342,27 @@ impl IoDesc {
     pub unsafe fn iovecs(&self) -> &[libc::iovec] {
         std::slice::from_raw_parts(self.iov, self.iovcnt)
     }
+
+    /// A compare-and-write's data to compare and data to write, each
+    /// `len` bytes and contiguous, for a driver that takes two plain
+    /// buffers (librbd): the generic layer hands over the caller's two
+    /// buffers or one bounce buffer, and a child keeps its parent's
+    /// layout. `None` for any other layout.
+    ///
+    /// # Safety
+    /// Only until the I/O is completed.
+    pub unsafe fn compare_and_write_halves(&self, len: usize) -> Option<(*mut u8, *mut u8)> {
+        match self.iovecs() {
+            [a] if a.iov_len == 2 * len => {
+                let p = a.iov_base.cast::<u8>();
+                Some((p, p.add(len)))
+            }
+            [a, b] if a.iov_len == len && b.iov_len == len => {
+                Some((a.iov_base.cast(), b.iov_base.cast()))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl IoHandle {

@@ -124,6 +124,41 @@ impl Payload for Vec<IoBuf> {
     }
 }
 
+/// A compare-and-write's two buffers: the data to compare, then the data
+/// to write (two segments, in that order).
+impl Payload for (IoBuf, IoBuf) {
+    fn total_len(&self) -> u64 {
+        (self.0.len() + self.1.len()) as u64
+    }
+    fn segments(&self) -> usize {
+        2
+    }
+    fn iovecs(&mut self, out: &mut [libc::iovec; MAX_SEGMENTS]) -> usize {
+        for (o, b) in out.iter_mut().zip([&mut self.0, &mut self.1]) {
+            *o = libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            };
+        }
+        2
+    }
+    fn fixed(&self) -> bool {
+        self.0.is_pooled() && self.1.is_pooled()
+    }
+    fn aligned(&self, on: impl Fn(usize) -> bool, bs: usize) -> bool {
+        [&self.0, &self.1]
+            .iter()
+            .all(|b| on(b.as_ptr() as usize) && on(b.len()) && b.len().is_multiple_of(bs))
+    }
+    fn into_bufs(self) -> Bufs {
+        Bufs::Many(vec![self.0, self.1])
+    }
+    fn each_mut(&mut self, mut f: impl FnMut(&mut IoBuf)) {
+        f(&mut self.0);
+        f(&mut self.1);
+    }
+}
+
 /// Copies between the payload's buffers, in order, and one bounce buffer.
 pub(crate) fn copy_between<P: Payload>(p: &mut P, bounce: &mut IoBuf, into_bounce: bool) {
     let mut pos = 0;

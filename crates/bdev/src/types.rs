@@ -12,16 +12,25 @@ pub enum IoType {
     Unmap,
     WriteZeroes,
     Reset,
+    /// Compare the range with one buffer and, only if every byte matches,
+    /// write another, atomically against every other write (SPDK's
+    /// `SPDK_BDEV_IO_TYPE_COMPARE_AND_WRITE`, SCSI COMPARE AND WRITE, NVMe
+    /// fused Compare + Write). The I/O's bytes are the data to compare
+    /// followed by the data to write, each `num_blocks` long. Only native:
+    /// the generic layer cannot make it atomic for a driver, so it neither
+    /// emulates nor splits it.
+    CompareAndWrite,
 }
 
 impl IoType {
-    pub const ALL: [IoType; 6] = [
+    pub const ALL: [IoType; 7] = [
         IoType::Read,
         IoType::Write,
         IoType::Flush,
         IoType::Unmap,
         IoType::WriteZeroes,
         IoType::Reset,
+        IoType::CompareAndWrite,
     ];
 
     pub fn index(self) -> usize {
@@ -36,12 +45,27 @@ impl IoType {
             IoType::Unmap => "unmap",
             IoType::WriteZeroes => "write_zeroes",
             IoType::Reset => "reset",
+            IoType::CompareAndWrite => "compare_and_write",
         }
     }
 
     /// Whether the I/O carries a data payload.
+    #[inline]
     pub fn has_data(self) -> bool {
-        matches!(self, IoType::Read | IoType::Write)
+        matches!(self, IoType::Read | IoType::Write | IoType::CompareAndWrite)
+    }
+
+    /// Bytes of payload an I/O of `num_blocks` blocks of `block_size`
+    /// carries: the range once for a read or write, twice for a
+    /// compare-and-write (compare data, then write data), none otherwise.
+    #[inline]
+    pub fn payload_bytes(self, num_blocks: u64, block_size: u64) -> u64 {
+        let copies = match self {
+            IoType::Read | IoType::Write => 1,
+            IoType::CompareAndWrite => 2,
+            _ => 0,
+        };
+        copies * num_blocks * block_size
     }
 }
 

@@ -118,6 +118,37 @@ impl ustor_bdev::BdevChannel for TraceChannel {
             }
             IoType::Unmap | IoType::WriteZeroes => mem[pos..pos + len].fill(0),
             IoType::Flush | IoType::Reset => {}
+            IoType::CompareAndWrite => {
+                // Atomic: compare and write under the one lock.
+                // SAFETY: the iovecs are valid until the completion below.
+                let r = match unsafe { d.compare_and_write_halves(len) } {
+                    Some((cmp, new)) => {
+                        // SAFETY: each half is `len` bytes (checked above).
+                        let (cmp, new) = unsafe {
+                            (
+                                std::slice::from_raw_parts(cmp, len),
+                                std::slice::from_raw_parts(new, len),
+                            )
+                        };
+                        let at = mem[pos..pos + len]
+                            .iter()
+                            .zip(cmp)
+                            .position(|(a, b)| a != b);
+                        match at {
+                            Some(at) => Err(ustor_bdev::BdevError::Miscompare {
+                                offset: Some(at as u64),
+                            }),
+                            None => {
+                                mem[pos..pos + len].copy_from_slice(new);
+                                Ok(())
+                            }
+                        }
+                    }
+                    None => Err(ustor_bdev::BdevError::Io(libc::EINVAL)),
+                };
+                drop(mem);
+                return io.complete(r);
+            }
         }
         drop(mem);
         io.complete(Ok(()));

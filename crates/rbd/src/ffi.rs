@@ -109,6 +109,11 @@ api! {
     rbd fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
     rbd fn rbd_aio_discard(image: rbd_image_t, off: u64, len: u64, c: rbd_completion_t) -> c_int;
     rbd fn rbd_aio_write_zeroes(image: rbd_image_t, off: u64, len: size_t, c: rbd_completion_t, zero_flags: c_int, op_flags: c_int) -> c_int;
+    /// Completes with -EILSEQ on a miscompare, `mismatch_off` then holding
+    /// the image byte offset of the first difference (written before the
+    /// completion fires). Only within one 512-byte sector (else -EINVAL).
+    #[allow(clippy::too_many_arguments)] // the C prototype's
+    rbd fn rbd_aio_compare_and_write(image: rbd_image_t, off: u64, len: size_t, cmp_buf: *const c_char, buf: *const c_char, c: rbd_completion_t, mismatch_off: *mut u64, op_flags: c_int) -> ssize_t;
 }
 
 static API: OnceLock<Result<Api, String>> = OnceLock::new();

@@ -76,7 +76,16 @@ impl Outcome {
             BdevError::NotSupported => (IllegalRequest, asc::INVALID_OPCODE),
             BdevError::ReadOnly => (DataProtect, asc::WRITE_PROTECTED),
             BdevError::Removed => (NotReady, asc::MEDIUM_NOT_PRESENT),
-            BdevError::Miscompare => (Miscompare, asc::MISCOMPARE_DURING_VERIFY),
+            // Where the device says, INFORMATION holds the offset of the
+            // first differing byte (SBC-3 COMPARE AND WRITE).
+            BdevError::Miscompare { offset: Some(at) } => {
+                let s = Sense {
+                    info: Some(at),
+                    ..Sense::new(Miscompare, asc::MISCOMPARE_DURING_VERIFY)
+                };
+                return Outcome::sense(s, resid);
+            }
+            BdevError::Miscompare { offset: None } => (Miscompare, asc::MISCOMPARE_DURING_VERIFY),
             BdevError::Aborted => (AbortedCommand, (0, 0)),
             BdevError::Io(_) if write => (MediumError, asc::WRITE_ERROR),
             BdevError::Io(_) => (MediumError, asc::UNRECOVERED_READ),

@@ -5,7 +5,9 @@
 //!
 //! Each runs its read, compare and write holding the unit's write gate
 //! exclusively (`crate::gate`): no write of any I_T nexus reaches the
-//! medium between its read and its write. (The iSCSI target also runs
+//! medium between its read and its write. A COMPARE AND WRITE that the
+//! bdev does natively and atomically (rbd: the OSD compares and writes)
+//! goes to it as one compare-and-write I/O instead, gated as a write. (The iSCSI target also runs
 //! them as ORDERED tasks within their session.)
 
 use ustor_bdev::IoFlags;
@@ -59,6 +61,16 @@ pub(crate) async fn compare_and_write<D: DataPath>(
     new.set_len(n);
     if data.data_out(len as u32, &mut new).await? != n {
         return Ok(Outcome::invalid_field(exp));
+    }
+    if blocks as u64 <= lu.ch.max_compare_and_write_blocks() {
+        // The device compares and writes atomically itself (librbd: in the
+        // OSD): an ordinary write as far as the gate is concerned.
+        let _g = lu.shared.gate.write().await;
+        let (r, _, _) = lu
+            .ch
+            .compare_and_write(lba, blocks as u64, cmp, new, IoFlags::FUA)
+            .await;
+        return Ok(r.map_or_else(|e| Outcome::from_bdev(e, true, 0), |_| Outcome::good(0)));
     }
     let mut buf = ustor_runtime::IoBuf::alloc(n).await;
     buf.set_len(n);

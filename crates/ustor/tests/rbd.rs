@@ -6,7 +6,9 @@
 //! NBD, written by qemu-img, and one over NVMe/TCP, written by the Linux
 //! kernel's nvme-tcp initiator in a QEMU guest (a pattern and fio verify),
 //! both read back with `rbd export` (checksums);
-//! resize; cluster info, placement and save_config; and bad cluster names,
+//! resize, and a concat array growing with its last image; cluster info,
+//! placement and save_config; compare-and-write not offered on 4 KiB
+//! blocks; and bad cluster names,
 //! pools, images and keys answered with clear errors and nothing
 //! half-created.
 
@@ -559,6 +561,12 @@ fn clusters_info_placement_resize_and_save_config() {
         "{b}"
     );
     assert_eq!(b[0]["product_name"], "Ceph Rbd Disk");
+    // librbd compares within one 512-byte sector: not offered on 4 KiB
+    // blocks (the rbd crate's compare_and_write test covers 512).
+    assert_eq!(
+        b[0]["supported_io_types"]["compare_and_write"], false,
+        "{b}"
+    );
     assert_eq!(b[0]["num_blocks"], (16u64 << 20) / 4096, "{b}");
     // A resize by another client (the rbd CLI) reaches the bdev through
     // librbd's update watch.
@@ -652,4 +660,81 @@ fn ustor_binary_does_not_link_librbd() {
     for l in ["librbd", "librados", "libceph"] {
         assert!(!libs.contains(l), "ustor links {l}:\n{libs}");
     }
+}
+
+/// A concat array whose last member is an RBD image grows with it:
+/// `bdev_rbd_resize` grows the array; data written over NBD across the
+/// old end and past it reads back in a new process started from
+/// save_config, and `rbd export` finds it at the member's offsets.
+#[test]
+fn concat_grows_with_its_last_rbd_member_and_keeps_data_past_the_old_end() {
+    let Some(c) = ceph() else { return };
+    if !have("qemu-io") {
+        return;
+    }
+    c.create_image("cat0", 4);
+    c.create_image("cat1", 4);
+    let dir = tmpdir("rbd-concat");
+    let nbd = json!({"subsystem": "nbd", "config": [
+        {"method": "nbd_server_start", "params": {"listen_address": {"traddr": "127.0.0.1", "trsvcid": "0"}}},
+        {"method": "nbd_export_create", "params": {"name": "cat", "bdev_name": "cat"}}
+    ]});
+    let cfg = json!({"subsystems": [
+        {"subsystem": "bdev", "config": [c.register("c1"), rbd_bdev("a", "cat0"), rbd_bdev("b", "cat1"),
+            {"method": "bdev_raid_create", "params": {"name": "cat", "raid_level": "concat",
+                "base_bdevs": ["a", "b"], "strip_size_kb": 64}}]},
+        nbd.clone(),
+    ]});
+    let s = Server::start(&dir, &cfg, &[]);
+    let blocks = |s: &Server| {
+        s.ok("bdev_get_bdevs", json!({"name": "cat"}))[0]["num_blocks"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(blocks(&s), (8 << 20) / 4096);
+    assert_eq!(
+        s.ok("bdev_rbd_resize", json!({"name": "b", "new_size": 12})),
+        json!(true)
+    );
+    testkit::wait_until("the concat grows", Duration::from_secs(20), || {
+        blocks(&s) == (16 << 20) / 4096
+    });
+    let raid = s.ok("bdev_raid_get_bdevs", json!({"category": "all"}));
+    assert_eq!(
+        raid[0]["base_bdevs_list"][1]["data_size"],
+        (12u64 << 20) / 4096,
+        "{raid}"
+    );
+    // Across the old end (8 MiB: b's old 4 MiB) and past it.
+    let url = |s: &Server| format!("nbd://127.0.0.1:{}/cat", s.nbd_port());
+    for cmd in ["write -P 0x3b 7M 2M", "write -P 0xc4 12M 2M"] {
+        let (ok, out, _) = qemu_io(&url(&s), cmd);
+        assert!(ok, "{cmd}: {out}");
+    }
+    let saved = s.ok("framework_get_config", json!({"name": "bdev"}));
+    s.stop();
+    // The saved config (the image is 12 MiB now) brings the grown array
+    // back, data and all.
+    let s2 = Server::start(
+        &dir,
+        &json!({"subsystems": [{"subsystem": "bdev", "config": saved}, nbd]}),
+        &[],
+    );
+    assert_eq!(blocks(&s2), (16 << 20) / 4096);
+    for cmd in [
+        "read -P 0x3b 7M 2M",
+        "read -P 0xc4 12M 2M",
+        "read -P 0 14M 2M",
+    ] {
+        let (ok, out, _) = qemu_io(&url(&s2), cmd);
+        assert!(ok, "{cmd}: {out}");
+    }
+    s2.stop();
+    // Another client reads member b (the array's 4 MiB on).
+    let img = dir.join("cat1.img");
+    c.rbd(&["export", "rbd/cat1", img.to_str().unwrap()]);
+    let b = std::fs::read(&img).unwrap();
+    assert_eq!(b.len(), 12 << 20);
+    assert!(b[3 << 20..5 << 20].iter().all(|&x| x == 0x3b));
+    assert!(b[8 << 20..10 << 20].iter().all(|&x| x == 0xc4));
 }

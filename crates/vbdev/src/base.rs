@@ -9,13 +9,17 @@ use std::sync::{Arc, Mutex, Weak};
 use ustor_bdev::{BdevEntry, BdevEvent, BdevInfo, ControlError, Desc, IoType, Registry};
 
 /// What a virtual bdev does when its base is resized.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum OnResize {
     /// Takes the base's new size (a 1:1 mapping: passthru, delay, error).
     Follow,
     /// Keeps its size and says so in the log (its layout is fixed at
     /// creation: split, raid).
     Report,
+    /// Asks: called with the base's new size in blocks, returns the
+    /// virtual bdev's new size when it changes (a concat array's last
+    /// member), `None` to keep it (then reported as for `Report`).
+    Ask(Arc<dyn Fn(u64) -> Option<u64> + Send + Sync>),
 }
 
 /// Opens base `name` for virtual bdev `by` and claims it exclusively. When
@@ -39,14 +43,17 @@ pub fn open(
             }
             BdevEvent::Resize => {
                 let Some(b) = r.get(&base) else { return };
-                match on_resize {
+                let new = match &on_resize {
+                    OnResize::Follow => Some(b.num_blocks()),
+                    OnResize::Report => None,
+                    OnResize::Ask(f) => f(b.num_blocks()),
+                };
+                match (new, r.get(&parent)) {
                     // Its openers hear it in turn (targets, other vbdevs).
-                    OnResize::Follow => {
-                        if let Some(top) = r.get(&parent) {
-                            top.resize(b.num_blocks());
-                        }
+                    (Some(n), Some(top)) => {
+                        top.resize(n);
                     }
-                    OnResize::Report => tracing::warn!(
+                    _ => tracing::warn!(
                         bdev = %parent, base = %base, base_blocks = b.num_blocks(),
                         "base bdev resized; this bdev keeps its size"
                     ),
@@ -155,9 +162,11 @@ pub fn info(
 }
 
 /// What a virtual bdev may claim natively: what every base does natively
-/// (children get no emulation).
+/// (children get no emulation), except compare-and-write, which a virtual
+/// bdev does not pass on yet (it would have to reach one base whole to
+/// stay atomic; a mirror's copies could not be compared atomically).
 pub fn all_support(bases: &[Desc], t: IoType) -> bool {
-    bases.iter().all(|d| d.io_type_supported(t))
+    t != IoType::CompareAndWrite && bases.iter().all(|d| d.io_type_supported(t))
 }
 
 /// FUA honoured by every base (otherwise the layer above flushes).

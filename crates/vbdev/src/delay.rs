@@ -207,7 +207,7 @@ pub fn create(
         &p.name,
         base::OnResize::Follow,
     )?];
-    let n = base[0].info().num_blocks;
+    let n = base[0].num_blocks();
     let info = base::info(&p.name, p.uuid, "delay", "delay", &base, n)?;
     // A sixteenth of the shortest latency, within 2..=100 µs.
     let min = l.iter().copied().filter(|v| *v > 0).min().unwrap_or(1000);

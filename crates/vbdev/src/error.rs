@@ -41,7 +41,7 @@ struct Injection {
 
 #[derive(Default)]
 struct Shared {
-    by_type: [Injection; 6],
+    by_type: [Injection; IoType::ALL.len()],
 }
 
 impl Shared {
@@ -192,7 +192,7 @@ pub fn create(
         &name,
         base::OnResize::Follow,
     )?];
-    let n = base[0].info().num_blocks;
+    let n = base[0].num_blocks();
     let info = base::info(&name, p.uuid, "Error Injection Disk", "error", &base, n)?;
     let shared = Arc::new(Shared::default());
     let e = reg.register(Arc::new(ErrorBdev {

@@ -81,7 +81,7 @@ pub fn create(
         base::OnResize::Follow,
     )?;
     let base = [b];
-    let n = base[0].info().num_blocks;
+    let n = base[0].num_blocks();
     let info = base::info(&p.name, p.uuid, "passthru", "passthru", &base, n)?;
     reg.register(Arc::new(PassthruBdev {
         info,

@@ -2,7 +2,8 @@
 //! straddling strips and members) reads back through it and lies on the
 //! members where the strip map says, for strip sizes 4 KiB to 1 MiB and
 //! members of different sizes (truncated as SPDK does); unmap and write
-//! zeroes across strips; the config call recreates the same array.
+//! zeroes across strips; the config call recreates the same array; a
+//! concat grows with its last member.
 
 mod common;
 
@@ -158,4 +159,69 @@ fn config_call_recreates_the_same_array_and_get_bdevs_describes_it() {
         let k = lba / 32;
         ((k % 2) as usize, k / 2 * 32 + lba % 32)
     });
+}
+
+/// A concat array takes its last member's growth (whole strips of it; an
+/// rbd image resized sets its bdev's size so): its openers hear one
+/// Resize per growth, data written past the old end lies on the member
+/// where the layout says, and the config call rebuilds the grown array.
+/// A shrink of the last member, or any resize of another, keeps the size.
+#[test]
+fn concat_grows_with_its_last_member() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    ram(&reg, "a", 1 << 20);
+    ram(&reg, "b", 2 << 20);
+    ram(&reg, "c", 2 << 20);
+    // c starts smaller than its memory, so it can grow back into it.
+    let mib = (1u64 << 20) / BS;
+    assert!(reg.get("c").unwrap().resize(mib + 8));
+    raid(&reg, "cc", "concat", &["a", "b", "c"], 64);
+    let size = || reg.get("cc").unwrap().num_blocks();
+    assert_eq!(size(), 4 * mib);
+    let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = heard.clone();
+    let _top = reg
+        .open("cc", false, move |ev| {
+            if ev == ustor_bdev::BdevEvent::Resize {
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    let heard = || heard.load(std::sync::atomic::Ordering::SeqCst);
+    // Not the last member: nothing changes.
+    assert!(reg.get("b").unwrap().resize(mib));
+    assert!(reg.get("b").unwrap().resize(2 * mib));
+    assert_eq!((size(), heard()), (4 * mib, 0));
+    // c to 2 MiB less 4 KiB: the array takes 1 MiB + 960 KiB of it.
+    let strip = (64 << 10) / BS;
+    assert!(reg.get("c").unwrap().resize(2 * mib - 8));
+    assert_eq!((size(), heard()), (5 * mib - strip, 1));
+    // A shrink keeps the array's size; a grow within the used part too.
+    assert!(reg.get("c").unwrap().resize(mib + 8));
+    assert!(reg.get("c").unwrap().resize(2 * mib - 8));
+    assert_eq!((size(), heard()), (5 * mib - strip, 1));
+    assert!(reg.get("c").unwrap().resize(2 * mib));
+    assert_eq!((size(), heard()), (5 * mib, 2));
+    let listed = ustor_vbdev::raid::get_bdevs(&reg, "all").unwrap();
+    assert_eq!(listed[0]["base_bdevs_list"][2]["data_size"], 2 * mib);
+    // Across the first old end (4 MiB), across the second and up to the
+    // new end.
+    let (old, old2) = (4 * mib, 5 * mib - strip);
+    let ranges = [(old - 3, 9), (old2 - 5, 10), (5 * mib - 7, 7)];
+    let mut model = vec![0u8; (5 * mib * BS) as usize];
+    write_ranges(&rt, &reg, "cc", &ranges, 11, &mut model);
+    let place = |lba: u64| match lba {
+        l if l < mib => (0, l),
+        l if l < 3 * mib => (1, l - mib),
+        l => (2, l - 3 * mib),
+    };
+    check_layout(&rt, &reg, "cc", &model, &["a", "b", "c"], place);
+    // The config call has no sizes: it rebuilds the array at its new size.
+    let cfg = reg.get("cc").unwrap().bdev().config_json();
+    drop(_top);
+    reg.delete("cc").unwrap();
+    create(&reg, "raid", cfg["params"].clone()).unwrap();
+    assert_eq!(size(), 5 * mib);
+    check_layout(&rt, &reg, "cc", &model, &["a", "b", "c"], place);
 }

@@ -92,6 +92,7 @@ impl BdevChannel for MallocChannel {
             // SAFETY: [off, off+len) lies inside the mapping.
             IoType::Unmap | IoType::WriteZeroes => unsafe { self.mem.zero(off, len) },
             IoType::Flush | IoType::Reset => {}
+            IoType::CompareAndWrite => return io.complete(Err(BdevError::NotSupported)),
         }
         io.complete(Ok(()));
     }
@@ -105,8 +106,11 @@ impl Bdev for MallocBdev {
     fn info(&self) -> &BdevInfo {
         &self.info
     }
-    fn io_type_supported(&self, _t: IoType) -> bool {
-        true
+    /// Everything but compare-and-write: the memory is shared by the
+    /// reactors without a lock, so a compare could not be atomic against
+    /// another reactor's write.
+    fn io_type_supported(&self, t: IoType) -> bool {
+        t != IoType::CompareAndWrite
     }
     /// No volatile cache: every completed write is as durable as it gets.
     fn fua_supported(&self, _t: IoType) -> bool {

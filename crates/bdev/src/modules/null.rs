@@ -30,8 +30,10 @@ impl Bdev for NullBdev {
     fn info(&self) -> &BdevInfo {
         &self.info
     }
-    fn io_type_supported(&self, _t: IoType) -> bool {
-        true
+    /// Everything but compare-and-write (a null device has no data to
+    /// compare with).
+    fn io_type_supported(&self, t: IoType) -> bool {
+        t != IoType::CompareAndWrite
     }
     /// No volatile cache: every completed write is as durable as it gets.
     fn fua_supported(&self, _t: IoType) -> bool {

@@ -191,6 +191,8 @@ impl Bdev for UringBdev {
         match t {
             IoType::Read | IoType::Write | IoType::Flush | IoType::Reset => true,
             IoType::Unmap | IoType::WriteZeroes => true,
+            // A file has no atomic compare-and-write.
+            IoType::CompareAndWrite => false,
         }
     }
     /// Writes carry `RWF_DSYNC` (the block layer turns it into REQ_FUA or
@@ -497,6 +499,8 @@ fn build_sqe(fd_raw: RawFd, bs: u64, io: &IoHandle, fixed: Option<u32>) -> squeu
                     .build()
             }
             IoType::Reset => unreachable!("reset never reaches the ring"),
+            // Not supported: the generic layer never submits it.
+            IoType::CompareAndWrite => unreachable!("no compare-and-write on files"),
         }
     }
 }

@@ -33,9 +33,10 @@ pub fn nbd_errno(e: BdevError) -> NbdErrno {
             NbdErrno::NoSpc
         }
         BdevError::Io(e) if e == libc::ENOMEM => NbdErrno::NoMem,
-        BdevError::Io(_) | BdevError::Removed | BdevError::Miscompare | BdevError::Aborted => {
-            NbdErrno::Io
-        }
+        BdevError::Io(_)
+        | BdevError::Removed
+        | BdevError::Miscompare { .. }
+        | BdevError::Aborted => NbdErrno::Io,
     }
 }
 

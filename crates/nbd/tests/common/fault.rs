@@ -95,7 +95,7 @@ impl BdevChannel for FaultChannel {
             }
             IoType::Flush => count(&self.probe.flushes),
             IoType::WriteZeroes => count(&self.probe.write_zeroes),
-            IoType::Unmap | IoType::Reset => {}
+            IoType::Unmap | IoType::Reset | IoType::CompareAndWrite => {}
         }
         self.inner.submit(io);
     }

@@ -32,7 +32,7 @@ pub fn status_of(e: BdevError, write: bool) -> Status {
         BdevError::Removed => Status::INVALID_NAMESPACE,
         // Namespace is write protected.
         BdevError::ReadOnly => Status::generic(0x20),
-        BdevError::Miscompare => Status::COMPARE_FAILURE,
+        BdevError::Miscompare { .. } => Status::COMPARE_FAILURE,
         BdevError::Aborted => Status::ABORT_REQUESTED,
         BdevError::Io(_) if write => Status::WRITE_FAULT,
         BdevError::Io(_) => Status::UNRECOVERED_READ,

@@ -658,11 +658,14 @@ impl Host {
                 p.caps.max_write_same_blocks.max(1),
                 p.caps.max_write_same_blocks.max(1),
             ),
-            IoType::Flush | IoType::Reset => (0, 0),
+            IoType::Flush | IoType::Reset | IoType::CompareAndWrite => (0, 0),
         };
         let kind = d.kind;
         match kind {
             IoType::Read | IoType::Write => {}
+            // Not offered (`io_type_supported`): the generic layer never
+            // sends it.
+            IoType::CompareAndWrite => unreachable!("SCSI bdevs offer no compare-and-write"),
             IoType::Flush => {
                 self.build(
                     i,

@@ -51,7 +51,7 @@ impl Failure {
             Failure::NotSupported => BdevError::NotSupported,
             Failure::IllegalRequest => BdevError::Io(libc::EINVAL),
             Failure::DataProtect => BdevError::ReadOnly,
-            Failure::Miscompare => BdevError::Miscompare,
+            Failure::Miscompare => BdevError::Miscompare { offset: None },
             Failure::NotReady => BdevError::Io(libc::EAGAIN),
             Failure::ReservationConflict => BdevError::Io(libc::EBADE),
             Failure::RetriesExhausted => BdevError::Io(libc::EIO),

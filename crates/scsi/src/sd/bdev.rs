@@ -118,6 +118,8 @@ impl Bdev for ScsiBdev {
             IoType::Read | IoType::Write | IoType::Flush | IoType::Reset => true,
             IoType::Unmap => self.caps.max_unmap_blocks > 0,
             IoType::WriteZeroes => self.caps.max_write_same_blocks > 0,
+            // COMPARE AND WRITE is not sent to disks yet.
+            IoType::CompareAndWrite => false,
         }
     }
 

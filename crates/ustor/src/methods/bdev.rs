@@ -84,7 +84,8 @@ pub fn bdev_json(e: &BdevEntry) -> Value {
             "flush": sup(IoType::Flush), "reset": sup(IoType::Reset),
             // Emulated with writes where the driver lacks it.
             "write_zeroes": true,
-            "compare": false, "compare_and_write": false, "abort": false, "copy": false,
+            "compare_and_write": sup(IoType::CompareAndWrite),
+            "compare": false, "abort": false, "copy": false,
             "seek_hole": false, "seek_data": false, "nvme_admin": false, "nvme_io": false, "nvme_io_md": false, "zcopy": false,
         },
         "driver_specific": b.driver_info(),

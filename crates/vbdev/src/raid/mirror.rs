@@ -325,7 +325,8 @@ impl Bdev for MirrorBdev {
     }
     fn io_type_supported(&self, t: IoType) -> bool {
         let s = self.m.slots();
-        s.iter().flatten().all(|d| d.io_type_supported(t))
+        // Compare-and-write: see `base::all_support`.
+        t != IoType::CompareAndWrite && s.iter().flatten().all(|d| d.io_type_supported(t))
     }
     fn fua_supported(&self, t: IoType) -> bool {
         let s = self.m.slots();
@@ -469,7 +470,7 @@ pub fn create(
         let blocks = slots
             .iter()
             .flatten()
-            .map(|d| d.info().num_blocks.saturating_sub(off))
+            .map(|d| d.num_blocks().saturating_sub(off))
             .min()
             .unwrap_or(0);
         Mirror {
@@ -648,7 +649,7 @@ pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, Contro
         .flatten()
         .next()
         .map(|x| x.info().block_size);
-    if d.info().num_blocks.saturating_sub(m.off) < m.blocks
+    if d.num_blocks().saturating_sub(m.off) < m.blocks
         || have.is_some_and(|bs| bs != d.info().block_size)
     {
         return Err(ControlError::invalid(

@@ -3,14 +3,17 @@
 //! as SPDK sizes them (each member used up to a whole number of strips;
 //! raid0 uses the smallest member's size on every member). The data path
 //! is in [`map`]. An array's facts (`bdev_raid_get_bdevs`) are its
-//! `driver_specific.raid` in `bdev_get_bdevs`.
+//! `driver_specific.raid` in `bdev_get_bdevs`. A concat array grows when
+//! its last member does (an RBD image resized, say): the new whole strips
+//! are appended; other resizes leave the array's size as it is.
 
 pub mod map;
 mod membership;
 pub mod mirror;
 pub mod sb;
 
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -137,8 +140,8 @@ struct RaidBdev {
     info: BdevInfo,
     cfg: RaidConfig,
     members: Box<[Desc]>,
-    /// Blocks of each member the array uses.
-    used: Box<[u64]>,
+    /// Blocks of each member the array uses (a concat's last one grows).
+    used: Box<[AtomicU64]>,
     shift: u32,
     /// Blocks before the data on each member (the superblock's room).
     off: u64,
@@ -172,8 +175,12 @@ impl Bdev for RaidBdev {
             Level::Concat => {
                 let mut starts = vec![0u64];
                 for u in self.used.iter() {
-                    starts.push(starts.last().unwrap() + u);
+                    starts.push(starts.last().unwrap() + u.load(Ordering::Relaxed));
                 }
+                // The last member reaches to the array's end, whatever it
+                // grows to: the generic layer checks the range against the
+                // array's size, which grows only after the member did.
+                *starts.last_mut().unwrap() = u64::MAX;
                 Box::new(ConcatChannel {
                     members,
                     starts: starts.into(),
@@ -204,7 +211,8 @@ impl Bdev for RaidBdev {
             .zip(self.used.iter())
             .map(|(d, u)| {
                 json!({"name": d.name(), "uuid": d.info().uuid.to_string(),
-                "is_configured": true, "data_offset": self.off, "data_size": u})
+                "is_configured": true, "data_offset": self.off,
+                "data_size": u.load(Ordering::Relaxed)})
             })
             .collect();
         json!({"raid": {
@@ -213,6 +221,20 @@ impl Bdev for RaidBdev {
             "num_base_bdevs": n, "num_base_bdevs_discovered": n,
             "num_base_bdevs_operational": n, "base_bdevs_list": list,
         }})
+    }
+}
+
+impl RaidBdev {
+    /// The concat's last member now has `base_blocks`: the array takes
+    /// its new whole strips and says its new size; `None` when nothing
+    /// grew (a shrink keeps the array's size: its end fails on the member).
+    fn grow_last(&self, base_blocks: u64) -> Option<u64> {
+        let strip = 1u64 << self.shift;
+        let whole = base_blocks.saturating_sub(self.off) / strip * strip;
+        if self.used.last()?.fetch_max(whole, Ordering::Relaxed) >= whole {
+            return None;
+        }
+        Some(self.used.iter().map(|u| u.load(Ordering::Relaxed)).sum())
     }
 }
 
@@ -225,10 +247,24 @@ pub fn create(
     cfg: RaidConfig,
 ) -> Result<Arc<BdevEntry>, ControlError> {
     base::check_free(reg, &cfg.name)?;
+    // The array, once made, for its last member's resize (concat).
+    let me: Arc<OnceLock<Weak<RaidBdev>>> = Arc::default();
+    let last = cfg.members.len() - 1;
     let members = cfg
         .members
         .iter()
-        .map(|m| base::open(reg, weak, m, &cfg.name, base::OnResize::Report))
+        .enumerate()
+        .map(|(i, m)| {
+            let on = if cfg.level == Level::Concat && i == last {
+                let me = me.clone();
+                base::OnResize::Ask(Arc::new(move |blocks| {
+                    me.get()?.upgrade()?.grow_last(blocks)
+                }))
+            } else {
+                base::OnResize::Report
+            };
+            base::open(reg, weak, m, &cfg.name, on)
+        })
         .collect::<Result<Box<[Desc]>, _>>()?;
     let bs = members[0].info().block_size as u64;
     let off = match &cfg.existing {
@@ -244,14 +280,14 @@ pub fn create(
         ));
     }
     let strip = strip_bytes / bs;
-    let whole = |d: &Desc| d.info().num_blocks.saturating_sub(off) / strip * strip;
+    let whole = |d: &Desc| d.num_blocks().saturating_sub(off) / strip * strip;
     if let Some(d) = members.iter().find(|d| whole(d) == 0) {
         return Err(ControlError::invalid(
             "base_bdevs",
             format!("`{}` is smaller than one strip", d.name()),
         ));
     }
-    let used: Box<[u64]> = match cfg.level {
+    let used: Vec<u64> = match cfg.level {
         Level::Raid0 => {
             let min = members.iter().map(whole).min().unwrap_or(0);
             members.iter().map(|_| min).collect()
@@ -266,14 +302,16 @@ pub fn create(
         let s = new_superblock(&cfg, &info, off, uuids);
         sb::write_all(weak, &cfg.members, Some(&s))?;
     }
-    reg.register(Arc::new(RaidBdev {
+    let raid = Arc::new(RaidBdev {
         info,
         shift: strip.trailing_zeros(),
         cfg,
         members,
-        used,
+        used: used.into_iter().map(AtomicU64::new).collect(),
         off,
-    }))
+    });
+    let _ = me.set(Arc::downgrade(&raid));
+    reg.register(raid)
 }
 
 /// The first superblock of a new array (slot 0's; each member gets its own).

@@ -366,6 +366,8 @@ impl Qp {
         let kind = io.desc().kind;
         match kind {
             IoType::Reset => return io.complete(Ok(())),
+            // Not claimed (fused commands are not sent yet).
+            IoType::CompareAndWrite => return io.complete(Err(BdevError::NotSupported)),
             IoType::Read | IoType::Write | IoType::Flush | IoType::WriteZeroes | IoType::Unmap => {}
         }
         if self.state.get() == QpState::Live && self.pending.borrow().is_empty() {

@@ -363,7 +363,8 @@ fn status_err(s: Status) -> BdevError {
         },
         (0, 0x0b) => BdevError::Removed,
         (0, 0x01) | (0, 0x02) => BdevError::NotSupported,
-        (2, 0x85) => BdevError::Miscompare,
+        // NVMe does not say where.
+        (2, 0x85) => BdevError::Miscompare { offset: None },
         (0, 0x07) => BdevError::Aborted,
         _ => BdevError::Io(libc::EIO),
     }

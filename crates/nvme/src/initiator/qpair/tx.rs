@@ -120,6 +120,8 @@ fn build_sqe(qp: &Qp, c: &Cmd, cid: u16) -> (Sqe, usize) {
             icd = 16;
         }
         IoType::Reset => unreachable!("completed at submit"),
+        // Not claimed (`io_type_supported`): the generic layer never sends it.
+        IoType::CompareAndWrite => unreachable!("compare-and-write is not offered"),
     }
     (sqe, icd)
 }
