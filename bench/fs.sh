@@ -59,6 +59,7 @@ PIDS=()
 MOUNTS=()
 # $1 and all of its descendants.
 tree() {
+    local c
     echo "$1"
     for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree "$c"; done
 }
@@ -169,6 +170,7 @@ has tmpfs && mkdir -p "$W/m-tmpfs"
 
 # Every process of the run and all of its threads onto $1's CPUs.
 place() {
+    local p q
     for p in "${PIDS[@]}"; do
         for q in $(tree "$p"); do taskset -a -p -c "$1" "$q" >/dev/null 2>&1 || true; done
     done
@@ -254,7 +256,7 @@ done
     echo "# bench/fs.sh $(date -u +%FT%TZ) on $(uname -r), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "# USTOR=$USTOR ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NFILES=$NFILES"
     echo "# TARGETS=$TARGETS"
-    echo "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), sshfs $(sshfs --version 2>&1 | head -1)"
+    echo "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), $(sshfs --version 2>&1 | grep -i '^sshfs version')"
 } | tee "$OUT"
 
 read -r -a TARR <<< "$TARGETS"
