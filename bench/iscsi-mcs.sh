@@ -9,7 +9,7 @@
 #   two-one  2 connections           -> 1-reactor target (both on it)
 #   two-two  2 connections           -> 2-reactor target (one per reactor)
 # Each cell is the median of ROUNDS runs; then two-two/one and
-# two-two/two-one. The listener places connections round robin, so the two
+# two-two/two-one, from the medians and paired within each round. The listener places connections round robin, so the two
 # connections of a session land on the 2-reactor target's two reactors.
 #
 # Usage: bench/iscsi-mcs.sh  (env: ROUNDS=5 RUNTIME=4 QD=16 SIZE_MIB=128
@@ -62,5 +62,13 @@ for name in ("one", "two-one", "two-two"):
     print(f"{name:8} conns={rows[[r['row'] for r in rows].index(name)]['conns']} "
           f"median {med[name]:.0f} IOPS  runs {' '.join(f'{x:.0f}' for x in v)}")
 print(f"two-two/one {med['two-two'] / med['one']:.2f}x   "
-      f"two-two/two-one {med['two-two'] / med['two-one']:.2f}x")
+      f"two-two/two-one {med['two-two'] / med['two-one']:.2f}x   (medians)")
+# Paired: the ratio within each round (its runs ran back to back).
+by = {(r["round"], r["row"]): float(r["iops"]) for r in rows}
+rounds = sorted({r["round"] for r in rows}, key=int)
+for base in ("one", "two-one"):
+    q = [by[(n, "two-two")] / by[(n, base)] for n in rounds]
+    print(f"two-two/{base} per round: median {statistics.median(q):.2f}x, "
+          f"{sum(x > 1 for x in q)} of {len(q)} rounds above 1 "
+          f"({' '.join(f'{x:.2f}' for x in q)})")
 PY

@@ -71,7 +71,15 @@ fn read(itt: u32, cmdsn: u32, lba: u32) -> Vec<u8> {
 }
 
 /// Keeps `qd` READs outstanding on `s` until `stop`; counts completions.
-fn drive(mut s: TcpStream, qd: u32, cmdsn: &AtomicU32, stop: &AtomicBool, done: &AtomicU64) {
+/// Gives the socket back: closing one connection without a logout ends
+/// the session (ERL 0), so none closes before all have drained.
+fn drive(
+    mut s: TcpStream,
+    qd: u32,
+    cmdsn: &AtomicU32,
+    stop: &AtomicBool,
+    done: &AtomicU64,
+) -> TcpStream {
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ s.local_addr().map_or(0, |a| a.port() as u64);
     let mut next_lba = move || {
         rng ^= rng << 13;
@@ -107,6 +115,7 @@ fn drive(mut s: TcpStream, qd: u32, cmdsn: &AtomicU32, stop: &AtomicBool, done: 
             outstanding += 1;
         }
     }
+    s
 }
 
 fn main() {
@@ -137,8 +146,10 @@ fn main() {
     let n = done.load(Ordering::Relaxed);
     let el = t0.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().expect("client thread");
-    }
+    let socks: Vec<TcpStream> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client thread"))
+        .collect();
+    drop(socks);
     println!("conns={conns} qd={qd} iops={:.0}", n as f64 / el);
 }
