@@ -195,7 +195,9 @@ impl<D: VhostDevice> Backend<D> {
             inflight: self
                 .inflight
                 .as_ref()
-                .filter(|r| r.queue_size() == v.size)
+                // A ring beyond the region (or of another size) runs
+                // untracked rather than trusting the frontend.
+                .filter(|r| r.queue_size() == v.size && (i as u16) < r.num_queues())
                 .map(|r| r.queue(i as u16)),
         };
         let reactor = self.reactors[i % self.reactors.len()];

@@ -142,7 +142,7 @@ impl BlkGeometry {
 }
 
 /// One descriptor as the walker sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Desc {
     pub addr: u64,
     pub len: u32,
@@ -255,7 +255,7 @@ pub fn read_chain<M: GuestMemory>(
     table: GuestAddress,
     queue_size: u16,
     head: u16,
-    out: &mut ChainBuf,
+    out: &mut [Desc],
 ) -> usize {
     const F_NEXT: u16 = 1;
     const F_WRITE: u16 = 2;

@@ -111,6 +111,11 @@ impl InflightRegion {
         self.queue_size
     }
 
+    /// Queues the region was laid out for.
+    pub fn num_queues(&self) -> u16 {
+        self.num_queues
+    }
+
     /// Queue `q`'s part (the caller keeps `q` below `num_queues`).
     pub fn queue(self: &Arc<Self>, q: u16) -> QueueInflight {
         assert!(q < self.num_queues, "queue {q} beyond the region");

@@ -467,6 +467,86 @@ fn hot_removed_bdev_fails_requests() {
     c.stop();
 }
 
+/// Writes held at the bdev (a delay bdev) when it is hot-removed: every
+/// one is answered with an error (none hangs, none is lost), later
+/// requests fail at once, and nothing is left in flight.
+#[test]
+fn hot_remove_answers_requests_in_flight() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let f = fixture();
+    const N: usize = 16;
+    // The removal must find the writes at the bdev: if a stalled machine
+    // let them finish first, try again with a longer hold.
+    for (attempt, us) in [300_000u64, 2_000_000, 8_000_000].into_iter().enumerate() {
+        let base = format!("hf{attempt}_base");
+        let opts = ustor_bdev::modules::RamOpts {
+            name: base.clone(),
+            num_blocks: BDEV_BYTES / 512,
+            block_size: 512,
+            uuid: None,
+            optimal_io_boundary: 0,
+            max_transfer_blocks: 0,
+        };
+        ustor_bdev::modules::malloc::create(&f.registry, opts).expect("malloc bdev");
+        let name = format!("hf{attempt}");
+        let p = ustor_vbdev::delay::DelayParams {
+            base_bdev_name: base,
+            name: format!("{name}_bdev"),
+            avg_read_latency: 0,
+            p99_read_latency: 0,
+            avg_write_latency: us,
+            p99_write_latency: us,
+            uuid: None,
+        };
+        ustor_vbdev::delay::create(&f.registry, &Arc::downgrade(&f.registry), p)
+            .expect("delay bdev");
+        let c = BlkController::create(
+            &f.registry,
+            f.rt.handle(),
+            BlkControllerConfig {
+                name: name.clone(),
+                socket: f.dir.join(&name),
+                bdev: format!("{name}_bdev"),
+                reactors: vec![0, 1],
+                read_only: false,
+                num_queues: 1,
+                poll_window: Duration::from_micros(50),
+            },
+        )
+        .expect("controller");
+        let mut cl = connect(&c, 1);
+        pattern(7, cl.slice_mut(0, N * 4096));
+        for k in 0..N {
+            let p = cl.buf(k * 4096);
+            cl.queues[0].write(k as u64 * 4096, p, 4096, k, ReqFlags::empty());
+        }
+        // Submitted without waiting for completions.
+        let none: &mut [MaybeUninit<blkio::Completion>] = &mut [];
+        cl.queues[0].do_io(none, 0, None, None).expect("submit");
+        let q = &c.device().queue_stats[0];
+        testkit::wait_until("writes in flight", Duration::from_secs(10), || {
+            q.snapshot().in_flight() == N as u64
+        });
+        f.registry
+            .hot_remove(&format!("{name}_bdev"))
+            .expect("hot remove");
+        let held = q.snapshot().in_flight() == N as u64;
+        let failed = (0..N).filter(|_| cl.wait(0) != 0).count();
+        if held {
+            assert_eq!(failed, N, "writes held at the removal must fail");
+        }
+        assert_ne!(cl.read(0, 0, 0, 4096), 0, "read after removal");
+        let s = q.snapshot();
+        assert_eq!((s.requests, s.in_flight()), (N as u64 + 1, 0), "{s:?}");
+        drop(cl);
+        c.stop();
+        if held {
+            return;
+        }
+    }
+    panic!("the writes finished before every removal");
+}
+
 #[test]
 fn resize_reaches_the_config_space() {
     let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ustor_bdev::Registry;
+use ustor_bdev::{BdevEvent, Registry};
 use ustor_runtime::RuntimeHandle;
 use ustor_scsi_target::{LuConfig, MAX_UNMAP_DESCRIPTORS};
 
@@ -97,7 +97,28 @@ impl ScsiController {
                 self.config.name
             )));
         }
-        let desc = registry.open(bdev, true, |_| {})?;
+        // A hot-removed bdev takes its target with it (as SPDK): the
+        // driver is told on the event queue, the commands in flight end
+        // (failed by the bdev layer), then the claim goes. Off the caller's
+        // thread: removal waits for the queues.
+        let attach_id = self.dev.new_attach_id();
+        let dev = Arc::downgrade(&self.dev);
+        let name = self.config.name.clone();
+        let desc = registry.open(bdev, true, move |ev| {
+            if ev != BdevEvent::Remove {
+                return;
+            }
+            let (dev, name) = (dev.clone(), name.clone());
+            let _ = std::thread::Builder::new()
+                .name("vhost-scsi-remove".into())
+                .spawn(move || {
+                    let Some(dev) = dev.upgrade() else { return };
+                    if let Some(slot) = dev.detach_if(num as u8, attach_id, DETACH_TIMEOUT) {
+                        tracing::warn!("vhost-scsi {name}: target {num} removed with its bdev");
+                        slot.desc.release_claim();
+                    }
+                });
+        })?;
         desc.claim(&format!("vhost-scsi controller {}", self.config.name))?;
         let thin = desc.info().unmap_reads_zero;
         let id = UNIT_IDS.fetch_add(1, Ordering::Relaxed);
@@ -110,7 +131,7 @@ impl ScsiController {
             cfg.limits.unmap_granularity_blocks = 1;
         }
         self.dev
-            .attach(num as u8, bdev.to_string(), desc, cfg)
+            .attach(num as u8, bdev.to_string(), desc, cfg, attach_id)
             .map_err(|d| {
                 d.release_claim();
                 VhostError::Exists(format!("{} target {num}", self.config.name))

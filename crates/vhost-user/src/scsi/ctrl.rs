@@ -2,14 +2,19 @@
 //! notification queries) and the event queue (hot-plug and hot-remove
 //! events) of a vhost-user-scsi controller.
 //!
-//! TMFs go through the target core's resets. A command that reached the
-//! bdev cannot be called back, so ABORT TASK, ABORT TASK SET, CLEAR TASK
-//! SET, LOGICAL UNIT RESET and I_T NEXUS RESET complete once the target's
-//! commands in flight have completed (none of the tasks they name is then
-//! left in the task set, which is what SAM asks of them); the resets then
-//! raise POWER ON, RESET on the unit (the queues apply it before the next
-//! command). Control requests are rare: each runs as its own task, so a
-//! reset waiting for I/O does not hold the queue.
+//! Task management finds commands by tag in every request queue's task
+//! table (`tasks`). ABORT TASK asks that one command to abort: one that
+//! has not started is answered `VIRTIO_SCSI_S_ABORTED` without running;
+//! one that reached the bdev cannot be called back (a write may still
+//! reach the medium), so the TMF waits for that command alone, and
+//! answers FUNCTION COMPLETE once the command's own answer is in the used
+//! ring; a tag not in the task set is FUNCTION COMPLETE at once. QUERY
+//! TASK answers FUNCTION SUCCEEDED while that tag runs. ABORT TASK SET,
+//! CLEAR TASK SET, LOGICAL UNIT RESET and I_T NEXUS RESET ask every
+//! command of the target to abort and complete once none is left; the
+//! resets then raise POWER ON, RESET on the unit (the queues apply it
+//! before the next command). Control requests are rare: each runs as its
+//! own task, so a TMF waiting for I/O does not hold the queue.
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -93,12 +98,18 @@ async fn tmf(dev: &ScsiDevice, subtype: u32, lun: &[u8; 8], tag: u64) -> u8 {
         return resp::INCORRECT_LUN;
     }
     tracing::debug!("vhost-scsi: TMF {subtype} for target {t} (tag {tag:#x})");
+    let target = a.target;
     match subtype {
-        vs::VIRTIO_SCSI_T_TMF_ABORT_TASK
-        | vs::VIRTIO_SCSI_T_TMF_ABORT_TASK_SET
+        vs::VIRTIO_SCSI_T_TMF_ABORT_TASK => abort_task(dev, target, tag).await,
+        vs::VIRTIO_SCSI_T_TMF_ABORT_TASK_SET
         | vs::VIRTIO_SCSI_T_TMF_CLEAR_TASK_SET
         | vs::VIRTIO_SCSI_T_TMF_LOGICAL_UNIT_RESET
         | vs::VIRTIO_SCSI_T_TMF_I_T_NEXUS_RESET => {
+            for tb in dev.task_tables() {
+                tb.each_of(target, |f| {
+                    tb.ask_abort(f);
+                });
+            }
             if !drained(dev, t).await {
                 return resp::FUNCTION_REJECTED;
             }
@@ -110,9 +121,18 @@ async fn tmf(dev: &ScsiDevice, subtype: u32, lun: &[u8; 8], tag: u64) -> u8 {
             }
             resp::FUNCTION_COMPLETE
         }
-        // Whether the target has a command in its task set (the tag is not
-        // tracked across queues: any command counts).
-        vs::VIRTIO_SCSI_T_TMF_QUERY_TASK | vs::VIRTIO_SCSI_T_TMF_QUERY_TASK_SET => {
+        vs::VIRTIO_SCSI_T_TMF_QUERY_TASK => {
+            let found = dev
+                .task_tables()
+                .iter()
+                .any(|tb| tb.find(target, tag).is_some());
+            if found {
+                resp::FUNCTION_SUCCEEDED
+            } else {
+                resp::FUNCTION_COMPLETE
+            }
+        }
+        vs::VIRTIO_SCSI_T_TMF_QUERY_TASK_SET => {
             if dev.inflight[t].load(Ordering::Acquire) > 0 {
                 resp::FUNCTION_SUCCEEDED
             } else {
@@ -122,6 +142,27 @@ async fn tmf(dev: &ScsiDevice, subtype: u32, lun: &[u8; 8], tag: u64) -> u8 {
         // CLEAR ACA (no ACA is established) and unknown functions.
         _ => resp::FUNCTION_REJECTED,
     }
+}
+
+/// ABORT TASK: the command `tag` of `target`, wherever it runs.
+async fn abort_task(dev: &ScsiDevice, target: u8, tag: u64) -> u8 {
+    let found = dev
+        .task_tables()
+        .into_iter()
+        .find_map(|tb| tb.find(target, tag).map(|f| (tb, f)));
+    // Not in the task set (never sent, or already answered).
+    let Some((tb, f)) = found else {
+        return resp::FUNCTION_COMPLETE;
+    };
+    tb.ask_abort(f);
+    let deadline = Instant::now() + TMF_TIMEOUT;
+    while tb.running(f) {
+        if Instant::now() >= deadline {
+            return resp::FUNCTION_REJECTED;
+        }
+        ustor_runtime::sleep(Duration::from_micros(200)).await;
+    }
+    resp::FUNCTION_COMPLETE
 }
 
 /// Waits until target `t` has no command in flight (false: timed out).

@@ -18,6 +18,7 @@ use ustor_bdev::Desc;
 use ustor_scsi_target::{LuConfig, LuShared};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 
+use super::tasks::TaskTable;
 use super::wire::{self, Event, MAX_TARGETS};
 use crate::backend::VhostDevice;
 use crate::vring::VringStart;
@@ -45,6 +46,9 @@ struct Events {
     kick: Option<Arc<File>>,
 }
 
+/// A running request ring as others see it: its task table and kick.
+pub(crate) type RingRef = (Arc<TaskTable>, Arc<File>);
+
 /// Shared (`Arc`) by the control side and every queue's reactor.
 pub struct ScsiDevice {
     /// The I_T nexus every queue's tables serve (the controller's name:
@@ -64,6 +68,15 @@ pub struct ScsiDevice {
     /// LUN resets asked per target (queues raise the unit attention).
     pub(crate) resets: [AtomicU64; MAX_TARGETS],
     events: Mutex<Events>,
+    /// Each running request ring's commands by head and its kick
+    /// eventfd (set by the ring when it starts and stops; read by task
+    /// management, and kicked so a sleeping ring applies a change).
+    tasks: Mutex<Vec<Option<RingRef>>>,
+    /// Requests a killed backend had taken, served again (inflight region).
+    resubmitted: AtomicU64,
+    /// `vhost_controller_set_coalescing`: `delay_base_us << 32 |
+    /// iops_threshold`, read by each request queue every rate check.
+    coalescing: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,6 +97,9 @@ impl ScsiDevice {
             inflight: Default::default(),
             resets: Default::default(),
             events: Mutex::default(),
+            tasks: Mutex::new(vec![None; rings]),
+            resubmitted: AtomicU64::new(0),
+            coalescing: AtomicU64::new(0),
         }
     }
 
@@ -96,9 +112,22 @@ impl ScsiDevice {
         lock(&self.targets).clone()
     }
 
-    /// Attaches `desc` as target `num` (the caller checked the number
-    /// and claimed the bdev); the driver hears of it on the event queue.
-    pub fn attach(&self, num: u8, bdev: String, desc: Desc, cfg: LuConfig) -> Result<(), Desc> {
+    /// A new attachment id (for [`Self::attach`] and [`Self::detach_if`]).
+    pub fn new_attach_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Attaches `desc` as target `num` with attachment id `id` (the
+    /// caller checked the number and claimed the bdev); the driver hears
+    /// of it on the event queue.
+    pub fn attach(
+        &self,
+        num: u8,
+        bdev: String,
+        desc: Desc,
+        cfg: LuConfig,
+        id: u64,
+    ) -> Result<(), Desc> {
         let mut t = lock(&self.targets);
         let slot = &mut t[num as usize];
         if slot.is_some() {
@@ -109,7 +138,7 @@ impl ScsiDevice {
             desc,
             cfg,
             shared: LuShared::new(),
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id,
         }));
         self.generation.fetch_add(1, Ordering::AcqRel);
         drop(t);
@@ -122,8 +151,31 @@ impl ScsiDevice {
     /// are done (within `timeout`) the slot is returned, for the caller
     /// to release the bdev. The driver hears of it on the event queue.
     pub fn detach(&self, num: u8, timeout: Duration) -> Option<Arc<TargetSlot>> {
-        let slot = lock(&self.targets)[num as usize].take()?;
+        self.detach_where(num, |_| true, timeout)
+    }
+
+    /// [`Self::detach`] if target `num` is still attachment `id` (its bdev
+    /// went away: a later attachment at the number stays).
+    pub fn detach_if(&self, num: u8, id: u64, timeout: Duration) -> Option<Arc<TargetSlot>> {
+        self.detach_where(num, |s| s.id == id, timeout)
+    }
+
+    fn detach_where(
+        &self,
+        num: u8,
+        which: impl Fn(&TargetSlot) -> bool,
+        timeout: Duration,
+    ) -> Option<Arc<TargetSlot>> {
+        let slot = {
+            let mut t = lock(&self.targets);
+            let s = t.get_mut(num as usize)?;
+            if !s.as_ref().is_some_and(|s| which(s)) {
+                return None;
+            }
+            s.take()?
+        };
         let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.wake_request_rings();
         self.push_event(Event::removed(num));
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
@@ -137,6 +189,60 @@ impl ScsiDevice {
             std::thread::sleep(Duration::from_millis(1));
         }
         Some(slot)
+    }
+
+    /// Commands running on target `target` now (all queues).
+    pub fn commands_in_flight(&self, target: u8) -> u32 {
+        self.inflight
+            .get(target as usize)
+            .map_or(0, |n| n.load(Ordering::Acquire))
+    }
+
+    /// Sets call-eventfd coalescing for the request queues (SPDK's
+    /// `delay_base_us`, `iops_threshold`); they pick it up within a rate
+    /// check interval.
+    pub fn set_coalescing(&self, delay_base_us: u32, iops_threshold: u32) {
+        let v = (delay_base_us as u64) << 32 | iops_threshold as u64;
+        self.coalescing.store(v, Ordering::Relaxed);
+    }
+
+    /// `(delay_base_us, iops_threshold)`.
+    pub fn coalescing(&self) -> (u32, u32) {
+        let v = self.coalescing.load(Ordering::Relaxed);
+        ((v >> 32) as u32, v as u32)
+    }
+
+    /// Requests served again from the inflight region since creation.
+    pub fn resubmitted(&self) -> u64 {
+        self.resubmitted.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_resubmitted(&self, n: u64) {
+        self.resubmitted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Request ring `ring`'s task table while it runs (`None`: stopped).
+    pub(crate) fn set_tasks(&self, ring: usize, t: Option<RingRef>) {
+        if let Some(slot) = lock(&self.tasks).get_mut(ring) {
+            *slot = t;
+        }
+    }
+
+    /// The task tables of the request rings running now.
+    pub(crate) fn task_tables(&self) -> Vec<Arc<TaskTable>> {
+        lock(&self.tasks)
+            .iter()
+            .flatten()
+            .map(|r| r.0.clone())
+            .collect()
+    }
+
+    /// Wakes every request ring (a sleeping ring applies a new
+    /// configuration only when it wakes).
+    fn wake_request_rings(&self) {
+        for r in lock(&self.tasks).iter().flatten() {
+            crate::vring::kick(&r.1);
+        }
     }
 
     /// Ring `ring` runs with generation `gen` (`u64::MAX`: it stopped).
@@ -201,6 +307,8 @@ impl VhostDevice for ScsiDevice {
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::RESET_DEVICE
+            // Restart without loss: the rings track what they took.
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
     }
     fn config(&self) -> Vec<u8> {
         wire::config(self.request_queues).to_vec()

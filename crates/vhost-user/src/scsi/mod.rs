@@ -10,7 +10,8 @@
 //! (the vhost target's scsi controllers, for the RPCs), `ring` (what the
 //! three ring kinds share on a reactor), `queue` (request queues: commands
 //! on the target core), `ctrl` (control queue: TMFs; event queue:
-//! hot-plug events) and [`fuzzing`] (the fuzz target's body).
+//! hot-plug events), `tasks` (the commands running, by tag, for task
+//! management) and [`fuzzing`] (the fuzz target's body).
 
 pub mod controller;
 mod ctrl;
@@ -20,6 +21,7 @@ pub mod fuzzing;
 pub mod queue;
 mod ring;
 pub mod target;
+mod tasks;
 pub mod wire;
 
 pub use controller::{ScsiController, ScsiControllerConfig};

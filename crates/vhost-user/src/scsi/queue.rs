@@ -25,6 +25,7 @@ use vm_memory::GuestMemoryMmap;
 
 use super::device::{ScsiDevice, TargetSlot};
 use super::ring::Ring;
+use super::tasks::TaskTable;
 use super::wire::{self, resp, Chain, CmdResp, CDB_SIZE, CMD_REQ_LEN, CMD_RESP_LEN, MAX_TARGETS};
 use crate::vring::VringStart;
 use crate::workers::Pool;
@@ -48,6 +49,12 @@ struct Job {
     cdb: [u8; CDB_SIZE],
 }
 
+/// Pieces a new chain has room for in each stream: chains are reused, and
+/// one that has served a longer command keeps that room, but a chain
+/// meeting a longer command than before grows while the queue runs; this
+/// covers a header, a response and 15 data segments without growing.
+const PIECES: usize = 16;
+
 /// Per target: the attachment id a queue's table was built for, and it.
 type Tables = [Option<(u64, Rc<LunTable>)>; MAX_TARGETS];
 
@@ -59,6 +66,8 @@ struct ReqQueue {
     chains: RefCell<Vec<Chain>>,
     jobs: RefCell<VecDeque<Job>>,
     workers: Pool,
+    /// The commands running, by head (for ABORT TASK and QUERY TASK).
+    tasks: Arc<TaskTable>,
     /// Chains taken per pass at most (a ring's worth).
     budget: usize,
     closing: Cell<bool>,
@@ -77,10 +86,13 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         chains: RefCell::new(Vec::with_capacity(depth)),
         jobs: RefCell::new(VecDeque::with_capacity(depth)),
         workers: Pool::new(depth),
+        tasks: Arc::new(TaskTable::new(depth as u16)),
         budget: depth,
         closing: Cell::new(false),
     });
     let ring = q.ring.clone();
+    ring.dev
+        .set_tasks(ring.index, Some((q.tasks.clone(), ring.kick.clone())));
     ring.serve(ring.dev.poll_window, true, || {
         sync_tables(&q);
         take_available(&q)
@@ -89,6 +101,7 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
     ring.finish().await;
     q.closing.set(true);
     q.workers.wake_all();
+    q.ring.dev.set_tasks(q.ring.index, None);
     q.ring.dev.applied(q.ring.index, u64::MAX);
 }
 
@@ -141,7 +154,8 @@ fn take_available(q: &Rc<ReqQueue>) -> usize {
     let mut n = 0;
     let budget = q.budget;
     while n < budget {
-        let mut chain = q.chains.borrow_mut().pop().unwrap_or_default();
+        let pooled = q.chains.borrow_mut().pop();
+        let mut chain = pooled.unwrap_or_else(|| Chain::with_capacity(PIECES));
         let Some(ok) = ring.pop(&mut chain) else {
             q.chains.borrow_mut().push(chain);
             break;
@@ -182,6 +196,7 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
         return finish(q, &mem, chain, CMD_RESP_LEN as u32);
     };
     q.ring.dev.inflight[a.target as usize].fetch_add(1, Ordering::AcqRel);
+    q.tasks.start(chain.head, a.target, hdr.tag);
     q.jobs.borrow_mut().push_back(Job {
         chain,
         table,
@@ -197,6 +212,9 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
 /// Returns a chain used and keeps it for reuse.
 fn finish(q: &ReqQueue, mem: &GuestMemoryMmap, chain: Chain, len: u32) {
     q.ring.complete(mem, chain.head, len);
+    // After the used ring: a TMF waiting for this command answers only
+    // once the driver can see the command's own answer.
+    q.tasks.finish(chain.head);
     q.ring.inflight.set(q.ring.inflight.get() - 1);
     q.chains.borrow_mut().push(chain);
 }
@@ -228,9 +246,17 @@ async fn worker(q: Rc<ReqQueue>, id: usize) {
             Some((g, m)) if *g == gen => m,
             _ => &mem.insert((gen, q.ring.mem.borrow().clone())).1,
         };
-        let len = execute(m, &job).await;
-        q.ring.dev.inflight[job.target as usize].fetch_sub(1, Ordering::AcqRel);
+        // A command an ABORT TASK reached before it started is not run.
+        let len = if q.tasks.abort_asked(job.chain.head) {
+            respond(m, &job.chain, &CmdResp::transport(resp::ABORTED), 0)
+        } else {
+            execute(m, &job).await
+        };
+        // Counted out after the used ring: the task-set TMFs then answer
+        // after the commands they waited for.
+        let target = job.target as usize;
         finish(&q, m, job.chain, len);
+        q.ring.dev.inflight[target].fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -3,7 +3,10 @@
 //! it), returning chains used and signalling the driver, sleeping on the
 //! kick eventfd, and the serve loop with adaptive polling (poll the avail
 //! index while requests keep coming, sleep on the kick eventfd after the
-//! poll window: an idle ring costs no CPU).
+//! poll window: an idle ring costs no CPU), and the inflight region's
+//! tracking (each head marked when taken, cleared once used; a ring
+//! started on a killed backend's region serves the marked heads again
+//! first).
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
@@ -18,7 +21,10 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::device::ScsiDevice;
-use super::wire::{Chain, ChainError};
+use super::wire::{Chain, ChainError, CHAIN_MAX};
+use crate::blk::{self, Desc};
+use crate::coalesce::Coalescer;
+use crate::inflight::QueueInflight;
 use crate::vring::{self, VringStart};
 
 /// One ring on its reactor (`!Send`).
@@ -39,6 +45,20 @@ pub(crate) struct Ring {
     pub inflight: Cell<u32>,
     /// The used ring could not be written: the driver broke the device.
     broken: Cell<bool>,
+    /// Inflight tracking (restart without loss) and the order of takes.
+    track: Option<QueueInflight>,
+    counter: Cell<u64>,
+    /// Heads a killed backend had taken: served again before new ones.
+    resubmit: RefCell<Vec<u16>>,
+    desc_table: u64,
+    size: u16,
+    /// Call-eventfd coalescing (request queues only).
+    coal: Option<RefCell<Coalescer>>,
+    /// The ring task sleeps on its kick eventfd: completions signal at
+    /// once (nothing would send a held-back signal).
+    parked: Cell<bool>,
+    /// Signals sent (call-eventfd writes).
+    pub signals: Cell<u64>,
 }
 
 impl Ring {
@@ -46,9 +66,26 @@ impl Ring {
     /// stopped (so the control side gets its answer) and returns `None`.
     pub async fn open(s: VringStart<ScsiDevice>) -> Option<Rc<Ring>> {
         match vring::open_queue(&s) {
-            Ok((mut q, mem, _used)) => {
-                q.set_next_avail(s.next_avail);
+            Ok((mut q, mem, used)) => {
+                let (mut next, mut counter, mut again) = (s.next_avail, 1, Vec::new());
+                if let Some(t) = &s.inflight {
+                    // After a kill the frontend's base is its guess: the
+                    // region knows what was taken (oldest first).
+                    let rec = t.recover(used);
+                    (next, counter) = (rec.next_avail, rec.counter);
+                    again = rec.resubmit;
+                    again.reverse();
+                }
+                q.set_next_avail(next);
                 vring::set_nonblocking(&s.kick);
+                if !again.is_empty() {
+                    tracing::info!(
+                        "vhost-scsi: ring {}: resubmitting {} requests in flight at the last stop",
+                        s.index,
+                        again.len()
+                    );
+                    s.dev.add_resubmitted(again.len() as u64);
+                }
                 Some(Rc::new(Ring {
                     index: s.index as usize,
                     dev: s.dev,
@@ -62,6 +99,15 @@ impl Ring {
                     done: s.done,
                     inflight: Cell::new(0),
                     broken: Cell::new(false),
+                    track: s.inflight,
+                    counter: Cell::new(counter),
+                    resubmit: RefCell::new(again),
+                    desc_table: s.desc,
+                    size: s.size,
+                    coal: (s.index >= 2)
+                        .then(|| RefCell::new(Coalescer::new(ticks::hz(), ticks::now()))),
+                    parked: Cell::new(false),
+                    signals: Cell::new(0),
                 }))
             }
             Err(e) => {
@@ -92,16 +138,31 @@ impl Ring {
         true
     }
 
-    /// Takes the next available chain into `chain`: `None` when there is
-    /// none (or the device is broken), else whether it is well formed
-    /// (`chain.head` is set either way).
+    /// Takes the next available chain into `chain` (first the heads a
+    /// killed backend had taken): `None` when there is none (or the
+    /// device is broken), else whether it is well formed (`chain.head` is
+    /// set either way).
     pub fn pop(&self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
         if self.broken.get() {
             return None;
         }
         let mem = self.mem.borrow();
+        let again = self.resubmit.borrow_mut().pop();
+        if let Some(head) = again {
+            // Read from the descriptor table by head (its avail slot may
+            // have been reused); rare, so the list is allocated here.
+            let mut descs = vec![Desc::default(); CHAIN_MAX + 1];
+            let table = vm_memory::GuestAddress(self.desc_table);
+            let k = blk::read_chain(&**mem, table, self.size, head, &mut descs);
+            let d = descs[..k].iter().map(|d| (d.addr, d.len, d.write));
+            return Some(chain.fill(head, d, &**mem));
+        }
         let c = self.queue.borrow_mut().pop_descriptor_chain(&**mem)?;
         let head = c.head_index();
+        if let Some(t) = &self.track {
+            t.taken(head, self.counter.get());
+            self.counter.set(self.counter.get() + 1);
+        }
         let descs = c.map(|d| (d.addr().0, d.len(), d.is_write_only()));
         Some(chain.fill(head, descs, &**mem))
     }
@@ -110,16 +171,50 @@ impl Ring {
     /// driver if it asked.
     pub fn complete(&self, mem: &GuestMemoryMmap, head: u16, len: u32) {
         let mut q = self.queue.borrow_mut();
+        if let Some(t) = &self.track {
+            t.pre_put(head);
+        }
         if q.add_used(mem, head, len).is_err() {
             self.broken.set(true);
             return;
         }
+        if let Some(t) = &self.track {
+            t.post_put(head, q.next_used());
+        }
         if q.needs_notification(mem).unwrap_or(true) {
             drop(q);
-            if let Some(c) = &self.call {
-                vring::signal(c);
+            let now_ok = self.parked.get()
+                || self
+                    .coal
+                    .as_ref()
+                    .is_none_or(|c| c.borrow_mut().used(ticks::now()));
+            if now_ok {
+                self.signal();
             }
         }
+    }
+
+    fn signal(&self) {
+        if let Some(c) = &self.call {
+            vring::signal(c);
+            self.signals.set(self.signals.get() + 1);
+        }
+    }
+
+    /// Once per pass: counts what was taken, the rate check, and a
+    /// held-back signal that is due. True while one is held back.
+    fn coalesce_tick(&self, taken: usize) -> bool {
+        let Some(c) = &self.coal else { return false };
+        let now = ticks::now();
+        let mut c = c.borrow_mut();
+        c.taken(taken as u64);
+        c.check(now, self.dev.coalescing());
+        if c.due(now) {
+            drop(c);
+            self.signal();
+            return false;
+        }
+        c.pending()
     }
 
     /// Asks for kicks and sleeps on the kick eventfd, unless (`check`)
@@ -134,7 +229,9 @@ impl Ring {
         };
         if !(check && more) {
             let fd = self.kick.as_raw_fd();
+            self.parked.set(true);
             let _ = ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32).await;
+            self.parked.set(false);
             vring::drain_eventfd(&self.kick);
         }
         self.refresh_mem();
@@ -158,8 +255,11 @@ impl Ring {
         while !self.stopping() {
             self.refresh_mem();
             let n = pass();
+            // A held-back signal keeps the ring polling until it is due
+            // (a sleeping ring could not send it).
+            let held = self.coalesce_tick(n);
             let now = ticks::now();
-            if n > 0 || now.wrapping_sub(last) < window {
+            if n > 0 || held || now.wrapping_sub(last) < window {
                 if n > 0 {
                     last = now;
                 }
@@ -176,6 +276,11 @@ impl Ring {
     pub async fn finish(&self) {
         while self.inflight.get() > 0 {
             ustor_runtime::sleep(Duration::from_micros(100)).await;
+        }
+        if let Some(c) = &self.coal {
+            if c.borrow_mut().flush(ticks::now()) {
+                self.signal();
+            }
         }
         let q = self.queue.borrow();
         let _ = self.done.send((q.next_avail(), q.next_used()));

@@ -63,6 +63,8 @@ impl VhostTarget {
                 poll_window: Duration::from_micros(50),
             },
         )?;
+        ctrl.device()
+            .set_coalescing(DEFAULT_DELAY_BASE_US, DEFAULT_IOPS_THRESHOLD);
         scsi.insert(
             ctrlr.to_string(),
             ScsiEntry {
@@ -122,8 +124,8 @@ impl VhostTarget {
         Ok(())
     }
 
-    /// Kept and listed (SPDK accepts it for scsi controllers); the scsi
-    /// queues signal every completion.
+    /// SPDK's rule on the request queues (as blk's, `crate::coalesce`);
+    /// kept for the listing and save_config.
     pub(crate) fn set_scsi_coalescing(
         &self,
         ctrlr: &str,
@@ -136,6 +138,9 @@ impl VhostTarget {
             .ok_or_else(|| VhostError::NoController(ctrlr.to_string()))?;
         e.delay_base_us = delay_base_us;
         e.iops_threshold = iops_threshold;
+        e.ctrl
+            .device()
+            .set_coalescing(delay_base_us, iops_threshold);
         Ok(())
     }
 

@@ -47,6 +47,7 @@ pub mod resp {
     pub const OK: u8 = vs::VIRTIO_SCSI_S_OK as u8;
     pub const BAD_TARGET: u8 = vs::VIRTIO_SCSI_S_BAD_TARGET as u8;
     pub const FAILURE: u8 = vs::VIRTIO_SCSI_S_FAILURE as u8;
+    pub const ABORTED: u8 = vs::VIRTIO_SCSI_S_ABORTED as u8;
     pub const FUNCTION_COMPLETE: u8 = vs::VIRTIO_SCSI_S_OK as u8;
     pub const FUNCTION_SUCCEEDED: u8 = vs::VIRTIO_SCSI_S_FUNCTION_SUCCEEDED as u8;
     pub const FUNCTION_REJECTED: u8 = vs::VIRTIO_SCSI_S_FUNCTION_REJECTED as u8;
@@ -116,6 +117,15 @@ pub enum ChainError {
 }
 
 impl Chain {
+    /// An empty chain with room for `pieces` pieces in each stream.
+    pub fn with_capacity(pieces: usize) -> Chain {
+        Chain {
+            rd: Vec::with_capacity(pieces),
+            wr: Vec::with_capacity(pieces),
+            ..Chain::default()
+        }
+    }
+
     /// Fills the streams from a chain's descriptors `(addr, len, writable)`,
     /// checking each lies in guest memory with the access it needs. On a
     /// piece outside memory the walk goes on but keeps only the writable

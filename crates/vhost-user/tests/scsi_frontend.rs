@@ -1,0 +1,420 @@
+//! vhost-user-scsi against a frontend without a VM (`common/frontend.rs`:
+//! rust-vmm's `vhost` crate for the protocol, split rings driven in a
+//! shared memfd): task management by tag on the control queue, and a bdev
+//! hot-removed with commands in flight. Commands are held at the bdev by
+//! delay bdevs, so "in flight" is a state the tests wait for, not a guess.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+use testkit::wait_until;
+use ustor_bdev::Registry;
+use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
+use ustor_vhost::scsi::{ScsiController, ScsiControllerConfig};
+
+#[path = "common/frontend.rs"]
+mod frontend;
+#[path = "common/scsi.rs"]
+mod scsi;
+
+use frontend::{Fe, DATA_BASE};
+use scsi::*;
+
+/// The coalescing test measures signal rates and takes this for writing,
+/// so no other test runs beside it.
+static RUN_ALONE: RwLock<()> = RwLock::new(());
+
+struct Fixture {
+    registry: Arc<Registry>,
+    dir: PathBuf,
+    rt: Runtime,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let rt = Runtime::start(RuntimeConfig {
+            cores: vec![0, 1],
+            pin: false,
+            poll_mode: PollMode::Adaptive,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime starts");
+        let registry = Registry::new(Some(rt.handle()));
+        let dir = std::env::temp_dir().join(format!("ustor-vhost-scsi-fe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("socket dir");
+        Fixture { registry, dir, rt }
+    })
+}
+
+fn malloc(name: &str) {
+    let opts = ustor_bdev::modules::RamOpts {
+        name: name.into(),
+        num_blocks: (16 << 20) / 512,
+        block_size: 512,
+        uuid: None,
+        optimal_io_boundary: 0,
+        max_transfer_blocks: 0,
+    };
+    ustor_bdev::modules::malloc::create(&fixture().registry, opts).expect("malloc bdev");
+}
+
+/// A delay bdev `name` over a new malloc bdev, no latency yet.
+fn delayed(name: &str) {
+    let f = fixture();
+    malloc(&format!("{name}_base"));
+    let p = ustor_vbdev::delay::DelayParams {
+        base_bdev_name: format!("{name}_base"),
+        name: name.into(),
+        avg_read_latency: 0,
+        p99_read_latency: 0,
+        avg_write_latency: 0,
+        p99_write_latency: 0,
+        uuid: None,
+    };
+    ustor_vbdev::delay::create(&f.registry, &Arc::downgrade(&f.registry), p).expect("delay bdev");
+}
+
+/// Sets the read or write latency of delay bdev `name` (new I/O only).
+fn latency(name: &str, write: bool, us: u64) {
+    let kind = if write { "write" } else { "read" };
+    for t in ["avg", "p99"] {
+        let p = ustor_vbdev::delay::UpdateParams {
+            delay_bdev_name: name.into(),
+            latency_type: format!("{t}_{kind}"),
+            latency_us: us,
+        };
+        ustor_vbdev::delay::update_latency(&fixture().registry, p).expect("latency");
+    }
+}
+
+fn controller(name: &str, request_queues: u16) -> Arc<ScsiController> {
+    let f = fixture();
+    ScsiController::create(
+        f.rt.handle(),
+        ScsiControllerConfig {
+            name: name.into(),
+            socket: f.dir.join(name),
+            reactors: vec![0, 1],
+            request_queues,
+            poll_window: Duration::from_micros(50),
+        },
+    )
+    .expect("scsi controller")
+}
+
+/// Sends a TMF from control slot `slot` and waits for its answer.
+fn tmf_now(f: &mut Fe, slot: usize, subtype: u32, target: u8, tag: u64) -> u8 {
+    let head = tmf(f, slot, subtype, target, tag);
+    let got = f.wait_n(CTRL, 1);
+    assert_eq!(got, vec![(head, 1)], "one TMF answered, one byte");
+    tmf_resp(f, slot)
+}
+
+const TAG_W: u64 = 0x5701;
+const TAG_R: u64 = 0x5702;
+
+/// ABORT TASK and QUERY TASK find the command by its tag: aborting a
+/// read held at the bdev waits for that read only (its answer is in the
+/// used ring before the TMF's), not for a write of the same target held
+/// for ten minutes on another queue, which QUERY TASK still finds.
+#[test]
+fn abort_task_waits_for_that_tag_only() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let reg = &fixture().registry;
+    delayed("tmf");
+    let c = controller("tmfc", 2);
+    c.add_target(reg, 0, "tmf").expect("target 0");
+    let mut f = Fe::connect(&c.config.socket, 4, false);
+    let (qw, qr) = (REQ0, REQ0 + 1);
+    ready(&mut f, qw, 0);
+    ready(&mut f, qr, 0);
+    let dev = c.device().clone();
+
+    // W: a write the bdev holds for ten minutes (it outlives the test).
+    f.mem.write(DATA_BASE, &[0x5a; 4096]);
+    latency("tmf", true, 600_000_000);
+    let w = cmd(
+        &mut f,
+        qw,
+        1,
+        0,
+        TAG_W,
+        &rw10(true, 8, 8),
+        &[(DATA_BASE, 4096)],
+        &[],
+    );
+    // The latency stays: W may reach the bdev after it was taken.
+    wait_until("W in flight", Duration::from_secs(10), || {
+        dev.commands_in_flight(0) == 1
+    });
+    assert_eq!(
+        tmf_now(&mut f, 0, TMF_QUERY_TASK, 0, TAG_W),
+        S_FUNCTION_SUCCEEDED
+    );
+    assert_eq!(tmf_now(&mut f, 1, TMF_QUERY_TASK, 0, 0xdead), S_OK);
+    assert_eq!(
+        tmf_now(&mut f, 1, TMF_ABORT_TASK, 0, 0xdead),
+        S_OK,
+        "no such task"
+    );
+
+    // R: a read held 300 ms on the other queue, then aborted.
+    latency("tmf", false, 300_000);
+    let rbuf = DATA_BASE + 0x10000;
+    let r = cmd(
+        &mut f,
+        qr,
+        1,
+        0,
+        TAG_R,
+        &rw10(false, 100, 8),
+        &[],
+        &[(rbuf, 4096)],
+    );
+    wait_until("R in flight", Duration::from_secs(10), || {
+        dev.commands_in_flight(0) == 2
+    });
+    assert_eq!(
+        tmf_now(&mut f, 2, TMF_ABORT_TASK, 0, TAG_R),
+        S_OK,
+        "ABORT TASK R"
+    );
+    // R came back before the TMF's answer: it is in the used ring now.
+    let back = f.used(qr);
+    assert_eq!(back.len(), 1, "R answered before its abort completed");
+    assert_eq!(back[0].0, r);
+    let rr = resp(&f, qr, 1);
+    // Started at the bdev, it ran to its end (a read cannot be called
+    // back); had it not started it would be ABORTED.
+    assert!(rr.good() || rr.response == S_ABORTED, "R: {rr:?}");
+    assert_eq!(
+        tmf_now(&mut f, 3, TMF_QUERY_TASK, 0, TAG_R),
+        S_OK,
+        "R is gone"
+    );
+
+    // W is still running and was not waited for.
+    assert!(f.used(qw).is_empty(), "W was not answered");
+    assert_eq!(
+        tmf_now(&mut f, 4, TMF_QUERY_TASK, 0, TAG_W),
+        S_FUNCTION_SUCCEEDED
+    );
+    assert_eq!(
+        tmf_now(&mut f, 5, TMF_QUERY_TASK_SET, 0, 0),
+        S_FUNCTION_SUCCEEDED
+    );
+    let _ = w;
+    // W holds the rings for ten minutes: neither stop the controller nor
+    // disconnect (a stop would wait for W); the process ends first.
+    std::mem::forget(f);
+    std::mem::forget(c);
+}
+
+/// Reads held at the bdev when it is hot-removed: every one is answered
+/// with an error, the driver hears TRANSPORT_RESET / REMOVED for the
+/// target on the event queue, the target is gone from the controller
+/// (later commands get BAD_TARGET) and the other target works on.
+#[test]
+fn hot_removed_bdev_takes_its_target_with_commands_in_flight() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let reg = &fixture().registry;
+    malloc("hrk");
+    let c = controller("hrc", 1);
+    c.add_target(reg, 1, "hrk").expect("target 1");
+    let mut f = Fe::connect(&c.config.socket, 3, false);
+    for k in 0..8 {
+        let at = scsi::hdr(EVENTS, k);
+        f.add(EVENTS, &[(at, 16, true)]);
+    }
+    ready(&mut f, REQ0, 1);
+    let dev = c.device().clone();
+    const N: usize = 8;
+    // The removal must find the reads at the bdev: if a stalled machine
+    // let them finish first, try again with a longer hold.
+    let mut held = false;
+    for (attempt, us) in [300_000u64, 2_000_000, 8_000_000].into_iter().enumerate() {
+        let name = format!("hr{attempt}");
+        delayed(&name);
+        c.add_target(reg, 0, &name).expect("target 0");
+        ready(&mut f, REQ0, 0);
+        latency(&name, false, us);
+        for k in 0..N {
+            let buf = DATA_BASE + k as u64 * 4096;
+            cmd(
+                &mut f,
+                REQ0,
+                1 + k,
+                0,
+                k as u64,
+                &rw10(false, 8 * k as u32, 8),
+                &[],
+                &[(buf, 4096)],
+            );
+        }
+        wait_until("reads in flight", Duration::from_secs(10), || {
+            dev.commands_in_flight(0) == N as u32
+        });
+        reg.hot_remove(&name).expect("hot remove");
+        held = f.used(REQ0).is_empty();
+        let back = f.wait_n(REQ0, N);
+        assert_eq!(back.len(), N);
+        wait_until("target 0 gone", Duration::from_secs(10), || {
+            c.targets().iter().all(|t| t.0 != 0)
+        });
+        if held {
+            break;
+        }
+    }
+    assert!(held, "the reads finished before every removal");
+    for k in 0..N {
+        let r = resp(&f, REQ0, 1 + k);
+        assert!(!r.good(), "read {k} held at the removal: {r:?}");
+    }
+    // The event queue told the driver (its last event is the removal).
+    let mut events = Vec::new();
+    wait_until("removal event", Duration::from_secs(10), || {
+        events.extend(f.used(EVENTS));
+        events.iter().any(|&(head, len)| {
+            let ev = f.mem.bytes(scsi::hdr(EVENTS, head as usize), 16);
+            len == 16 && ev[0..4] == [1, 0, 0, 0] && ev[4..6] == [1, 0] && ev[12] == 2
+        })
+    });
+    // Target 0 is gone; target 1 serves on (write, read back).
+    cmd(&mut f, REQ0, 20, 0, 99, &TEST_UNIT_READY, &[], &[]);
+    f.wait_n(REQ0, 1);
+    assert_eq!(resp(&f, REQ0, 20).response, S_BAD_TARGET);
+    let (wbuf, rbuf) = (DATA_BASE + 0x100000, DATA_BASE + 0x200000);
+    let pat: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    f.mem.write(wbuf, &pat);
+    cmd(
+        &mut f,
+        REQ0,
+        21,
+        1,
+        100,
+        &rw10(true, 64, 8),
+        &[(wbuf, 4096)],
+        &[],
+    );
+    f.wait_n(REQ0, 1);
+    assert!(resp(&f, REQ0, 21).good());
+    cmd(
+        &mut f,
+        REQ0,
+        22,
+        1,
+        101,
+        &rw10(false, 64, 8),
+        &[],
+        &[(rbuf, 4096)],
+    );
+    f.wait_n(REQ0, 1);
+    assert!(resp(&f, REQ0, 22).good());
+    assert_eq!(f.mem.bytes(rbuf, 4096), pat);
+    assert_eq!(c.targets(), vec![(1, "hrk".to_string())]);
+    drop(f);
+    c.stop();
+}
+
+const QD: usize = 32;
+
+/// Keeps QD 4 KiB writes in flight on the first request ring until `n`
+/// completed (the driver sleeping on its call eventfd between batches);
+/// returns the signals the device sent meanwhile.
+fn stream_writes(f: &mut Fe, n: usize, seed: u8) -> u64 {
+    let q = REQ0;
+    let sig0 = f.rings[q].signals;
+    let mut slot_of = std::collections::HashMap::new();
+    let mut sent = 0usize;
+    let send = |f: &mut Fe, slot: usize, sent: &mut usize| {
+        let buf = DATA_BASE + slot as u64 * 4096;
+        f.mem.write(buf, &[seed ^ slot as u8; 4096]);
+        let c = rw10(true, 8 * slot as u32, 8);
+        let head = cmd(f, q, slot, 0, *sent as u64, &c, &[(buf, 4096)], &[]);
+        *sent += 1;
+        head
+    };
+    for slot in 0..QD {
+        let head = send(f, slot, &mut sent);
+        slot_of.insert(head, slot);
+    }
+    let mut done = 0;
+    while done < n {
+        let got = f.wait(q, Duration::from_secs(10));
+        assert!(!got.is_empty(), "writes stopped at {done}/{n}");
+        for (head, _) in got {
+            let slot = slot_of.remove(&head).expect("a head in flight");
+            assert!(resp(f, q, slot).good(), "write {done}");
+            done += 1;
+            if sent < n {
+                let h = send(f, slot, &mut sent);
+                slot_of.insert(h, slot);
+            }
+        }
+    }
+    f.rings[q].signals - sig0
+}
+
+/// `vhost_controller_set_coalescing` reaches the scsi request queues:
+/// with a delay above 1000 IOPS they send fewer call signals per command
+/// than without (or, where the pair already batches near the queue depth
+/// by itself, no more), and every write lands.
+#[test]
+fn coalescing_batches_scsi_call_signals() {
+    let _alone = RUN_ALONE.write().unwrap_or_else(|e| e.into_inner());
+    malloc("cob");
+    let c = controller("coc", 1);
+    c.add_target(&fixture().registry, 0, "cob")
+        .expect("target 0");
+    let mut f = Fe::connect(&c.config.socket, 3, false);
+    ready(&mut f, REQ0, 0);
+    let sig0 = stream_writes(&mut f, 4000, 1);
+    c.device().set_coalescing(100, 1000);
+    // The rate is measured over a 10 ms interval before a delay applies.
+    stream_writes(&mut f, 3000, 2);
+    let n = 10_000;
+    let sig1 = stream_writes(&mut f, n, 3);
+    eprintln!("QD 32 scsi writes: {sig0} signals for 4000 without coalescing, {sig1} for {n} with");
+    let floor = sig0 * (QD as u64 / 2) <= 4000;
+    if floor {
+        assert!(
+            sig1 * 4000 <= sig0 * n as u64,
+            "no more signals per command ({sig1}/{n} vs {sig0}/4000)"
+        );
+    } else {
+        assert!(
+            sig1 * 4000 * 4 < sig0 * n as u64 * 3,
+            "fewer signals per command ({sig1}/{n} vs {sig0}/4000)"
+        );
+    }
+    c.device().set_coalescing(0, 1000);
+    // Every slot's last write is on the medium: read it back.
+    for slot in 0..QD {
+        let buf = DATA_BASE + 0x100000 + slot as u64 * 4096;
+        cmd(
+            &mut f,
+            REQ0,
+            slot,
+            0,
+            1,
+            &rw10(false, 8 * slot as u32, 8),
+            &[],
+            &[(buf, 4096)],
+        );
+        f.wait_n(REQ0, 1);
+        assert!(resp(&f, REQ0, slot).good());
+        assert_eq!(
+            f.mem.bytes(buf, 4096),
+            vec![3 ^ slot as u8; 4096],
+            "slot {slot}"
+        );
+    }
+    drop(f);
+    c.stop();
+}
