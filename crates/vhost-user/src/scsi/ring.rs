@@ -184,10 +184,10 @@ impl Ring {
         if q.needs_notification(mem).unwrap_or(true) {
             drop(q);
             let now_ok = self.parked.get()
-                || self
-                    .coal
-                    .as_ref()
-                    .is_none_or(|c| c.borrow_mut().used(ticks::now()));
+                || match &self.coal {
+                    Some(c) => c.borrow_mut().used(ticks::now()),
+                    None => true,
+                };
             if now_ok {
                 self.signal();
             }

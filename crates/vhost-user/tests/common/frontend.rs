@@ -109,7 +109,7 @@ impl Mem {
     }
 
     fn u16(&self, gpa: u64) -> &AtomicU16 {
-        assert!(gpa.is_multiple_of(2));
+        assert!(gpa & 1 == 0, "unaligned");
         // SAFETY: aligned, inside the mapping, which lives as long as self.
         unsafe { &*(self.at(gpa, 2) as *const AtomicU16) }
     }
