@@ -8,6 +8,10 @@
 # ustor's own iSCSI initiator instead: `ustor bench -w randwrite` on a SCSI
 # bdev over the iSCSI LLD (one session; `scsi_iscsi_attach_host`), the
 # same client for every target, at each QD of WQDS (WRS="" skips them).
+# BASE_BIN names an older build of the same serve example: it joins as
+# target "base" (same LUN, same pinning, alternating with the others) and
+# the summary gives ustor/base, a paired before/after A/B in one run;
+# VARIANTS="name:binary ..." adds more such builds (one step each).
 # SPDK's iscsi_tgt joins when SPDK_TGT names its binary (a build of
 # bench/spdk-build.sh, e.g. spdk/build/bin/iscsi_tgt; a malloc LUN, its
 # reactor on CORES: it busy-polls, so its CPU per I/O is the whole core).
@@ -23,7 +27,9 @@
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
 #                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>
 #                         SPDK_TGT=<iscsi_tgt binary> WRS=randwrite
-#                         WQDS="1 32" USTOR=<ustor binary>)
+#                         WQDS="1 32" USTOR=<ustor binary>
+#                         BASE_BIN=<older serve binary>
+#                         VARIANTS="name:<serve binary> ...")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -61,10 +67,11 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 declare -A PID URL TPORT
-UPID= SPID=
+UPID= SPID= BPIDS=
 TARGETS="ustor tgtd"
 cleanup() {
   [ -z "$UPID" ] || kill "$UPID" 2>/dev/null || true
+  for p in $BPIDS; do kill "$p" 2>/dev/null || true; done
   [ -z "$SPID" ] || kill "$SPID" 2>/dev/null || true
   tgtd_stop
 }
@@ -74,6 +81,18 @@ UPORT=$(free_port)
 taskset -c "$CORES" "$BIN" "$UPORT" 512 "$SIZE_MIB" >"$OUT/ustor.log" 2>&1 &
 UPID=$!; wait_port "$UPORT"
 PID[ustor]=$UPID; URL[ustor]="iscsi://127.0.0.1:$UPORT/$IQN/0"; TPORT[ustor]=$UPORT
+VARIANTS=${VARIANTS:-}
+[ -z "${BASE_BIN:-}" ] || VARIANTS="base:$BASE_BIN $VARIANTS"
+VNAMES=
+for v in $VARIANTS; do
+  name=${v%%:*} bin=${v#*:}
+  BPORT=$(free_port)
+  taskset -c "$CORES" "$bin" "$BPORT" 512 "$SIZE_MIB" >"$OUT/$name.log" 2>&1 &
+  BPIDS="$BPIDS $!"; PID[$name]=$!; wait_port "$BPORT"
+  URL[$name]="iscsi://127.0.0.1:$BPORT/$IQN/0"; TPORT[$name]=$BPORT
+  VNAMES="$VNAMES $name"
+done
+TARGETS="ustor$VNAMES tgtd"
 tgtd_start /dev/shm/ustor-bench-iscsi-tgt.img "$SIZE_MIB" "$IQN" "$OUT/tgtd.log" taskset -c "$CORES"
 PID[tgtd]=$TGT_PID; URL[tgtd]="iscsi://127.0.0.1:$PORT/$IQN/1"; TPORT[tgtd]=$PORT
 if [ -n "${SPDK_TGT:-}" ]; then
@@ -156,6 +175,7 @@ print(f"{rnd}\t{rw}\t{tgt}\t{qd}\t1\t{t['iops']:.0f}\t{cpu / max(t['iops'], 1):.
 PY
 }
 
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 IDLE_U=$(idle_pct "${PID[ustor]}"); IDLE_T=$(idle_pct "${PID[tgtd]}")
 for r in $(seq "$ROUNDS"); do
   for qd in $QDS; do for s in $SESS; do for t in $TARGETS; do
@@ -166,9 +186,13 @@ for r in $(seq "$ROUNDS"); do
   done; done; done
 done
 
-python3 - "$RES" "$RUNTIME" "$IDLE_U" "$IDLE_T" <<'PY'
+# The machine's load (1/5/15-minute averages) before and after: shared
+# machines make absolute numbers noisy, the paired ratios less so.
+echo "load average before: $LOAD0  after: $(cut -d' ' -f1-3 /proc/loadavg)  ($(nproc) CPUs)"
+python3 - "$RES" "$RUNTIME" "$IDLE_U" "$IDLE_T" $VNAMES <<'PY'
 import csv, statistics, sys
 res, runtime, iu, it = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+variants = tuple(sys.argv[5:])
 rows = list(csv.DictReader(open(res), delimiter="\t"))
 cells = {}
 for r in rows:
@@ -176,7 +200,7 @@ for r in rows:
     # cpu_us_per_io above divides CPU over the whole run by one second's IOPS.
     cpu = float(r["cpu_us_per_io"]) / runtime
     cells.setdefault(k, []).append((int(r["iops"]), cpu, float(r["lat_avg_us"]), float(r["lat_p99_us"])))
-others = [t for t in ("tgtd", "spdk") if any(k[3] == t for k in cells)]
+others = [t for t in variants + ("tgtd", "spdk") if any(k[3] == t for k in cells)]
 print(f"idle target CPU (% of a core): ustor {iu}  tgtd {it}")
 head = "rw        qd sess | ustor IOPS  cpu us/io"
 for t in others:
@@ -192,6 +216,16 @@ for rw, qd, s in keys:
         ti, tc = med((rw, qd, s, t), 0), med((rw, qd, s, t), 1)
         line += f" | {ti:>9.0f} {tc:>9.2f} | {ui/max(ti,1):>10.2f} {uc/max(tc,1e-9):>5.2f}"
     print(line)
+# Paired: each round runs every target back to back, so the per-round
+# ratio cancels most of the load that drifts between rounds.
+print("paired IOPS ratio ustor/peer: median of the per-round ratios [min, max]")
+for rw, qd, s in keys:
+    u = [x[0] for x in cells[(rw, qd, s, "ustor")]]
+    parts = []
+    for t in others:
+        rs = [a / max(b, 1) for a, b in zip(u, (x[0] for x in cells[(rw, qd, s, t)]))]
+        parts.append(f"{t} {statistics.median(rs):.2f} [{min(rs):.2f}, {max(rs):.2f}]")
+    print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(parts))
 # Latency from ustor's initiator (the write rows): mean and p99 in us.
 lat = [k for k in keys if k[0] != "randread"]
 if lat:
