@@ -24,6 +24,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
+use ustor_runtime::timer::Sleep;
 use ustor_runtime::RuntimeHandle;
 use ustor_scsi_proto::lun::decode_lun;
 use ustor_scsi_proto::sense::asc;
@@ -70,6 +71,11 @@ struct Idle {
     drain: Option<crate::drain::Watch>,
     /// When the initiator, asked to log out, is cut off.
     logout_by: Option<Instant>,
+    /// The one armed timer and when it fires. It is kept across waits
+    /// (and armed again only when it fired early): a timer per wait would
+    /// leave an entry per PDU in the reactor's timer heap until its
+    /// deadline, a heap of millions at full speed, each firing a wake-up.
+    timer: Option<(Instant, Sleep)>,
 }
 
 /// The session state one connection runs.
@@ -631,26 +637,39 @@ mod logout_response {
 }
 
 impl Idle {
-    /// Waits for the PDU `r` receives, the ping or logout timer, or the
-    /// start of a drain.
-    async fn wait<F>(&self, mut r: Pin<&mut F>) -> Woken
-    where
-        F: Future<Output = Result<Received, ConnError>>,
-    {
+    /// When the wait that starts now ends with [`Woken::Timer`]: the ping
+    /// (or the ping's timeout) after a quiet stretch, or the end of the
+    /// logout grace time.
+    fn due(&self, now: Instant) -> Option<Instant> {
         let ping = match (self.pings, self.ping_out) {
             (Some(p), Some(_)) if p.timeout > 0 => p.timeout,
             (Some(p), _) => p.interval,
             (None, _) => 0,
         };
-        let mut d = match ping {
-            0 => Duration::from_secs(24 * 3600),
-            s => Duration::from_secs(s as u64),
-        };
-        if let Some(t) = self.logout_by {
-            d = d.min(t.saturating_duration_since(Instant::now()));
+        let ping = (ping > 0).then(|| now + Duration::from_secs(ping as u64));
+        match (ping, self.logout_by) {
+            (Some(p), Some(l)) => Some(p.min(l)),
+            (p, l) => p.or(l),
+        }
+    }
+
+    /// Waits for the PDU `r` receives, the ping or logout timer, or the
+    /// start of a drain.
+    async fn wait<F>(&mut self, mut r: Pin<&mut F>) -> Woken
+    where
+        F: Future<Output = Result<Received, ConnError>>,
+    {
+        let now = Instant::now();
+        let due = self.due(now);
+        if let Some(due) = due {
+            // A timer armed for later than this wait's end is replaced; one
+            // armed earlier is armed again when it fires.
+            if !matches!(&self.timer, Some((at, _)) if *at <= due) {
+                self.timer = Some((due, ustor_runtime::sleep(due.saturating_duration_since(now))));
+            }
         }
         let watch = self.drain.as_ref().filter(|_| self.logout_by.is_none());
-        let mut t = pin!(ustor_runtime::sleep(d));
+        let timer = &mut self.timer;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(v) = r.as_mut().poll(cx) {
                 return Poll::Ready(Woken::Pdu(v));
@@ -658,8 +677,21 @@ impl Idle {
             if let Some(Poll::Ready(g)) = watch.map(|w| w.poll_started(cx)) {
                 return Poll::Ready(Woken::Drain(g));
             }
-            if t.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::Timer);
+            let Some(due) = due else {
+                return Poll::Pending;
+            };
+            // Budget: at most two rounds (an early timer is armed again
+            // for `due`, which has not passed, so it stays pending).
+            while let Some((_, t)) = timer.as_mut() {
+                if Pin::new(t).poll(cx).is_pending() {
+                    break;
+                }
+                let now = Instant::now();
+                if now >= due {
+                    *timer = None;
+                    return Poll::Ready(Woken::Timer);
+                }
+                *timer = Some((due, ustor_runtime::sleep(due.saturating_duration_since(now))));
             }
             Poll::Pending
         })

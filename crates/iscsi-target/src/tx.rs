@@ -1,6 +1,7 @@
 //! The send side of a session's connection, shared by the receive loop and
 //! every running task: PDUs are queued into one buffer (StatSN stamped in
-//! queue order) and leave with one `send` per flush, one flush at a time;
+//! queue order) and leave with one `send` per flush, one flush at a time
+//! (a direct non-blocking send; the ring only for what a full socket left);
 //! a task whose PDUs ride in a flush under way waits for it. A flush that
 //! does not finish within the send timeout shuts the socket down, so a
 //! client that stops reading cannot hold a session (or a drain) forever.
@@ -15,7 +16,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use ustor_iscsi::wire::{pad4, Bhs, BHS_LEN};
-use ustor_runtime::ops::send_all;
+use ustor_runtime::ops::send;
 use ustor_runtime::IoBuf;
 
 use crate::io::ConnError;
@@ -201,10 +202,20 @@ impl Tx {
         .await
     }
 
-    /// Sends `buf`; past the timeout the socket is shut down, which ends
-    /// the send (the buffer is never abandoned to the kernel).
+    /// Sends `buf`: a direct non-blocking send first (a socket with room,
+    /// the common case, takes it without waiting a reactor pass for a ring
+    /// completion), the ring for what it left; past the timeout the socket
+    /// is shut down, which ends the send (the buffer is never abandoned to
+    /// the kernel).
     async fn send_timed(&self, buf: IoBuf) -> (Result<(), ConnError>, IoBuf) {
-        let mut s = pin!(send_all(self.fd, buf));
+        let at = match send_now(self.fd, &buf) {
+            Ok(n) if n == buf.len() => return (Ok(()), buf),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return (Err(ConnError::Io(e)), buf),
+        };
+        let mut s = pin!(send_rest(self.fd, buf, at));
         let mut t = pin!(ustor_runtime::sleep(self.timeout.get()));
         let mut late = false;
         let (res, buf) = poll_fn(|cx| {
@@ -225,6 +236,38 @@ impl Tx {
         };
         (res, buf)
     }
+}
+
+/// One non-blocking send of all of `buf`; the bytes the socket took.
+fn send_now(fd: RawFd, buf: &IoBuf) -> io::Result<usize> {
+    let iov = [libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    }];
+    // SAFETY: the iovec describes `buf`'s bytes, borrowed for the call.
+    unsafe { ustor_runtime::ops::sendmsg_now(fd, &iov) }
+}
+
+/// Sends `buf[at..]` through the ring (which waits for room).
+async fn send_rest(fd: RawFd, mut buf: IoBuf, mut at: usize) -> (io::Result<()>, IoBuf) {
+    let end = buf.len();
+    // Budget: each round sends a byte or returns.
+    while at < end {
+        let (res, b) = send(fd, buf, at, end).await;
+        buf = b;
+        match res {
+            Ok(0) => return (Err(io::ErrorKind::UnexpectedEof.into()), buf),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if let Err(e) = ustor_net::recv::writable(fd).await {
+                    return (Err(e), buf);
+                }
+            }
+            Err(e) => return (Err(e), buf),
+        }
+    }
+    (Ok(()), buf)
 }
 
 fn append(out: &mut IoBuf, bytes: &[u8]) {
