@@ -128,7 +128,7 @@ async fn run_conn(conn: Accepted, est: Est, svc: Arc<PortalService>, sess: Rc<Se
         bytes_written: 0,
     });
     let (counters, _counted) = live.counters();
-    let mut wire = Wire::new(fd, est.params.max_recv_data as usize);
+    let mut wire = Wire::streaming(fd, est.params.max_recv_data as usize);
     wire.header_digest = est.params.header_digest;
     wire.data_digest = est.params.data_digest;
     let digests = (wire.header_digest, wire.data_digest);
