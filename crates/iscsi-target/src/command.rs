@@ -134,7 +134,8 @@ impl<'a> WireData<'a> {
         let Some((b, data)) = self.task.next_data_out().await else {
             return Err(XferError::Disconnected);
         };
-        self.cur = data;
+        let old = std::mem::replace(&mut self.cur, data);
+        self.core.give_buf(old);
         let (itt, ttt, off) = (b.itt(), b.u32_at(20), b.u32_at(40));
         let len = b.data_len() as u32;
         if itt != self.info.itt
@@ -226,11 +227,21 @@ impl<'a> WireData<'a> {
             if at + n < src.len() {
                 self.core.tx.queue(&b, &src[at..at + n]);
             } else {
-                self.held = Some((b, src[at..at + n].to_vec()));
+                self.held = Some((b, self.core.copy_buf(&src[at..at + n])));
             }
             at += n;
         }
         self.sent = self.sent.max(offset + src.len() as u32);
+    }
+}
+
+impl Drop for WireData<'_> {
+    fn drop(&mut self) {
+        // The buffers go back to the connection for the next commands.
+        self.core.give_buf(std::mem::take(&mut self.cur));
+        if let Some((_, d)) = self.held.take() {
+            self.core.give_buf(d);
+        }
     }
 }
 
@@ -288,6 +299,7 @@ impl DataPath for WireData<'_> {
         // Earlier chunks leave now; this chunk's last PDU may carry status.
         if let Some((b, d)) = self.held.take() {
             self.core.tx.queue(&b, &d);
+            self.core.give_buf(d);
         }
         self.core
             .tx

@@ -5,7 +5,10 @@
 //! status (in the last Data-In when possible, phase collapse) as soon as
 //! the command finishes, whatever the order the commands were sent in.
 //! An aborted task sends nothing; a data phase that breaks the protocol
-//! ends the connection.
+//! ends the connection. Commands run on the connection's workers
+//! ([`crate::workers`]); their data buffers (immediate data, Data-Out, the
+//! held last Data-In) come from the connection's free list, so a command
+//! allocates nothing once the connection has warmed up.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -21,6 +24,10 @@ use crate::pdu;
 use crate::sess::{Leave, Sess};
 use crate::tasks::Task;
 use crate::tx::Tx;
+use crate::workers::Workers;
+
+/// Data buffers a connection keeps for reuse (more are freed).
+const KEPT_BUFS: usize = 256;
 
 /// One connection of a session, what the tasks that came on it share
 /// (on the session's reactor): its send queue and parameters, and the
@@ -35,6 +42,9 @@ pub struct Core {
     pub(crate) leave: Cell<Leave>,
     next_ttt: Cell<u32>,
     pub(crate) counters: RefCell<Rc<ConnCounters>>,
+    pub(crate) workers: Workers,
+    /// Data buffers for reuse (emptied).
+    bufs: RefCell<Vec<Vec<u8>>>,
 }
 
 impl Core {
@@ -48,6 +58,29 @@ impl Core {
             leave: Cell::new(Leave::Failed),
             next_ttt: Cell::new(1),
             counters: RefCell::default(),
+            workers: Workers::default(),
+            bufs: RefCell::default(),
+        }
+    }
+
+    /// An empty data buffer (a reused one when there is one).
+    pub fn take_buf(&self) -> Vec<u8> {
+        self.bufs.borrow_mut().pop().unwrap_or_default()
+    }
+
+    /// A copy of `data` in a reused buffer.
+    pub fn copy_buf(&self, data: &[u8]) -> Vec<u8> {
+        let mut v = self.take_buf();
+        v.extend_from_slice(data);
+        v
+    }
+
+    /// Gives a data buffer back for reuse.
+    pub fn give_buf(&self, mut v: Vec<u8>) {
+        let mut bufs = self.bufs.borrow_mut();
+        if bufs.len() < KEPT_BUFS && v.capacity() > 0 {
+            v.clear();
+            bufs.push(v);
         }
     }
 
@@ -67,9 +100,9 @@ pub struct Command {
 }
 
 impl Command {
-    /// The command of `b` with its data segment; `None` for a
-    /// bidirectional command (not offered).
-    pub fn parse(b: &Bhs, data: &[u8]) -> Option<Command> {
+    /// The command of `b` with its data segment (copied into one of
+    /// `core`'s buffers); `None` for a bidirectional command (not offered).
+    pub fn parse(b: &Bhs, data: &[u8], core: &Core) -> Option<Command> {
         let f = b.flags();
         let (read, write) = (f & 0x40 != 0, f & 0x20 != 0);
         if read && write {
@@ -94,18 +127,22 @@ impl Command {
         };
         let mut cdb = [0u8; 16];
         cdb.copy_from_slice(&b.0[32..48]);
-        let data = if write { data.to_vec() } else { Vec::new() };
+        let data = if write && !data.is_empty() {
+            core.copy_buf(&data[..(info.immediate as usize)])
+        } else {
+            Vec::new()
+        };
         Some(Command { info, cdb, data })
     }
 }
 
 /// The body of one command's task: runs it and answers it, then leaves
-/// the task set.
-pub async fn run(core: Rc<Core>, task: Rc<Task>, cmd: Command) {
+/// the task set (the task and the command's buffer kept for reuse).
+pub async fn run(core: &Core, task: Rc<Task>, cmd: Command) {
     let (tasks, window) = (&core.sess.tasks, &core.sess.window);
     tasks.may_start(&task, window.gate.as_ref()).await;
     if !task.aborted() {
-        execute(&core, &task, &cmd).await;
+        execute(core, &task, &cmd).await;
     }
     tasks.remove(&task);
     if let (Some(g), Some(seq)) = (&window.gate, task.gate_seq) {
@@ -115,6 +152,8 @@ pub async fn run(core: Rc<Core>, task: Rc<Task>, cmd: Command) {
         // Its slot of the window is free again.
         window.credit();
     }
+    tasks.recycle(task);
+    core.give_buf(cmd.data);
 }
 
 async fn execute(core: &Core, task: &Task, cmd: &Command) {
@@ -199,11 +238,13 @@ async fn respond(
                 &seq,
             );
             tx.queue(&b, &data);
+            core.give_buf(data);
         }
         (held, _) => {
             if let Some((mut last, data)) = held {
                 last.0[1] |= 0x80;
                 tx.queue(&last, &data);
+                core.give_buf(data);
             }
             let mut sense = [0u8; 2 + ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
             let n = encode_sense(&o, &mut sense);

@@ -43,6 +43,7 @@ mod sessions;
 pub mod target;
 mod tasks;
 mod tx;
+mod workers;
 
 pub use config::*;
 pub use live::ConnInfo;

@@ -36,6 +36,7 @@ use crate::live::ConnCounters;
 use crate::pdu::{self, reject, tmf_response};
 use crate::sess::Leave;
 use crate::sessions::Sessions;
+use crate::workers::Workers;
 
 /// Sent in answer to SendTargets: the text of what an initiator may see.
 pub trait Discovery {
@@ -214,6 +215,7 @@ impl<'a, D: Discovery> Session<'a, D> {
             }
         }
         core.sess.tasks.ended(|t| t.conn == serial).await;
+        core.workers.close();
         core.sess.leave(core);
         r
     }
@@ -234,9 +236,11 @@ impl<'a, D: Discovery> Session<'a, D> {
             if b.opcode() == opcode::DATA_OUT {
                 // A Data-Out nobody waits for: its task is gone (ERL 0
                 // drops it).
-                let data = self.wire.data().to_vec();
                 let core = &self.core;
-                core.sess.tasks.deliver(b.itt(), core.serial, (b, data));
+                let data = core.copy_buf(self.wire.data());
+                if let Err((_, data)) = core.sess.tasks.deliver(b.itt(), core.serial, (b, data)) {
+                    core.give_buf(data);
+                }
                 continue;
             }
             if !self.admit(&b).await? {
@@ -328,7 +332,7 @@ impl<'a, D: Discovery> Session<'a, D> {
     /// Starts the command as a task of its own.
     async fn scsi(&mut self, b: &Bhs) -> Result<(), ConnError> {
         let seq = self.gate_seq.take();
-        let Some(cmd) = exec::Command::parse(b, self.wire.data()) else {
+        let Some(cmd) = exec::Command::parse(b, self.wire.data(), &self.core) else {
             if let (Some(g), Some(seq)) = (&self.core.sess.window.gate, seq) {
                 g.leave(seq);
             }
@@ -346,7 +350,7 @@ impl<'a, D: Discovery> Session<'a, D> {
             .sess
             .tasks
             .add(cmd.info.itt, lun, core.serial, attr, windowed, seq);
-        ustor_runtime::spawn(exec::run(self.core.clone(), task, cmd));
+        Workers::queue(&self.core, task, cmd);
         Ok(())
     }
 

@@ -91,10 +91,16 @@ pub struct TaskSet {
     next: Cell<u64>,
     /// Woken whenever a task ends.
     waiters: RefCell<Vec<Waker>>,
+    /// Ended tasks kept for reuse.
+    free: RefCell<Vec<Rc<Task>>>,
 }
 
+/// Ended tasks a session keeps for reuse.
+const KEPT_TASKS: usize = 256;
+
 impl TaskSet {
-    /// Enters a new task (before it is spawned, so its Data-Out finds it).
+    /// Enters a new task (before it runs, so its Data-Out finds it); an
+    /// ended one is reused when there is one.
     pub fn add(
         &self,
         itt: u32,
@@ -106,7 +112,7 @@ impl TaskSet {
     ) -> Rc<Task> {
         let n = self.next.get();
         self.next.set(n + 1);
-        let t = Rc::new(Task {
+        let fresh = Task {
             itt,
             lun,
             conn,
@@ -118,9 +124,37 @@ impl TaskSet {
             answered: Cell::new(false),
             mailbox: RefCell::default(),
             waker: RefCell::default(),
-        });
+        };
+        let reused = self.free.borrow_mut().pop();
+        let t = match reused {
+            Some(mut t) => match Rc::get_mut(&mut t) {
+                Some(slot) => {
+                    // Its (empty) mailbox keeps its capacity.
+                    let mailbox = std::mem::take(slot.mailbox.get_mut());
+                    *slot = Task {
+                        mailbox: RefCell::new(mailbox),
+                        ..fresh
+                    };
+                    t
+                }
+                None => Rc::new(fresh),
+            },
+            None => Rc::new(fresh),
+        };
         self.tasks.borrow_mut().push(t.clone());
         t
+    }
+
+    /// Keeps an ended task (out of the set) for reuse by [`TaskSet::add`].
+    pub fn recycle(&self, mut t: Rc<Task>) {
+        let mut free = self.free.borrow_mut();
+        if free.len() < KEPT_TASKS {
+            if let Some(slot) = Rc::get_mut(&mut t) {
+                slot.mailbox.get_mut().clear();
+                *slot.waker.get_mut() = None;
+                free.push(t);
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -132,19 +166,19 @@ impl TaskSet {
     }
 
     /// Hands a Data-Out that came on connection `conn` to its task (data
-    /// travels on the connection its command came on); `false` when no
-    /// such task runs.
-    pub fn deliver(&self, itt: u32, conn: u64, pdu: (Bhs, Vec<u8>)) -> bool {
+    /// travels on the connection its command came on); the PDU back when
+    /// no such task runs.
+    pub fn deliver(&self, itt: u32, conn: u64, pdu: (Bhs, Vec<u8>)) -> Result<(), (Bhs, Vec<u8>)> {
         let tasks = self.tasks.borrow();
         let Some(t) = tasks
             .iter()
             .find(|t| t.itt == itt && t.conn == conn && !t.aborted())
         else {
-            return false;
+            return Err(pdu);
         };
         t.mailbox.borrow_mut().push_back(pdu);
         t.wake();
-        true
+        Ok(())
     }
 
     /// The task with this tag, if it runs.
