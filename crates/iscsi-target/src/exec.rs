@@ -253,6 +253,11 @@ async fn respond(
             tx.queue(&r, &sense[..n]);
         }
     }
+    if core.sess.tasks.len() > 1 {
+        // Other commands may answer in this reactor pass: their responses
+        // join this one's send (the tasks woken meanwhile run first).
+        ustor_runtime::yield_now().await;
+    }
     if let Err(e) = tx.flush().await {
         tracing::debug!("iscsi: response to ITT {:#x} not sent: {e}", info.itt);
     }
