@@ -190,7 +190,11 @@ impl Wire {
         }
         self.fill(seg).await?;
         self.held = seg;
-        Ok(digest_ok(self.data_digest, self.st.peek(seg), self.data_len))
+        Ok(digest_ok(
+            self.data_digest,
+            self.st.peek(seg),
+            self.data_len,
+        ))
     }
 
     /// A data segment beyond [`COPY_MAX`]: straight into its own buffer,
@@ -200,7 +204,11 @@ impl Wire {
             Some(b) if b.capacity() >= seg => b,
             // Doubling, bounded by the limit: few reallocations, no more
             // memory than the largest segment needs.
-            _ => IoBuf::heap(seg.next_power_of_two().min(pad4(self.max_recv) + 4).max(seg)),
+            _ => IoBuf::heap(
+                seg.next_power_of_two()
+                    .min(pad4(self.max_recv) + 4)
+                    .max(seg),
+            ),
         };
         let dst = [Seg {
             ptr: big.as_mut_ptr(),

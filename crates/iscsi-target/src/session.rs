@@ -669,7 +669,10 @@ impl Idle {
             // A timer armed for later than this wait's end is replaced; one
             // armed earlier is armed again when it fires.
             if !matches!(&self.timer, Some((at, _)) if *at <= due) {
-                self.timer = Some((due, ustor_runtime::sleep(due.saturating_duration_since(now))));
+                self.timer = Some((
+                    due,
+                    ustor_runtime::sleep(due.saturating_duration_since(now)),
+                ));
             }
         }
         let watch = self.drain.as_ref().filter(|_| self.logout_by.is_none());
@@ -695,7 +698,10 @@ impl Idle {
                     *timer = None;
                     return Poll::Ready(Woken::Timer);
                 }
-                *timer = Some((due, ustor_runtime::sleep(due.saturating_duration_since(now))));
+                *timer = Some((
+                    due,
+                    ustor_runtime::sleep(due.saturating_duration_since(now)),
+                ));
             }
             Poll::Pending
         })

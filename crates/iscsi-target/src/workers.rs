@@ -54,11 +54,6 @@ impl Workers {
         }
     }
 
-    /// How many workers the connection has.
-    pub(crate) fn len(&self) -> usize {
-        self.slots.borrow().len()
-    }
-
     /// Ends the workers once the queue is empty (the connection ended and
     /// its tasks with it).
     pub(crate) fn close(&self) {

@@ -44,7 +44,7 @@ fn cdb10(op: u8, lba: u32, blocks: u16) -> [u8; 10] {
 
 impl Client {
     fn login(port: u16) -> Client {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.set_nodelay(true).unwrap();
         let text = encode_text(&[
@@ -143,7 +143,16 @@ impl Client {
             while at < off + len {
                 let n = (off + len - at).min(SEG);
                 let last = at + n == off + len;
-                let ds = build::data_out([0; 8], itt, ttt, self.statsn.wrapping_add(1), datasn, at as u32, n, last);
+                let ds = build::data_out(
+                    [0; 8],
+                    itt,
+                    ttt,
+                    self.statsn.wrapping_add(1),
+                    datasn,
+                    at as u32,
+                    n,
+                    last,
+                );
                 self.send(&ds, &data[at..at + n]);
                 at += n;
                 datasn += 1;
@@ -212,7 +221,10 @@ fn rounds(c: &mut Client, data: &[u8], back: &mut [u8], n: u32) {
         }
         if i % 25 == 0 {
             c.read_batch(4096, &mut back[..BATCH * 4096]);
-            assert!(back[..BATCH * 4096] == data[..BATCH * 4096], "round {i}: batch differs");
+            assert!(
+                back[..BATCH * 4096] == data[..BATCH * 4096],
+                "round {i}: batch differs"
+            );
         }
     }
 }
