@@ -28,6 +28,8 @@ use crate::workers::Workers;
 
 /// Data buffers a connection keeps for reuse (more are freed).
 const KEPT_BUFS: usize = 256;
+/// Smallest data buffer made (the RFC's default data segment).
+const MIN_BUF: usize = 8192;
 
 /// One connection of a session, what the tasks that came on it share
 /// (on the session's reactor): its send queue and parameters, and the
@@ -63,14 +65,25 @@ impl Core {
         }
     }
 
-    /// An empty data buffer (a reused one when there is one).
-    pub fn take_buf(&self) -> Vec<u8> {
-        self.bufs.borrow_mut().pop().unwrap_or_default()
+    /// An empty data buffer of at least `len` bytes: a kept one that is
+    /// large enough when there is one (a kept one grown, or a new one,
+    /// sized to a power of two, otherwise).
+    pub fn take_buf(&self, len: usize) -> Vec<u8> {
+        let mut bufs = self.bufs.borrow_mut();
+        let fit = bufs.iter().rposition(|v| v.capacity() >= len);
+        let mut v = match fit {
+            Some(i) => bufs.swap_remove(i),
+            None => bufs.pop().unwrap_or_default(),
+        };
+        if v.capacity() < len {
+            v.reserve_exact(len.next_power_of_two().max(MIN_BUF));
+        }
+        v
     }
 
     /// A copy of `data` in a reused buffer.
     pub fn copy_buf(&self, data: &[u8]) -> Vec<u8> {
-        let mut v = self.take_buf();
+        let mut v = self.take_buf(data.len());
         v.extend_from_slice(data);
         v
     }

@@ -97,6 +97,8 @@ pub struct TaskSet {
 
 /// Ended tasks a session keeps for reuse.
 const KEPT_TASKS: usize = 256;
+/// Data-Out PDUs a new task's mailbox has room for before it grows.
+const MAILBOX: usize = 16;
 
 impl TaskSet {
     /// Enters a new task (before it runs, so its Data-Out finds it); an
@@ -139,7 +141,11 @@ impl TaskSet {
                 }
                 None => Rc::new(fresh),
             },
-            None => Rc::new(fresh),
+            None => Rc::new(Task {
+                // Room for the Data-Out PDUs one greedy receive may bring.
+                mailbox: RefCell::new(VecDeque::with_capacity(MAILBOX)),
+                ..fresh
+            }),
         };
         self.tasks.borrow_mut().push(t.clone());
         t
