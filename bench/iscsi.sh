@@ -17,7 +17,10 @@
 # reactor on CORES: it busy-polls, so its CPU per I/O is the whole core).
 #
 # Both targets run for the whole benchmark pinned to CORES (one core by
-# default); iscsi-perf runs on the other cores. Workloads are interleaved
+# default); iscsi-perf runs on the other cores. While one target is
+# measured the others are stopped (SIGSTOP, SIGCONT before their own
+# runs): SPDK's reactor busy-polls its core even with no session, and
+# left running it took half of the shared core from every other target. Workloads are interleaved
 # (round r runs every workload on every target) and each cell is the median
 # of ROUNDS runs, because the machines this runs on are shared and noisy.
 # Reports IOPS (sum over sessions of iscsi-perf's average), the target's CPU
@@ -70,6 +73,7 @@ declare -A PID URL TPORT
 UPID= SPID= BPIDS=
 TARGETS="ustor tgtd"
 cleanup() {
+  for p in "${PID[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
   [ -z "$UPID" ] || kill "$UPID" 2>/dev/null || true
   for p in $BPIDS; do kill "$p" 2>/dev/null || true; done
   [ -z "$SPID" ] || kill "$SPID" 2>/dev/null || true
@@ -121,6 +125,14 @@ fi
 idle_pct() { # pid
   local b a; b=$(cpu_ticks "$1"); sleep "$IDLE"; a=$(cpu_ticks "$1")
   python3 -c "import sys; print(f'{100*($a-$b)/$HZ/$IDLE:.2f}')"
+}
+
+# Only target $1 runs; the others are stopped (see the top).
+only() {
+  local t
+  for t in $TARGETS; do
+    if [ "$t" = "$1" ]; then kill -CONT "${PID[$t]}"; else kill -STOP "${PID[$t]}"; fi
+  done
 }
 
 RES="$OUT/results.tsv"
@@ -179,10 +191,10 @@ LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 IDLE_U=$(idle_pct "${PID[ustor]}"); IDLE_T=$(idle_pct "${PID[tgtd]}")
 for r in $(seq "$ROUNDS"); do
   for qd in $QDS; do for s in $SESS; do for t in $TARGETS; do
-    run_one "$r" "$t" "$qd" "$s"
+    only "$t"; run_one "$r" "$t" "$qd" "$s"
   done; done; done
   for rw in $WRS; do for qd in $WQDS; do for t in $TARGETS; do
-    run_write "$r" "$rw" "$t" "$qd"
+    only "$t"; run_write "$r" "$rw" "$t" "$qd"
   done; done; done
 done
 

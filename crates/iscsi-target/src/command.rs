@@ -296,16 +296,19 @@ impl DataPath for WireData<'_> {
         if self.task.aborted() {
             return Err(XferError::Disconnected);
         }
-        // Earlier chunks leave now; this chunk's last PDU may carry status.
+        // This command's earlier chunks leave now (a long read is sent as
+        // it is read, not queued whole); this chunk's last PDU may carry
+        // status. The first chunk flushes nothing: other commands'
+        // responses queued meanwhile leave with theirs, not one send each.
         if let Some((b, d)) = self.held.take() {
             self.core.tx.queue(&b, &d);
             self.core.give_buf(d);
+            self.core
+                .tx
+                .flush()
+                .await
+                .map_err(|_| XferError::Disconnected)?;
         }
-        self.core
-            .tx
-            .flush()
-            .await
-            .map_err(|_| XferError::Disconnected)?;
         self.queue_data_in(offset, &src[..n]);
         Ok(n)
     }
