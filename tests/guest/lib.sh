@@ -10,8 +10,9 @@ log() { echo "guest: $*" >&2; }
 
 die() { echo "guest: FAILED: $*" >&2; exit 1; }
 
-# Ask the host for the QMP action the test registered as NAME
-# (GuestBuilder::on_qmp), e.g. a device_del; then wait for its effect.
+# Ask the host for the action the test registered as NAME: QMP commands
+# (GuestBuilder::on_qmp), e.g. a device_del, or a host-side closure
+# (GuestBuilder::on_host); then wait for its effect.
 qmp() { echo "USTOR-QMP $1"; }
 
 # Run a command, echoing it first so the serial log shows what failed.

@@ -24,6 +24,15 @@
 #     target 0 LUN 1 of the virtio-scsi HBA and target 1 of the SAS1068,
 #     each under a running `ustor bench`: the disk is seen gone and the
 #     bench ends with I/O errors.
+#  6. Error handling for real (`escalate`): target 4 of the virtio-scsi HBA
+#     and target 5 of the SAS1068 are NBD drives that `ustor serve` on the
+#     host exports through delay bdevs. The host makes their reads slow
+#     (`qmp slow-TAG`) so one read of a verified QD1 read pass sits in
+#     QEMU's block layer, which cannot cancel it: the command times out,
+#     ABORT TASK times out, then the LUN reset (virtio-scsi: QEMU drains
+#     the read and answers) or, on the SAS1068, whose IOC still holds the
+#     timed-out TMF's frame, a host reset. The retried read (the host made
+#     reads fast again, `qmp fast-TAG`) and every other block verify.
 # env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S,
 #      UNMAP_OFF_MIB, SHARED_BDF (function 0 of a slot whose function 1
 #      stays on its kernel driver: the shared-group error)
@@ -32,7 +41,9 @@
 #          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
 #          {t2,m3}_{flush,unmap}_ios, {t0l1,m1}_gone,
-#          {t0l1,m1}_unplug_{ios,errors}
+#          {t0l1,m1}_unplug_{ios,errors}, {t4,m5}_{write,read}_ios,
+#          {t4,m5}_eh_{abort,abort_failed,lun_reset,lun_reset_failed,
+#          host_reset,host_reset_failed}
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
@@ -158,6 +169,48 @@ flush_unmap() {
 }
 flush_unmap t2 0:0:2:0
 
+# escalate TAG HCTL: see 6. above. Commands time out after 1 s and TMFs
+# after 2 s; the host's read latency (8 s) outlasts both, so ABORT TASK
+# fails; the host makes reads fast again once the abort is seen, before
+# any retry. Counts each EH step the bench logged.
+escalate() {
+    _att=$ATTACH
+    ATTACH=$(echo "$ATTACH" | sed 's/}$/, "cmd_timeout_ms": 1000, "tmf_timeout_ms": 2000}/')
+    bench write "$1" "$2" -w write -q 8 --cores 0 --verify
+    cat > /tmp/esc.json <<EOF
+{"subsystems": [{"subsystem": "scsi", "config": [
+  {"method": "scsi_vfio_attach_host", "params": $ATTACH},
+  {"method": "bdev_scsi_create", "params": {"name": "esc", "device": "$2", "offset": "${OFF}M", "size": "${LEN}M"}}
+]}]}
+EOF
+    qmp "slow-$1"
+    echo "+ ustor bench read on $2 with one read stuck on the host" >&2
+    "$U" bench $RT --json -c /tmp/esc.json -b esc --bs 4K -t 3 -w read -q 1 \
+        --cores 0 --seed "$SEED" --verify --log-level warn > /tmp/esc.out 2> /tmp/esc.err &
+    _b=$!
+    until grep -q "EH: abort tag" /tmp/esc.err; do
+        kill -0 "$_b" 2>/dev/null || break
+        sleep 0.1
+    done
+    qmp "fast-$1"
+    wait "$_b"
+    _st=$?
+    cat /tmp/esc.err >&2
+    cat /tmp/esc.out >&2
+    [ "$_st" = 0 ] || die "bench read through EH on $2: status $_st"
+    grep -q '"verify_errors": [1-9]' /tmp/esc.out && die "escalate $2: verify errors"
+    _ios=$(sed -n '/"total"/,/}/p' /tmp/esc.out | grep '"ios"' | head -n 1 | tr -dc 0-9)
+    kv "${1}_read_ios" "${_ios:-0}"
+    for _k in "abort:EH: abort tag" "abort_failed:EH: abort of tag .* failed" \
+        "lun_reset:EH: logical unit reset of" \
+        "lun_reset_failed:EH: logical unit reset of .* failed" \
+        "host_reset:EH: host reset" "host_reset_failed:EH: host reset failed"; do
+        kv "${1}_eh_${_k%%:*}" "$(grep -c "${_k#*:}" /tmp/esc.err)"
+    done
+    ATTACH=$_att
+}
+escalate t4 0:0:4:0
+
 # hot_unplug TAG HCTL NAME: a randread `ustor bench` on HCTL while the
 # host deletes that disk (the QMP action NAME: device_del). The mid-layer
 # sees it gone (virtio-scsi: a hot-unplug event; MPT: DEVICE_NOT_THERE),
@@ -231,5 +284,6 @@ BBS=
 bench write m3 0:0:3:0 -w write -q 8 --cores 0 --verify
 bench read m3 0:0:3:0 -w read -q 4 --cores 0 --verify
 flush_unmap m3 0:0:3:0
+escalate m5 0:0:5:0
 hot_unplug m1 0:0:1:0 unplug-m1
 exit 0

@@ -12,6 +12,8 @@ mod sg;
 pub mod virtio;
 mod wake;
 
+use std::time::Duration;
+
 use ustor_scsi::lld::Lld;
 use ustor_vfio::PciId;
 
@@ -42,16 +44,32 @@ impl AttachError {
     }
 }
 
+/// Per-host driver settings (`scsi_vfio_attach_host`'s optional params).
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// How long a task management function may take before the driver
+    /// reports it failed (the mid-layer then escalates).
+    pub tmf_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tmf_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Drivers `attach` knows, by the name the RPC uses.
 pub const DRIVERS: &[&str] = &["virtio-scsi", "mptsas"];
 
 /// Opens `bdf` with `driver` and returns it as an LLD. Must run on the
 /// reactor that will own the host (the DMA mapping of that reactor's
 /// buffer pool is made here).
-pub fn attach(bdf: &str, driver: &str) -> Result<Box<dyn Lld>, AttachError> {
+pub fn attach(bdf: &str, driver: &str, opts: Options) -> Result<Box<dyn Lld>, AttachError> {
     match driver {
-        "virtio-scsi" => Ok(Box::new(VirtioScsi::open(bdf)?)),
-        "mptsas" => Ok(Box::new(MptSas::open(bdf)?)),
+        "virtio-scsi" => Ok(Box::new(VirtioScsi::open(bdf, opts)?)),
+        "mptsas" => Ok(Box::new(MptSas::open(bdf, opts)?)),
         _ => Err(AttachError::UnknownDriver(driver.to_string())),
     }
 }

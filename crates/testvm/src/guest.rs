@@ -12,7 +12,7 @@ use crate::assets::{self, Assets};
 use crate::cpio::CpioWriter;
 use crate::error::{GuestError, Result};
 use crate::lock::FileLock;
-use crate::qmp::Hooks;
+use crate::qmp::{Action, HostFn, Hooks};
 
 /// The line init prints after the test script returns.
 pub const EXIT_MARKER: &str = "USTOR-GUEST-EXIT=";
@@ -59,8 +59,8 @@ pub struct GuestBuilder {
     qemu_args: Vec<String>,
     log_file: Option<PathBuf>,
     iommu: bool,
-    /// QMP commands to send when the script prints `USTOR-QMP NAME`.
-    qmp_actions: Vec<(String, Vec<String>)>,
+    /// What to do when the script prints `USTOR-QMP NAME`.
+    qmp_actions: Vec<(String, Action)>,
 }
 
 impl Default for GuestBuilder {
@@ -225,7 +225,21 @@ impl GuestBuilder {
     /// guest's QMP socket, once; see [`crate::qmp`].
     pub fn on_qmp(mut self, name: impl Into<String>, commands: &[&str]) -> Self {
         let cmds = commands.iter().map(|c| c.to_string()).collect();
-        self.qmp_actions.push((name.into(), cmds));
+        self.qmp_actions.push((name.into(), Action::Qmp(cmds)));
+        self
+    }
+
+    /// When the script prints `USTOR-QMP name` (lib.sh: `qmp name`), run
+    /// `action` on the host, once, while the guest runs: for peers outside
+    /// QEMU that the guest's disks reach (an NBD server's bdevs, say). What
+    /// it returns goes to [`GuestOutcome::host_replies`].
+    pub fn on_host(
+        mut self,
+        name: impl Into<String>,
+        action: impl Fn() -> String + Send + Sync + 'static,
+    ) -> Self {
+        let f = HostFn(std::sync::Arc::new(action));
+        self.qmp_actions.push((name.into(), Action::Host(f)));
         self
     }
 
@@ -319,6 +333,7 @@ impl GuestBuilder {
             log,
             duration,
             qmp_replies: hooks.replies,
+            host_replies: hooks.host_replies,
         })
     }
 
@@ -471,7 +486,7 @@ impl GuestBuilder {
         a.extend(["-smp".into(), self.cpus.to_string()]);
         a.extend(["-m".into(), format!("{}M", self.memory_mib)]);
         a.extend(["-serial".into(), format!("file:{}", serial.display())]);
-        if !self.qmp_actions.is_empty() {
+        if self.qmp_actions.iter().any(|(_, act)| matches!(act, Action::Qmp(_))) {
             let sock = qmp_socket(serial);
             a.extend([
                 "-qmp".into(),
@@ -558,6 +573,8 @@ pub struct GuestOutcome {
     pub duration: Duration,
     /// The reply line of each QMP command [`GuestBuilder::on_qmp`] sent.
     pub qmp_replies: Vec<String>,
+    /// What each [`GuestBuilder::on_host`] action that ran returned.
+    pub host_replies: Vec<String>,
 }
 
 impl GuestOutcome {
@@ -735,6 +752,7 @@ mod tests {
                 .into(),
             duration: Duration::ZERO,
             qmp_replies: Vec::new(),
+            host_replies: Vec::new(),
         };
         assert_eq!(o.value("md5"), Some("def"));
         assert_eq!(o.value("nope"), None);

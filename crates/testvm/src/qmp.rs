@@ -1,14 +1,18 @@
-//! Host actions a guest script asks for mid-run, over QEMU's QMP socket:
-//! the script prints `USTOR-QMP NAME` (lib.sh: `qmp NAME`), and the host
-//! sends the QMP commands registered for NAME with
-//! [`crate::GuestBuilder::on_qmp`] (a `device_del` for a hot-unplug, say).
-//! Each name fires once. The guest then waits for the effect it can see
-//! itself; the replies are in [`crate::GuestOutcome::qmp_replies`].
+//! Host actions a guest script asks for mid-run: the script prints
+//! `USTOR-QMP NAME` (lib.sh: `qmp NAME`), and the host either sends the
+//! QMP commands registered for NAME with [`crate::GuestBuilder::on_qmp`]
+//! over QEMU's QMP socket (a `device_del` for a hot-unplug, say), or runs
+//! the closure registered with [`crate::GuestBuilder::on_host`] (an RPC to
+//! a host-side peer the guest's disks reach, say). Each name fires once.
+//! The guest then waits for the effect it can see itself; the replies are
+//! in [`crate::GuestOutcome::qmp_replies`] and
+//! [`crate::GuestOutcome::host_replies`].
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a guest prints to ask for a registered QMP action.
@@ -17,23 +21,44 @@ pub(crate) const QMP_MARKER: &str = "USTOR-QMP ";
 /// How long one QMP exchange may take.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A host-side action: runs on the test's thread while the guest runs;
+/// what it returns goes to [`crate::GuestOutcome::host_replies`].
+#[derive(Clone)]
+pub(crate) struct HostFn(pub Arc<dyn Fn() -> String + Send + Sync>);
+
+impl std::fmt::Debug for HostFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostFn")
+    }
+}
+
+/// What a marker's name stands for.
+#[derive(Clone, Debug)]
+pub(crate) enum Action {
+    /// QMP commands, sent in order on one session.
+    Qmp(Vec<String>),
+    Host(HostFn),
+}
+
 /// The registered actions of one run and what has been read of the serial
 /// log so far.
 pub(crate) struct Hooks {
-    pending: Vec<(String, Vec<String>)>,
+    pending: Vec<(String, Action)>,
     socket: PathBuf,
     /// Bytes of the serial log already scanned (whole lines only).
     seen: u64,
     pub replies: Vec<String>,
+    pub host_replies: Vec<String>,
 }
 
 impl Hooks {
-    pub fn new(actions: &[(String, Vec<String>)], socket: PathBuf) -> Hooks {
+    pub fn new(actions: &[(String, Action)], socket: PathBuf) -> Hooks {
         Hooks {
             pending: actions.to_vec(),
             socket,
             seen: 0,
             replies: Vec::new(),
+            host_replies: Vec::new(),
         }
     }
 
@@ -59,12 +84,15 @@ impl Hooks {
                 continue;
             };
             let name = line[at + QMP_MARKER.len()..].trim();
-            if let Some(i) = self.pending.iter().position(|(n, _)| n == name) {
-                let (name, cmds) = self.pending.remove(i);
-                match exchange(&self.socket, &cmds) {
+            let Some(i) = self.pending.iter().position(|(n, _)| n == name) else {
+                continue;
+            };
+            match self.pending.remove(i) {
+                (name, Action::Qmp(cmds)) => match exchange(&self.socket, &cmds) {
                     Ok(r) => self.replies.extend(r),
                     Err(e) => self.replies.push(format!("{name}: QMP failed: {e}")),
-                }
+                },
+                (_, Action::Host(f)) => self.host_replies.push((f.0)()),
             }
         }
     }
@@ -129,15 +157,31 @@ mod tests {
         let l = UnixListener::bind(&sock).unwrap();
         let peer = std::thread::spawn(move || serve(l));
         let del = r#"{"execute": "device_del", "arguments": {"id": "d1"}}"#;
-        let mut h = Hooks::new(&[("unplug".into(), vec![del.into()])], sock);
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h2 = hits.clone();
+        let host = HostFn(Arc::new(move || {
+            format!("host {}", h2.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
+        }));
+        let mut h = Hooks::new(
+            &[
+                ("unplug".into(), Action::Qmp(vec![del.into()])),
+                ("slow".into(), Action::Host(host)),
+            ],
+            sock,
+        );
         // A marker still being written is not acted on.
         std::fs::write(&serial, "boot\nUSTOR-QMP unpl").unwrap();
         h.poll(&serial);
         assert!(h.replies.is_empty());
-        std::fs::write(&serial, "boot\nUSTOR-QMP unplug\nUSTOR-QMP unplug\n").unwrap();
+        std::fs::write(
+            &serial,
+            "boot\nUSTOR-QMP unplug\nUSTOR-QMP unplug\nx USTOR-QMP slow\nUSTOR-QMP slow\n",
+        )
+        .unwrap();
         h.poll(&serial);
         h.poll(&serial);
         assert_eq!(h.replies, vec![r#"{"return": {}}"#.to_string()]);
+        assert_eq!(h.host_replies, vec!["host 0".to_string()]);
         let got = peer.join().unwrap();
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(got[0].contains("qmp_capabilities"));

@@ -18,13 +18,25 @@
 //! its passes in 1 MiB commands. Hot-unplug: the guest asks the host to
 //! `device_del` a disk of each HBA (QMP) under a running `ustor bench`;
 //! the mid-layer sees the disk gone and the bench ends with I/O errors.
+//! Error handling for real: target 4 of the virtio-scsi HBA and target 5
+//! of the SAS1068 are NBD drives that a `ustor serve` on the host exports
+//! through delay bdevs; the guest asks the host (`on_host`) to make their
+//! reads take 8 s, so one read of a QD1 `ustor bench --verify` pass sits
+//! in QEMU's block layer, which cannot cancel it. The command times out,
+//! ABORT TASK times out, and the mid-layer escalates: virtio-scsi's LUN
+//! reset makes QEMU drain the read and succeeds; the SAS1068's IOC still
+//! holds the timed-out TMF's frame, so its LUN reset fails and a host
+//! reset (IOC reset) follows. The retried read and every other block of
+//! the pass verify, and the host finds the written blocks in the images.
 //!
 //! Skips (`SKIPPED: reason`) only when no guest can run here.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use serde_json::json;
 
 use testvm::host::{md5_bytes, md5_range};
 use testvm::{guest_script, require_guest, GuestBuilder};
@@ -42,6 +54,64 @@ const SHARED: &str = "0000:00:08.0";
 /// Hot-unplug of target 0 LUN 1 (virtio-scsi) and target 1 (SAS1068).
 const DEL_VDEV1: &str = r#"{"execute": "device_del", "arguments": {"id": "vdev1"}}"#;
 const DEL_MDEV0: &str = r#"{"execute": "device_del", "arguments": {"id": "mdev0"}}"#;
+
+/// How long a read takes on the host's delay bdevs while the guest makes
+/// one get stuck: longer than the guest's command timeout (1 s) and TMF
+/// timeout (2 s) together, with room for a loaded machine.
+const STUCK_US: u64 = 8_000_000;
+
+/// A `ustor serve` on the host exporting `nv` and `nm` by NBD on
+/// 127.0.0.1 through delay bdevs `dnv` and `dnm` (no delay yet) over the
+/// image files.
+fn nbd_server(dir: &Path, nv: &Path, nm: &Path) -> common::Server {
+    let mut bdevs = Vec::new();
+    let mut exports = Vec::new();
+    for (name, img) in [("nv", nv), ("nm", nm)] {
+        bdevs.push(json!({"method": "bdev_uring_create",
+            "params": {"name": name, "filename": img.to_str().unwrap(), "block_size": 512}}));
+        bdevs.push(json!({"method": "bdev_delay_create", "params": {
+            "base_bdev_name": name, "name": format!("d{name}"),
+            "avg_read_latency": 0, "p99_read_latency": 0,
+            "avg_write_latency": 0, "p99_write_latency": 0}}));
+        exports.push(json!({"method": "nbd_export_create",
+            "params": {"name": format!("d{name}"), "bdev_name": format!("d{name}")}}));
+    }
+    exports.insert(
+        0,
+        json!({"method": "nbd_server_start",
+            "params": {"listen_address": {"traddr": "127.0.0.1", "trsvcid": "0"}}}),
+    );
+    let cfg = json!({"subsystems": [
+        {"subsystem": "bdev", "config": bdevs},
+        {"subsystem": "nbd", "config": exports},
+    ]});
+    common::Server::start(dir, &cfg, &[])
+}
+
+/// A host action: sets the read latency of delay bdev `bdev`.
+fn set_read_latency(
+    sock: PathBuf,
+    bdev: &'static str,
+    us: u64,
+) -> impl Fn() -> String + Send + Sync + 'static {
+    move || {
+        let mut out = Vec::new();
+        for t in ["avg_read", "p99_read"] {
+            let p = json!({"delay_bdev_name": bdev, "latency_type": t, "latency_us": us});
+            let r = ustor_rpc::RpcClient::connect(&sock)
+                .map_err(|e| format!("{e:?}"))
+                .and_then(|mut c| {
+                    c.call("bdev_delay_update_latency", p)
+                        .map_err(|e| format!("{e:?}"))
+                });
+            out.push(match r {
+                Ok(v) => format!("{bdev} {t}={us}: {v}"),
+                Err(e) => format!("{bdev} {t}={us}: error {e}"),
+            });
+        }
+        out.join("; ")
+    }
+}
 
 /// What `bench --verify -w read` leaves in a bdev of 512-byte blocks.
 fn expected_md5(seed: u64) -> String {
@@ -83,6 +153,10 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         disk(&dir, "t2l0.img"),
     ];
     let mpt_disks = [disk(&dir, "m1.img"), disk(&dir, "m3.img")];
+    // Targets 4 (virtio-scsi) and 5 (SAS1068), by NBD from the host.
+    let (nv, nm) = (disk(&dir, "nv.img"), disk(&dir, "nm.img"));
+    let srv = nbd_server(&dir, &nv, &nm);
+    let port = srv.nbd_port();
     let mut g = GuestBuilder::new()
         .script_file(guest_script("scsi-vfio.sh"))
         .binary(env!("CARGO_BIN_EXE_ustor"))
@@ -115,6 +189,10 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         .env("UNMAP_OFF_MIB", UNMAP_OFF_MIB.to_string())
         .on_qmp("unplug-t0l1", &[DEL_VDEV1])
         .on_qmp("unplug-m1", &[DEL_MDEV0])
+        .on_host("slow-t4", set_read_latency(srv.sock.clone(), "dnv", STUCK_US))
+        .on_host("fast-t4", set_read_latency(srv.sock.clone(), "dnv", 0))
+        .on_host("slow-m5", set_read_latency(srv.sock.clone(), "dnm", STUCK_US))
+        .on_host("fast-m5", set_read_latency(srv.sock.clone(), "dnm", 0))
         .timeout(Duration::from_secs(420));
     for (i, (d, (t, l))) in disks.iter().zip([(0, 0), (0, 1), (2, 0)]).enumerate() {
         g = g
@@ -140,6 +218,20 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
                 "scsi-hd,drive=md{i},id=mdev{i},bus=mpt.0,scsi-id={t},lun=0,discard_granularity=4096"
             ));
     }
+    for (i, (bus, t, bdev)) in [("vscsi.0", 4, "dnv"), ("mpt.0", 5, "dnm")]
+        .into_iter()
+        .enumerate()
+    {
+        g = g
+            .qemu_arg("-drive")
+            .qemu_arg(format!(
+                "file=nbd://127.0.0.1:{port}/{bdev},if=none,format=raw,id=nd{i}"
+            ))
+            .qemu_arg("-device")
+            .qemu_arg(format!(
+                "scsi-hd,drive=nd{i},id=ndev{i},bus={bus},scsi-id={t},lun=0"
+            ));
+    }
     let out = g.run().and_then(|o| o.success()).unwrap();
     assert_eq!(out.value("unbound_error"), Some("1"), "{}", out.log);
     assert_eq!(out.value("wrong_driver_error"), Some("1"));
@@ -148,7 +240,7 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
         Some("1"),
         "shared IOMMU group accepted"
     );
-    assert_eq!(out.value("disks"), Some("3"));
+    assert_eq!(out.value("disks"), Some("4"));
     // The reactor sleeps between commands (adaptive mode): the device's
     // interrupt, routed to an eventfd, woke it.
     for (p, kind) in [("", "msix"), ("mpt_", "msi")] {
@@ -161,15 +253,15 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
     }
     assert_eq!(out.value("reset_ok"), Some("1"));
     assert_eq!(out.value("saved_attach"), Some("1"));
-    assert_eq!(out.value("reattach_disks"), Some("3"));
+    assert_eq!(out.value("reattach_disks"), Some("4"));
     let want = expected_md5(SEED);
     check_image(&out, "t0", &disks[0], &want);
     check_image(&out, "t2", &disks[2], &want);
     // The MPT Fusion SAS driver on the SAS1068.
     assert_eq!(out.value("mpt_wrong_driver_error"), Some("1"));
-    assert_eq!(out.value("mpt_disks"), Some("2"));
+    assert_eq!(out.value("mpt_disks"), Some("3"));
     assert_eq!(out.value("mpt_reset_ok"), Some("1"));
-    assert_eq!(out.value("mpt_reattach_disks"), Some("2"));
+    assert_eq!(out.value("mpt_reattach_disks"), Some("3"));
     check_image(&out, "m1", &mpt_disks[0], &want);
     check_image(&out, "m3", &mpt_disks[1], &want);
     // Flush and unmap reached both drivers' disks: the unmapped MiB reads
@@ -210,5 +302,35 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
     let zero = md5_bytes(&vec![0u8; (SIZE_MIB << 20) as usize]).unwrap();
     let l1 = md5_range(&disks[1], OFFSET_MIB << 20, (SIZE_MIB << 20) as usize).unwrap();
     assert_eq!(l1, zero, "LUN 1 was written");
+    check_escalation(&out, &nv, &nm, &want);
+    drop(srv);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The EH steps each HBA's stuck read went through, and its data.
+fn check_escalation(out: &testvm::GuestOutcome, nv: &Path, nm: &Path, want: &str) {
+    assert_eq!(out.host_replies.len(), 4, "{:?}", out.host_replies);
+    for r in &out.host_replies {
+        assert!(!r.contains("error"), "latency change failed: {r}");
+    }
+    let n = |k: &str| -> u64 {
+        out.value(k)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k}\n{}", out.log))
+    };
+    for tag in ["t4", "m5"] {
+        // The stuck read's abort was sent and timed out, then a LUN reset.
+        for step in ["abort", "abort_failed", "lun_reset"] {
+            assert!(n(&format!("{tag}_eh_{step}")) > 0, "{tag}: no {step}");
+        }
+        assert_eq!(n(&format!("{tag}_eh_host_reset_failed")), 0, "{tag}");
+    }
+    // virtio-scsi: QEMU drained the read for the LUN reset and answered.
+    assert_eq!(n("t4_eh_lun_reset_failed"), 0, "t4: LUN reset failed");
+    assert_eq!(n("t4_eh_host_reset"), 0, "t4: escalated to a host reset");
+    // SAS1068: the IOC held the abort's frame: LUN reset failed, IOC reset.
+    assert!(n("m5_eh_lun_reset_failed") > 0, "m5: LUN reset did not fail");
+    assert!(n("m5_eh_host_reset") > 0, "m5: no host reset");
+    check_image(out, "t4", nv, want);
+    check_image(out, "m5", nm, want);
 }

@@ -18,7 +18,7 @@ use super::state::{SlotState, State, MAX_XFER};
 use super::wire;
 use super::MptError;
 
-/// How long a control-path command (scan INQUIRY, TMF) may take.
+/// How long a control-path command (scan INQUIRY) may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The LSI SAS1068 (QEMU `mptsas1068`).
@@ -28,13 +28,14 @@ pub fn is_sas1068(id: ustor_vfio::PciId) -> bool {
 
 pub struct MptSas {
     bdf: String,
+    opts: crate::Options,
     st: RefCell<State>,
 }
 
 impl MptSas {
     /// Opens `bdf` (bound to vfio-pci), resets the IOC and brings it up,
     /// and maps the current reactor's buffer pool for zero-copy DMA.
-    pub fn open(bdf: &str) -> Result<MptSas, MptError> {
+    pub fn open(bdf: &str, opts: crate::Options) -> Result<MptSas, MptError> {
         let vfio = Vfio::open(bdf)?;
         let id = vfio.id()?;
         if !is_sas1068(id) {
@@ -53,6 +54,7 @@ impl MptSas {
         tracing::info!(%bdf, facts = ?st.facts, "MPT SAS attached over VFIO");
         Ok(MptSas {
             bdf: bdf.to_string(),
+            opts,
             st: RefCell::new(st),
         })
     }
@@ -100,10 +102,23 @@ impl MptSas {
     }
 
     async fn tmf(&self, task: u8, nexus: Nexus, task_ctx: u32) -> TmfResult {
-        if !self.st.borrow_mut().send_tmf(task, nexus, task_ctx) {
+        let sent = {
+            let mut st = self.st.borrow_mut();
+            st.reap();
+            if st.tmf_busy && st.tmf_done.take().is_some() {
+                // The late answer to a TMF that timed out: the frame is free.
+                st.tmf_busy = false;
+            }
+            st.send_tmf(task, nexus, task_ctx)
+        };
+        if !sent {
+            // As Linux's fusion driver: one TMF at a time, and one that
+            // timed out leaves its frame with the IOC; the host reset the
+            // mid-layer escalates to takes it back.
+            tracing::warn!(bdf = %self.bdf, task, "IOC still holds the TMF frame: TMF not sent");
             return TmfResult::Failed;
         }
-        let deadline = Instant::now() + CONTROL_TIMEOUT;
+        let deadline = Instant::now() + self.opts.tmf_timeout;
         loop {
             {
                 let mut st = self.st.borrow_mut();
@@ -120,6 +135,7 @@ impl MptSas {
                     };
                 }
                 if Instant::now() > deadline {
+                    tracing::warn!(bdf = %self.bdf, task, "MPT task management timed out");
                     return TmfResult::Failed;
                 }
             }

@@ -17,20 +17,21 @@ use super::state::{SlotState, State, BOUNCE, MAX_SG, SLOTS};
 use super::wire;
 use super::VirtioError;
 
-/// How long a control-path command (scan INQUIRY, TMF) may take.
+/// How long a control-path command (scan INQUIRY) may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Targets probed by a scan at most (QEMU offers 256).
 const MAX_SCAN_TARGETS: u32 = 64;
 
 pub struct VirtioScsi {
     bdf: String,
+    opts: crate::Options,
     st: RefCell<State>,
 }
 
 impl VirtioScsi {
     /// Opens `bdf` (bound to vfio-pci), brings the device up, and maps the
     /// current reactor's buffer pool for zero-copy DMA.
-    pub fn open(bdf: &str) -> Result<VirtioScsi, VirtioError> {
+    pub fn open(bdf: &str, opts: crate::Options) -> Result<VirtioScsi, VirtioError> {
         let vfio = Vfio::open(bdf)?;
         let id = vfio.id()?;
         if !crate::is_virtio_scsi(id) {
@@ -49,6 +50,7 @@ impl VirtioScsi {
         tracing::info!(%bdf, group = st.vfio.group(), "virtio-scsi attached over VFIO");
         Ok(VirtioScsi {
             bdf: bdf.to_string(),
+            opts,
             st: RefCell::new(st),
         })
     }
@@ -97,22 +99,26 @@ impl VirtioScsi {
     }
 
     async fn tmf(&self, subtype: u32, nexus: Nexus, tag: u64) -> TmfResult {
-        if !self.st.borrow_mut().send_tmf(subtype, nexus, tag) {
+        let Some(k) = self.st.borrow_mut().send_tmf(subtype, nexus, tag) else {
+            tracing::warn!(bdf = %self.bdf, subtype, "no TMF buffers free: TMF not sent");
             return TmfResult::Failed;
-        }
-        let deadline = Instant::now() + CONTROL_TIMEOUT;
+        };
+        let deadline = Instant::now() + self.opts.tmf_timeout;
         loop {
             {
                 let mut st = self.st.borrow_mut();
                 st.reap();
-                if let Some(r) = st.ctrl_done.take() {
-                    st.ctrl_busy = false;
+                if let Some(r) = st.take_tmf(k) {
+                    tracing::debug!(bdf = %self.bdf, subtype, response = r, "TMF answered");
                     return match r {
                         0 | wire::S_FUNCTION_SUCCEEDED => TmfResult::Success,
                         _ => TmfResult::Failed,
                     };
                 }
                 if Instant::now() > deadline {
+                    // The device still owns the slot's buffers.
+                    st.abandon_tmf(k);
+                    tracing::warn!(bdf = %self.bdf, subtype, "TMF timed out");
                     return TmfResult::Failed;
                 }
             }

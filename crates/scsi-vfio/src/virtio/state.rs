@@ -28,9 +28,15 @@ const RESP_OFF: usize = 256;
 pub const BOUNCE: usize = 128 << 10;
 pub const MAX_SG: usize = 64;
 const EVENTS: usize = 8;
-/// Control area after the slots: TMF request, its 1-byte response, events.
+/// TMFs in flight at most: an abort the device cannot finish keeps its
+/// buffers (the device owns them until it answers), and the LUN reset
+/// that follows needs buffers of its own.
+pub const TMF_SLOTS: usize = 4;
+/// Per TMF slot: the request at 0, its 1-byte response at 32.
+const TMF_BYTES: usize = 64;
+/// Control area after the slots: the TMF slots, then the event buffers.
 const CTRL_OFF: usize = SLOTS * SLOT_BYTES;
-const EVENT_OFF: usize = CTRL_OFF + 64;
+const EVENT_OFF: usize = CTRL_OFF + TMF_SLOTS * TMF_BYTES;
 const AREA_BYTES: usize = EVENT_OFF + EVENTS * wire::EVENT_LEN;
 
 /// The device configuration the driver uses (virtio-scsi config space).
@@ -86,6 +92,19 @@ const FREE_SLOT: Slot = Slot {
     done: None,
 };
 
+/// One TMF slot's buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TmfSlot {
+    Free,
+    /// Sent, not answered.
+    Busy,
+    /// Answered with this response code, not yet taken.
+    Done(u8),
+    /// Given up on (timed out) while the device still holds it: freed
+    /// when the device answers, or by a device reset.
+    Abandoned,
+}
+
 /// A completion copied out of DMA memory, so the mid-layer's callback runs
 /// with no borrow of the driver held.
 pub struct Finished {
@@ -118,12 +137,12 @@ pub struct State {
     bounce: DmaMem,
     pub slots: Vec<Slot>,
     free: Vec<u16>,
-    head_slot: Vec<u16>,
+    /// Descriptor head → command slot, event buffer, TMF slot (per queue:
+    /// each queue numbers its descriptors from 0).
+    head_slot: [Vec<u16>; 3],
     ready: VecDeque<u16>,
     failed: VecDeque<(Tag, TransportError)>,
-    /// The TMF in flight has answered: its response code.
-    pub ctrl_done: Option<u8>,
-    pub ctrl_busy: bool,
+    pub tmfs: [TmfSlot; TMF_SLOTS],
     pub events: u64,
     /// The interrupt that wakes a sleeping reactor, if any.
     pub wake: Option<Wake>,
@@ -169,11 +188,10 @@ impl State {
             bounce,
             slots: vec![FREE_SLOT; SLOTS],
             free: (0..SLOTS as u16).rev().collect(),
-            head_slot: vec![0; QUEUE_MAX as usize],
+            head_slot: std::array::from_fn(|_| vec![0; QUEUE_MAX as usize]),
             ready: VecDeque::with_capacity(SLOTS),
             failed: VecDeque::new(),
-            ctrl_done: None,
-            ctrl_busy: false,
+            tmfs: [TmfSlot::Free; TMF_SLOTS],
             events: 0,
             wake,
             rescan: false,
@@ -249,8 +267,8 @@ impl State {
         self.free = (0..SLOTS as u16).rev().collect();
         self.ready.clear();
         self.failed.clear();
-        self.ctrl_busy = false;
-        self.ctrl_done = None;
+        // The reset took every TMF buffer back from the device.
+        self.tmfs = [TmfSlot::Free; TMF_SLOTS];
         Ok(())
     }
 
@@ -261,7 +279,7 @@ impl State {
             write: true,
         };
         if let Some(h) = self.queues[EVENT_Q].push(&[seg]) {
-            self.head_slot[h as usize] = i as u16;
+            self.head_slot[EVENT_Q][h as usize] = i as u16;
             self.tp.notify(self.notify[EVENT_Q], EVENT_Q as u16);
         }
     }
@@ -358,7 +376,7 @@ impl State {
         let head = self.queues[REQ_Q]
             .push(&segs[..n])
             .ok_or(QueueError::HostBusy)?;
-        self.head_slot[head as usize] = si;
+        self.head_slot[REQ_Q][head as usize] = si;
         self.slots[s] = Slot {
             state,
             tag: cmd.tag,
@@ -404,7 +422,7 @@ impl State {
     /// Moves every used entry of the three queues to where it belongs.
     pub fn reap(&mut self) {
         while let Some((head, _)) = self.queues[REQ_Q].pop() {
-            let si = self.head_slot[head as usize];
+            let si = self.head_slot[REQ_Q][head as usize];
             let s = si as usize;
             match self.slots[s].state {
                 SlotState::Mid => self.ready.push_back(si),
@@ -418,13 +436,18 @@ impl State {
                 SlotState::Free => {}
             }
         }
-        while self.queues[CTRL_Q].pop().is_some() {
+        while let Some((head, _)) = self.queues[CTRL_Q].pop() {
+            let k = self.head_slot[CTRL_Q][head as usize] as usize % TMF_SLOTS;
             // SAFETY: the TMF response byte, returned by the device.
-            self.ctrl_done = Some(unsafe { bytes(&self.area, CTRL_OFF + 32, 1) }[0]);
+            let code = unsafe { bytes(&self.area, CTRL_OFF + k * TMF_BYTES + 32, 1) }[0];
+            self.tmfs[k] = match self.tmfs[k] {
+                TmfSlot::Busy => TmfSlot::Done(code),
+                _ => TmfSlot::Free,
+            };
         }
         while let Some((head, _)) = self.queues[EVENT_Q].pop() {
             self.events += 1;
-            let i = self.head_slot[head as usize] as usize % EVENTS;
+            let i = self.head_slot[EVENT_Q][head as usize] as usize % EVENTS;
             // SAFETY: the event buffer the device returned; we post it
             // again only below.
             let ev = unsafe { bytes(&self.area, EVENT_OFF + i * wire::EVENT_LEN, wire::EVENT_LEN) };
@@ -495,36 +518,50 @@ impl State {
         }
     }
 
-    /// Sends one TMF on the control queue; `false` if one is in flight.
-    pub fn send_tmf(&mut self, subtype: u32, nexus: Nexus, tag: u64) -> bool {
-        if self.ctrl_busy {
-            return false;
-        }
-        // SAFETY: the control area is ours while no TMF is in flight.
-        wire::encode_tmf(
-            unsafe { bytes(&self.area, CTRL_OFF, 33) },
-            subtype,
-            nexus,
-            tag,
-        );
+    /// Sends one TMF on the control queue in a free TMF slot; `None` if
+    /// every slot is still held by the device (or the queue is full).
+    pub fn send_tmf(&mut self, subtype: u32, nexus: Nexus, tag: u64) -> Option<usize> {
+        let k = self.tmfs.iter().position(|t| *t == TmfSlot::Free)?;
+        let off = CTRL_OFF + k * TMF_BYTES;
+        // SAFETY: a free TMF slot's buffers: the device holds none of them.
+        wire::encode_tmf(unsafe { bytes(&self.area, off, 33) }, subtype, nexus, tag);
         let segs = [
             Seg {
-                iova: self.area.iova_at(CTRL_OFF),
+                iova: self.area.iova_at(off),
                 len: wire::TMF_REQ_LEN as u32,
                 write: false,
             },
             Seg {
-                iova: self.area.iova_at(CTRL_OFF + 32),
+                iova: self.area.iova_at(off + 32),
                 len: 1,
                 write: true,
             },
         ];
-        if self.queues[CTRL_Q].push(&segs).is_none() {
-            return false;
-        }
-        self.ctrl_busy = true;
-        self.ctrl_done = None;
+        let head = self.queues[CTRL_Q].push(&segs)?;
+        self.head_slot[CTRL_Q][head as usize] = k as u16;
+        self.tmfs[k] = TmfSlot::Busy;
         self.tp.notify(self.notify[CTRL_Q], CTRL_Q as u16);
-        true
+        Some(k)
+    }
+
+    /// TMF slot `k`'s response code once the device answered (the slot is
+    /// then free again).
+    pub fn take_tmf(&mut self, k: usize) -> Option<u8> {
+        match self.tmfs[k] {
+            TmfSlot::Done(code) => {
+                self.tmfs[k] = TmfSlot::Free;
+                Some(code)
+            }
+            _ => None,
+        }
+    }
+
+    /// Gives up waiting for TMF slot `k`: it stays out of use until the
+    /// device answers it (or is reset).
+    pub fn abandon_tmf(&mut self, k: usize) {
+        self.tmfs[k] = match self.tmfs[k] {
+            TmfSlot::Busy => TmfSlot::Abandoned,
+            _ => TmfSlot::Free,
+        };
     }
 }

@@ -1,4 +1,5 @@
-//! `scsi_vfio_attach_host` {pci_address, driver, reactor?} and
+//! `scsi_vfio_attach_host` {pci_address, driver, reactor?, cmd_timeout_ms?,
+//! tmf_timeout_ms?} and
 //! `scsi_vfio_detach_host` {pci_address}: userspace PCI SCSI HBAs over
 //! VFIO (crates/scsi-vfio) as hosts of the SCSI mid-layer. Attached hosts
 //! appear in the scsi subsystem's save_config.
@@ -26,6 +27,10 @@ struct Attach {
     reactor: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cmd_timeout_ms: Option<u64>,
+    /// How long a TMF (abort, LUN reset) may take before it counts as
+    /// failed and error handling escalates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tmf_timeout_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -45,12 +50,19 @@ fn attach(c: &Ctx, p: &Attach) -> Result<u32, RpcError> {
     if let Some(t) = p.cmd_timeout_ms {
         hc.cmd_timeout_ms = t;
     }
+    let mut opts = ustor_scsi_vfio::Options::default();
+    if let Some(t) = p.tmf_timeout_ms {
+        if t == 0 {
+            return Err(RpcError::invalid_param("tmf_timeout_ms", "must be > 0"));
+        }
+        opts.tmf_timeout = std::time::Duration::from_millis(t);
+    }
     // The LLD is made on its reactor and can only report a TransportError
     // there: the driver's own message comes back through `why`.
     let why: Arc<Mutex<Option<(i32, String)>>> = Arc::default();
     let (w, bdf, driver) = (why.clone(), p.pci_address.clone(), p.driver.clone());
     let r = c.scsi.add_host(p.reactor, hc, move || {
-        ustor_scsi_vfio::attach(&bdf, &driver).map_err(|e| {
+        ustor_scsi_vfio::attach(&bdf, &driver, opts).map_err(|e| {
             let errno = e.errno();
             *w.lock().unwrap_or_else(|e| e.into_inner()) = Some((errno, e.to_string()));
             TransportError::NoDevice
