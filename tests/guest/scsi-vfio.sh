@@ -42,8 +42,9 @@
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
 #          {t2,m3}_{flush,unmap}_ios, {t0l1,m1}_gone,
 #          {t0l1,m1}_unplug_{ios,errors}, {t4,m5}_{write,read}_ios,
-#          {t4,m5}_eh_{abort,abort_failed,lun_reset,lun_reset_failed,
-#          host_reset,host_reset_failed}
+#          {t4,m5}_eh_{timeouts,aborts,aborts_failed,device_resets,
+#          device_resets_failed,host_resets,host_resets_failed},
+#          {t0,m1}_zero_copy_other
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
@@ -153,7 +154,13 @@ EOF
 }
 
 bench write t0 0:0:0:0 -w write -q 8 --cores 0 --verify
-bench read t0 0:0:0:0 -w read -q 4 --cores 0,1 --verify
+bench read t0 0:0:0:0 -w read -q 4 --cores 0,1 --verify --log-level info
+# Reactor 1's buffers reached the device zero-copy (every pool is mapped).
+zc_other() {
+    kv "${1}_zero_copy_other" "$(grep 'scsi_get_hosts' /tmp/err.log | tail -n 1 |
+        sed -n 's/.*"zero_copy_other_pool_cmds": *\([0-9]*\).*/\1/p')"
+}
+zc_other t0
 bench write t2 0:0:2:0 -w write -q 8 --cores 0 --verify
 bench read t2 0:0:2:0 -w read -q 4 --cores 0 --verify
 # flush_unmap TAG HCTL: SYNCHRONIZE CACHE with every flushed unit read back
@@ -172,7 +179,8 @@ flush_unmap t2 0:0:2:0
 # escalate TAG HCTL: see 6. above. Commands time out after 1 s and TMFs
 # after 2 s; the host's read latency (8 s) outlasts both, so ABORT TASK
 # fails; the host makes reads fast again once the abort is seen, before
-# any retry. Counts each EH step the bench logged.
+# any retry. Reports the host's EH counters (scsi_get_stats, which the
+# bench logs at info level after the run).
 escalate() {
     _att=$ATTACH
     ATTACH=$(echo "$ATTACH" | sed 's/}$/, "cmd_timeout_ms": 1000, "tmf_timeout_ms": 2000}/')
@@ -186,7 +194,7 @@ EOF
     qmp "slow-$1"
     echo "+ ustor bench read on $2 with one read stuck on the host" >&2
     "$U" bench $RT --json -c /tmp/esc.json -b esc --bs 4K -t 3 -w read -q 1 \
-        --cores 0 --seed "$SEED" --verify --log-level warn > /tmp/esc.out 2> /tmp/esc.err &
+        --cores 0 --seed "$SEED" --verify --log-level info > /tmp/esc.out 2> /tmp/esc.err &
     _b=$!
     until grep -q "EH: abort tag" /tmp/esc.err; do
         kill -0 "$_b" 2>/dev/null || break
@@ -201,11 +209,10 @@ EOF
     grep -q '"verify_errors": [1-9]' /tmp/esc.out && die "escalate $2: verify errors"
     _ios=$(sed -n '/"total"/,/}/p' /tmp/esc.out | grep '"ios"' | head -n 1 | tr -dc 0-9)
     kv "${1}_read_ios" "${_ios:-0}"
-    for _k in "abort:EH: abort tag" "abort_failed:EH: abort of tag .* failed" \
-        "lun_reset:EH: logical unit reset of" \
-        "lun_reset_failed:EH: logical unit reset of .* failed" \
-        "host_reset:EH: host reset" "host_reset_failed:EH: host reset failed"; do
-        kv "${1}_eh_${_k%%:*}" "$(grep -c "${_k#*:}" /tmp/esc.err)"
+    _stats=$(grep 'scsi_get_stats' /tmp/esc.err | tail -n 1)
+    for _k in timeouts aborts aborts_failed device_resets device_resets_failed \
+        host_resets host_resets_failed; do
+        kv "${1}_eh_$_k" "$(echo "$_stats" | sed -n "s/.*\"$_k\": *\([0-9]*\).*/\1/p")"
     done
     ATTACH=$_att
 }
@@ -275,11 +282,11 @@ kv mpt_reattach_disks "$(rpc scsi_get_devices | grep -c '"driver": "sd"')"
 kill "$SERVE"
 wait "$SERVE" || log "serve exited with $?"
 
-# 1 MiB commands on target 1: zero-copy from the owning reactor's pool,
-# bounced from the other reactor's.
+# 1 MiB commands on target 1: zero-copy from both reactors' pools.
 BBS=1M
 bench write m1 0:0:1:0 -w write -q 2 --cores 0 --verify
-bench read m1 0:0:1:0 -w read -q 2 --cores 0,1 --verify
+bench read m1 0:0:1:0 -w read -q 2 --cores 0,1 --verify --log-level info
+zc_other m1
 BBS=
 bench write m3 0:0:3:0 -w write -q 8 --cores 0 --verify
 bench read m3 0:0:3:0 -w read -q 4 --cores 0 --verify

@@ -45,19 +45,49 @@ impl AttachError {
 }
 
 /// Per-host driver settings (`scsi_vfio_attach_host`'s optional params).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Options {
     /// How long a task management function may take before the driver
     /// reports it failed (the mid-layer then escalates).
     pub tmf_timeout: Duration,
+    /// Every reactor's buffer pool (address, length), mapped for DMA
+    /// besides the owning reactor's own: I/O from another reactor's pool
+    /// is then zero-copy too. Gathered by the caller (the attach RPC asks
+    /// each reactor); empty: the owning reactor's pool only.
+    pub pools: Vec<(usize, usize)>,
 }
 
 impl Default for Options {
     fn default() -> Self {
         Options {
             tmf_timeout: Duration::from_secs(10),
+            pools: Vec::new(),
         }
     }
+}
+
+/// Maps the current (owning) reactor's buffer pool for DMA, then the
+/// other pools of `opts.pools`; a pool that cannot be mapped (IOVA space)
+/// is bounced. Returns the owning pool's (address, length), (0, 0) when
+/// it has none, and the bytes mapped.
+pub(crate) fn map_pools(vfio: &ustor_vfio::Vfio, bdf: &str, opts: &Options) -> ((usize, usize), usize) {
+    let own = ustor_runtime::buf::pool_region().map(|r| (r.iov_base as usize, r.iov_len));
+    let others = opts.pools.iter().filter(|p| Some(**p) != own);
+    let mut mapped = 0;
+    // The owning pool first: it carries most I/O and gets IOVA space first.
+    for &(addr, len) in own.iter().chain(others) {
+        match vfio.map_external(addr as *mut u8, len) {
+            Ok(_) => mapped += len,
+            Err(e) => tracing::warn!(%bdf, "buffer pool at {addr:#x} not mapped for DMA ({e}): bouncing"),
+        }
+    }
+    (own.unwrap_or((0, 0)), mapped)
+}
+
+/// Whether `addr` lies outside the pool `(base, len)`.
+#[inline]
+pub(crate) fn foreign(pool: (usize, usize), addr: usize) -> bool {
+    addr.wrapping_sub(pool.0) >= pool.1
 }
 
 /// Drivers `attach` knows, by the name the RPC uses.

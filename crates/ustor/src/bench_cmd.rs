@@ -116,6 +116,9 @@ pub fn run(a: BenchArgs) -> i32 {
             tracing::info!(seconds = t, ios, "bench progress");
         }
     });
+    if a.config.is_some() {
+        log_scsi_hosts(&app);
+    }
     match report {
         Ok(r) => {
             if a.json {
@@ -133,5 +136,20 @@ pub fn run(a: BenchArgs) -> i32 {
             }
         }
         Err(e) => fail(e.to_string()),
+    }
+}
+
+/// With `--log-level info`, the SCSI hosts a config attached and their
+/// counters after the run: a script sees how the I/O went (zero-copy or
+/// bounced, error handling steps) without an RPC socket.
+fn log_scsi_hosts(app: &App) {
+    let t = Duration::from_secs(5);
+    for m in ["scsi_get_hosts", "scsi_get_stats"] {
+        match app.table.call_blocking(m, serde_json::Value::Null, t) {
+            Ok(v) if v.as_array().is_some_and(|h| !h.is_empty()) => {
+                tracing::info!(method = m, result = %v, "scsi hosts after the run");
+            }
+            _ => {}
+        }
     }
 }

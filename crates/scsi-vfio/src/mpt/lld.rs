@@ -45,12 +45,7 @@ impl MptSas {
             )));
         }
         let mut st = State::open(vfio)?;
-        if let Some(r) = ustor_runtime::buf::pool_region() {
-            match st.vfio.map_external(r.iov_base.cast(), r.iov_len) {
-                Ok(_) => st.pool_mapped = r.iov_len,
-                Err(e) => tracing::warn!(%bdf, "buffer pool not mapped for DMA ({e}): bouncing"),
-            }
-        }
+        (st.own_pool, st.pool_mapped) = crate::map_pools(&st.vfio, bdf, &opts);
         tracing::info!(%bdf, facts = ?st.facts, "MPT SAS attached over VFIO");
         Ok(MptSas {
             bdf: bdf.to_string(),
@@ -296,6 +291,7 @@ impl Lld for MptSas {
             "max_sg": st.max_sg,
             "pool_mapped_bytes": st.pool_mapped,
             "zero_copy_cmds": st.zero_copy,
+            "zero_copy_other_pool_cmds": st.zero_copy_foreign,
             "bounced_cmds": st.bounced,
             "address_replies": st.address_replies,
             "irq": st.wake.as_ref().map_or("none", |w| w.kind),

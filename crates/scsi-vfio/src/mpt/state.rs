@@ -130,9 +130,13 @@ pub struct State {
     pub tmf_done: Option<(u16, u8)>,
     pub tmf_busy: bool,
     pub zero_copy: u64,
+    /// Zero-copy commands whose data is in another reactor's pool.
+    pub zero_copy_foreign: u64,
     pub bounced: u64,
     pub address_replies: u64,
     pub pool_mapped: usize,
+    /// The owning reactor's buffer pool (address, length).
+    pub own_pool: (usize, usize),
     /// The MSI that wakes a sleeping reactor, if any.
     pub wake: Option<Wake>,
 }
@@ -172,9 +176,11 @@ impl State {
             tmf_done: None,
             tmf_busy: false,
             zero_copy: 0,
+            zero_copy_foreign: 0,
             bounced: 0,
             address_replies: 0,
             pool_mapped: 0,
+            own_pool: (0, 0),
             wake,
         };
         s.bring_up()?;
@@ -219,6 +225,14 @@ impl State {
         self.tmf_busy = false;
         self.tmf_done = None;
         Ok(())
+    }
+
+    /// Whether `cmd`'s data starts outside the owning reactor's pool.
+    fn foreign_data(&self, cmd: &ScsiCmd) -> bool {
+        // SAFETY: the mid-layer keeps the iovecs alive until completion.
+        let iovs = unsafe { cmd.iovecs() };
+        iovs.first()
+            .is_some_and(|v| crate::foreign(self.own_pool, v.iov_base as usize))
     }
 
     /// Data segments of `cmd`, zero-copy when every iovec is DMA-mapped and
@@ -343,6 +357,9 @@ impl State {
             self.bounced += 1;
         } else if control != 0 {
             self.zero_copy += 1;
+            if self.foreign_data(cmd) {
+                self.zero_copy_foreign += 1;
+            }
         }
         let frame = self.area.iova_at(s * FRAME) as u32;
         self.ioc.bar.write32(wire::REG_REQUEST_POST, frame);

@@ -41,12 +41,7 @@ impl VirtioScsi {
             )));
         }
         let mut st = State::open(vfio)?;
-        if let Some(r) = ustor_runtime::buf::pool_region() {
-            match st.vfio.map_external(r.iov_base.cast(), r.iov_len) {
-                Ok(_) => st.pool_mapped = r.iov_len,
-                Err(e) => tracing::warn!(%bdf, "buffer pool not mapped for DMA ({e}): bouncing"),
-            }
-        }
+        (st.own_pool, st.pool_mapped) = crate::map_pools(&st.vfio, bdf, &opts);
         tracing::info!(%bdf, group = st.vfio.group(), "virtio-scsi attached over VFIO");
         Ok(VirtioScsi {
             bdf: bdf.to_string(),
@@ -275,6 +270,7 @@ impl Lld for VirtioScsi {
             "max_lun": st.cfg.max_lun,
             "pool_mapped_bytes": st.pool_mapped,
             "zero_copy_cmds": st.zero_copy,
+            "zero_copy_other_pool_cmds": st.zero_copy_foreign,
             "bounced_cmds": st.bounced,
             "events": st.events,
             "irq": st.wake.as_ref().map_or("none", |w| w.kind),

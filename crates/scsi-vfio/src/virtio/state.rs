@@ -149,8 +149,12 @@ pub struct State {
     /// An event said targets or LUNs came or went (see `Lld::take_rescan`).
     pub rescan: bool,
     pub zero_copy: u64,
+    /// Zero-copy commands whose data is in another reactor's pool.
+    pub zero_copy_foreign: u64,
     pub bounced: u64,
     pub pool_mapped: usize,
+    /// The owning reactor's buffer pool (address, length).
+    pub own_pool: (usize, usize),
 }
 
 impl State {
@@ -196,8 +200,10 @@ impl State {
             wake,
             rescan: false,
             zero_copy: 0,
+            zero_copy_foreign: 0,
             bounced: 0,
             pool_mapped: 0,
+            own_pool: (0, 0),
         };
         s.bring_up(false)?;
         Ok(s)
@@ -392,6 +398,12 @@ impl State {
             self.bounced += 1;
         } else if nd > 0 {
             self.zero_copy += 1;
+            if iovs
+                .first()
+                .is_some_and(|v| crate::foreign(self.own_pool, v.iov_base as usize))
+            {
+                self.zero_copy_foreign += 1;
+            }
         }
         self.tp.notify(self.notify[REQ_Q], REQ_Q as u16);
         Ok(())

@@ -57,6 +57,15 @@ fn attach(c: &Ctx, p: &Attach) -> Result<u32, RpcError> {
         }
         opts.tmf_timeout = std::time::Duration::from_millis(t);
     }
+    // Every reactor's pool is mapped, so I/O that another reactor's
+    // bdev channel sends to this host is zero-copy too.
+    opts.pools = c
+        .rt
+        .call_all(|_| ustor_runtime::buf::pool_region().map(|r| (r.iov_base as usize, r.iov_len)))
+        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .collect();
     // The LLD is made on its reactor and can only report a TransportError
     // there: the driver's own message comes back through `why`.
     let why: Arc<Mutex<Option<(i32, String)>>> = Arc::default();
