@@ -38,7 +38,7 @@
 #      stays on its kernel driver: the shared-group error)
 # reports: irq, irq_wakes, mpt_irq, mpt_irq_wakes, unbound_error, wrong_driver_error, group_shared_error, disks, reset_ok,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
-#          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok,
+#          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok, mpt_events_on,
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
 #          {t2,m3}_{flush,unmap}_ios, {t0l1,m1}_gone,
 #          {t0l1,m1}_unplug_{ios,errors}, {t4,m5}_{write,read}_ios,
@@ -273,6 +273,9 @@ cat /tmp/devs.json >&2
 kv mpt_disks "$(grep -c '"driver": "sd"' /tmp/devs.json)"
 rpc scsi_get_hosts > /tmp/hosts.json && cat /tmp/hosts.json >&2
 irq_kv mpt_
+# Event notification is on: the IOC answered EventNotification with an
+# EVENT_CHANGE reply (QEMU's SAS1068 sends no device events after it).
+kv mpt_events_on "$(sed -n 's/.*"event_notification": \([a-z]*\).*/\1/p' /tmp/hosts.json | head -n 1)"
 rpc scsi_device_reset --json '{"device": "'"$H"':0:3:0"}' | grep -q true || die "MPT LUN reset"
 rpc scsi_host_reset --json '{"host": '"$H"'}' | grep -q true || die "MPT host reset"
 kv mpt_reset_ok 1

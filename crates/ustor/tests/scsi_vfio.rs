@@ -270,6 +270,7 @@ fn virtio_scsi_and_mptsas_over_vfio_in_guest() {
     assert_eq!(out.value("mpt_wrong_driver_error"), Some("1"));
     assert_eq!(out.value("mpt_disks"), Some("3"));
     assert_eq!(out.value("mpt_reset_ok"), Some("1"));
+    assert_eq!(out.value("mpt_events_on"), Some("true"), "MPT events off");
     assert_eq!(out.value("mpt_reattach_disks"), Some("3"));
     check_image(&out, "m1", &mpt_disks[0], &want);
     check_image(&out, "m3", &mpt_disks[1], &want);

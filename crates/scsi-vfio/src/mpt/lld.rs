@@ -278,6 +278,11 @@ impl Lld for MptSas {
         })
     }
 
+    fn take_rescan(&self) -> bool {
+        // Events are reaped with completions (`poll` always reaps).
+        std::mem::take(&mut self.st.borrow_mut().rescan)
+    }
+
     fn info(&self) -> serde_json::Value {
         let st = self.st.borrow();
         json!({
@@ -294,6 +299,8 @@ impl Lld for MptSas {
             "zero_copy_other_pool_cmds": st.zero_copy_foreign,
             "bounced_cmds": st.bounced,
             "address_replies": st.address_replies,
+            "event_notification": st.events_on,
+            "events": st.events,
             "irq": st.wake.as_ref().map_or("none", |w| w.kind),
             "irq_wakes": st.wake.as_ref().map_or(0, |w| w.count()),
         })

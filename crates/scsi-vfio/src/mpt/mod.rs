@@ -2,8 +2,10 @@
 //! and doorbell handshake at attach, SCSI IO request frames with 64-bit
 //! SGEs in DMA memory posted to the request FIFO, the reply post FIFO
 //! polled (no interrupts), sense and residuals from address replies, task
-//! management (abort task, LUN and target reset) on the request FIFO.
+//! management (abort task, LUN and target reset) on the request FIFO,
+//! event notification (device added or gone → rescan).
 
+pub mod event;
 pub mod wire;
 
 mod ioc;

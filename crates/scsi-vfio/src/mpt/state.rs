@@ -5,7 +5,7 @@
 //! it, command slots whose index is the request's MsgContext,
 //! submission by the request post FIFO, and reaping of the reply post FIFO
 //! (context-only "turbo" replies for plain success, address replies for
-//! errors, residuals, sense and task management).
+//! errors, residuals, sense, task management and events).
 
 use std::collections::VecDeque;
 
@@ -13,6 +13,7 @@ use ustor_scsi::lld::{DataDir, Nexus, QueueError, ScsiCmd, Tag, TransportError};
 use ustor_scsi::ScsiStatus;
 use ustor_vfio::{DmaMem, Vfio};
 
+use super::event::{self, Effect, Event};
 use super::ioc::Ioc;
 use super::wire::{self, Facts, IoReply, Sge};
 use super::MptError;
@@ -35,7 +36,13 @@ pub const MAX_XFER: usize = 1 << 20;
 const CHAIN_SEGS: usize = 8;
 /// The task-management frame follows the command slots; its context.
 const TMF_SLOT: usize = MAX_SLOTS;
-const SENSE_OFF: usize = (MAX_SLOTS + 1) * FRAME;
+/// The EventNotification frame (the IOC keeps it while events are on)
+/// and the EventAck frame.
+const EVENT_SLOT: usize = MAX_SLOTS + 1;
+const ACK_SLOT: usize = MAX_SLOTS + 2;
+/// Event acks waiting for the ack frame, at most.
+const MAX_ACKS: usize = 32;
+const SENSE_OFF: usize = (MAX_SLOTS + 3) * FRAME;
 const REPLY_OFF: usize = SENSE_OFF + MAX_SLOTS * SENSE;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +141,13 @@ pub struct State {
     pub zero_copy_foreign: u64,
     pub bounced: u64,
     pub address_replies: u64,
+    /// Event replies seen, and whether the IOC said events are on.
+    pub events: u64,
+    pub events_on: bool,
+    /// An event said targets may have come or gone (`Lld::take_rescan`).
+    pub rescan: bool,
+    ack_busy: bool,
+    acks: VecDeque<Event>,
     pub pool_mapped: usize,
     /// The owning reactor's buffer pool (address, length).
     pub own_pool: (usize, usize),
@@ -179,6 +193,11 @@ impl State {
             zero_copy_foreign: 0,
             bounced: 0,
             address_replies: 0,
+            events: 0,
+            events_on: false,
+            rescan: false,
+            ack_busy: false,
+            acks: VecDeque::new(),
             pool_mapped: 0,
             own_pool: (0, 0),
             wake,
@@ -192,9 +211,9 @@ impl State {
     pub fn bring_up(&mut self) -> Result<(), MptError> {
         self.ioc.reset()?;
         let facts = self.ioc.init(REPLY as u16)?;
-        // One credit stays for the task-management frame.
+        // One credit each stays for the task-management, event and ack frames.
         self.slots_n = (facts.global_credits as usize)
-            .saturating_sub(1)
+            .saturating_sub(3)
             .min(MAX_SLOTS);
         // Reply frames: one per request that may need one, within the
         // reply queue's depth.
@@ -224,7 +243,54 @@ impl State {
         self.big_owner = None;
         self.tmf_busy = false;
         self.tmf_done = None;
+        self.events_on = false;
+        self.ack_busy = false;
+        self.acks.clear();
+        // SAFETY: the event frame: the reset took back whatever the IOC held.
+        let f = unsafe { bytes(&self.area, EVENT_SLOT * FRAME, FRAME) };
+        event::encode_notify(f, EVENT_SLOT as u32, true);
+        let frame = self.area.iova_at(EVENT_SLOT * FRAME) as u32;
+        self.ioc.bar.write32(wire::REG_REQUEST_POST, frame);
         Ok(())
+    }
+
+    /// An event reply: counted, a rescan asked for where targets may have
+    /// come or gone, acknowledged where the IOC asks.
+    fn on_event(&mut self, r: &[u8]) {
+        let ev = event::decode(r);
+        self.events += 1;
+        match event::effect(&ev) {
+            Effect::Enabled(on) => self.events_on = on,
+            Effect::Rescan => {
+                tracing::info!(event = ev.event, tid = ev.target, reason = ev.reason, "MPT event: rescan");
+                self.rescan = true;
+            }
+            Effect::None => tracing::debug!(event = ev.event, "MPT event ignored"),
+        }
+        if ev.ack_required {
+            if self.acks.len() >= MAX_ACKS {
+                tracing::warn!(event = ev.event, "MPT event acks piling up: dropping the oldest");
+                self.acks.pop_front();
+            }
+            self.acks.push_back(ev);
+            self.send_ack();
+        }
+    }
+
+    /// Sends the next queued EventAck once the ack frame is free.
+    fn send_ack(&mut self) {
+        if self.ack_busy {
+            return;
+        }
+        let Some(ev) = self.acks.pop_front() else {
+            return;
+        };
+        // SAFETY: the ack frame: the IOC holds no ack of ours.
+        let f = unsafe { bytes(&self.area, ACK_SLOT * FRAME, FRAME) };
+        event::encode_ack(f, ACK_SLOT as u32, &ev);
+        self.ack_busy = true;
+        let frame = self.area.iova_at(ACK_SLOT * FRAME) as u32;
+        self.ioc.bar.write32(wire::REG_REQUEST_POST, frame);
     }
 
     /// Whether `cmd`'s data starts outside the owning reactor's pool.
@@ -431,6 +497,11 @@ impl State {
             match function {
                 wire::F_SCSI_IO => self.answered(ctx, Answer::Reply(wire::decode_io_reply(r))),
                 wire::F_TASK_MGMT => self.tmf_done = Some(wire::decode_tm_reply(r)),
+                event::F_EVENT_NOTIFICATION => self.on_event(r),
+                event::F_EVENT_ACK => {
+                    self.ack_busy = false;
+                    self.send_ack();
+                }
                 f => tracing::debug!(function = f, "MPT reply ignored"),
             }
             self.ioc.bar.write32(wire::REG_REPLY_FIFO, addr as u32);

@@ -94,17 +94,17 @@ pub const IOCSTATUS_EXT_TERMINATED: u16 = 0x4c;
 pub const TM_RSP_COMPLETE: u8 = 0x00;
 pub const TM_RSP_SUCCEEDED: u8 = 0x08;
 
-fn le16(b: &[u8], off: usize) -> u16 {
+pub(crate) fn le16(b: &[u8], off: usize) -> u16 {
     b.get(off..off + 2)
         .map_or(0, |s| u16::from_le_bytes([s[0], s[1]]))
 }
 
-fn le32(b: &[u8], off: usize) -> u32 {
+pub(crate) fn le32(b: &[u8], off: usize) -> u32 {
     b.get(off..off + 4)
         .map_or(0, |s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
 }
 
-fn put32(b: &mut [u8], off: usize, v: u32) {
+pub(crate) fn put32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_le_bytes());
 }
 
