@@ -70,7 +70,11 @@ impl Default for Options {
 /// other pools of `opts.pools`; a pool that cannot be mapped (IOVA space)
 /// is bounced. Returns the owning pool's (address, length), (0, 0) when
 /// it has none, and the bytes mapped.
-pub(crate) fn map_pools(vfio: &ustor_vfio::Vfio, bdf: &str, opts: &Options) -> ((usize, usize), usize) {
+pub(crate) fn map_pools(
+    vfio: &ustor_vfio::Vfio,
+    bdf: &str,
+    opts: &Options,
+) -> ((usize, usize), usize) {
     let own = ustor_runtime::buf::pool_region().map(|r| (r.iov_base as usize, r.iov_len));
     let others = opts.pools.iter().filter(|p| Some(**p) != own);
     let mut mapped = 0;
@@ -78,7 +82,9 @@ pub(crate) fn map_pools(vfio: &ustor_vfio::Vfio, bdf: &str, opts: &Options) -> (
     for &(addr, len) in own.iter().chain(others) {
         match vfio.map_external(addr as *mut u8, len) {
             Ok(_) => mapped += len,
-            Err(e) => tracing::warn!(%bdf, "buffer pool at {addr:#x} not mapped for DMA ({e}): bouncing"),
+            Err(e) => {
+                tracing::warn!(%bdf, "buffer pool at {addr:#x} not mapped for DMA ({e}): bouncing")
+            }
         }
     }
     (own.unwrap_or((0, 0)), mapped)

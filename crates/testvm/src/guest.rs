@@ -12,7 +12,7 @@ use crate::assets::{self, Assets};
 use crate::cpio::CpioWriter;
 use crate::error::{GuestError, Result};
 use crate::lock::FileLock;
-use crate::qmp::{Action, HostFn, Hooks};
+use crate::qmp::{Action, Hooks, HostFn};
 
 /// The line init prints after the test script returns.
 pub const EXIT_MARKER: &str = "USTOR-GUEST-EXIT=";
@@ -486,7 +486,11 @@ impl GuestBuilder {
         a.extend(["-smp".into(), self.cpus.to_string()]);
         a.extend(["-m".into(), format!("{}M", self.memory_mib)]);
         a.extend(["-serial".into(), format!("file:{}", serial.display())]);
-        if self.qmp_actions.iter().any(|(_, act)| matches!(act, Action::Qmp(_))) {
+        if self
+            .qmp_actions
+            .iter()
+            .any(|(_, act)| matches!(act, Action::Qmp(_)))
+        {
             let sock = qmp_socket(serial);
             a.extend([
                 "-qmp".into(),

@@ -160,7 +160,10 @@ mod tests {
         let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let h2 = hits.clone();
         let host = HostFn(Arc::new(move || {
-            format!("host {}", h2.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
+            format!(
+                "host {}",
+                h2.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            )
         }));
         let mut h = Hooks::new(
             &[

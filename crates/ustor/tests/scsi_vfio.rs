@@ -339,7 +339,10 @@ fn check_escalation(out: &testvm::GuestOutcome, nv: &Path, nm: &Path, want: &str
     assert_eq!(n("t4_eh_device_resets_failed"), 0, "t4: LUN reset failed");
     assert_eq!(n("t4_eh_host_resets"), 0, "t4: escalated to a host reset");
     // SAS1068: the IOC held the abort's frame: LUN reset failed, IOC reset.
-    assert!(n("m5_eh_device_resets_failed") > 0, "m5: LUN reset did not fail");
+    assert!(
+        n("m5_eh_device_resets_failed") > 0,
+        "m5: LUN reset did not fail"
+    );
     assert!(n("m5_eh_host_resets") > 0, "m5: no host reset");
     check_image(out, "t4", nv, want);
     check_image(out, "m5", nm, want);

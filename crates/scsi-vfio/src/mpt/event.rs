@@ -129,7 +129,11 @@ mod tests {
             assert!(e.ack_required);
         }
         // SMART data about a device that stays: no rescan.
-        let e = decode(&reply(EVENT_SAS_DEVICE_STATUS_CHANGE, false, &[5, 0, 0x05, 0]));
+        let e = decode(&reply(
+            EVENT_SAS_DEVICE_STATUS_CHANGE,
+            false,
+            &[5, 0, 0x05, 0],
+        ));
         assert_eq!(effect(&e), Effect::None);
         for ev in [EVENT_IOC_BUS_RESET, EVENT_EXT_BUS_RESET, EVENT_RESCAN] {
             assert_eq!(effect(&decode(&reply(ev, false, &[]))), Effect::Rescan);
@@ -141,7 +145,10 @@ mod tests {
     fn requests_carry_function_context_and_the_event_acked() {
         let mut f = [0xffu8; 64];
         encode_notify(&mut f, 65, true);
-        assert_eq!(&f[..12], &[1, 0, 0, F_EVENT_NOTIFICATION, 0, 0, 0, 0, 65, 0, 0, 0]);
+        assert_eq!(
+            &f[..12],
+            &[1, 0, 0, F_EVENT_NOTIFICATION, 0, 0, 0, 0, 65, 0, 0, 0]
+        );
         assert_eq!(f[12], 0xff, "wrote past the request");
         let ev = decode(&reply(EVENT_SAS_DEVICE_STATUS_CHANGE, true, &[5, 0, 4, 0]));
         encode_ack(&mut f, 66, &ev);

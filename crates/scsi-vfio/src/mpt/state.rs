@@ -262,14 +262,22 @@ impl State {
         match event::effect(&ev) {
             Effect::Enabled(on) => self.events_on = on,
             Effect::Rescan => {
-                tracing::info!(event = ev.event, tid = ev.target, reason = ev.reason, "MPT event: rescan");
+                tracing::info!(
+                    event = ev.event,
+                    tid = ev.target,
+                    reason = ev.reason,
+                    "MPT event: rescan"
+                );
                 self.rescan = true;
             }
             Effect::None => tracing::debug!(event = ev.event, "MPT event ignored"),
         }
         if ev.ack_required {
             if self.acks.len() >= MAX_ACKS {
-                tracing::warn!(event = ev.event, "MPT event acks piling up: dropping the oldest");
+                tracing::warn!(
+                    event = ev.event,
+                    "MPT event acks piling up: dropping the oldest"
+                );
                 self.acks.pop_front();
             }
             self.acks.push_back(ev);
