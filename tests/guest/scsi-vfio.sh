@@ -193,23 +193,24 @@ escalate() {
 EOF
     qmp "slow-$1"
     echo "+ ustor bench read on $2 with one read stuck on the host" >&2
+    _out=/tmp/esc-$1.out _err=/tmp/esc-$1.err
     "$U" bench $RT --json -c /tmp/esc.json -b esc --bs 4K -t 3 -w read -q 1 \
-        --cores 0 --seed "$SEED" --verify --log-level info > /tmp/esc.out 2> /tmp/esc.err &
+        --cores 0 --seed "$SEED" --verify --log-level info > "$_out" 2> "$_err" &
     _b=$!
-    until grep -q "EH: abort tag" /tmp/esc.err; do
+    until grep -q "EH: abort tag" "$_err" 2>/dev/null; do
         kill -0 "$_b" 2>/dev/null || break
         sleep 0.1
     done
     qmp "fast-$1"
     wait "$_b"
     _st=$?
-    cat /tmp/esc.err >&2
-    cat /tmp/esc.out >&2
+    cat "$_err" >&2
+    cat "$_out" >&2
     [ "$_st" = 0 ] || die "bench read through EH on $2: status $_st"
-    grep -q '"verify_errors": [1-9]' /tmp/esc.out && die "escalate $2: verify errors"
-    _ios=$(sed -n '/"total"/,/}/p' /tmp/esc.out | grep '"ios"' | head -n 1 | tr -dc 0-9)
+    grep -q '"verify_errors": [1-9]' "$_out" && die "escalate $2: verify errors"
+    _ios=$(sed -n '/"total"/,/}/p' "$_out" | grep '"ios"' | head -n 1 | tr -dc 0-9)
     kv "${1}_read_ios" "${_ios:-0}"
-    _stats=$(grep 'scsi_get_stats' /tmp/esc.err | tail -n 1)
+    _stats=$(grep 'scsi_get_stats' "$_err" | tail -n 1)
     for _k in timeouts aborts aborts_failed device_resets device_resets_failed \
         host_resets host_resets_failed; do
         kv "${1}_eh_$_k" "$(echo "$_stats" | sed -n "s/.*\"$_k\": *\([0-9]*\).*/\1/p")"
@@ -231,12 +232,15 @@ hot_unplug() {
 ]}]}
 EOF
     echo "+ ustor bench on $2 while the host unplugs it" >&2
+    # Files of this run only: a stale one would let the wait below pass
+    # before this bench has started.
+    _out=/tmp/hp-$1.out _err=/tmp/hp-$1.err
     "$U" bench $RT --json -c /tmp/hp.json -b hp --bs 4K -t 60 -w randread -q 2 \
-        --cores 0 --log-level info > /tmp/hp.out 2> /tmp/hp.err &
+        --cores 0 --log-level info > "$_out" 2> "$_err" &
     _b=$!
     _i=900
-    until grep -q "bench progress" /tmp/hp.err; do
-        kill -0 "$_b" 2>/dev/null || { cat /tmp/hp.err >&2; die "bench on $2 ended before the unplug"; }
+    until grep -q "bench progress" "$_err" 2>/dev/null; do
+        kill -0 "$_b" 2>/dev/null || { cat "$_err" >&2; die "bench on $2 ended before the unplug"; }
         _i=$((_i - 1))
         [ "$_i" -gt 0 ] || die "bench on $2 shows no progress"
         sleep 0.1
@@ -244,11 +248,11 @@ EOF
     qmp "$3"
     wait "$_b"
     _st=$?
-    cat /tmp/hp.err >&2
-    cat /tmp/hp.out >&2
+    cat "$_err" >&2
+    cat "$_out" >&2
     [ "$_st" = 1 ] || die "bench on unplugged $2: status $_st, want 1 (I/O errors)"
-    grep -q "($2) is gone" /tmp/hp.err && kv "${1}_gone" 1
-    _tot=$(sed -n '/"total"/,/}/p' /tmp/hp.out)
+    grep -q "($2) is gone" "$_err" && kv "${1}_gone" 1
+    _tot=$(sed -n '/"total"/,/}/p' "$_out")
     kv "${1}_unplug_ios" "$(echo "$_tot" | grep '"ios"' | head -n 1 | tr -dc 0-9)"
     kv "${1}_unplug_errors" "$(echo "$_tot" | grep '"errors"' | head -n 1 | tr -dc 0-9)"
 }
