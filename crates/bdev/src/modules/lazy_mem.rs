@@ -221,6 +221,7 @@ fn populator() -> &'static Mutex<mpsc::Sender<Job>> {
         std::thread::Builder::new()
             .name("ustor-populate".into())
             .spawn(move || {
+                leave_the_reactors_core();
                 for j in rx {
                     let r = j.mem.populate(j.off, j.len);
                     if let Err(e) = &r {
@@ -236,6 +237,24 @@ fn populator() -> &'static Mutex<mpsc::Sender<Job>> {
             .expect("spawning the malloc populator thread");
         Mutex::new(tx)
     })
+}
+
+/// Widens the calling thread's CPU affinity to the process's (the main
+/// thread's): the populator is started by the first write that needs it,
+/// on a reactor pinned to one core, and would otherwise inherit that pin and
+/// compete with the very reactor waiting for it (measured: 4 ms per 2 MiB
+/// extent instead of 0.5 ms, NVMe/TCP randwrite at 250 IOPS on a fresh disk).
+fn leave_the_reactors_core() {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: a zeroed cpu_set_t is the empty set; sched_getaffinity fills
+    // it for the thread-group leader (pid), sched_setaffinity applies it to
+    // this thread; both are given the set's true size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(libc::getpid(), size, &mut set) == 0 {
+            libc::sched_setaffinity(0, size, &set);
+        }
+    }
 }
 
 /// Asks the populator thread to fault `[off, off+len)` of `mem` in.
