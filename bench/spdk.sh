@@ -12,7 +12,12 @@
 #     initiator: spdk_nvme_perf -c <1<<CORE> -L, 4 KiB randread/randwrite at
 #     $NVMF_QDS. IOPS, avg and p99 latency (perf's -L summary), target CPU
 #     (sum of /proc/PID/task/*/schedstat run time over the perf run) per I/O
-#     and as % of a core, ratios ustor/SPDK.
+#     and as % of a core, ratios ustor/SPDK. ustor's malloc disk is created
+#     with `prefault: true` (USTOR_MALLOC=prefault, the default): faulted in
+#     at creation with huge pages, the state nvmf_tgt's hugepage malloc disk
+#     starts in. USTOR_MALLOC=lazy measures ustor's default disk instead,
+#     whose pages are faulted in by first writes during the run (and whose
+#     never-written extents read as zeros without a copy).
 #
 # Peer and ustor are interleaved (the tool is the innermost loop, repetition
 # the outermost); each point starts a fresh process (nvmf targets too). The
@@ -37,6 +42,7 @@
 #   BDEVS="null malloc"      USTOR_MODES="adaptive poll" (nvmf target modes)
 #   PARTS="bdev nvmf"        SPDK_SOCK=posix|uring (nvmf_tgt sock impl; default posix)
 #   PORT=4431                ustor port; SPDK uses PORT+1
+#   USTOR_MALLOC=prefault    ustor's malloc namespace: prefault | lazy
 #   NOBUILD=1 USTOR=path     skip cargo build / ustor binary
 # Output: bench/results/spdk-<date>.txt (raw lines, then the summary).
 set -euo pipefail
@@ -54,6 +60,7 @@ BDEVS=${BDEVS:-"null malloc"}
 USTOR_MODES=${USTOR_MODES:-"adaptive poll"}
 PARTS=${PARTS:-"bdev nvmf"}
 SPDK_SOCK=${SPDK_SOCK:-posix}
+USTOR_MALLOC=${USTOR_MALLOC:-prefault}
 PORT=${PORT:-4431}
 SPORT=$((PORT + 1))
 NQN=nqn.2016-06.io.spdk:cnode1
@@ -105,12 +112,12 @@ cat >"$tmp/bdev-malloc.json" <<EOF
 {"subsystems":[{"subsystem":"bdev","config":[
  {"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":2097152,"block_size":512}}]}]}
 EOF
-nvmf_json() { # PORT [sock subsystem]
+nvmf_json() { # PORT [sock subsystem] [extra malloc params]
     local sock=""
     [ "$2" = "" ] || sock="{\"subsystem\":\"sock\",\"config\":[{\"method\":\"sock_set_default_impl\",\"params\":{\"impl_name\":\"$2\"}}]},"
     cat <<EOF
 {"subsystems":[$sock
- {"subsystem":"bdev","config":[{"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":262144,"block_size":4096}}]},
+ {"subsystem":"bdev","config":[{"method":"bdev_malloc_create","params":{"name":"Malloc0","num_blocks":262144,"block_size":4096${3:-}}}]},
  {"subsystem":"nvmf","config":[
   {"method":"nvmf_create_transport","params":{"trtype":"TCP"}},
   {"method":"nvmf_create_subsystem","params":{"nqn":"$NQN","allow_any_host":true,"serial_number":"SPDK00000000000001","model_number":"bench"}},
@@ -118,7 +125,11 @@ nvmf_json() { # PORT [sock subsystem]
   {"method":"nvmf_subsystem_add_listener","params":{"nqn":"$NQN","listen_address":{"trtype":"TCP","adrfam":"IPv4","traddr":"127.0.0.1","trsvcid":"$1"}}}]}]}
 EOF
 }
-nvmf_json "$PORT" "" >"$tmp/ustor-nvmf.json"
+case $USTOR_MALLOC in
+prefault) nvmf_json "$PORT" "" ',"prefault":true' >"$tmp/ustor-nvmf.json" ;;
+lazy) nvmf_json "$PORT" "" >"$tmp/ustor-nvmf.json" ;;
+*) echo "USTOR_MALLOC must be prefault or lazy" >&2; exit 2 ;;
+esac
 if [ "$SPDK_SOCK" = posix ]; then
     nvmf_json "$SPORT" "" >"$tmp/spdk-nvmf.json"
 else
@@ -233,7 +244,7 @@ EOF
 {
     echo "# $(date -u) $(uname -r) $(nproc) cpus $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
     echo "# ustor $(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- crates || echo '+dirty'); SPDK $(git -C "$SPDK_DIR" describe --tags 2>/dev/null) $(git -C "$SPDK_DIR" rev-parse --short HEAD); DPDK $(pkg-config --modversion libdpdk 2>/dev/null) ($(ldd "$BDEVPERF" | grep -q librte_eal && echo shared || echo static) in bdevperf)"
-    echo "# cmd: REPEAT=$REPEAT RUNTIME=$RUNTIME NICE=$NICE CORE=$CORE TCORE=$TCORE BDEV_QDS=\"$BDEV_QDS\" NVMF_QDS=\"$NVMF_QDS\" USTOR_MODES=\"$USTOR_MODES\" SPDK_SOCK=$SPDK_SOCK bench/spdk.sh"
+    echo "# cmd: USTOR_MALLOC=$USTOR_MALLOC REPEAT=$REPEAT RUNTIME=$RUNTIME NICE=$NICE CORE=$CORE TCORE=$TCORE BDEV_QDS=\"$BDEV_QDS\" NVMF_QDS=\"$NVMF_QDS\" USTOR_MODES=\"$USTOR_MODES\" SPDK_SOCK=$SPDK_SOCK bench/spdk.sh"
     echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     rep=1
     while [ "$rep" -le "$REPEAT" ]; do

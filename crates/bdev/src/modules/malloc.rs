@@ -1,15 +1,13 @@
-//! The malloc bdev: a RAM disk in an anonymous mapping (transparent huge
-//! pages when the kernel offers them; no hugetlbfs), faulted in 2 MiB at a
-//! time on first write by a populator thread, so that memory is used only
-//! as the disk is written and no reactor ever takes an allocating page
-//! fault (see `lazy_mem`).
+//! The malloc bdev: a RAM disk in an anonymous mapping (no hugetlbfs),
+//! faulted in 4 KiB at a time by the first write to each page, so memory is
+//! used only as the disk is written and nothing is allocated at creation;
+//! `ustor bench`'s `malloc:SIZE` is filled up front with transparent huge
+//! pages instead (see `lazy_mem` for why each).
 //!
 //! Channels on several reactors copy to and from the same mapping without a
 //! lock, as SPDK's malloc bdev does: ordering of overlapping writes is the
 //! initiator's business, exactly as on a real disk.
 
-use std::cell::Cell;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -26,45 +24,13 @@ pub struct MallocBdev {
     info: BdevInfo,
     opts: RamOpts,
     mem: Arc<Mem>,
+    /// Faulted in at creation (`prefault`), not by first writes.
+    prefaulted: bool,
 }
 
 struct MallocChannel {
     mem: Arc<Mem>,
     bs: usize,
-    /// Writes waiting for the populator (for drain and reset).
-    waiting: Rc<Cell<usize>>,
-}
-
-impl MallocChannel {
-    /// A write that reaches an extent not yet populated: the populator
-    /// thread faults it in, then this reactor copies and completes. Off a
-    /// reactor (no executor to wait on) it populates in place.
-    fn write_after_populate(&self, io: IoHandle, off: usize, len: usize) {
-        if !ustor_runtime::is_reactor_thread() {
-            let r = self.mem.populate(off, len);
-            return finish_write(&self.mem, io, off, r);
-        }
-        let wait = lazy_mem::request(self.mem.clone(), off, len);
-        let (mem, waiting) = (self.mem.clone(), self.waiting.clone());
-        waiting.set(waiting.get() + 1);
-        drop(ustor_runtime::spawn(async move {
-            let r = wait.await;
-            waiting.set(waiting.get() - 1);
-            finish_write(&mem, io, off, r);
-        }));
-    }
-}
-
-/// Copies a write's data into populated memory and completes it.
-fn finish_write(mem: &Mem, io: IoHandle, off: usize, populated: std::io::Result<()>) {
-    if let Err(e) = populated {
-        return io.complete(Err(BdevError::Io(e.raw_os_error().unwrap_or(libc::ENOMEM))));
-    }
-    let d = io.desc();
-    // SAFETY: range checked by the generic layer and now populated; the
-    // iovecs are valid until the completion below.
-    unsafe { copy_iov(mem.ptr, off, d.iovecs(), true) };
-    io.complete(Ok(()));
 }
 
 impl BdevChannel for MallocChannel {
@@ -84,21 +50,19 @@ impl BdevChannel for MallocChannel {
                 // until completion, which happens right here.
                 _ => unsafe { copy_iov(self.mem.ptr, off, d.iovecs(), false) },
             },
-            IoType::Write if self.mem.resident(off, len) != Resident::All => {
-                return self.write_after_populate(io, off, len);
+            IoType::Write => {
+                self.mem.mark_written(off, len);
+                // Pages never written fault in here, 4 KiB each (~1.5 µs;
+                // the mapping has no huge pages to compact for).
+                // SAFETY: as for reads.
+                unsafe { copy_iov(self.mem.ptr, off, d.iovecs(), true) }
             }
-            // SAFETY: as for reads; every extent of the range is populated.
-            IoType::Write => unsafe { copy_iov(self.mem.ptr, off, d.iovecs(), true) },
             // SAFETY: [off, off+len) lies inside the mapping.
             IoType::Unmap | IoType::WriteZeroes => unsafe { self.mem.zero(off, len) },
             IoType::Flush | IoType::Reset => {}
             IoType::CompareAndWrite => return io.complete(Err(BdevError::NotSupported)),
         }
         io.complete(Ok(()));
-    }
-
-    fn outstanding(&self) -> usize {
-        self.waiting.get()
     }
 }
 
@@ -120,11 +84,14 @@ impl Bdev for MallocBdev {
         Ok(Box::new(MallocChannel {
             mem: self.mem.clone(),
             bs: self.info.block_size as usize,
-            waiting: Rc::default(),
         }))
     }
     fn config_json(&self) -> Value {
-        json!({"method": "bdev_malloc_create", "params": self.opts})
+        let mut c = json!({"method": "bdev_malloc_create", "params": self.opts});
+        if self.prefaulted {
+            c["params"]["prefault"] = true.into();
+        }
+        c
     }
     /// How much of the disk is in memory so far (it grows as it is written).
     fn driver_info(&self) -> Value {
@@ -134,17 +101,17 @@ impl Bdev for MallocBdev {
 
 /// `bdev_malloc_create`.
 pub fn create(reg: &Registry, opts: RamOpts) -> Result<Arc<BdevEntry>, ControlError> {
-    reg.register(Arc::new(build(reg, opts)?))
+    reg.register(Arc::new(build(reg, opts, false)?))
 }
 
-/// `malloc:SIZE` in `ustor bench`: the whole disk is populated before the
-/// run, as bdevperf's malloc disk is, so a benchmark times the copies and
-/// not the kernel's first-touch allocation (milliseconds per 2 MiB extent on
-/// a fragmented host: a fresh disk's random writes ran at ~400 IOPS).
+/// `malloc:SIZE` in `ustor bench` and `prefault: true`: the whole disk is
+/// faulted in, with huge pages, before any I/O, as bdevperf's and
+/// nvmf_tgt's hugepage malloc disks are, so a benchmark times the copies
+/// and not first-touch allocation, on equal pages.
 fn create_populated(reg: &Registry, opts: RamOpts) -> Result<Arc<BdevEntry>, ControlError> {
-    let b = build(reg, opts)?;
+    let b = build(reg, opts, true)?;
     b.mem
-        .populate(0, b.mem.len)
+        .populate_all()
         .map_err(|err| ControlError::Os {
             what: format!("populating {}", b.info.name),
             err,
@@ -152,7 +119,7 @@ fn create_populated(reg: &Registry, opts: RamOpts) -> Result<Arc<BdevEntry>, Con
     reg.register(Arc::new(b))
 }
 
-fn build(reg: &Registry, mut opts: RamOpts) -> Result<MallocBdev, ControlError> {
+fn build(reg: &Registry, mut opts: RamOpts, populated: bool) -> Result<MallocBdev, ControlError> {
     check_block_size(opts.block_size)?;
     if opts.num_blocks == 0 {
         return Err(ControlError::invalid("num_blocks", "must be > 0"));
@@ -165,7 +132,7 @@ fn build(reg: &Registry, mut opts: RamOpts) -> Result<MallocBdev, ControlError> 
     if reg.get(&opts.name).is_some() {
         return Err(ControlError::Exists(opts.name.clone()));
     }
-    let mem = Mem::map(len).map_err(|err| ControlError::Os {
+    let mem = Mem::map(len, populated).map_err(|err| ControlError::Os {
         what: format!("mapping {len} bytes for {}", opts.name),
         err,
     })?;
@@ -189,6 +156,7 @@ fn build(reg: &Registry, mut opts: RamOpts) -> Result<MallocBdev, ControlError> 
         info,
         opts,
         mem: Arc::new(mem),
+        prefaulted: populated,
     })
 }
 

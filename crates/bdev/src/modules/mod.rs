@@ -33,7 +33,7 @@ pub struct RamModule {
     pub(crate) prefix: &'static str,
     pub(crate) spec: &'static str,
     pub(crate) make: fn(&Registry, RamOpts) -> Result<Arc<BdevEntry>, ControlError>,
-    /// What the inline spec (`ustor bench`) creates with.
+    /// What the inline spec (`ustor bench`) and `prefault: true` create with.
     pub(crate) make_inline: fn(&Registry, RamOpts) -> Result<Arc<BdevEntry>, ControlError>,
 }
 
@@ -43,7 +43,12 @@ impl BdevModule for RamModule {
     }
     fn create(&self, reg: &Registry, params: Value) -> Result<Arc<BdevEntry>, ControlError> {
         let p: RamParams = parse_params(params)?;
-        (self.make)(reg, p.into_opts(reg, self.prefix)?)
+        let make = if p.prefault {
+            self.make_inline
+        } else {
+            self.make
+        };
+        make(reg, p.into_opts(reg, self.prefix)?)
     }
     fn inline_spec_syntax(&self) -> Option<&'static str> {
         Some(self.spec)
@@ -100,6 +105,11 @@ pub struct RamParams {
     numa_id: Option<i32>,
     #[serde(default)]
     max_transfer_blocks: u32,
+    /// ustor extension: fault the whole disk in at creation, with huge
+    /// pages, as SPDK's hugepage malloc disk is (what `ustor bench`'s
+    /// `malloc:SIZE` does); by default memory is faulted in by first writes.
+    #[serde(default)]
+    prefault: bool,
 }
 
 impl RamParams {
