@@ -110,18 +110,16 @@ fn main() {
     let irt = start(1);
     let reg = Registry::new(Some(trt.handle()));
     let ireg = Registry::new(Some(irt.handle()));
-    modules::malloc::create(
-        &reg,
-        modules::RamOpts {
-            name: "Malloc0".into(),
-            num_blocks: 262144,
-            block_size: 512,
-            uuid: None,
-            optimal_io_boundary: 0,
-            max_transfer_blocks: 0,
-        },
-    )
-    .expect("malloc");
+    // Faulted in at creation with huge pages (`prefault`), as nvmf_tgt's
+    // disk is: the run times the target, not first-touch page faults.
+    use ustor_bdev::BdevModule;
+    modules::malloc::module()
+        .create(
+            &reg,
+            serde_json::json!({"name": "Malloc0", "num_blocks": 262144,
+                "block_size": 512, "prefault": true}),
+        )
+        .expect("malloc");
     let t = Target::new(trt.handle(), reg.clone());
     t.nvmf_create_transport(&CreateTransportParams {
         trtype: "TCP".into(),
