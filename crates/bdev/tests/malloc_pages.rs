@@ -63,7 +63,10 @@ fn lazy_disk_grows_by_pages_without_huge_pages() {
     .unwrap();
     let (rss, huge, flags) = mapping(LEN);
     assert_eq!((rss, huge), (0, 0), "a fresh disk holds no memory");
-    assert!(flags.split(' ').any(|f| f == "nh"), "no THP advised: {flags}");
+    assert!(
+        flags.split(' ').any(|f| f == "nh"),
+        "no THP advised: {flags}"
+    );
 
     // One 4 KiB write into each of 16 fresh 2 MiB extents, then read back.
     let desc = Arc::new(reg.open("lazy", true, |_| {}).unwrap());

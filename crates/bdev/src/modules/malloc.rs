@@ -110,12 +110,10 @@ pub fn create(reg: &Registry, opts: RamOpts) -> Result<Arc<BdevEntry>, ControlEr
 /// and not first-touch allocation, on equal pages.
 fn create_populated(reg: &Registry, opts: RamOpts) -> Result<Arc<BdevEntry>, ControlError> {
     let b = build(reg, opts, true)?;
-    b.mem
-        .populate_all()
-        .map_err(|err| ControlError::Os {
-            what: format!("populating {}", b.info.name),
-            err,
-        })?;
+    b.mem.populate_all().map_err(|err| ControlError::Os {
+        what: format!("populating {}", b.info.name),
+        err,
+    })?;
     reg.register(Arc::new(b))
 }
 
