@@ -377,6 +377,10 @@ impl Fs {
         if len > MAX_WRITE || end.div_ceil(BLOCK_SIZE as u64) > MAX_FILE_BLOCKS {
             return Err(FsError::TooBig);
         }
+        // A write starting past the end leaves a hole; the bytes of the old
+        // last block past its size are undefined (a shrink leaves them), so
+        // they are zeroed first, as a grow by truncate does.
+        self.zero_gap(&Tx::default(), &i, off)?;
         let mut plan = WritePlan {
             segs: Vec::new(),
             ino,
