@@ -4,7 +4,8 @@
 //! bdev) on 127.0.0.1:PORT until killed; PHYSICAL is the physical block
 //! size the LUN reports (the `physical_block_size` option, default 4096;
 //! 0 = the block size). The target runs REACTORS reactors (environment,
-//! default 2).
+//! default 2) in POLL_MODE (environment: adaptive, the default, poll or
+//! interrupt).
 
 use std::sync::Arc;
 
@@ -26,6 +27,10 @@ fn main() {
     let rt = Runtime::start(RuntimeConfig {
         cores: (0..reactors.max(1)).collect(),
         pin: false,
+        poll_mode: std::env::var("POLL_MODE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(ustor_runtime::PollMode::Adaptive),
         ..RuntimeConfig::default()
     })
     .expect("runtime");
