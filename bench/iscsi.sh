@@ -28,6 +28,7 @@
 # (% of a core over IDLE seconds with no session), then ustor/tgtd ratios.
 #
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
+#                         REACTORS=<one per CORES entry>
 #                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>
 #                         SPDK_TGT=<iscsi_tgt binary> WRS=randwrite
 #                         WQDS="1 32" USTOR=<ustor binary>
@@ -45,6 +46,15 @@ import os, sys
 used = {int(c) for c in sys.argv[1].split(",")}
 rest = sorted(set(os.sched_getaffinity(0)) - used)
 print(",".join(map(str, rest)) if rest else sys.argv[1])' "$CORES")}
+# One ustor reactor per target core (the serve example reads REACTORS):
+# two reactor threads on one pinned core would take turns on it.
+export REACTORS=${REACTORS:-$(python3 -c '
+import sys
+n = 0
+for part in sys.argv[1].split(","):
+    lo, _, hi = part.partition("-")
+    n += int(hi or lo) - int(lo) + 1
+print(n)' "$CORES")}
 QDS=${QDS:-"1 32"}
 SESS=${SESS:-"1 4"}
 WRS=${WRS-randwrite}

@@ -13,7 +13,8 @@
 # each backend pinned to one core (BCORE), all with SIZE_MIB of 512-byte
 # blocks that touch no data. 4 KiB randread/randwrite at QDS on one queue.
 #
-# Every backend runs for the whole benchmark; the rounds alternate (round
+# Every backend runs for the whole benchmark, stopped (SIGSTOP) while
+# another is measured; the rounds alternate (round
 # r runs every workload on every backend, backend innermost) and each
 # point is a fresh bdevperf process. Per point: IOPS and mean latency as
 # bdevperf reports them, and the backend's CPU (all its threads,
@@ -84,7 +85,7 @@ cleanup() {
     # Subshells (command substitution) inherit the trap: only the script
     # itself stops the backends.
     [ "$BASHPID" = "$$" ] || return 0
-    for p in "${PID[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PID[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null || true; done
     for p in "${PID[@]}"; do wait "$p" 2>/dev/null || true; done
     rm -rf "$tmp"
 }
@@ -152,9 +153,21 @@ frontend_json() { # socket
 EOF
 }
 
+# Only the backend being measured runs: the others are stopped (SIGSTOP),
+# because a polling backend (SPDK, ustor-poll) spins on the shared
+# backend core even with no frontend and would take half of it from the
+# one measured.
+only() { # backend
+    local be
+    for be in $BACKENDS; do
+        if [ "$be" = "$1" ]; then kill -CONT "${PID[$be]}"; else kill -STOP "${PID[$be]}"; fi
+    done
+}
+
 # One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns".
 run_point() { # backend rw qd
     local cfg=$tmp/fe-$1.json before after t0 t1 res
+    only "$1"
     frontend_json "${SOCK[$1]}" >"$cfg"
     before=$(cpu_ns "${PID[$1]}")
     t0=$(date +%s%N)
@@ -177,6 +190,7 @@ pct() { awk -v ns="$1" -v s="$IDLE_S" 'BEGIN { printf "%.2f", ns / s / 1e7 }'; }
 # idle connected bdevperf.
 idle_point() { # backend
     local a b cfg=$tmp/fe-$1.json fe
+    only "$1"
     a=$(cpu_ns "${PID[$1]}")
     sleep "$IDLE_S"
     b=$(cpu_ns "${PID[$1]}")
