@@ -3,7 +3,7 @@
 //! members where the strip map says, for strip sizes 4 KiB to 1 MiB and
 //! members of different sizes (truncated as SPDK does); unmap and write
 //! zeroes across strips; the config call recreates the same array; a
-//! concat grows with its last member.
+//! concat grows with its last member, a raid0 with all of its members.
 
 mod common;
 
@@ -224,4 +224,72 @@ fn concat_grows_with_its_last_member() {
     create(&reg, "raid", cfg["params"].clone()).unwrap();
     assert_eq!(size(), 5 * mib);
     check_layout(&rt, &reg, "cc", &model, &["a", "b", "c"], place);
+}
+
+/// Counts the Resize events an opener of `name` hears.
+fn resize_counter(
+    reg: &ustor_bdev::Registry,
+    name: &str,
+) -> (ustor_bdev::Desc, impl Fn() -> usize) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let heard = std::sync::Arc::new(AtomicUsize::new(0));
+    let h = heard.clone();
+    let d = reg
+        .open(name, false, move |ev| {
+            if ev == ustor_bdev::BdevEvent::Resize {
+                h.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+    (d, move || heard.load(Ordering::SeqCst))
+}
+
+#[test]
+fn raid0_grows_when_every_member_has_grown() {
+    let rt = runtime(1);
+    let reg = registry(&rt);
+    let mib = (1u64 << 20) / BS;
+    // Members start smaller than their memory, so they can grow into it.
+    for m in ["a", "b"] {
+        ram(&reg, m, 2 << 20);
+        assert!(reg.get(m).unwrap().resize(mib + 8));
+    }
+    raid(&reg, "r0", "raid0", &["a", "b"], 64);
+    let size = || reg.get("r0").unwrap().num_blocks();
+    assert_eq!(size(), 2 * mib);
+    let mut model = vec![0u8; (4 * mib * BS) as usize];
+    write_ranges(&rt, &reg, "r0", &[(5, 3), (2 * mib - 3, 3)], 20, &mut model);
+    let (_top, heard) = resize_counter(&reg, "r0");
+    let strip = (64 << 10) / BS;
+    // One member alone: raid0 uses the smallest member's size on each.
+    assert!(reg.get("a").unwrap().resize(2 * mib));
+    assert_eq!((size(), heard()), (2 * mib, 0));
+    // b to 2 MiB less 4 KiB: each member gives 2 MiB less a strip.
+    assert!(reg.get("b").unwrap().resize(2 * mib - 8));
+    assert_eq!((size(), heard()), (2 * (2 * mib - strip), 1));
+    // A shrink keeps the size; so does growing back within the used part.
+    assert!(reg.get("a").unwrap().resize(mib));
+    assert!(reg.get("a").unwrap().resize(2 * mib));
+    assert_eq!((size(), heard()), (2 * (2 * mib - strip), 1));
+    assert!(reg.get("b").unwrap().resize(2 * mib));
+    assert_eq!((size(), heard()), (4 * mib, 2));
+    let listed = ustor_vbdev::raid::get_bdevs(&reg, "all").unwrap();
+    assert_eq!(listed[0]["base_bdevs_list"][1]["data_size"], 2 * mib);
+    // Across the first old end (2 MiB), the second, and up to the new end:
+    // the strip map is the same, so the old data stays where it was.
+    let (old, old2) = (2 * mib, 2 * (2 * mib - strip));
+    let ranges = [(old - 1, 9), (old2 - 5, 10), (4 * mib - 7, 7)];
+    write_ranges(&rt, &reg, "r0", &ranges, 21, &mut model);
+    let place = |lba: u64| {
+        let k = lba / strip;
+        ((k % 2) as usize, k / 2 * strip + lba % strip)
+    };
+    check_layout(&rt, &reg, "r0", &model, &["a", "b"], place);
+    // The config call has no sizes: it rebuilds the array at its new size.
+    let cfg = reg.get("r0").unwrap().bdev().config_json();
+    drop(_top);
+    reg.delete("r0").unwrap();
+    create(&reg, "raid", cfg["params"].clone()).unwrap();
+    assert_eq!(size(), 4 * mib);
+    check_layout(&rt, &reg, "r0", &model, &["a", "b"], place);
 }

@@ -7,7 +7,10 @@
 //! member added (`bdev_raid_add_base_bdev`) is written at once and read
 //! only after a background rebuild has copied the array onto it. With
 //! superblocks, each of these changes gives the members a new record
-//! ([`super::membership`]).
+//! ([`super::membership`]). The array grows to its smallest member when
+//! its members grow (as SPDK's raid1, the new blocks are not copied
+//! between members: like a new array's, they hold what each member had
+//! until written).
 //!
 //! Member states are shared by every reactor (one relaxed load per member
 //! per I/O); membership changes bump an epoch after which each channel
@@ -41,7 +44,10 @@ pub struct Mirror {
     state: Box<[AtomicU8]>,
     epoch: AtomicU64,
     slots: Mutex<Vec<Option<Desc>>>,
-    pub(super) blocks: u64,
+    /// The array's size (grows with the members, never shrinks).
+    blocks: AtomicU64,
+    /// The array's bdev, once registered (its resize when members grow).
+    top: OnceLock<Weak<BdevEntry>>,
     /// Blocks before the data on each member (the superblock's room).
     off: u64,
     rebuild: Rebuild,
@@ -82,6 +88,32 @@ const UNCOUNTED: u32 = 1 << 18;
 impl Mirror {
     pub(super) fn slots(&self) -> MutexGuard<'_, Vec<Option<Desc>>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn blocks(&self) -> u64 {
+        self.blocks.load(Ordering::Acquire)
+    }
+
+    /// A member was resized: when every member in use now has more room
+    /// than the array, the array takes the smallest one's size and its
+    /// openers hear it. A shrink keeps the size (its end fails on that
+    /// member, which then counts as failed).
+    fn grow(&self) {
+        let min = {
+            let s = self.slots();
+            (0..s.len())
+                .filter(|i| self.state(*i) != FAILED)
+                .filter_map(|i| s[i].as_ref())
+                .map(|d| d.num_blocks().saturating_sub(self.off))
+                .min()
+        };
+        let Some(min) = min else { return };
+        if self.blocks.fetch_max(min, Ordering::AcqRel) >= min {
+            return;
+        }
+        if let Some(top) = self.top.get().and_then(Weak::upgrade) {
+            top.resize(self.blocks());
+        }
     }
 
     #[inline]
@@ -379,7 +411,7 @@ impl Bdev for MirrorBdev {
             .map(|(i, d)| match d {
                 Some(d) => json!({"name": d.name(), "uuid": d.info().uuid.to_string(),
                     "is_configured": m.state(i) != FAILED, "data_offset": m.off,
-                    "data_size": m.blocks}),
+                    "data_size": m.blocks()}),
                 None => json!({"name": null, "uuid": null, "is_configured": false,
                     "data_offset": 0, "data_size": 0}),
             })
@@ -397,7 +429,7 @@ impl Bdev for MirrorBdev {
             let done = r.done.load(Ordering::Relaxed);
             v["process"] = json!({"type": "rebuild",
                 "target": slots.get(slot).and_then(|d| d.as_ref()).map(|d| d.name().to_string()),
-                "progress": {"blocks": done, "percent": done * 100 / m.blocks.max(1)}});
+                "progress": {"blocks": done, "percent": done * 100 / m.blocks().max(1)}});
         }
         json!({ "raid": v })
     }
@@ -407,7 +439,8 @@ impl Bdev for MirrorBdev {
 static LIVE: base::Live<Mirror> = base::Live::new();
 
 /// Opens member `name` for mirror `m`: a hot-remove empties its slot (the
-/// array goes on degraded) instead of removing the array.
+/// array goes on degraded) instead of removing the array; a resize may
+/// grow the array.
 fn open_member(
     reg: &Registry,
     m: &Weak<Mirror>,
@@ -416,15 +449,17 @@ fn open_member(
 ) -> Result<Desc, ControlError> {
     let (w, member) = (m.clone(), name.to_string());
     let d = reg.open(name, true, move |ev| {
-        if let (BdevEvent::Remove, Some(m)) = (ev, w.upgrade()) {
-            let i = m
-                .slots()
-                .iter()
-                .position(|d| d.as_ref().is_some_and(|d| d.name() == member));
-            if let Some(i) = i {
-                m.clear_slot(i);
-                m.note_membership();
-            }
+        let Some(m) = w.upgrade() else { return };
+        if ev == BdevEvent::Resize {
+            return m.grow();
+        }
+        let i = m
+            .slots()
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|d| d.name() == member));
+        if let Some(i) = i {
+            m.clear_slot(i);
+            m.note_membership();
         }
     })?;
     d.claim_exclusive(by)?;
@@ -481,7 +516,8 @@ pub fn create(
                 .collect(),
             epoch: AtomicU64::new(0),
             slots: Mutex::new(slots),
-            blocks,
+            blocks: AtomicU64::new(blocks),
+            top: OnceLock::new(),
             off,
             rebuild: Rebuild::default(),
             chans: Mutex::default(),
@@ -494,12 +530,12 @@ pub fn create(
     let info = {
         let slots = m.slots();
         let descs: Vec<&Desc> = slots.iter().flatten().collect();
-        base_info(&cfg, &descs, m.blocks)?
+        base_info(&cfg, &descs, m.blocks())?
     };
     if m.online() == 0 {
         return Err(ControlError::invalid("base_bdevs", "no member"));
     }
-    if m.blocks == 0 {
+    if m.blocks() == 0 {
         return Err(ControlError::invalid(
             "base_bdevs",
             "a member has no room for data",
@@ -521,6 +557,9 @@ pub fn create(
         m: m.clone(),
     }))?;
     LIVE.add(&e, &m);
+    let _ = m.top.set(Arc::downgrade(&e));
+    // A member grown while the array was being made (a no-op otherwise).
+    e.resize(m.blocks());
     if let Some(s) = record {
         let _ = m.records.set(Records::new(weak.clone(), s));
         // Assembled without a member: the record gives its slot up.
@@ -649,7 +688,7 @@ pub fn add_base(reg: &Registry, raid: &str, base: &str) -> Result<Joined, Contro
         .flatten()
         .next()
         .map(|x| x.info().block_size);
-    if d.num_blocks().saturating_sub(m.off) < m.blocks
+    if d.num_blocks().saturating_sub(m.off) < m.blocks()
         || have.is_some_and(|bs| bs != d.info().block_size)
     {
         return Err(ControlError::invalid(
@@ -741,8 +780,10 @@ async fn copy(m: &Mirror, slot: usize) -> Result<(), BdevError> {
     let step = (CHUNK_BLOCKS_BYTES / bs).max(1);
     let mut buf = ustor_runtime::IoBuf::alloc((step * bs) as usize).await;
     let mut lba = 0;
-    while lba < m.blocks {
-        let n = step.min(m.blocks - lba);
+    // The size is read each step: an array grown meanwhile is copied to
+    // its new end.
+    while lba < m.blocks() {
+        let n = step.min(m.blocks() - lba);
         loop {
             r.dirty.store(false, Ordering::SeqCst);
             r.lo.store(lba, Ordering::SeqCst);

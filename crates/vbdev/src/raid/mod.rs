@@ -3,9 +3,12 @@
 //! as SPDK sizes them (each member used up to a whole number of strips;
 //! raid0 uses the smallest member's size on every member). The data path
 //! is in [`map`]. An array's facts (`bdev_raid_get_bdevs`) are its
-//! `driver_specific.raid` in `bdev_get_bdevs`. A concat array grows when
-//! its last member does (an RBD image resized, say): the new whole strips
-//! are appended; other resizes leave the array's size as it is.
+//! `driver_specific.raid` in `bdev_get_bdevs`. An array grows when its
+//! members do (RBD images resized, say): a concat by the new whole strips
+//! of its last member (appended), a raid0 once every member has gained a
+//! whole strip (each member's new strips continue the same strip map, so
+//! nothing moves), a raid1 ([`mirror`]) to its smallest member. A shrink,
+//! or a concat's other member resized, leaves the array's size as it is.
 
 pub mod map;
 mod membership;
@@ -140,7 +143,7 @@ struct RaidBdev {
     info: BdevInfo,
     cfg: RaidConfig,
     members: Box<[Desc]>,
-    /// Blocks of each member the array uses (a concat's last one grows).
+    /// Blocks of each member the array uses (they grow with the members).
     used: Box<[AtomicU64]>,
     shift: u32,
     /// Blocks before the data on each member (the superblock's room).
@@ -225,16 +228,41 @@ impl Bdev for RaidBdev {
 }
 
 impl RaidBdev {
-    /// The concat's last member now has `base_blocks`: the array takes
-    /// its new whole strips and says its new size; `None` when nothing
-    /// grew (a shrink keeps the array's size: its end fails on the member).
-    fn grow_last(&self, base_blocks: u64) -> Option<u64> {
+    /// Of a member of `blocks` blocks, what the array can use: whole
+    /// strips after the superblock's room.
+    fn whole(&self, blocks: u64) -> u64 {
         let strip = 1u64 << self.shift;
-        let whole = base_blocks.saturating_sub(self.off) / strip * strip;
-        if self.used.last()?.fetch_max(whole, Ordering::Relaxed) >= whole {
-            return None;
-        }
-        Some(self.used.iter().map(|u| u.load(Ordering::Relaxed)).sum())
+        blocks.saturating_sub(self.off) / strip * strip
+    }
+
+    /// A member was resized: the array takes what it gained and says its
+    /// new size; `None` when it did not grow (a shrink keeps the array's
+    /// size: its end fails on the member). concat: only its last member
+    /// (`base_blocks`) grows it. raid0: every member is used to the
+    /// smallest one's whole strips, read live from each descriptor.
+    fn grow(&self, base_blocks: u64) -> Option<u64> {
+        let want = match self.cfg.level {
+            Level::Concat => self.whole(base_blocks),
+            Level::Raid0 => self
+                .members
+                .iter()
+                .map(|d| self.whole(d.num_blocks()))
+                .min()?,
+            Level::Raid1 => unreachable!("raid1 is a MirrorBdev"),
+        };
+        let grown = match self.cfg.level {
+            Level::Concat => self.used.last()?.fetch_max(want, Ordering::Relaxed) < want,
+            // Every member, no short cut: a resize of another member
+            // racing this one can only raise them further.
+            _ => {
+                let mut g = false;
+                for u in self.used.iter() {
+                    g |= u.fetch_max(want, Ordering::Relaxed) < want;
+                }
+                g
+            }
+        };
+        grown.then(|| self.used.iter().map(|u| u.load(Ordering::Relaxed)).sum())
     }
 }
 
@@ -247,7 +275,7 @@ pub fn create(
     cfg: RaidConfig,
 ) -> Result<Arc<BdevEntry>, ControlError> {
     base::check_free(reg, &cfg.name)?;
-    // The array, once made, for its last member's resize (concat).
+    // The array, once made, for its members' resizes.
     let me: Arc<OnceLock<Weak<RaidBdev>>> = Arc::default();
     let last = cfg.members.len() - 1;
     let members = cfg
@@ -255,11 +283,11 @@ pub fn create(
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            let on = if cfg.level == Level::Concat && i == last {
+            // A concat's other members keep their size: growing one would
+            // move the data of the members after it.
+            let on = if cfg.level == Level::Raid0 || i == last {
                 let me = me.clone();
-                base::OnResize::Ask(Arc::new(move |blocks| {
-                    me.get()?.upgrade()?.grow_last(blocks)
-                }))
+                base::OnResize::Ask(Arc::new(move |blocks| me.get()?.upgrade()?.grow(blocks)))
             } else {
                 base::OnResize::Report
             };
@@ -311,7 +339,13 @@ pub fn create(
         off,
     });
     let _ = me.set(Arc::downgrade(&raid));
-    reg.register(raid)
+    let e = reg.register(raid.clone())?;
+    // A member grown while the array was being made.
+    let last = raid.members.last().map_or(0, |d| d.num_blocks());
+    if let Some(n) = raid.grow(last) {
+        e.resize(n);
+    }
+    Ok(e)
 }
 
 /// The first superblock of a new array (slot 0's; each member gets its own).
