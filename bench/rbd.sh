@@ -8,16 +8,24 @@
 #   - ustor-same: the same with the cluster's core_mask = CORE (reactor and
 #                 librados threads share one core: the placement experiment),
 #   - ustor-poll: as ustor, the reactor in poll mode (never sleeps),
+#   - ustor-intr: as ustor, the reactor in interrupt mode (sleeps as soon
+#                 as it has nothing to do: no spin while Ceph works),
 #   - ustor-event: as ustor, completions through librbd's event socket
 #                 (`completion: "event"`) instead of its callback,
 #   - fio:        fio's rbd engine (librbd, fio's own thread; N jobs, one
 #                 per image, each its own connection, all on CORE),
 #   - bdevperf:   SPDK bdevperf with bdev_rbd (when SPDK_DIR has it; N
 #                 bdevs on one reactor, one shared cluster),
+#   - bdevperf-same: the same with the cluster's core_mask = CORE (every
+#                 thread of the client on one core, as fio and ustor-same),
+#   - any ustor tool with `:key=value,key=value` appended (for example
+#     `ustor-same:rbd_non_blocking_aio=true`): that tool with these Ceph
+#     options in the cluster's config_param (over ustor's defaults),
 #   rounds alternating tool by tool. Per point: IOPS, mean latency, and the
 #   client's CPU per I/O, from the process's user+system time (/usr/bin/time,
 #   so every tool is measured the same way, connect included). The summary
-#   gives medians over REPEAT and ratios against fio and bdevperf.
+#   gives medians over REPEAT and ratios against fio and bdevperf
+#   (SPDK_REF).
 #   The OSD runs on the same machine, so IOPS are the OSD's limit; client
 #   CPU per I/O is the figure that compares the clients. ustor's reactor
 #   runs in its default adaptive mode (it sleeps while waiting on Ceph);
@@ -29,8 +37,11 @@
 #
 # Usage: [REPEAT=3] [RUNTIME=5] bench/rbd.sh
 # Environment: CORE=1 QDS="1 32" RWS="randread randwrite"
-#   TOOLS="ustor ustor-same ustor-poll ustor-event fio bdevperf" IMAGES="1 2 4"
+#   TOOLS="ustor ustor-same ustor-poll ustor-intr ustor-event fio bdevperf bdevperf-same"
+#   IMAGES="1 2 4"
 #   SPDK_DIR=../spdk NOBUILD=1 USTOR=path
+#   SPDK_REF=bdevperf (the tool the iops/spdk and cpu/spdk columns divide by;
+#   bdevperf-same for the every-client-on-one-core comparison)
 # Output: bench/results/rbd-<date>.txt (raw lines, then the summary).
 set -euo pipefail
 
@@ -72,16 +83,23 @@ for i in $(seq 0 $((MAXIMG - 1))); do
     rbd bench --io-type write --io-pattern seq --io-size 4M --io-total 256M rbd/img$i >/dev/null
 done
 
-# config MASK N [COMPLETION] [RAID]: ustor/SPDK config with one cluster
-# (core_mask MASK, or the default placement when empty), rbd bdevs r0..rN-1
-# and, with RAID, a raid0 "all" over them.
+# config MASK N [COMPLETION] [RAID] [PARAMS]: ustor/SPDK config with one
+# cluster (core_mask MASK, or the default placement when empty; PARAMS:
+# `k=v,k=v` Ceph options), rbd bdevs r0..rN-1 and, with RAID, a raid0
+# "all" over them.
 config() {
-    local mask="" comp="" n=$2 i sep="" bases=""
+    local mask="" comp="" n=$2 i sep="" bases="" params="" kv
     [ -n "$1" ] && mask=", \"core_mask\": \"$1\""
     [ -n "${3:-}" ] && comp=", \"completion\": \"$3\""
+    if [ -n "${5:-}" ]; then
+        for kv in ${5//,/ }; do
+            params="$params${params:+, }\"${kv%%=*}\": \"${kv#*=}\""
+        done
+        params=", \"config_param\": {$params}"
+    fi
     {
         echo '{"subsystems": [{"subsystem": "bdev", "config": ['
-        echo "  {\"method\": \"bdev_rbd_register_cluster\", \"params\": {\"name\": \"c1\", \"config_file\": \"$CEPH_CONF\"$mask}}"
+        echo "  {\"method\": \"bdev_rbd_register_cluster\", \"params\": {\"name\": \"c1\", \"config_file\": \"$CEPH_CONF\"$mask$params}}"
         for i in $(seq 0 $((n - 1))); do
             echo "  ,{\"method\": \"bdev_rbd_create\", \"params\": {\"name\": \"r$i\", \"cluster_name\": \"c1\", \"pool_name\": \"rbd\", \"rbd_name\": \"img$i\", \"block_size\": 4096$comp}}"
             bases="$bases$sep\"r$i\""
@@ -100,17 +118,20 @@ cpu_per_io() {
 }
 
 point() { # TOOL RW QD N
-    local tool=$1 rw=$2 qd=$3 n=$4 r="" iops i
+    local tool=$1 rw=$2 qd=$3 n=$4 r="" iops i params=""
+    # `tool:k=v,...`: the tool with these Ceph options.
+    if [[ $tool == *:* ]]; then params=${tool#*:} tool=${tool%%:*}; fi
     local timed=(/usr/bin/time -o "$tmp/time" -f "CPU %U %S" timeout $((RUNTIME + 60)))
     local raid="" bdev=r0 mask="" comp="" perimg=$(((qd + n - 1) / n))
     if [ "$n" -gt 1 ]; then raid=1 bdev=all; fi
     case $tool in
-    ustor | ustor-same | ustor-poll | ustor-event)
+    ustor | ustor-same | ustor-poll | ustor-intr | ustor-event)
         local mode=adaptive
         [ "$tool" = ustor-poll ] && mode=poll
+        [ "$tool" = ustor-intr ] && mode=interrupt
         [ "$tool" = ustor-same ] && mask="[$CORE]"
         [ "$tool" = ustor-event ] && comp=event
-        config "$mask" "$n" "$comp" "$raid"
+        config "$mask" "$n" "$comp" "$raid" "$params"
         r=$("${timed[@]}" "$USTOR" bench -c "$tmp/cfg.json" -b "$bdev" --cores "$CORE" --poll-mode "$mode" \
             -w "$rw" --bs 4096 -q "$qd" -t "$RUNTIME" --json 2>/dev/null |
             python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (t["iops"], t["lat_avg_us"], t["lat_p99_us"]))') || true
@@ -123,9 +144,10 @@ point() { # TOOL RW QD N
             --time_based --runtime="$RUNTIME" --output-format=json "${jobs[@]}" 2>/dev/null |
             python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000, d["clat_ns"]["percentile"]["99.000000"] / 1000))') || true
         ;;
-    bdevperf)
+    bdevperf | bdevperf-same)
         [ -n "$BDEVPERF" ] || return 0
-        config "" "$n"
+        [ "$tool" = bdevperf-same ] && mask="[$CORE]"
+        config "$mask" "$n" "" "" "$params"
         LD_LIBRARY_PATH=$SPDK_DIR/build/lib:$SPDK_DIR/dpdk/build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
             "${timed[@]}" "$BDEVPERF" --no-pci --json "$tmp/cfg.json" -m $((1 << CORE)) \
             -q "$perimg" -o 4096 -w "$rw" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 || true
@@ -135,7 +157,7 @@ point() { # TOOL RW QD N
     esac
     iops=$(sed -n 's/.*iops=\([0-9.]*\).*/\1/p' <<<"$r")
     if [ -n "$iops" ]; then r="$r cpu_us_per_io=$(cpu_per_io "$iops")"; fi
-    echo "rep=$rep tool=$tool imgs=$n rw=$rw qd=$qd ${r:-FAILED}"
+    echo "rep=$rep tool=$1 imgs=$n rw=$rw qd=$qd ${r:-FAILED}"
 }
 
 {
@@ -153,7 +175,7 @@ point() { # TOOL RW QD N
     done
 } | tee "$out.raw"
 
-python3 - "$out.raw" <<'PY' | tee "$out"
+python3 - "$out.raw" "${SPDK_REF:-bdevperf}" <<'PY' | tee "$out"
 import re, statistics, sys
 pts = {}
 for line in open(sys.argv[1]):
@@ -170,13 +192,14 @@ def ratio(a, b):
     return "%.2f" % (a / b) if a is not None and b else "-"
 def num(v, f):
     return f % v if v is not None else "-"
-print("\n%-11s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % ("tool", "imgs", "rw", "qd", "iops", "lat_us",
+w = max([11] + [len(k[0]) for k in pts])
+print("\n%-*s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (w, "tool", "imgs", "rw", "qd", "iops", "lat_us",
       "p99_us", "cpu_us/io", "iops/fio", "cpu/fio", "iops/spdk", "cpu/spdk"))
 for (tool, n, rw, qd) in sorted(pts, key=lambda k: (k[2], int(k[3]), int(k[1]), k[0])):
     k = (tool, n, rw, qd)
     iops, lat, cpu = med(k, "iops"), med(k, "lat_avg_us"), med(k, "cpu_us_per_io")
-    fio, spdk = ("fio", n, rw, qd), ("bdevperf", n, rw, qd)
-    print("%-11s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (tool, n, rw, qd, num(iops, "%.0f"),
+    fio, spdk = ("fio", n, rw, qd), (sys.argv[2], n, rw, qd)
+    print("%-*s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (w, tool, n, rw, qd, num(iops, "%.0f"),
           num(lat, "%.1f"), num(med(k, "lat_p99_us"), "%.0f"), num(cpu, "%.2f"),
           ratio(iops, med(fio, "iops")), ratio(cpu, med(fio, "cpu_us_per_io")),
           ratio(iops, med(spdk, "iops")), ratio(cpu, med(spdk, "cpu_us_per_io"))))
