@@ -6,7 +6,8 @@
 # crates/ustor/tests/scsi_vfio_bench.rs) rebinds the HBA between virtio-pci
 # and vfio-pci each round, alternating which path goes first, and runs the
 # same `ustor bench` workloads on both (the kernel path through io_uring with
-# O_DIRECT on /dev/sdX). 4 KiB random reads and writes at QD1 and QD32.
+# O_DIRECT on /dev/sdX, and at QD1 also fio with the psync and io_uring
+# engines, the study's tool). 4 KiB random reads and writes at QD1 and QD32.
 # Reported: median IOPS, mean and p99 latency, guest CPU time per I/O, and
 # ustor/kernel ratios. TCG inflates every absolute number; the ratio on the
 # same guest is the result. With MPT=1 (the default) the guest also has an
@@ -34,6 +35,7 @@ NRUNS=$(wc -w <<<"$WORKLOADS")
 export GUEST_TIMEOUT_S=${GUEST_TIMEOUT_S:-$((240 + ROUNDS * 3 * NRUNS * (RUNTIME + 10)))}
 mkdir -p "$OUT" "$RESULTS_DIR"
 
+command -v fio >/dev/null || { echo "missing fio (apt-get install -y fio): the guest runs the host's" >&2; exit 1; }
 cargo build --profile "$PROFILE" -q -p ustor
 DIR=$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")
 BIN=$PWD/target/$DIR/ustor
@@ -90,15 +92,34 @@ for line in open(sys.argv[1], errors="replace"):
     # USER_HZ = 100: one tick is 10 ms of guest CPU.
     t["cpu_us_per_io"] = int(ticks) * 10000 / max(t["ios"], 1)
     runs.setdefault((rw, int(qd), path), []).append(t)
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"USTOR-FIO (\d+) (\w+) (\w+) (\d+) (\d+) (\{.*\})\s*$", line)
+    if not m:
+        continue
+    rnd, engine, rw, qd, ticks, js = m.groups()
+    try:
+        j = json.loads(js)["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        continue
+    d = j["write" if "write" in rw else "read"]
+    if j.get("error"):
+        print(f"warning: round {rnd} fio {engine} {rw}: error {j['error']}")
+    ios = max(d["total_ios"], 1)
+    t = {"iops": d["iops"], "ios": ios, "lat_avg_us": d["lat_ns"]["mean"] / 1000,
+         "lat_p99_us": d["clat_ns"]["percentile"]["99.000000"] / 1000,
+         "cpu_us_per_io": int(ticks) * 10000 / ios}
+    runs.setdefault((rw, int(qd), "fio-" + engine), []).append(t)
 med = lambda rs, k: st.median(x[k] for x in rs)
 cells = sorted({(r, q) for (r, q, _) in runs})
 print("medians over rounds; latency from ustor bench (per I/O); CPU = guest busy time per I/O")
-print(f"{'workload':<15}{'path':<8}{'n':>2}{'IOPS':>9}{'mean us':>10}{'p99 us':>10}{'CPU us/IO':>11}")
+print("(kernel: ustor bench on uring:/dev/sdX; fio-psync, fio-io_uring: fio on the same disk;")
+print(" fio's p99 is of completion latency)")
+print(f"{'workload':<15}{'path':<13}{'n':>2}{'IOPS':>9}{'mean us':>10}{'p99 us':>10}{'CPU us/IO':>11}")
 for c in cells:
-    for p in ("kernel", "ustor", "mptsas"):
+    for p in ("kernel", "fio-psync", "fio-io_uring", "ustor", "mptsas"):
         rs = runs.get((*c, p))
         if rs:
-            print(f"{c[0]+' qd'+str(c[1]):<15}{p:<8}{len(rs):>2}{med(rs,'iops'):>9.0f}"
+            print(f"{c[0]+' qd'+str(c[1]):<15}{p:<13}{len(rs):>2}{med(rs,'iops'):>9.0f}"
                   f"{med(rs,'lat_avg_us'):>10.1f}{med(rs,'lat_p99_us'):>10.1f}{med(rs,'cpu_us_per_io'):>11.1f}")
 goal = {("randread", 1): "-24 %", ("randwrite", 1): "-30 %"}
 print()
@@ -115,5 +136,17 @@ for path in ("ustor", "mptsas"):
         d = lambda key: (med(u, key) / med(k, key) - 1) * 100
         print(f"{c[0]+' qd'+str(c[1]):<15}{med(u,'iops')/med(k,'iops'):>8.2f}{d('lat_avg_us'):>+9.1f}%"
               f"{d('lat_p99_us'):>+9.1f}%{d('cpu_us_per_io'):>+9.1f}%{goal.get(c, '') if path == 'ustor' else '':>8}")
+for eng in ("psync", "io_uring"):
+    ref = "fio-" + eng
+    pairs = [c for c in cells if runs.get((*c, ref)) and runs.get((*c, "ustor"))]
+    if not pairs:
+        continue
+    print()
+    print(f"ustor vs the kernel path measured by fio ({eng}), medians")
+    for c in pairs:
+        k, u = runs[(*c, ref)], runs[(*c, "ustor")]
+        d = lambda key: (med(u, key) / med(k, key) - 1) * 100
+        print(f"{c[0]+' qd'+str(c[1]):<15}{med(u,'iops')/med(k,'iops'):>8.2f}{d('lat_avg_us'):>+9.1f}%"
+              f"{d('lat_p99_us'):>+9.1f}%{d('cpu_us_per_io'):>+9.1f}%{goal.get(c, ''):>8}")
 PY
 echo "raw output: $RAW"

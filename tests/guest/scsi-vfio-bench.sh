@@ -4,7 +4,8 @@
 # guest (booted by crates/ustor/tests/scsi_vfio_bench.rs for
 # bench/scsi-vfio.sh). Per round, alternating which path goes first:
 #   kernel: the HBA on virtio-pci (virtio_scsi, sd), `ustor bench` on
-#           uring:/dev/sdX (io_uring, O_DIRECT);
+#           uring:/dev/sdX (io_uring, O_DIRECT), and at QD1 fio with the
+#           psync and io_uring engines (the study's tool; when shipped);
 #   ustor:  the HBA on vfio-pci, `ustor bench -c` with
 #           scsi_vfio_attach_host + a SCSI bdev over the whole disk;
 #   mptsas: (with MPT_BDF) an LSI SAS1068 on vfio-pci with a disk of the
@@ -17,6 +18,7 @@
 . /ustor/lib.sh
 
 U=${USTOR_BIN:-/ustor/bin/ustor}
+FIO=/ustor/bin/fio
 BDF=${VFIO_BDF:-0000:00:05.0}
 MPT_BDF=${MPT_BDF:-}
 ROUNDS=${ROUNDS:-3}
@@ -67,6 +69,27 @@ kernel_round() {
     echo none > "/sys/block/$_b/queue/scheduler" 2>/dev/null
     [ "$1" = 1 ] && kv kernel_disk "$_b"
     workloads "$1" kernel -b "uring:/dev/$_b"
+    if [ -x "$FIO" ]; then
+        for w in $WORKLOADS; do
+            [ "${w##*:}" = 1 ] || continue
+            fio_run "$1" psync "${w%%:*}" "/dev/$_b"
+            fio_run "$1" io_uring "${w%%:*}" "/dev/$_b"
+        done
+    fi
+}
+
+# fio at QD1 on the kernel's disk (the study's tool): one job on CPU 0,
+# O_DIRECT, 4 KiB, RUNTIME seconds. Prints `USTOR-FIO ROUND ENGINE RW 1
+# CPU_TICKS {fio json}`.
+fio_run() {
+    _r=$1 _e=$2 _rw=$3 _dev=$4
+    _c0=$(busy)
+    taskset -c 0 "$FIO" --name=k --filename="$_dev" --direct=1 --ioengine="$_e" \
+        --iodepth=1 --rw="$_rw" --bs=4k --time_based --runtime="$RUNTIME" \
+        --randrepeat=0 --norandommap --output-format=json > /tmp/fio.json 2> /tmp/fio.err ||
+        { cat /tmp/fio.err >&2; die "fio $_e $_rw"; }
+    _c1=$(busy)
+    echo "USTOR-FIO $_r $_e $_rw 1 $((_c1 - _c0)) $(tr -s ' \n' ' ' < /tmp/fio.json)"
 }
 
 cat > /tmp/ustor.json <<EOF

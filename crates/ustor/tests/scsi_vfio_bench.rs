@@ -1,7 +1,8 @@
 //! Boots the QEMU/TCG guest for `bench/scsi-vfio.sh`: one virtio-scsi-pci
 //! HBA (iommu_platform=on, q35 + intel-iommu) with one disk backed by a
 //! host file, measured through the kernel's virtio_scsi + sd and through
-//! ustor's virtio-scsi LLD over VFIO by `tests/guest/scsi-vfio-bench.sh`;
+//! ustor's virtio-scsi LLD over VFIO by `tests/guest/scsi-vfio-bench.sh`
+//! (the kernel path also through fio, shipped from the host, at QD1);
 //! with SCSI_VFIO_MPT_DISK, also an LSI SAS1068 (mptsas1068) with that disk,
 //! measured through ustor's MPT Fusion LLD.
 //!
@@ -31,6 +32,7 @@ fn scsi_vfio_bench() {
     let mut b = GuestBuilder::new()
         .script_file(guest_script("scsi-vfio-bench.sh"))
         .binary(bin)
+        .binary("/usr/bin/fio")
         .iommu()
         .kernel_arg("intel_iommu=on")
         .qemu_arg("-device")
