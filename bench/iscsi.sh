@@ -27,13 +27,17 @@
 # time per I/O (from /proc/PID/stat, all threads) and each target's idle CPU
 # (% of a core over IDLE seconds with no session), then ustor/tgtd ratios.
 #
+# SYSCALLS=1 also counts the target's io_uring_enter calls over each run
+# (perf stat on the syscalls:sys_enter_io_uring_enter tracepoint, all its
+# threads; needs perf and tracepoint access) and reports them per I/O.
+#
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
 #                         REACTORS=<one per CORES entry>
 #                         QDS="1 32" SESS="1 4" IDLE=5 BIN=<serve binary>
 #                         SPDK_TGT=<iscsi_tgt binary> WRS=randwrite
 #                         WQDS="1 32" USTOR=<ustor binary>
 #                         BASE_BIN=<older serve binary>
-#                         VARIANTS="name:<serve binary> ...")
+#                         VARIANTS="name:<serve binary> ..." SYSCALLS=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -146,9 +150,24 @@ only() {
 }
 
 RES="$OUT/results.tsv"
-printf 'round\trw\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\tlat_avg_us\tlat_p99_us\n' >"$RES"
+printf 'round\trw\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\tlat_avg_us\tlat_p99_us\tenters\n' >"$RES"
+# SYSCALLS=1: count the target's io_uring_enter calls for RUNTIME seconds
+# (started beside the client); `enters FILE` prints the count (nan without).
+PERF_PID=
+enters_start() { # pid file
+  PERF_PID=
+  [ -n "${SYSCALLS:-}" ] || return 0
+  perf stat -x, -e syscalls:sys_enter_io_uring_enter -p "$1" -o "$2" -- sleep "$RUNTIME" 2>/dev/null &
+  PERF_PID=$!
+}
+enters_wait() { [ -z "$PERF_PID" ] || wait "$PERF_PID" || true; }
+enters() { # file
+  [ -n "$PERF_PID" ] || { echo nan; return; }
+  awk -F, '/io_uring_enter/ && $1 ~ /^[0-9]+$/ {print $1; n=1} END {if (!n) print "nan"}' "$1"
+}
 run_one() { # round target qd sessions
-  local pid=${PID[$2]} b a i pids=()
+  local pid=${PID[$2]} b a i pids=() pf="$OUT/$2-qd$3-s$4-r$1.perf"
+  enters_start "$pid" "$pf"
   b=$(cpu_ticks "$pid")
   for i in $(seq "$4"); do
     timeout -s INT "$RUNTIME" taskset -c "$CLIENT_CORES" iscsi-perf -i "iqn.2007-10.com.github:bench-$i" \
@@ -156,16 +175,17 @@ run_one() { # round target qd sessions
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
   a=$(cpu_ticks "$pid")
-  python3 - "$@" "$((a - b))" "$HZ" "$OUT" <<'PY' >>"$RES"
+  enters_wait
+  python3 - "$@" "$((a - b))" "$HZ" "$OUT" "$(enters "$pf")" <<'PY' >>"$RES"
 import glob, re, sys
-rnd, tgt, qd, s, ticks, hz, out = sys.argv[1:]
+rnd, tgt, qd, s, ticks, hz, out, enters = sys.argv[1:]
 iops = 0
 for f in glob.glob(f"{out}/{tgt}-qd{qd}-s{s}-*-r{rnd}.txt"):
     avg = re.findall(r"iops average (\d+)", open(f).read())
     iops += int(avg[-1]) if avg else 0
 cpu = int(ticks) / int(hz) * 1e6
 ios = iops * 1.0  # iops average is per second over the run
-print(f"{rnd}\trandread\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}\tnan\tnan")
+print(f"{rnd}\trandread\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}\tnan\tnan\t{enters}")
 PY
 }
 
@@ -179,13 +199,15 @@ run_write() { # round rw target qd
  {"method":"scsi_iscsi_attach_host","params":{"portal":"127.0.0.1:${TPORT[$3]}","target":"$IQN","queue_depth":64}},
  {"method":"bdev_scsi_create","params":{"name":"lun","device":"sda"}}]}]}
 JSON
+  enters_start "$pid" "$OUT/$3-$2-qd$4-r$1.perf"
   b=$(cpu_ticks "$pid")
   taskset -c "$CLIENT_CORES" "$USTOR" bench -c "$cfg" -b lun -w "$2" --bs 4K -q "$4" \
     -t "$RUNTIME" --cores 0 --no-pin --json >"$json" 2>"$OUT/$3-$2-qd$4-r$1.err" || true
   a=$(cpu_ticks "$pid")
-  python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" <<'PY' >>"$RES"
+  enters_wait
+  python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" "$(enters "$OUT/$3-$2-qd$4-r$1.perf")" <<'PY' >>"$RES"
 import json, sys
-path, rnd, rw, tgt, qd, ticks, hz, runtime = sys.argv[1:]
+path, rnd, rw, tgt, qd, ticks, hz, runtime, enters = sys.argv[1:]
 try:
     t = json.load(open(path))["total"]
 except (OSError, ValueError, KeyError):
@@ -193,7 +215,7 @@ except (OSError, ValueError, KeyError):
 cpu = int(ticks) / int(hz) * 1e6
 # Same unit as the read rows: CPU over the run / one second's IOPS.
 print(f"{rnd}\t{rw}\t{tgt}\t{qd}\t1\t{t['iops']:.0f}\t{cpu / max(t['iops'], 1):.2f}"
-      f"\t{t['lat_avg_us']:.1f}\t{t['lat_p99_us']:.1f}")
+      f"\t{t['lat_avg_us']:.1f}\t{t['lat_p99_us']:.1f}\t{enters}")
 PY
 }
 
@@ -248,6 +270,21 @@ for rw, qd, s in keys:
         rs = [a / max(b, 1) for a, b in zip(u, (x[0] for x in cells[(rw, qd, s, t)]))]
         parts.append(f"{t} {statistics.median(rs):.2f} [{min(rs):.2f}, {max(rs):.2f}]")
     print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(parts))
+# SYSCALLS=1: the target's io_uring_enter calls per I/O (count over the
+# run / (IOPS x RUNTIME)), median over the rounds.
+enters = {}
+for r in rows:
+    e = float(r.get("enters") or "nan")
+    if e == e and int(r["iops"]) > 0:
+        k = (r["rw"], r["qd"], r["sessions"], r["target"])
+        enters.setdefault(k, []).append(e / (int(r["iops"]) * runtime))
+if enters:
+    ts = ["ustor"] + [t for t in others if any(k[3] == t for k in enters)]
+    print("io_uring_enter per I/O (target, median of rounds): " + " | ".join(ts))
+    for rw, qd, s in keys:
+        print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
+            f"{statistics.median(enters[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in enters else "-"
+            for t in ts))
 # Latency from ustor's initiator (the write rows): mean and p99 in us.
 lat = [k for k in keys if k[0] != "randread"]
 if lat:

@@ -261,6 +261,7 @@ impl RuntimeHandle {
                 submits: r.ring.submits.get(),
                 completions: r.ring.cqes.get(),
                 ops_in_flight: r.ring.inflight(),
+                timers: r.timers.entries(),
                 pollers: r
                     .pollers
                     .names()

@@ -23,6 +23,32 @@ use crate::uring::Ring;
 const MSG_BUDGET: usize = 64;
 const TASK_BUDGET: usize = 1024;
 
+/// Where the reactor is in an idle stretch (adaptive mode's spin and nap).
+struct Stretch {
+    /// The end of the last pass with work, or of the last full sleep: the
+    /// spin counts from here.
+    last_busy: u64,
+    /// Where the idle stretch began (sleeps do not move it).
+    idle_since: u64,
+    /// The last pass found no work (or the reactor slept after work).
+    idle: bool,
+    /// The stretch has had its one chance to nap.
+    nap_planned: bool,
+}
+
+/// The wait a pass of task work alone ends with, its SQEs submitted by the
+/// wait's own io_uring_enter ([`Reactor::fold_wait`]).
+enum Fold {
+    /// No fold: submit now, and the next pass decides.
+    No,
+    /// Adaptive mode will spin without a nap: submit now.
+    Spin,
+    /// Sleep until a completion, a message or the next deadline.
+    Sleep,
+    /// Adaptive mode's nap of this many ticks.
+    Nap(u64),
+}
+
 pub(crate) struct Reactor {
     pub(crate) id: usize,
     pub(crate) shared: Arc<ReactorShared>,
@@ -146,14 +172,13 @@ impl Reactor {
         let _clear = Clear;
         // One TSC read per pass (it costs tens of ns in a VM): pollers and
         // timers see the time the previous pass ended.
-        let mut last_busy = ticks::now();
-        let mut prev = last_busy;
-        // Adaptive mode's nap: where the current idle stretch began (sleeps
-        // do not move it, unlike `last_busy`) and whether this stretch has
-        // had its one chance to nap.
-        let mut idle_since = last_busy;
-        let mut idle = false;
-        let mut nap_planned = false;
+        let mut prev = ticks::now();
+        let mut st = Stretch {
+            last_busy: prev,
+            idle_since: prev,
+            idle: false,
+            nap_planned: false,
+        };
         loop {
             if self.shared.stop.load(Ordering::Acquire) || self.stop_requested.get() {
                 break;
@@ -163,18 +188,23 @@ impl Reactor {
             work += self.exec.run_ready(TASK_BUDGET);
             let background = self.pollers.run(prev) + self.timers.fire(prev);
             work += background;
-            // Interrupt mode: when only tasks ran and every task is waiting
-            // again, the SQEs they queued go in with the sleep's own
-            // io_uring_enter: one syscall per round trip, not a submit and
-            // then a wait in the next, idle pass. Completions already posted
-            // make that enter return at once.
-            let submit_with_sleep = self.mode == PollMode::Interrupt
-                && work > 0
+            // When only tasks ran and every task is waiting again, the SQEs
+            // they queued go in with the wait's own io_uring_enter when the
+            // reactor would wait next anyway (`fold_wait`): one syscall per
+            // round trip, not a submit and then a wait in the next, idle
+            // pass. Completions already posted make that enter return at
+            // once.
+            let quiet = work > 0
                 && background == 0
                 && !self.exec.has_ready()
                 && self.shared.inbox.is_empty()
                 && !self.ring.has_completions();
-            if !submit_with_sleep {
+            let fold = if quiet {
+                self.fold_wait(prev)
+            } else {
+                Fold::No
+            };
+            if matches!(fold, Fold::No | Fold::Spin) {
                 work += self.ring.submit_and_reap(false);
             }
             let mut end = ticks::now();
@@ -183,53 +213,45 @@ impl Reactor {
                 self.stats
                     .busy_ticks
                     .set(self.stats.busy_ticks.get() + (end - prev));
-                if idle && self.mode == PollMode::Adaptive {
-                    self.nap.borrow_mut().record_gap(prev - idle_since);
+                if st.idle && self.mode == PollMode::Adaptive {
+                    self.nap.borrow_mut().record_gap(prev - st.idle_since);
                 }
-                idle = false;
-                nap_planned = false;
-                last_busy = end;
-                idle_since = end;
-            } else {
-                idle = true;
-            }
-            if submit_with_sleep {
-                self.sleep(None);
-                end = ticks::now();
-                last_busy = end;
-            } else if work == 0 {
-                self.stats
-                    .idle_ticks
-                    .set(self.stats.idle_ticks.get() + (end - prev));
-                let mut contended = false;
-                let sleep = match self.mode {
-                    PollMode::Poll => false,
-                    PollMode::Interrupt => true,
-                    PollMode::Adaptive => {
-                        contended = self.contention.borrow_mut().oversubscribed(end);
-                        let spin = self.spin.borrow().ticks();
-                        let sleep = contended || end - last_busy >= spin;
-                        if !sleep && !nap_planned && !self.exec.has_ready() {
-                            nap_planned = true;
-                            let plan = self.nap.borrow_mut().plan(end - idle_since, spin);
-                            if let Some(asked) = plan {
-                                let slept = self.sleep(Some(asked));
-                                self.nap.borrow_mut().after_nap(asked, slept);
-                                end = ticks::now();
-                            }
-                        }
-                        sleep
-                    }
+                st = Stretch {
+                    last_busy: end,
+                    idle_since: end,
+                    idle: false,
+                    nap_planned: false,
                 };
-                if sleep && !self.exec.has_ready() {
-                    let spun = end - last_busy;
-                    let slept = self.sleep(None);
-                    if self.mode == PollMode::Adaptive && !contended {
-                        self.spin.borrow_mut().after_sleep(spun, slept);
-                    }
+            } else {
+                st.idle = true;
+            }
+            match fold {
+                Fold::Sleep => {
+                    self.sleep(None);
                     end = ticks::now();
-                    last_busy = end;
+                    st.last_busy = end;
+                    // The idle stretch began with this sleep and ends with
+                    // the next work, as if an idle pass had slept.
+                    st.idle = true;
                 }
+                Fold::Nap(asked) => {
+                    // The nap the first idle pass would take, taken now; the
+                    // spin after it counts from `last_busy`, as it does there.
+                    st.nap_planned = true;
+                    st.idle = true;
+                    let slept = self.sleep(Some(asked));
+                    self.nap.borrow_mut().after_nap(asked, slept);
+                    end = ticks::now();
+                }
+                // The stretch had its one chance to nap.
+                Fold::Spin => st.nap_planned = true,
+                Fold::No if work == 0 => {
+                    self.stats
+                        .idle_ticks
+                        .set(self.stats.idle_ticks.get() + (end - prev));
+                    end = self.idle_pass(end, &mut st);
+                }
+                Fold::No => {}
             }
             prev = end;
         }
@@ -250,6 +272,65 @@ impl Reactor {
             .messages
             .set(self.stats.messages.get() + n as u64);
         n
+    }
+
+    /// How the wait that follows a pass of task work alone goes, decided
+    /// in that pass so its SQEs can go in with the wait: interrupt mode
+    /// sleeps at once; adaptive mode sleeps at once while the CPUs are
+    /// oversubscribed (its idle pass would), and otherwise naps if its
+    /// first idle pass would (`Spin`: it would not, and the stretch has had
+    /// its chance).
+    fn fold_wait(&self, now: u64) -> Fold {
+        match self.mode {
+            PollMode::Poll => Fold::No,
+            PollMode::Interrupt => Fold::Sleep,
+            PollMode::Adaptive => {
+                if self.contention.borrow_mut().oversubscribed(now) {
+                    return Fold::Sleep;
+                }
+                let spin = self.spin.borrow().ticks();
+                match self.nap.borrow_mut().plan(0, spin) {
+                    Some(asked) => Fold::Nap(asked),
+                    None => Fold::Spin,
+                }
+            }
+        }
+    }
+
+    /// A pass that found no work, ending at `end`: by poll mode, sleep
+    /// (interrupt; adaptive once contended or its spin is spent), nap once
+    /// per idle stretch, or spin on. Returns the time it ends.
+    fn idle_pass(&self, mut end: u64, st: &mut Stretch) -> u64 {
+        let mut contended = false;
+        let sleep = match self.mode {
+            PollMode::Poll => false,
+            PollMode::Interrupt => true,
+            PollMode::Adaptive => {
+                contended = self.contention.borrow_mut().oversubscribed(end);
+                let spin = self.spin.borrow().ticks();
+                let sleep = contended || end - st.last_busy >= spin;
+                if !sleep && !st.nap_planned && !self.exec.has_ready() {
+                    st.nap_planned = true;
+                    let plan = self.nap.borrow_mut().plan(end - st.idle_since, spin);
+                    if let Some(asked) = plan {
+                        let slept = self.sleep(Some(asked));
+                        self.nap.borrow_mut().after_nap(asked, slept);
+                        end = ticks::now();
+                    }
+                }
+                sleep
+            }
+        };
+        if sleep && !self.exec.has_ready() {
+            let spun = end - st.last_busy;
+            let slept = self.sleep(None);
+            if self.mode == PollMode::Adaptive && !contended {
+                self.spin.borrow_mut().after_sleep(spun, slept);
+            }
+            end = ticks::now();
+            st.last_busy = end;
+        }
+        end
     }
 
     /// Blocks in io_uring_enter until a completion (an eventfd write from a

@@ -32,6 +32,9 @@ pub struct ReactorStats {
     pub submits: u64,
     pub completions: u64,
     pub ops_in_flight: u64,
+    /// Timer heap entries: armed timers and cancelled ones not yet purged
+    /// (bounded by about twice the armed ones).
+    pub timers: usize,
     pub pollers: Vec<(String, bool)>,
     pub poll_mode: String,
 }

@@ -347,3 +347,101 @@ fn futures_noop_waker() -> std::task::Waker {
 }
 
 use std::future::Future;
+
+/// A socket ping-pong with a thread, in each mode that sleeps: the echo's
+/// recv and send are queued by a pass of task work alone, which an
+/// interrupt or contended adaptive reactor submits with its sleep and an
+/// adaptive one with its nap. A wake-up lost there would stall a round
+/// (the thread's read times out). Every 16th round the echo first sleeps
+/// on a timer, whose deadline must bound the same folded sleep.
+#[test]
+fn round_trips_wake_a_sleeping_reactor_in_every_mode() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    for mode in [PollMode::Interrupt, PollMode::Adaptive] {
+        let r = rt(1, mode);
+        let (mut mine, theirs) = UnixStream::pair().unwrap();
+        mine.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        const ROUNDS: usize = 1000;
+        let (tx, rx) = mpsc::channel();
+        r.handle()
+            .spawn_on(0, move || async move {
+                let fd = theirs.as_raw_fd();
+                let mut buf = IoBuf::alloc(4096).await;
+                for round in 0..ROUNDS {
+                    let (res, b) = ops::recv(fd, buf, 0, 8).await;
+                    assert_eq!(res.unwrap(), 8, "round {round}");
+                    if round % 16 == 15 {
+                        ustor_runtime::sleep(Duration::from_micros(200)).await;
+                    }
+                    let (res, b) = ops::send(fd, b, 0, 8).await;
+                    assert_eq!(res.unwrap(), 8);
+                    buf = b;
+                }
+                tx.send(()).unwrap();
+            })
+            .unwrap();
+        let mut got = [0u8; 8];
+        for round in 0..ROUNDS as u64 {
+            mine.write_all(&round.to_le_bytes()).unwrap();
+            mine.read_exact(&mut got)
+                .unwrap_or_else(|e| panic!("mode {mode}, round {round}: {e}"));
+            assert_eq!(u64::from_le_bytes(got), round, "mode {mode}");
+        }
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+}
+
+/// Timeouts that end before their deadline (a request answered in time)
+/// give their timer back: 50,000 of them leave the heap at the purge bound,
+/// not 50,000 entries waiting a minute each, and the timers kept armed
+/// through the purges still fire.
+#[test]
+fn dropped_timeouts_give_their_timers_back() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::Poll;
+    let r = rt(1, PollMode::Adaptive);
+    let h = r.handle();
+    let (tx, rx) = mpsc::channel();
+    h.spawn_on(0, move || async move {
+        let t0 = Instant::now();
+        let kept = [300u64, 100, 200].map(|ms| ustor_runtime::sleep(Duration::from_millis(ms)));
+        let mut kept = kept.map(Box::pin);
+        // Armed before the churn (a first poll arms a Sleep).
+        std::future::poll_fn(|cx| {
+            for k in kept.iter_mut() {
+                assert!(k.as_mut().poll(cx).is_pending());
+            }
+            Poll::Ready(())
+        })
+        .await;
+        tx.send(None).unwrap();
+        for k in kept {
+            k.await;
+        }
+        tx.send(Some(t0.elapsed())).unwrap();
+    })
+    .unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), None);
+    h.block_on(0, || async {
+        for _ in 0..50_000 {
+            let mut s = pin!(ustor_runtime::sleep(Duration::from_secs(60)));
+            std::future::poll_fn(|cx| {
+                assert!(s.as_mut().poll(cx).is_pending());
+                Poll::Ready(())
+            })
+            .await;
+        }
+    })
+    .unwrap();
+    let st = h.stats().unwrap();
+    assert!(st[0].timers <= 3 + 65, "{} timer entries", st[0].timers);
+    let el = rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    assert!(el >= Duration::from_millis(300), "{el:?}");
+    testkit::wait_until("every timer entry gone", Duration::from_secs(5), || {
+        h.stats().unwrap()[0].timers == 0
+    });
+}
