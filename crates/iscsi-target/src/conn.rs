@@ -250,7 +250,7 @@ async fn admit(svc: &Arc<PortalService>, e: &Est) -> Result<Admitted, LoginFail>
 
 /// The I_T nexus of a session: the initiator port name `name,i,0xISID`
 /// (RFC 7143 §10.1.1), also its TransportID in PERSISTENT RESERVE IN.
-fn nexus_name(initiator: &str, isid: &[u8; 6]) -> String {
+pub(crate) fn nexus_name(initiator: &str, isid: &[u8; 6]) -> String {
     let mut id = 0u64;
     isid.iter().for_each(|b| id = id << 8 | *b as u64);
     format!("{initiator},i,0x{id:012x}")

@@ -27,8 +27,6 @@ use ustor_iscsi::wire::{opcode, Bhs, BHS_LEN, RESERVED_TAG};
 use ustor_runtime::timer::Sleep;
 use ustor_runtime::RuntimeHandle;
 use ustor_scsi_proto::lun::decode_lun;
-use ustor_scsi_proto::sense::asc;
-use ustor_scsi_proto::{Sense, SenseKey};
 
 use crate::exec::{self, Core};
 use crate::io::{ConnError, Received, Wire};
@@ -450,8 +448,10 @@ impl<'a, D: Discovery> Session<'a, D> {
                 })
                 .await;
                 self.others(Some(lun), true).await;
-                self.each_part(move |s| async move { s.table.reset_lun(lun) })
-                    .await;
+                // Once, on this part: the unit owes every I_T nexus (this
+                // one too) one POWER ON, RESET, whichever reactors its
+                // connections run on.
+                core.sess.table.reset_lun(lun);
                 tmf_response::COMPLETE
             }
             5 => tmf_response::NO_LUN,
@@ -462,7 +462,7 @@ impl<'a, D: Discovery> Session<'a, D> {
                 })
                 .await;
                 self.others(None, true).await;
-                self.each_part(|s| async move { s.table.reset_all() }).await;
+                core.sess.table.reset_all();
                 tmf_response::COMPLETE
             }
             8 => tmf_response::NO_REASSIGN,
@@ -518,9 +518,11 @@ impl<'a, D: Discovery> Session<'a, D> {
     }
 
     /// Aborts the tasks of the node's other sessions on `lun` (every LUN:
-    /// `None`) and waits until they have ended. They end silently (TAS 0);
-    /// a reset gives those sessions POWER ON, RESET, a clear COMMANDS
-    /// CLEARED BY ANOTHER INITIATOR where it aborted something.
+    /// `None`) and waits until they have ended. They end silently (TAS 0).
+    /// A reset's POWER ON, RESET comes from the unit (the caller resets
+    /// it); a clear owes COMMANDS CLEARED BY ANOTHER INITIATOR to each
+    /// session where it aborted something, once per session (its I_T
+    /// nexus), not once per reactor its connections run on.
     async fn others(&self, lun: Option<u64>, reset: bool) {
         let (Some((sessions, rt)), Some(me)) = (&self.peers, &self.core.sess.ctl) else {
             return;
@@ -530,20 +532,19 @@ impl<'a, D: Discovery> Session<'a, D> {
             if ctl.tsih == me.tsih {
                 continue;
             }
-            sessions
+            let aborted: usize = sessions
                 .on_parts(rt, ctl.tsih, move |s| async move {
                     let n = s.tasks.abort(|t| on(t.lun));
                     s.tasks.ended(|t| on(t.lun)).await;
-                    let ua = match (reset, n) {
-                        (true, _) => asc::POWER_ON_RESET,
-                        (false, 0) => return,
-                        (false, _) => CLEARED_BY_ANOTHER,
-                    };
-                    for (_, lu) in s.table.luns().filter(|(l, _)| on(*l)) {
-                        lu.set_ua(Some(Sense::new(SenseKey::UnitAttention, ua)));
-                    }
+                    n
                 })
-                .await;
+                .await
+                .into_iter()
+                .sum();
+            if !reset && aborted > 0 {
+                let nexus = crate::conn::nexus_name(&ctl.initiator, &ctl.isid);
+                self.core.sess.table.tell(&nexus, CLEARED_BY_ANOTHER, on);
+            }
         }
     }
 

@@ -10,8 +10,9 @@
 //! SET abort their tasks and give them a unit attention; ABORT TASK SET
 //! does not touch them); COMPARE AND WRITE atomic against another
 //! session's WRITE (a delay bdev makes the race certain); max_sessions
-//! per node (0x0302 over it, libiscsi refused too). Data is checked in
-//! the bdev.
+//! per node (0x0302 over it, libiscsi refused too); unit attentions
+//! once per session when its connections run on two reactors. Data is
+//! checked in the bdev.
 
 mod common;
 
@@ -696,4 +697,87 @@ fn a_sessions_connections_run_on_two_reactors() {
     testkit::wait_until("the session ended", Duration::from_secs(10), || {
         f.target.get_connections().is_empty()
     });
+}
+
+/// Sends a TEST UNIT READY and returns its status and, for a CHECK
+/// CONDITION, the sense key and ASC/ASCQ.
+fn tur_status(s: &mut TcpStream, itt: u32, cmdsn: u32) -> (u8, Option<(u8, u8, u8)>) {
+    s.write_all(&tur(itt, cmdsn)).unwrap();
+    let (st, _, d) = status_of(s, itt);
+    (st, (st == 2).then(|| sense(&d)))
+}
+
+/// Unit attentions are per I_T nexus (SAM-5), whichever reactors a
+/// session's connections run on: after a LUN RESET and a TARGET WARM
+/// RESET, a session with connections on two reactors reports POWER ON,
+/// RESET once (on the connection whose command comes first, the other's
+/// next command is GOOD), and so does another session (once, not once from
+/// its part and again from the unit's shared state); a CLEAR TASK SET
+/// that aborts the session's tasks on both reactors owes it COMMANDS
+/// CLEARED BY ANOTHER INITIATOR once.
+#[test]
+fn unit_attentions_are_reported_once_per_session() {
+    const POWER_ON: Option<(u8, u8, u8)> = Some((6, 0x29, 0x00));
+    const CLEARED: Option<(u8, u8, u8)> = Some((6, 0x2f, 0x00));
+    let f = start(16 << 20, 512);
+    let mc = [("MaxConnections", "2")];
+    let mut a = login_as(f.port, INITIATOR, ISID, 0, 0, &mc);
+    assert_eq!(a.status, (0, 0));
+    let mut b = login_as(f.port, INITIATOR, ISID, a.tsih, 1, &mc);
+    assert_eq!(b.status, (0, 0));
+    let mut y = login(f.port, [0x80, 0, 0, 0, 0, 0x41]);
+    testkit::wait_until("three connections listed", Duration::from_secs(5), || {
+        f.target.get_connections().len() == 3
+    });
+    let threads: std::collections::BTreeSet<String> = f
+        .target
+        .get_connections()
+        .into_iter()
+        .filter(|c| c.tsih == a.tsih)
+        .map(|c| c.thread_name)
+        .collect();
+    assert_eq!(threads.len(), 2, "both on one reactor: {threads:?}");
+    let (mut xsn, mut ysn) = (1u32, 1u32);
+    fn next(sn: &mut u32) -> u32 {
+        *sn += 1;
+        *sn - 1
+    }
+
+    // LUN RESET from A (immediate: CmdSN stays).
+    a.s.write_all(&tmf(5, 100, xsn)).unwrap();
+    let (r, _) = expect(&mut a.s, opcode::TMF_RESP, 100);
+    assert_eq!(r.u8_at(2), 0);
+    assert_eq!(tur_status(&mut b.s, 101, next(&mut xsn)), (2, POWER_ON));
+    assert_eq!(tur_status(&mut a.s, 102, next(&mut xsn)), (0, None));
+    assert_eq!(tur_status(&mut b.s, 103, next(&mut xsn)), (0, None));
+    assert_eq!(tur_status(&mut y.s, 104, next(&mut ysn)), (2, POWER_ON));
+    assert_eq!(tur_status(&mut y.s, 105, next(&mut ysn)), (0, None));
+
+    // TARGET WARM RESET from B.
+    b.s.write_all(&tmf(6, 110, xsn)).unwrap();
+    let (r, _) = expect(&mut b.s, opcode::TMF_RESP, 110);
+    assert_eq!(r.u8_at(2), 0);
+    assert_eq!(tur_status(&mut a.s, 111, next(&mut xsn)), (2, POWER_ON));
+    assert_eq!(tur_status(&mut b.s, 112, next(&mut xsn)), (0, None));
+    assert_eq!(tur_status(&mut a.s, 113, next(&mut xsn)), (0, None));
+    assert_eq!(tur_status(&mut y.s, 114, next(&mut ysn)), (2, POWER_ON));
+    assert_eq!(tur_status(&mut y.s, 115, next(&mut ysn)), (0, None));
+
+    // CLEAR TASK SET from Y while the session has a WRITE waiting for
+    // its data on each connection: both aborted (never answered), one
+    // attention for the session, none for Y.
+    a.s.write_all(&pending_write(120, next(&mut xsn), 64))
+        .unwrap();
+    expect(&mut a.s, opcode::R2T, 120);
+    b.s.write_all(&pending_write(121, next(&mut xsn), 72))
+        .unwrap();
+    expect(&mut b.s, opcode::R2T, 121);
+    y.s.write_all(&tmf(3, 122, ysn)).unwrap();
+    let (r, _) = expect(&mut y.s, opcode::TMF_RESP, 122);
+    assert_eq!(r.u8_at(2), 0);
+    assert_eq!(tur_status(&mut y.s, 123, next(&mut ysn)), (0, None));
+    assert_eq!(tur_status(&mut b.s, 124, next(&mut xsn)), (2, CLEARED));
+    assert_eq!(tur_status(&mut a.s, 125, next(&mut xsn)), (0, None));
+    assert_eq!(tur_status(&mut b.s, 126, next(&mut xsn)), (0, None));
+    assert_eq!(f.read_bdev("Malloc0", 64 * 512, 8192), vec![0u8; 8192]);
 }

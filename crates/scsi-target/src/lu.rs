@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use ustor_bdev::{BdevError, Desc, IoChannel, IoType};
 use ustor_scsi_proto::inquiry::{BlockLimits, DeviceType};
-use ustor_scsi_proto::sense::asc;
-use ustor_scsi_proto::{Sense, SenseKey};
+use ustor_scsi_proto::Sense;
 
 use crate::mode::ModeParams;
 use crate::pr::Reservations;
@@ -161,12 +160,17 @@ impl Lun {
         self.ch.num_blocks()
     }
 
-    /// CAPACITY DATA HAS CHANGED once after the bdev was resized (SBC:
-    /// the unit attention a resize raises); one relaxed load per command.
-    pub(crate) fn capacity_ua(&self) -> Option<Sense> {
+    /// The bdev's capacity when it differs from the one this table last
+    /// noticed (a resize: SBC's CAPACITY DATA HAS CHANGED is owed); one
+    /// relaxed load per command.
+    pub(crate) fn resized(&self) -> Option<u64> {
         let n = self.num_blocks();
-        (n != self.known_blocks.replace(n))
-            .then(|| Sense::new(SenseKey::UnitAttention, asc::CAPACITY_CHANGED))
+        (n != self.known_blocks.replace(n)).then_some(n)
+    }
+
+    /// The capacity this table last noticed.
+    pub(crate) fn known_blocks(&self) -> u64 {
+        self.known_blocks.get()
     }
 
     /// Whether [lba, lba+blocks) lies on the medium.

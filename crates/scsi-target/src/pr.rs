@@ -67,6 +67,8 @@ struct State {
     ua: Vec<(Nexus, Sense)>,
     /// Nexuses with a table open on the unit (for reset attentions).
     attached: Vec<Nexus>,
+    /// The capacity the attached nexuses were last told of.
+    blocks: Option<u64>,
 }
 
 fn all_registrants(t: u8) -> bool {
@@ -99,6 +101,15 @@ impl State {
         let s = Sense::new(SenseKey::UnitAttention, code);
         if !self.ua.iter().any(|(x, u)| x == n && *u == s) {
             self.ua.push((n.clone(), s));
+        }
+    }
+
+    /// The unit has `blocks` blocks: if the nexuses attached were told of
+    /// another capacity, each is owed CAPACITY DATA HAS CHANGED.
+    fn resized(&mut self, blocks: u64) {
+        if self.blocks.replace(blocks).is_some_and(|b| b != blocks) {
+            let all = self.attached.clone();
+            all.iter().for_each(|n| self.owe(n, asc::CAPACITY_CHANGED));
         }
     }
 
@@ -150,8 +161,18 @@ impl Reservations {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn attach(&self, n: &Nexus) {
-        self.lock().attached.push(n.clone());
+    /// A table of nexus `n` opened on the unit when it had `blocks` blocks
+    /// (a resize nobody noticed yet is owed to the nexuses attached before).
+    pub(crate) fn attach(&self, n: &Nexus, blocks: u64) {
+        let mut st = self.lock();
+        st.resized(blocks);
+        st.attached.push(n.clone());
+    }
+
+    /// A table noticed the unit now has `blocks` blocks: the first to
+    /// notice a resize owes CAPACITY DATA HAS CHANGED to every nexus.
+    pub(crate) fn resized(&self, blocks: u64) {
+        self.lock().resized(blocks);
     }
 
     /// The nexus is gone (logout, connection loss): its SPC-2 reservation
@@ -170,17 +191,24 @@ impl Reservations {
     }
 
     /// A LUN or target reset: the SPC-2 reservation is released and every
-    /// nexus but `by` (which its table tells itself) is owed POWER ON, RESET.
-    pub(crate) fn reset(&self, by: &str) {
+    /// attached nexus, `by` included, is owed POWER ON, RESET once, however
+    /// many tables (reactors, queues) it has on the unit. Whether `by` is
+    /// attached (else its table must tell itself).
+    pub(crate) fn reset(&self, by: &str) -> bool {
         let mut st = self.lock();
         st.reserve6 = None;
-        let others: Vec<Nexus> = st
-            .attached
-            .iter()
-            .filter(|x| &***x != by)
-            .cloned()
-            .collect();
-        others.iter().for_each(|o| st.owe(o, asc::POWER_ON_RESET));
+        let all: Vec<Nexus> = st.attached.clone();
+        all.iter().for_each(|o| st.owe(o, asc::POWER_ON_RESET));
+        all.iter().any(|x| &**x == by)
+    }
+
+    /// Owes `code` to nexus `n` once, if it is attached (a nexus that has
+    /// gone is owed nothing).
+    pub(crate) fn tell(&self, n: &str, code: (u8, u8)) {
+        let mut st = self.lock();
+        if let Some(x) = st.attached.iter().find(|x| &***x == n).cloned() {
+            st.owe(&x, code);
+        }
     }
 
     /// Owes `code` to every attached nexus but `by`.

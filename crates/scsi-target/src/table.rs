@@ -58,7 +58,7 @@ impl LunTable {
     pub fn set_nexus(&mut self, nexus: &str) {
         self.nexus = Nexus::from(nexus);
         for (_, lu) in &self.luns {
-            lu.shared.pr.attach(&self.nexus);
+            lu.shared.pr.attach(&self.nexus, lu.known_blocks());
         }
     }
 
@@ -111,13 +111,39 @@ impl LunTable {
         self.get(lun).map(|lu| self.reset_unit(lu)).is_some()
     }
 
-    /// POWER ON, RESET for every nexus of the unit; RESERVE(6) released.
+    /// POWER ON, RESET for every nexus of the unit, once per nexus however
+    /// many tables it has (SAM-5: a unit attention is per I_T nexus);
+    /// RESERVE(6) released.
     fn reset_unit(&self, lu: &Lun) {
-        lu.shared.pr.reset(&self.nexus);
-        lu.set_ua(Some(Sense::new(
-            SenseKey::UnitAttention,
-            asc::POWER_ON_RESET,
-        )));
+        if !lu.shared.pr.reset(&self.nexus) {
+            // No nexus named: this table is the only one to tell.
+            lu.set_ua(Some(Sense::new(
+                SenseKey::UnitAttention,
+                asc::POWER_ON_RESET,
+            )));
+        }
+    }
+
+    /// CAPACITY DATA HAS CHANGED after a resize, once per I_T nexus: the
+    /// first table of the unit to notice owes it to every nexus attached
+    /// (the unit remembers the capacity it told them); a table with no
+    /// nexus named tells itself.
+    fn capacity_ua(&self, lu: &Lun) -> Option<Sense> {
+        let n = lu.resized()?;
+        if self.nexus.is_empty() {
+            return Some(Sense::new(SenseKey::UnitAttention, asc::CAPACITY_CHANGED));
+        }
+        lu.shared.pr.resized(n);
+        None
+    }
+
+    /// Owes the I_T nexus `nexus` (this table's or another's on the same
+    /// units) the unit attention `code` on the LUNs `which` selects, once
+    /// however many tables it has; a nexus no table serves is owed nothing.
+    pub fn tell(&self, nexus: &str, code: (u8, u8), which: impl Fn(u64) -> bool) {
+        for (_, lu) in self.luns.iter().filter(|(l, _)| which(*l)) {
+            lu.shared.pr.tell(nexus, code);
+        }
     }
 
     /// Executes one CDB addressed to `lun`. SCSI failures come back as an
@@ -178,7 +204,7 @@ impl LunTable {
             return Ok(Outcome::invalid_field(exp));
         }
         if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
-            let ua = lu.ua.take().or_else(|| lu.capacity_ua());
+            let ua = lu.ua.take().or_else(|| self.capacity_ua(lu));
             if let Some(ua) = ua.or_else(|| lu.shared.pr.take_ua(&self.nexus)) {
                 return Ok(Outcome::sense(ua, exp));
             }

@@ -354,3 +354,68 @@ fn extended_copy_within_the_unit() {
         assert_eq!(o.sense.map(|s| s.key), Some(SenseKey::CopyAborted));
     }
 }
+
+/// Unit attentions are per I_T nexus, not per table: a nexus with two
+/// tables on the unit (an iSCSI session's connections on two reactors)
+/// hears of a reset, a resize or a code told to it once, from whichever
+/// table runs its next command; a table opened after a resize nobody has
+/// noticed knows the new size, and the nexuses before it are told.
+#[test]
+fn attentions_are_owed_once_per_nexus_not_per_table() {
+    let reg = Registry::new(None);
+    let name = format!("pr-ua-{}", std::process::id());
+    let opts = RamOpts {
+        name: name.clone(),
+        num_blocks: 1024,
+        block_size: BS,
+        uuid: None,
+        optimal_io_boundary: 0,
+        max_transfer_blocks: 0,
+    };
+    malloc::create(&reg, opts).unwrap();
+    let d = reg.open(&name, true, |_| {}).unwrap();
+    let shared = LuShared::new();
+    let table = |nexus: &str| {
+        let lu = Lun::open(LuConfig::disk("PR DISK", 1, false), &d).unwrap();
+        let mut t = LunTable::from_luns([(0, lu.with_shared(shared.clone()))]);
+        t.set_nexus(nexus);
+        t
+    };
+    let (a1, a2, b) = (
+        table("iqn.a,i,0x1"),
+        table("iqn.a,i,0x1"),
+        table("iqn.b,i,0x2"),
+    );
+    let tur = [op::TEST_UNIT_READY, 0, 0, 0, 0, 0];
+    let ua = |t: &LunTable| {
+        let o = run(t, &tur, &mut BufData::none());
+        o.sense.map(|s| {
+            assert_eq!(s.key, SenseKey::UnitAttention);
+            s.code()
+        })
+    };
+
+    assert!(a1.reset_lun(0));
+    assert_eq!(ua(&a2), Some(asc::POWER_ON_RESET));
+    assert_eq!((ua(&a1), ua(&a2)), (None, None));
+    assert_eq!((ua(&b), ua(&b)), (Some(asc::POWER_ON_RESET), None));
+
+    assert!(reg.get(&name).unwrap().resize(512));
+    assert_eq!(ua(&a1), Some(asc::CAPACITY_CHANGED));
+    assert_eq!((ua(&a2), ua(&a1)), (None, None));
+    assert_eq!((ua(&b), ua(&b)), (Some(asc::CAPACITY_CHANGED), None));
+
+    let cleared = (0x2f, 0x00);
+    a1.tell("iqn.b,i,0x2", cleared, |l| l == 0);
+    a1.tell("iqn.b,i,0x2", cleared, |l| l == 0);
+    a2.tell("iqn.gone,i,0x9", cleared, |_| true);
+    assert_eq!((ua(&b), ua(&b)), (Some(cleared), None));
+    assert_eq!((ua(&a1), ua(&a2)), (None, None));
+
+    // Resized again; a table opened now knows the size, the others learn.
+    assert!(reg.get(&name).unwrap().resize(256));
+    let c = table("iqn.c,i,0x3");
+    assert_eq!(ua(&c), None);
+    assert_eq!((ua(&a2), ua(&a1)), (Some(asc::CAPACITY_CHANGED), None));
+    assert_eq!((ua(&b), ua(&b)), (Some(asc::CAPACITY_CHANGED), None));
+}
