@@ -42,6 +42,10 @@
 #   SPDK_DIR=../spdk NOBUILD=1 USTOR=path
 #   SPDK_REF=bdevperf (the tool the iops/spdk and cpu/spdk columns divide by;
 #   bdevperf-same for the every-client-on-one-core comparison)
+#   PAIR_BASES="fio" (tools each other tool is also compared with round by
+#   round: the paired table)
+#   SUMMARY=file: only print the tables for the raw lines in file (a
+#   results file) and exit
 # Output: bench/results/rbd-<date>.txt (raw lines, then the summary).
 set -euo pipefail
 
@@ -53,6 +57,67 @@ RWS=${RWS:-"randread randwrite"}
 TOOLS=${TOOLS:-"ustor ustor-same ustor-poll ustor-event fio bdevperf"}
 IMAGES=${IMAGES:-1}
 MAXIMG=$(tr ' ' '\n' <<<"$IMAGES" | sort -n | tail -1)
+
+# summary RAW: the tables from a run's raw lines (medians and ratios, then
+# paired ratios against each tool in PAIR_BASES).
+summary() {
+python3 - "$1" "${SPDK_REF:-bdevperf}" "${PAIR_BASES:-fio}" <<'PY'
+import re, statistics, sys
+pts, rounds = {}, {}
+for line in open(sys.argv[1]):
+    if line.startswith("#"):
+        continue
+    kv = dict(re.findall(r"(\w+)=(\S+)", line))
+    if "iops" not in kv:
+        continue
+    pts.setdefault((kv["tool"], kv.get("imgs", "1"), kv["rw"], kv["qd"]), []).append(kv)
+    rounds[(kv["rep"], kv["tool"], kv.get("imgs", "1"), kv["rw"], kv["qd"])] = kv
+def med(k, f):
+    v = [float(p[f]) for p in pts.get(k, []) if f in p and p[f] != "nan"]
+    return statistics.median(v) if v else None
+def ratio(a, b):
+    return "%.2f" % (a / b) if a is not None and b else "-"
+def num(v, f):
+    return f % v if v is not None else "-"
+w = max([11] + [len(k[0]) for k in pts])
+print("\n%-*s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (w, "tool", "imgs", "rw", "qd", "iops", "lat_us",
+      "p99_us", "cpu_us/io", "iops/fio", "cpu/fio", "iops/spdk", "cpu/spdk"))
+for (tool, n, rw, qd) in sorted(pts, key=lambda k: (k[2], int(k[3]), int(k[1]), k[0])):
+    k = (tool, n, rw, qd)
+    iops, lat, cpu = med(k, "iops"), med(k, "lat_avg_us"), med(k, "cpu_us_per_io")
+    fio, spdk = ("fio", n, rw, qd), (sys.argv[2], n, rw, qd)
+    print("%-*s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (w, tool, n, rw, qd, num(iops, "%.0f"),
+          num(lat, "%.1f"), num(med(k, "lat_p99_us"), "%.0f"), num(cpu, "%.2f"),
+          ratio(iops, med(fio, "iops")), ratio(cpu, med(fio, "cpu_us_per_io")),
+          ratio(iops, med(spdk, "iops")), ratio(cpu, med(spdk, "cpu_us_per_io"))))
+# Paired: per round, the tool's figure over the base's in the same round
+# (the runs next to each other), then the median over rounds: steadier
+# than a ratio of medians when the machine's load drifts between rounds.
+def paired(k, base, f):
+    v = []
+    for (rep, *rest), a in rounds.items():
+        b = rounds.get((rep, base, *rest[1:]))
+        if tuple(rest) == k and b and f in a and f in b and a[f] != "nan" and b[f] != "nan" and float(b[f]) > 0:
+            v.append(float(a[f]) / float(b[f]))
+    return v
+for base in sys.argv[3].split():
+    print("\npaired with %s (median over rounds of the same-round ratio; n rounds; rounds with lower CPU)" % base)
+    print("%-*s %4s %-9s %4s %9s %9s %4s %5s" % (w, "tool", "imgs", "rw", "qd", "iops/b", "cpu/b", "n", "lower"))
+    for (tool, n, rw, qd) in sorted(pts, key=lambda k: (k[2], int(k[3]), int(k[1]), k[0])):
+        if tool == base:
+            continue
+        c, i = paired((tool, n, rw, qd), base, "cpu_us_per_io"), paired((tool, n, rw, qd), base, "iops")
+        if c:
+            print("%-*s %4s %-9s %4s %9.2f %9.2f %4d %5d" % (w, tool, n, rw, qd, statistics.median(i),
+                  statistics.median(c), len(c), sum(x < 1 for x in c)))
+PY
+}
+
+if [ -n "${SUMMARY:-}" ]; then
+    grep '^#' "$SUMMARY" | head -1
+    summary "$SUMMARY"
+    exit 0
+fi
 
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -175,33 +240,9 @@ point() { # TOOL RW QD N
     done
 } | tee "$out.raw"
 
-python3 - "$out.raw" "${SPDK_REF:-bdevperf}" <<'PY' | tee "$out"
-import re, statistics, sys
-pts = {}
-for line in open(sys.argv[1]):
-    if line.startswith("#"):
-        print(line.strip()); continue
-    kv = dict(re.findall(r"(\w+)=(\S+)", line))
-    if "iops" not in kv:
-        continue
-    pts.setdefault((kv["tool"], kv.get("imgs", "1"), kv["rw"], kv["qd"]), []).append(kv)
-def med(k, f):
-    v = [float(p[f]) for p in pts.get(k, []) if f in p and p[f] != "nan"]
-    return statistics.median(v) if v else None
-def ratio(a, b):
-    return "%.2f" % (a / b) if a is not None and b else "-"
-def num(v, f):
-    return f % v if v is not None else "-"
-w = max([11] + [len(k[0]) for k in pts])
-print("\n%-*s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (w, "tool", "imgs", "rw", "qd", "iops", "lat_us",
-      "p99_us", "cpu_us/io", "iops/fio", "cpu/fio", "iops/spdk", "cpu/spdk"))
-for (tool, n, rw, qd) in sorted(pts, key=lambda k: (k[2], int(k[3]), int(k[1]), k[0])):
-    k = (tool, n, rw, qd)
-    iops, lat, cpu = med(k, "iops"), med(k, "lat_avg_us"), med(k, "cpu_us_per_io")
-    fio, spdk = ("fio", n, rw, qd), (sys.argv[2], n, rw, qd)
-    print("%-*s %4s %-9s %4s %9s %9s %9s %9s %9s %9s %9s %9s" % (w, tool, n, rw, qd, num(iops, "%.0f"),
-          num(lat, "%.1f"), num(med(k, "lat_p99_us"), "%.0f"), num(cpu, "%.2f"),
-          ratio(iops, med(fio, "iops")), ratio(cpu, med(fio, "cpu_us_per_io")),
-          ratio(iops, med(spdk, "iops")), ratio(cpu, med(spdk, "cpu_us_per_io"))))
-PY
+{
+    cat "$out.raw"
+    summary "$out.raw"
+} >"$out"
+sed -n '/^$/,$p' "$out"
 rm -f "$out.raw"
