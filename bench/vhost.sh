@@ -9,7 +9,7 @@
 #   qsd    qemu-storage-daemon's vhost-user-blk export of a null-co node
 #          (not in the default list: QEMU 7.2's export answers GET_CONFIG
 #          with fewer bytes than the 256 SPDK's virtio-user asks, and
-#          bdevperf gives up: "get_config failed"),
+#          bdevperf gives up: "get_config failed"; FRONTEND=blkio drives it),
 # each backend pinned to one core (BCORE), all with SIZE_MIB of 512-byte
 # blocks that touch no data. 4 KiB randread/randwrite at QDS on one queue.
 #
@@ -37,6 +37,10 @@
 #   BCORE=0 FCORE=1 NICE=-20   BACKENDS="ustor ustor-poll spdk" (qsd: see above)
 #   RWS="randread randwrite"   QDS="1 32 128"   SIZE_MIB=1024
 #   NOBUILD=1 USTOR=path       skip cargo build / use this ustor binary
+#   FRONTEND=bdevperf|blkio    blkio: crates/vhost-user/examples/blkio_load.rs
+#                              (libblkio's virtio-blk-vhost-user driver, one
+#                              busy-polled queue) instead of bdevperf; every
+#                              backend accepts it, qsd included (BLKIO_LOAD=path)
 # Output: bench/results/vhost-<date>.txt (raw lines, then the summary).
 set -euo pipefail
 
@@ -78,6 +82,18 @@ if [ -z "${USTOR:-}" ]; then
     USTOR=$root/target/release/ustor
 fi
 [ -x "$USTOR" ] || die "no ustor binary at $USTOR"
+FRONTEND=${FRONTEND:-bdevperf}
+case $FRONTEND in
+bdevperf) ;;
+blkio)
+    if [ -z "${BLKIO_LOAD:-}" ]; then
+        [ -n "${NOBUILD:-}" ] || cargo build --release -q -p ustor-vhost --example blkio_load
+        BLKIO_LOAD=$root/target/release/examples/blkio_load
+    fi
+    [ -x "$BLKIO_LOAD" ] || die "no blkio_load at $BLKIO_LOAD"
+    ;;
+*) die "FRONTEND is bdevperf or blkio" ;;
+esac
 
 tmp=$(mktemp -d /tmp/ustor-bench-vhost.XXXXXX)
 declare -A PID SOCK
@@ -171,12 +187,21 @@ run_point() { # backend rw qd
     frontend_json "${SOCK[$1]}" >"$cfg"
     before=$(cpu_ns "${PID[$1]}")
     t0=$(date +%s%N)
-    "${RUN[@]}" taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g \
-        --huge-dir /dev/hugepages -s 512 --no-rpc-server --json "$cfg" \
-        -q "$3" -o 4096 -w "$2" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 || true
+    if [ "$FRONTEND" = blkio ]; then
+        "${RUN[@]}" taskset -c "$FCORE" "$BLKIO_LOAD" "${SOCK[$1]}" "$2" "$3" "$RUNTIME" \
+            >"$tmp/bdevperf.out" 2>&1 || true
+    else
+        "${RUN[@]}" taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g \
+            --huge-dir /dev/hugepages -s 512 --no-rpc-server --json "$cfg" \
+            -q "$3" -o 4096 -w "$2" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 || true
+    fi
     t1=$(date +%s%N)
     after=$(cpu_ns "${PID[$1]}")
-    res=$(tr -d '\r' <"$tmp/bdevperf.out" | awk '/^ *Total +:/ {print $3, $7}')
+    if [ "$FRONTEND" = blkio ]; then
+        res=$(sed -n 's/^iops=\([0-9.]*\) lat_us=\([0-9.]*\) .*/\1 \2/p' "$tmp/bdevperf.out")
+    else
+        res=$(tr -d '\r' <"$tmp/bdevperf.out" | awk '/^ *Total +:/ {print $3, $7}')
+    fi
     if [ -z "$res" ]; then
         tail -5 "$tmp/bdevperf.out" >&2
         res="0 0"
@@ -196,6 +221,12 @@ idle_point() { # backend
     b=$(cpu_ns "${PID[$1]}")
     local none
     none=$(pct "$((b - a))")
+    if [ "$FRONTEND" = blkio ]; then
+        # libblkio's queue is busy-polled by its caller: an idle connected
+        # frontend is bdevperf's case only.
+        echo "$none -"
+        return
+    fi
     frontend_json "${SOCK[$1]}" >"$cfg"
     taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g --huge-dir /dev/hugepages \
         -s 512 -r "$tmp/fe.rpc" --json "$cfg" -z -q 1 -o 4096 -w randread -t 1 >"$tmp/idle-$1.out" 2>&1 &
