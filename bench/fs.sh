@@ -8,7 +8,8 @@
 # FUSE floor (bench/lib/fuse_floor.c: one file in memory behind FUSE) and
 # local tmpfs. ustor_lib is ustor's client library with no kernel
 # crossing (crates/fs-client/examples/fsbench.rs, the same loop as
-# nfsbench), the like-for-like peer of libnfs. Every server serves from
+# nfsbench), the like-for-like peer of libnfs; ustor_lib_copy is the same
+# against the one-copy export (the ablation without FUSE in the path). Every server serves from
 # /dev/shm (tmpfs), over TCP on 127.0.0.1.
 #
 # Workloads: QD1 psync O_DIRECT 4 KiB randread/randwrite, 1 KiB randwrite
@@ -82,7 +83,7 @@ wait_mount() {
 cc -O2 -o "$W/nfsbench" bench/lib/nfsbench.c -lnfs
 cc -O2 -o "$W/fuse_floor" bench/lib/fuse_floor.c $(pkg-config --cflags --libs fuse3)
 
-if has ustor || has ustor_lib || has ustor_copy; then
+if has ustor || has ustor_lib || has ustor_copy || has ustor_lib_copy; then
     UPORT=$(free_port)
     CPORT=$(free_port)
     echo "secret" > "$W/secret"
@@ -93,8 +94,8 @@ if has ustor || has ustor_lib || has ustor_copy; then
     {
         echo '{"subsystems":[{"subsystem":"fs","config":['
         (has ustor || has ustor_lib) && vol vol $UPORT ""
-        (has ustor || has ustor_lib) && has ustor_copy && echo ,
-        has ustor_copy && vol copy $CPORT ',"copy_writes":true'
+        (has ustor || has ustor_lib) && (has ustor_copy || has ustor_lib_copy) && echo ,
+        (has ustor_copy || has ustor_lib_copy) && vol copy $CPORT ',"copy_writes":true'
         echo ']}]}'
     } > "$W/cfg.json"
     # One reactor; placement comes from taskset below, not from ustor.
@@ -190,10 +191,10 @@ print("%.0f %.1f %.1f %.1f %.1f" % (j[k]["iops"], l["mean"] / 1e3, p["50.000000"
       p["99.000000"] / 1e3, j[k]["bw_bytes"] / 1048576))'
 }
 
-lib_run() { # cpus rw bs -> same columns (ustor's client library)
+lib_run() { # cpus rw bs port export -> same columns (ustor's client library)
     local r kib=${3%k}
     [[ $3 == *m ]] && kib=$(( ${3%m} * 1024 ))
-    r=$(USTOR_FS_SECRET=secret taskset -c "$1" "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat \
+    r=$(USTOR_FS_SECRET=secret taskset -c "$1" "$FSBENCH" "127.0.0.1:$4" "$5" libbench.dat \
         "$2" "$kib" "$SIZE_MIB" "$RUNTIME")
     set -- $r
     echo "$1 $2 $4 $5 $3"
@@ -229,13 +230,15 @@ cell() { # cpus target work -> columns
     if [ "$w" = meta ]; then
         case $t in
             ganesha) taskset -c "$cpus" "$W/nfsbench" "$NFS_URL" /meta meta "$NFILES" ;;
-            floor | ustor_lib) echo "-" ;;
+            floor | ustor_lib | ustor_lib_copy) echo "-" ;;
             *) meta_run "$cpus" "$W/m-$t" ;;
         esac
     elif [ "$t" = ganesha ]; then
         nfs_run "$cpus" "$rw" "$bs"
     elif [ "$t" = ustor_lib ]; then
-        lib_run "$cpus" "$rw" "$bs"
+        lib_run "$cpus" "$rw" "$bs" "$UPORT" vol
+    elif [ "$t" = ustor_lib_copy ]; then
+        lib_run "$cpus" "$rw" "$bs" "$CPORT" copy
     else
         fio_run "$cpus" "$W/m-$t" "$rw" "$bs"
     fi
@@ -246,6 +249,7 @@ for t in $TARGETS; do
     case $t in
         ganesha) "$W/nfsbench" "$NFS_URL" /bench.dat lay "$SIZE_MIB" ;;
         ustor_lib) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat lay "$SIZE_MIB" ;;
+        ustor_lib_copy) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$CPORT" copy libbench.dat lay "$SIZE_MIB" ;;
         floor) ;;
         *) fio --name=lay --directory="$W/m-$t" --filename=bench.dat --size=${SIZE_MIB}m \
                --rw=write --bs=1m >/dev/null ;;
@@ -309,6 +313,10 @@ for p, w in order:
     print("%s %s: %-11s %8s %9s %9s %9s %9s" % (p, w, "target", "IOPS", "mean us", "p50 us", "p99 us", "MiB/s"))
     for t, m in med.items():
         print("  %-25s %8.0f %9.1f %9.1f %9.1f %9.1f" % (t, m[0], m[1], m[2], m[3], m[4]))
+    for a, b in (("ustor", "ustor_copy"), ("ustor_lib", "ustor_lib_copy")):
+        if a in med and b in med:
+            print("  zero/one copy %-16s latency mean %.2fx p50 %.2fx, throughput %.2fx"
+                  % (a, med[a][1] / med[b][1], med[a][2] / med[b][2], med[a][4] / med[b][4]))
     if "ustor" in med:
         u = med["ustor"]
         for t, m in med.items():

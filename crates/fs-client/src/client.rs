@@ -18,7 +18,7 @@ use ustor_fs::proto::{
 };
 use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE, NAME_MAX};
 
-use crate::conn::{Conn, Frame};
+use crate::conn::{Conn, Done, Frame};
 use crate::{wire, ClientError, Result};
 
 /// Where and how to connect.
@@ -240,6 +240,135 @@ impl Client {
         wire::decode_write(&s.p.and_then(|p| self.wait(p))?.body)
     }
 
+    /// Sends a request whose reply runs `done` (see [`Conn::send_then`]);
+    /// gives `done` back, not run, when it could not be sent.
+    fn submit_then(
+        &self,
+        ino: u64,
+        req: &Request<'_>,
+        payload: &[u8],
+        done: Done,
+    ) -> std::result::Result<(), (ClientError, Done)> {
+        if let Err(e) = check_names(req) {
+            return Err((e, done));
+        }
+        let conn = match self.conn() {
+            Ok(c) => c,
+            Err(e) => return Err((e, done)),
+        };
+        let tag = self.next_tag();
+        let head = proto::encode_request(tag, ino, req);
+        conn.send_then(tag, &head, payload, done)
+    }
+
+    /// Sends an idempotent request without a payload; its reply, decoded,
+    /// goes to `done`, which runs on the connection's reader thread as soon
+    /// as the reply is in (no other thread is woken: the mount answers the
+    /// kernel from there). When the connection breaks after the request
+    /// went out, `again` (the same call, synchronous) runs first, from the
+    /// thread that saw it break; when no connection could be had within
+    /// the reconnect window, `done` gets that error at once.
+    fn call_then<T: 'static>(
+        &self,
+        ino: u64,
+        req: &Request<'_>,
+        decode: fn(Frame) -> Result<T>,
+        again: impl FnOnce() -> Result<T> + Send + 'static,
+        done: impl FnOnce(Result<T>) + Send + 'static,
+    ) {
+        let conn = match check_names(req).and_then(|_| self.conn()) {
+            Ok(c) => c,
+            Err(e) => return done(Err(e)),
+        };
+        let on_reply: Done = Box::new(move |r: Result<Frame>| {
+            done(match r.and_then(errno) {
+                Err(ClientError::Disconnected(_)) => again(),
+                r => r.and_then(decode),
+            })
+        });
+        let tag = self.next_tag();
+        let head = proto::encode_request(tag, ino, req);
+        if let Err((e, d)) = conn.send_then(tag, &head, &[], on_reply) {
+            d(Err(e));
+        }
+    }
+
+    /// Reads at most `MAX_WRITE` bytes at `off`; the bytes go to `done` on
+    /// the reader thread ([`Client::call_then`]).
+    pub fn read_then(
+        self: &Arc<Self>,
+        ino: u64,
+        off: u64,
+        len: usize,
+        done: impl FnOnce(Result<Vec<u8>>) + Send + 'static,
+    ) {
+        let len = len.min(MAX_WRITE);
+        let req = Request::Read {
+            off,
+            len: len as u32,
+        };
+        let c = self.clone();
+        let again = move || c.read(ino, off, len);
+        self.call_then(ino, &req, |f| Ok(f.body), again, done)
+    }
+
+    /// [`Client::lookup`], answered to `done` on the reader thread.
+    pub fn lookup_then(
+        self: &Arc<Self>,
+        dir: u64,
+        name: &[u8],
+        done: impl FnOnce(Result<Attr>) + Send + 'static,
+    ) {
+        let (c, n) = (self.clone(), name.to_vec());
+        let again = move || c.lookup(dir, &n);
+        let req = Request::Lookup { name };
+        self.call_then(dir, &req, |f| wire::decode_attr(&f.body), again, done)
+    }
+
+    /// [`Client::getattr`], answered to `done` on the reader thread.
+    pub fn getattr_then(
+        self: &Arc<Self>,
+        ino: u64,
+        done: impl FnOnce(Result<Attr>) + Send + 'static,
+    ) {
+        let c = self.clone();
+        let again = move || c.getattr(ino);
+        let req = Request::Getattr;
+        self.call_then(ino, &req, |f| wire::decode_attr(&f.body), again, done)
+    }
+
+    /// Writes at most `MAX_WRITE` bytes of `data` at `off` (straight from
+    /// `data`, no copy) and hands the attribute the server answered to
+    /// `done`, on the reader thread as [`Client::read_then`] does. A write
+    /// that could not be sent is sent once more on a new connection;
+    /// once sent, `data` is not kept, so a connection that breaks before
+    /// the reply fails it with `Disconnected` (EIO).
+    pub fn write_then(
+        &self,
+        ino: u64,
+        off: u64,
+        data: &[u8],
+        done: impl FnOnce(Result<Option<Attr>>) + Send + 'static,
+    ) {
+        if data.len() > MAX_WRITE {
+            return done(Err(ClientError::Invalid("write over MAX_WRITE")));
+        }
+        let req = Request::Write {
+            off,
+            len: data.len() as u32,
+        };
+        let on_reply: Done = Box::new(move |r: Result<Frame>| {
+            done(r.and_then(errno).and_then(|f| wire::decode_write(&f.body)))
+        });
+        let r = match self.submit_then(ino, &req, data, on_reply) {
+            Err((ClientError::Disconnected(_), d)) => self.submit_then(ino, &req, data, d),
+            r => r,
+        };
+        if let Err((e, d)) = r {
+            d(Err(e));
+        }
+    }
+
     fn wait(&self, p: Pending) -> Result<Frame> {
         let f = match p.rx.recv_timeout(self.cfg.timeout) {
             Ok(r) => r?,
@@ -251,10 +380,7 @@ impl Client {
                 return Err(ClientError::Disconnected("reader gone".into()))
             }
         };
-        match f.errno {
-            0 => Ok(f),
-            e => Err(ClientError::Errno(e as i32)),
-        }
+        errno(f)
     }
 
     /// One request and its reply; an idempotent request is sent once more
@@ -450,6 +576,14 @@ impl Client {
             Err(ClientError::Disconnected(_)) => once(),
             r => r,
         }
+    }
+}
+
+/// A reply's errno as the error it is (0: the reply itself).
+fn errno(f: Frame) -> Result<Frame> {
+    match f.errno {
+        0 => Ok(f),
+        e => Err(ClientError::Errno(e as i32)),
     }
 }
 

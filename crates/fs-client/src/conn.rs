@@ -1,20 +1,30 @@
 //! One TCP connection to a file server: the handshake, a writer shared by
 //! the callers (a request's header and payload go out with one vectored
 //! write, the payload straight from the caller's buffer), and a reader
-//! thread that hands each reply to the caller waiting on its tag. Requests
-//! are pipelined: any number may be outstanding, replies come in any order.
-//! When the connection breaks every waiting caller gets `Disconnected`.
+//! thread that completes each reply's request: it hands the reply to the
+//! caller waiting on its tag, or runs the request's completion itself
+//! ([`Conn::send_then`]: the mount answers the kernel from there, so a
+//! reply costs one thread wake-up, the reader's). Requests are pipelined:
+//! any number may be outstanding, replies come in any order. When the
+//! connection breaks every waiting request gets `Disconnected`; a request
+//! unanswered for the timeout breaks it (the reader looks every second).
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ustor_fs::proto::{self, Header, Request, HEADER_LEN, NONCE_LEN};
 
 use crate::{wire, ClientError, Result};
+
+/// How often the reader, idle, looks for requests past their timeout.
+const TICK: Duration = Duration::from_secs(1);
+/// The reader's buffer: a small reply and its header arrive with one
+/// `read`; a body larger than half of it is read straight into place.
+const RX_BUF: usize = 64 << 10;
 
 /// A reply: its errno (0 = success) and body.
 #[derive(Debug)]
@@ -23,11 +33,33 @@ pub(crate) struct Frame {
     pub body: Vec<u8>,
 }
 
-type Waiter = SyncSender<Result<Frame>>;
+/// A request's completion, run by whoever ends the request (the reader
+/// thread with its reply, or the thread that finds the connection dead).
+pub(crate) type Done = Box<dyn FnOnce(Result<Frame>) + Send>;
+
+/// Who learns a request's outcome.
+enum Waiter {
+    /// A caller blocked on the receiver.
+    Chan(SyncSender<Result<Frame>>),
+    /// A completion to run ([`Conn::send_then`]).
+    Call(Done),
+}
+
+impl Waiter {
+    fn complete(self, r: Result<Frame>) {
+        match self {
+            Self::Chan(tx) => {
+                let _ = tx.try_send(r);
+            }
+            Self::Call(f) => f(r),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Pending {
-    map: HashMap<u64, Waiter>,
+    /// Tag -> waiter and when the request was sent.
+    map: HashMap<u64, (Waiter, Instant)>,
     /// Why the connection died; set once, new requests fail at once.
     dead: Option<String>,
 }
@@ -97,12 +129,13 @@ impl Conn {
         // The handshake must not hang on a server that never answers.
         s.set_read_timeout(Some(timeout)).map_err(io_err)?;
         handshake(&mut s, export, secret)?;
-        s.set_read_timeout(None).map_err(io_err)?;
+        // The reader wakes every TICK to look for overdue requests.
+        s.set_read_timeout(Some(TICK)).map_err(io_err)?;
         let pending = Arc::new(Mutex::new(Pending::default()));
         let (r, p) = (s.try_clone().map_err(io_err)?, pending.clone());
         std::thread::Builder::new()
             .name("ustor-fs-rx".into())
-            .spawn(move || reader(r, p))
+            .spawn(move || reader(Rx::new(r), p, timeout))
             .map_err(io_err)?;
         Ok(Self {
             w: Mutex::new(s),
@@ -119,26 +152,65 @@ impl Conn {
     /// data, sent without copying it); the reply arrives on the receiver.
     pub fn send(&self, tag: u64, head: &[u8], payload: &[u8]) -> Result<Receiver<Result<Frame>>> {
         let (tx, rx) = sync_channel(1);
+        match self.send_as(tag, head, payload, Waiter::Chan(tx)) {
+            Ok(()) => Ok(rx),
+            Err((e, _)) => Err(e),
+        }
+    }
+
+    /// Sends a request like [`Conn::send`]; once it is sent, `done` runs
+    /// exactly once with its reply (on the reader thread) or its failure.
+    /// A request that could not be sent gives `done` back, not run (the
+    /// caller may send it again on a new connection).
+    pub fn send_then(
+        &self,
+        tag: u64,
+        head: &[u8],
+        payload: &[u8],
+        done: Done,
+    ) -> std::result::Result<(), (ClientError, Done)> {
+        self.send_as(tag, head, payload, Waiter::Call(done))
+            .map_err(|(e, w)| match w {
+                Waiter::Call(d) => (e, d),
+                Waiter::Chan(_) => unreachable!("sent as a completion"),
+            })
+    }
+
+    fn send_as(
+        &self,
+        tag: u64,
+        head: &[u8],
+        payload: &[u8],
+        w: Waiter,
+    ) -> std::result::Result<(), (ClientError, Waiter)> {
         {
             let mut p = self.pending.lock().expect("pending");
             if let Some(why) = &p.dead {
-                return Err(ClientError::Disconnected(why.clone()));
+                return Err((ClientError::Disconnected(why.clone()), w));
             }
-            p.map.insert(tag, tx);
+            // In the map before it is sent: the reply may come at once.
+            p.map.insert(tag, (w, Instant::now()));
         }
-        let mut w = self.w.lock().expect("writer");
-        if let Err(e) = write_all_vectored(&mut w, head, payload) {
-            drop(w);
+        let mut s = self.w.lock().expect("writer");
+        if let Err(e) = write_all_vectored(&mut s, head, payload) {
+            drop(s);
+            // Not sent (not whole): the caller gets its waiter back, and
+            // the others fail with the connection.
+            let w = self.pending.lock().expect("pending").map.remove(&tag);
             self.kill(&e.to_string());
-            return Err(io_err(e));
+            return match w {
+                Some((w, _)) => Err((io_err(e), w)),
+                // The reader failed it already (the connection died).
+                None => Ok(()),
+            };
         }
-        Ok(rx)
+        Ok(())
     }
 
     /// Breaks the connection: every waiting caller gets `Disconnected`.
     pub fn kill(&self, why: &str) {
         let _ = self.w.lock().expect("writer").shutdown(Shutdown::Both);
-        fail_all(&self.pending, why);
+        fail_all(&self.pending, why, None);
     }
 }
 
@@ -163,29 +235,147 @@ fn write_all_vectored(w: &mut TcpStream, head: &[u8], payload: &[u8]) -> std::io
     Ok(())
 }
 
-fn fail_all(p: &Mutex<Pending>, why: &str) {
-    let mut p = p.lock().expect("pending");
-    p.dead.get_or_insert_with(|| why.to_string());
-    for (_, w) in p.map.drain() {
-        let _ = w.try_send(Err(ClientError::Disconnected(why.to_string())));
+/// Ends every waiting request (outside the lock: a completion may block,
+/// e.g. a read sent again on a new connection): with `Timeout` when the
+/// connection is dropped because a request waited past the timeout (`late`),
+/// else with `Disconnected`.
+fn fail_all(p: &Mutex<Pending>, why: &str, late: Option<Duration>) {
+    let waiters: Vec<_> = {
+        let mut p = p.lock().expect("pending");
+        p.dead.get_or_insert_with(|| why.to_string());
+        p.map.drain().map(|(_, w)| w).collect()
+    };
+    for (w, _) in waiters {
+        let e = match late {
+            Some(t) => ClientError::Timeout(t),
+            None => ClientError::Disconnected(why.to_string()),
+        };
+        w.complete(Err(e));
     }
 }
 
-/// Hands each reply to its waiter until the stream ends or lies.
-fn reader(mut s: TcpStream, p: Arc<Mutex<Pending>>) {
+/// Whether a request has waited longer than `timeout`.
+fn overdue(p: &Mutex<Pending>, timeout: Duration) -> bool {
+    let now = Instant::now();
+    let p = p.lock().expect("pending");
+    p.map
+        .values()
+        .any(|(_, sent)| now.duration_since(*sent) >= timeout)
+}
+
+/// The reader's side of the socket: frames cut out of a buffer, resumable
+/// across the read timeout (a frame may arrive in pieces around a tick).
+struct Rx {
+    s: TcpStream,
+    buf: Box<[u8]>,
+    lo: usize,
+    hi: usize,
+    /// A frame whose body is partly here: header, body, bytes filled.
+    part: Option<(Header, Vec<u8>, usize)>,
+}
+
+/// Whether an error is the read timeout's.
+fn ticked(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+impl Rx {
+    fn new(s: TcpStream) -> Self {
+        Self {
+            s,
+            buf: vec![0u8; RX_BUF].into_boxed_slice(),
+            lo: 0,
+            hi: 0,
+            part: None,
+        }
+    }
+
+    /// The next frame; `None` when the read timeout passed first.
+    fn frame(&mut self) -> Result<Option<(Header, Vec<u8>)>> {
+        loop {
+            if let Some((_, body, n)) = &mut self.part {
+                let k = (self.hi - self.lo).min(body.len() - *n);
+                body[*n..*n + k].copy_from_slice(&self.buf[self.lo..self.lo + k]);
+                (self.lo, *n) = (self.lo + k, *n + k);
+                if *n == body.len() {
+                    let (h, body, _) = self.part.take().expect("frame");
+                    return Ok(Some((h, body)));
+                }
+                if body.len() - *n >= RX_BUF / 2 {
+                    // A large body: straight into place.
+                    match self.s.read(&mut body[*n..]) {
+                        Ok(0) => return Err(eof()),
+                        Ok(k) => *n += k,
+                        Err(e) if ticked(&e) => return Ok(None),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(io_err(e)),
+                    }
+                    continue;
+                }
+            } else if self.hi - self.lo >= HEADER_LEN {
+                let raw = &self.buf[self.lo..self.lo + HEADER_LEN];
+                let h = proto::decode_header(raw.try_into().expect("header"))
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                self.lo += HEADER_LEN;
+                self.part = Some((h, vec![0u8; h.len as usize], 0));
+                continue;
+            }
+            if !self.fill()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads more into the buffer; `false` when the read timeout passed.
+    fn fill(&mut self) -> Result<bool> {
+        if self.lo == self.hi {
+            (self.lo, self.hi) = (0, 0);
+        } else if self.hi == self.buf.len() {
+            self.buf.copy_within(self.lo..self.hi, 0);
+            (self.lo, self.hi) = (0, self.hi - self.lo);
+        }
+        loop {
+            match self.s.read(&mut self.buf[self.hi..]) {
+                Ok(0) => return Err(eof()),
+                Ok(k) => {
+                    self.hi += k;
+                    return Ok(true);
+                }
+                Err(e) if ticked(&e) => return Ok(false),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(e)),
+            }
+        }
+    }
+}
+
+fn eof() -> ClientError {
+    ClientError::Disconnected("connection closed by the server".into())
+}
+
+/// Completes each reply's request until the stream ends or lies, or a
+/// request waits longer than `timeout`.
+fn reader(mut rx: Rx, p: Arc<Mutex<Pending>>, timeout: Duration) {
+    let mut late = None;
     let why = loop {
-        let (h, body) = match read_frame(&mut s) {
-            Ok(f) => f,
+        let (h, body) = match rx.frame() {
+            Ok(Some(f)) => f,
+            Ok(None) if overdue(&p, timeout) => {
+                late = Some(timeout);
+                break "request timed out".to_string();
+            }
+            Ok(None) => continue,
             Err(e) => break e.to_string(),
         };
         let w = p.lock().expect("pending").map.remove(&h.tag);
         match w {
-            Some(w) => {
-                let _ = w.try_send(Ok(Frame { errno: h.ino, body }));
-            }
+            Some((w, _)) => w.complete(Ok(Frame { errno: h.ino, body })),
             None => break format!("reply with unknown tag {}", h.tag),
         }
     };
-    let _ = s.shutdown(Shutdown::Both);
-    fail_all(&p, &why);
+    let _ = rx.s.shutdown(Shutdown::Both);
+    fail_all(&p, &why, late);
 }

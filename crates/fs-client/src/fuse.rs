@@ -9,9 +9,12 @@
 //! without a copy (writev); mmap works over the page cache.
 //!
 //! Concurrency: reads and writes are sent from fuser's session thread and
-//! answered from a worker ([`crate::workers`]) once their reply arrives, so
-//! the kernel's requests overlap on the pipelined connection; metadata
-//! calls are answered on the session thread. readdir lists "." and ".."
+//! answered to the kernel by the connection's reader thread as soon as
+//! their reply arrives ([`Client::read_then`]), so the kernel's requests
+//! overlap on the pipelined connection and a reply wakes one thread of
+//! ours, not two; so are lookups and getattrs. The other metadata calls
+//! (those that keep state here: open files, the hidden names) are
+//! answered on the session thread. readdir lists "." and ".."
 //! first (the server's directories hold neither). A file unlinked or
 //! renamed over while open here lives on under a hidden name until its
 //! last close (as with libfuse), so open descriptors keep working.
@@ -29,12 +32,7 @@ use fuser::{
 };
 use ustor_fs::{Attr, FileKind, SetAttr};
 
-use crate::workers::Workers;
 use crate::Client;
-
-/// Worker threads answering reads and writes: enough for the kernel's
-/// background requests (fuser asks for 16) plus a few synchronous ones.
-const WORKERS: usize = 24;
 
 /// (size, mtime) of each file as this client last saw it.
 type Seen = Arc<Mutex<HashMap<u64, (u64, i64)>>>;
@@ -46,7 +44,6 @@ pub struct FuseFs {
     /// (size, mtime) of each file as this client last saw it: an open keeps
     /// the page cache only when the server still says the same.
     seen: Seen,
-    workers: Workers,
     opened: Opened,
     /// Ask the kernel for its writeback cache.
     writeback: bool,
@@ -121,7 +118,6 @@ impl FuseFs {
             c,
             ttl,
             seen: Seen::default(),
-            workers: Workers::new(WORKERS),
             opened: Opened::default(),
             writeback: false,
         }
@@ -192,15 +188,21 @@ impl Filesystem for FuseFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        let r = self.c.lookup(parent, name.as_bytes());
-        self.entry(r, reply)
+        // Answered from the reader thread, like reads (no state here).
+        let ttl = self.ttl;
+        self.c
+            .lookup_then(parent, name.as_bytes(), move |r| match r {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), 0),
+                Err(e) => reply.error(e.errno()),
+            });
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
-        match self.c.getattr(ino) {
-            Ok(a) => reply.attr(&self.ttl, &file_attr(&a)),
+        let ttl = self.ttl;
+        self.c.getattr_then(ino, move |r| match r {
+            Ok(a) => reply.attr(&ttl, &file_attr(&a)),
             Err(e) => reply.error(e.errno()),
-        }
+        });
     }
 
     fn setattr(
@@ -355,14 +357,13 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        // Sent here, answered by a worker: the next request is read
-        // meanwhile.
-        let c = self.c.clone();
-        let s = c.start_read(ino, offset as u64, size as usize);
-        self.workers.run(move || match c.finish_read(s) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(e.errno()),
-        });
+        // Sent here, answered from the reader thread: the next request is
+        // read meanwhile.
+        self.c
+            .read_then(ino, offset as u64, size as usize, move |r| match r {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(e.errno()),
+            });
     }
 
     fn write(
@@ -377,23 +378,23 @@ impl Filesystem for FuseFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        // The payload leaves from the kernel's buffer here (no copy); a
-        // worker waits for the reply.
-        let (c, seen, n) = (self.c.clone(), self.seen.clone(), data.len() as u32);
-        let s = c.start_write(ino, offset as u64, data);
-        self.workers.run(move || match c.finish_write(s) {
-            Ok(a) => {
-                // Our own write: what the page cache holds is current.
-                match a {
-                    Some(a) => note(&seen, &a),
-                    None => {
-                        seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&ino);
+        // The payload leaves from the kernel's buffer here (no copy); the
+        // reader thread answers the kernel when the reply arrives.
+        let (seen, n) = (self.seen.clone(), data.len() as u32);
+        self.c
+            .write_then(ino, offset as u64, data, move |r| match r {
+                Ok(a) => {
+                    // Our own write: what the page cache holds is current.
+                    match a {
+                        Some(a) => note(&seen, &a),
+                        None => {
+                            seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&ino);
+                        }
                     }
+                    reply.written(n)
                 }
-                reply.written(n)
-            }
-            Err(e) => reply.error(e.errno()),
-        });
+                Err(e) => reply.error(e.errno()),
+            });
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lo: u64, reply: ReplyEmpty) {

@@ -11,7 +11,6 @@ mod conn;
 pub mod fuse;
 pub mod mount;
 pub mod wire;
-mod workers;
 
 use thiserror::Error;
 

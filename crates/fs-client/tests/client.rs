@@ -1,11 +1,16 @@
 //! The client library against a server running the real request handler:
 //! handshake (right and wrong secret), every typed call, pipelined requests
 //! from several threads on one connection, large reads and writes split
-//! into pipelined 1 MiB requests, and reconnection after the server went
-//! away (idempotent calls retried, a dead server failing in bounded time).
+//! into pipelined 1 MiB requests, reconnection after the server went
+//! away (idempotent calls retried, a dead server failing in bounded time),
+//! and completions (`read_then`/`write_then`, the mount's path) run on the
+//! connection's reader thread, failing with ETIMEDOUT when a hung server
+//! never answers.
 
 mod common;
 
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -158,4 +163,74 @@ fn reconnects_after_the_server_restarts_and_fails_when_it_stays_down() {
     let _s = TestServer::start(&addr, fs, "exp", b"k");
     assert_eq!(c.read(f.ino, 0, 100).unwrap(), b"before");
     assert!(c.reconnects() >= 1);
+}
+
+#[test]
+fn completions_run_on_the_reader_thread_and_time_out_on_a_hung_server() {
+    let (_d, fs) = region(16 << 20);
+    let s = TestServer::start("127.0.0.1:0", fs, "exp", b"k");
+    let mut cfg = Config::new(&s.addr.to_string(), "exp", b"k");
+    cfg.timeout = Duration::from_secs(2);
+    let c = Arc::new(Client::connect(cfg).unwrap());
+    let f = c.create(ROOT_INO, b"f", 0o644, 0, 0).unwrap();
+    let (tx, rx) = channel();
+    let thread = || std::thread::current().name().map(str::to_string);
+    // 16 writes in flight at once, each answered by its completion.
+    for i in 0..16u64 {
+        let tx = tx.clone();
+        c.write_then(f.ino, i * 4096, &pattern(i, 4096), move |r| {
+            tx.send((i, r.map(|a| a.map(|a| a.size)), thread()))
+                .unwrap()
+        });
+    }
+    let mut done = vec![false; 16];
+    for _ in 0..16 {
+        let (i, r, t) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(r.unwrap().unwrap() >= (i + 1) * 4096);
+        assert_eq!(
+            t.as_deref(),
+            Some("ustor-fs-rx"),
+            "write {i} completed on {t:?}"
+        );
+        done[i as usize] = true;
+    }
+    assert!(done.iter().all(|&d| d));
+    let (rtx, rrx) = channel();
+    for i in 0..16u64 {
+        let rtx = rtx.clone();
+        c.read_then(f.ino, i * 4096, 4096, move |r| {
+            rtx.send((i, r, thread())).unwrap()
+        });
+    }
+    for _ in 0..16 {
+        let (i, r, t) = rrx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(r.unwrap(), pattern(i, 4096), "read {i}");
+        assert_eq!(
+            t.as_deref(),
+            Some("ustor-fs-rx"),
+            "read {i} completed on {t:?}"
+        );
+    }
+    // A server that stops answering: each completion ends with ETIMEDOUT
+    // once the timeout has passed, none before, none never.
+    s.mute.store(true, Ordering::SeqCst);
+    let t = Instant::now();
+    c.read_then(f.ino, 0, 4096, move |r| rtx.send((0, r, None)).unwrap());
+    c.write_then(f.ino, 0, b"x", move |r| {
+        tx.send((1, r.map(|_| None), None)).unwrap()
+    });
+    let e = rrx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap()
+        .1
+        .unwrap_err();
+    assert_eq!(e, ClientError::Timeout(Duration::from_secs(2)), "{e}");
+    assert_eq!(e.errno(), libc::ETIMEDOUT);
+    let e = rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap()
+        .1
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ETIMEDOUT, "{e}");
+    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
 }

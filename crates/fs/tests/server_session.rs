@@ -58,6 +58,48 @@ fn authenticated_session_runs_and_wrong_mac_does_not() {
     assert_eq!(replay_session(fresh(), b"k", true, &session(b"k")), 3);
 }
 
+/// A metadata frame whose body could not fit the staging buffer (only a
+/// write's payload may be that long: it is received in place) is refused
+/// (EMSGSIZE, then the connection closes) before any of it is staged.
+#[test]
+fn oversize_metadata_body_is_refused_before_staging() {
+    let mut s = handshake(b"");
+    let name = vec![b'n'; 100 << 10];
+    let mut f = encode_request(3, ROOT_INO, &Request::Lookup { name: b"x" });
+    f[0..4].copy_from_slice(&((name.len() + 2) as u32).to_le_bytes());
+    f.truncate(ustor_fs::proto::HEADER_LEN);
+    s.extend(f);
+    s.extend((name.len() as u16).to_le_bytes());
+    s.extend(name);
+    // Then a valid request, never read: the connection has closed.
+    s.extend(encode_request(4, ROOT_INO, &Request::Getattr));
+    assert_eq!(replay_session(fresh(), b"", false, &s), 1);
+}
+
+/// Write frames with metadata frames between them, every receive taking
+/// all it may: no payload byte is ever staged (`replay_session` asserts
+/// it), and every request is answered.
+#[test]
+fn pipelined_writes_and_small_frames_stage_no_payload() {
+    let mut s = session(b"");
+    for i in 0..8u64 {
+        s.extend(encode_request(10 + i, 2, &Request::Getattr));
+        let len = 1 + i as u32 * 1000;
+        s.extend(encode_request(
+            20 + i,
+            2,
+            &Request::Write { off: i * 4096, len },
+        ));
+        s.extend(vec![i as u8; len as usize]);
+        s.extend(encode_request(
+            30 + i,
+            ROOT_INO,
+            &Request::Lookup { name: b"f" },
+        ));
+    }
+    assert_eq!(replay_session(fresh(), b"", false, &s), 3 + 8 * 3);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
     #[test]

@@ -18,6 +18,8 @@ use ustor_fs_client::wire::auth_mac;
 pub struct TestServer {
     pub addr: SocketAddr,
     pub fs: Arc<Mutex<Fs>>,
+    /// While set, requests are read and never answered (a hung server).
+    pub mute: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     socks: Arc<Mutex<Vec<TcpStream>>>,
     accept: Option<std::thread::JoinHandle<()>>,
@@ -61,7 +63,8 @@ impl TestServer {
         let addr = l.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let socks = Arc::new(Mutex::new(Vec::new()));
-        let (f, s, k) = (fs.clone(), stop.clone(), socks.clone());
+        let mute = Arc::new(AtomicBool::new(false));
+        let (f, s, k, m) = (fs.clone(), stop.clone(), socks.clone(), mute.clone());
         let (name, secret) = (name.as_bytes().to_vec(), secret.to_vec());
         let accept = std::thread::spawn(move || {
             for c in l.incoming() {
@@ -70,15 +73,16 @@ impl TestServer {
                 }
                 let Ok(c) = c else { continue };
                 k.lock().unwrap().push(c.try_clone().unwrap());
-                let (f, n, sec) = (f.clone(), name.clone(), secret.clone());
+                let (f, n, sec, m) = (f.clone(), name.clone(), secret.clone(), m.clone());
                 std::thread::spawn(move || {
-                    let _ = conn(c, &f, &n, &sec);
+                    let _ = conn(c, &f, &n, &sec, &m);
                 });
             }
         });
         Self {
             addr,
             fs,
+            mute,
             stop,
             socks,
             accept: Some(accept),
@@ -124,7 +128,13 @@ fn reply(c: &mut TcpStream, tag: u64, op: Op, errno: u64, body: &[u8]) -> std::i
     c.write_all(&f)
 }
 
-fn conn(mut c: TcpStream, fs: &Mutex<Fs>, name: &[u8], secret: &[u8]) -> std::io::Result<()> {
+fn conn(
+    mut c: TcpStream,
+    fs: &Mutex<Fs>,
+    name: &[u8],
+    secret: &[u8],
+    mute: &AtomicBool,
+) -> std::io::Result<()> {
     let (h, b) = read_req(&mut c)?;
     let Ok(Request::Hello { nonce, export }) = proto::decode_request(&h, &b) else {
         return Ok(());
@@ -145,6 +155,9 @@ fn conn(mut c: TcpStream, fs: &Mutex<Fs>, name: &[u8], secret: &[u8]) -> std::io
     let mut st = Stats::default();
     loop {
         let (h, b) = read_req(&mut c)?;
+        if mute.load(Ordering::SeqCst) {
+            continue;
+        }
         let pre = proto::body_prefix(&h);
         let req = proto::decode_request(&h, &b[..pre]).map_err(std::io::Error::other)?;
         let mut fs = fs.lock().unwrap();

@@ -3,8 +3,9 @@
 //! nonce followed by the server's), under the listener's handshake timeout;
 //! then requests on the connection driver with [`FsProto`].
 //!
-//! Zero copy: a write's header and 8-byte prefix are staged exactly (never
-//! more), its payload is received straight into the region ranges
+//! Zero copy: a write's header and 8-byte prefix are staged with one
+//! receive and never more ([`LOOKAHEAD`]), its payload is received
+//! straight into the region ranges
 //! `Fs::begin_write` planned; a read's reply leaves with iovecs pointing
 //! into the region (holes from a shared zero page). The driver reports any
 //! payload it had to copy out of staging, counted in `copied_bytes`.
@@ -14,13 +15,15 @@
 //! matches replies by tag; requests in flight together have no order among
 //! them, as with NFS: a client orders dependent requests by waiting for
 //! the first reply). Lookups, getattr, readdir, readlink, statfs and read
-//! planning answer at once on the reactor (memory only); requests that
+//! planning answer at once on the reactor (memory only). Requests that
 //! change the file system, fsync and a write's commit (each persists with
-//! `msync`) run on the sync pool ([`super::offload`]), so a slow persist
-//! never holds up the reactor's other connections or this one's reads. A
-//! write to an inode whose previous write on this connection is still
-//! committing waits (the receiver parks) so the second one plans on top of
-//! the first, never against a stale inode.
+//! `msync`) run on the reactor too when the region lives in memory (tmpfs:
+//! the msync does no I/O) and the volume is free; otherwise on the sync
+//! pool ([`super::offload`]), so a slow persist never holds up the
+//! reactor's other connections or this one's reads. A write to an inode
+//! whose previous write on this connection is still committing on the
+//! pool waits (the receiver parks) so the second one plans on top of the
+//! first, never against a stale inode.
 //!
 //! A frame the decoder refuses (oversize, unknown op, malformed body) is
 //! answered with its errno (EMSGSIZE, ENOSYS, EINVAL) and the connection
@@ -31,7 +34,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -42,7 +45,7 @@ use ustor_net::{PduGroup, Staging};
 use ustor_runtime::IoBuf;
 
 use super::offload::offload;
-use super::ExportSvc;
+use super::{ExportSvc, Inner};
 use crate::fs::{ReadSeg, WritePlan};
 use crate::proto::{self, Header, Op, ProtoError, Request, HEADER_LEN, NONCE_LEN};
 use crate::serve::{self, Reply};
@@ -50,6 +53,16 @@ use crate::{FsError, MAX_WRITE, NAME_MAX};
 
 mod replay;
 pub use replay::replay_session;
+
+/// Bytes staged past a header with it: a write's prefix, so a write's
+/// header and prefix come in one receive. Never more: past any frame's
+/// header follow its body (staged anyway, or a write's 8-byte prefix) or
+/// the next frame's header, so a receive of a header plus 8 bytes never
+/// takes a payload byte into staging (which would have to be copied).
+const LOOKAHEAD: usize = 8;
+
+/// The staging buffer: a frame's body (all but a write's payload) must fit.
+pub(crate) const STAGING_LEN: usize = 64 << 10;
 
 /// Requests received and not yet answered, per connection.
 const MAX_OUTSTANDING: usize = 128;
@@ -62,7 +75,7 @@ fn driver_config() -> DriverConfig {
         max_outstanding_bytes: 64 << 20,
         // Requests on the sync pool at once per connection.
         max_workers: 32,
-        staging_len: 64 << 10,
+        staging_len: STAGING_LEN,
         ..DriverConfig::default()
     }
 }
@@ -309,8 +322,11 @@ fn fault_in(svc: &ExportSvc, rep: FsReply) -> FsReply {
 /// Makes a received write durable (data, then the metadata pointing to
 /// it) and answers the file's attributes.
 fn commit_write(svc: &ExportSvc, h: Header, plan: WritePlan) -> FsReply {
-    let mut g = svc.vol.lock();
-    let inner = &mut *g;
+    commit_locked(&mut svc.vol.lock(), h, plan)
+}
+
+/// [`commit_write`] with the volume's lock held.
+fn commit_locked(inner: &mut Inner, h: Header, plan: WritePlan) -> FsReply {
     let len: usize = plan.segs.iter().map(|s| s.1).sum();
     let before = inner.fs.conflict_copied;
     let r = inner
@@ -351,8 +367,13 @@ impl FsProto {
             Ok(h) => h,
             Err(e) => return self.refuse(&raw, &e),
         };
-        st.consume(HEADER_LEN);
         let pre = proto::body_prefix(&h);
+        if pre > STAGING_LEN {
+            // Only a write's payload may be that long (received in place);
+            // no other body comes near it.
+            return self.refuse(&raw, &ProtoError::Oversize(h.len.into()));
+        }
+        st.consume(HEADER_LEN);
         *self.st.borrow_mut() = St::Body(h);
         if pre == 0 {
             return self.body(st);
@@ -386,6 +407,20 @@ impl FsProto {
             return self.begin_write(h, off, len);
         }
         if serve::mutates(&req) || matches!(req, Request::Fsync) {
+            if let Some(mut g) = self.quick() {
+                let inner = &mut *g;
+                let r = serve::handle(
+                    &mut inner.fs,
+                    self.svc.read_only,
+                    &mut inner.st,
+                    h.ino,
+                    &req,
+                );
+                let rep = reply(&mut inner.st, &h, r);
+                drop(g);
+                st.consume(pre);
+                return Recv::Reply(rep);
+            }
             let body = st.peek(pre).to_vec();
             st.consume(pre);
             return Recv::Dispatch(Job::Meta(h, body));
@@ -393,6 +428,20 @@ impl FsProto {
         let r = self.answer(h, &req, st.peek(pre));
         st.consume(pre);
         r
+    }
+
+    /// The volume's lock, for a commit or a metadata change to run here
+    /// on the reactor: only on a region whose pages never leave memory
+    /// (tmpfs, [`crate::media::may_fault`] false), where persisting is an
+    /// msync that returns without I/O, and only when the lock is free
+    /// now. The pool would cost two thread wake-ups per request (there and
+    /// back), the larger part of a small request's latency; a region on a
+    /// device or a disk file keeps its commits on the pool.
+    fn quick(&self) -> Option<MutexGuard<'_, Inner>> {
+        if self.svc.vol.may_fault {
+            return None;
+        }
+        self.svc.vol.try_lock()
     }
 
     /// Lookups, getattr, readdir, readlink, statfs and reads answer here
@@ -518,6 +567,9 @@ impl FsProto {
             return Recv::Close;
         };
         drop(s);
+        if let Some(mut g) = self.quick() {
+            return Recv::Reply(commit_locked(&mut g, h, *plan));
+        }
         self.committing.borrow_mut().push(h.ino);
         Recv::Dispatch(Job::Commit(h, plan))
     }
@@ -532,7 +584,7 @@ impl Protocol for FsProto {
             RecvEvent::Next if self.close_after.get() => Recv::Close,
             RecvEvent::Next => Recv::Stage {
                 need: HEADER_LEN,
-                max: HEADER_LEN,
+                max: HEADER_LEN + LOOKAHEAD,
             },
             RecvEvent::Staged => {
                 if matches!(*self.st.borrow(), St::Body(_)) {
@@ -568,6 +620,7 @@ impl Protocol for FsProto {
             Job::Commit(h, _) => Some(h.ino),
             Job::Meta(..) | Job::Fault(_) => None,
         };
+        self.svc.offloaded.fetch_add(1, Ordering::Relaxed);
         let svc = self.svc.clone();
         let r = offload(move || run_job(&svc, job)).await;
         if let Some(ino) = commit {

@@ -5,9 +5,11 @@
 //! with serde parameter and result types; the RPC layer wraps them.
 //!
 //! A volume's file system sits behind a mutex: connections on several
-//! reactors take it to plan a read or a write, and the sync pool
-//! ([`offload`]) takes it for metadata requests and write commits (which
-//! persist with msync); never while a payload is on the wire. Payloads go between the
+//! reactors take it to plan a read or a write, and to run metadata
+//! requests and write commits (which persist with msync) on a region in
+//! memory (tmpfs) when it is free; the sync pool ([`offload`]) takes it
+//! for those on a region that can fault (a device, a disk file) or when a
+//! reactor found it busy; never while a payload is on the wire. Payloads go between the
 //! socket and the mapped region directly ([`conn`]).
 
 mod conn;
@@ -155,6 +157,11 @@ pub struct StatsInfo {
     /// in from the device there first (a region on a block device or a
     /// disk file whose pages were not in memory).
     pub reads_offloaded: u64,
+    /// Requests run on the sync pool rather than the reactor (each costs
+    /// two thread wake-ups): metadata changes, fsyncs and write commits on
+    /// a region that can fault, anything that found the volume busy, and
+    /// the reads in `reads_offloaded`.
+    pub requests_offloaded: u64,
 }
 
 /// A file system served from a mapped region.
@@ -241,6 +248,8 @@ pub(crate) struct ExportSvc {
     pub max_in_flight: AtomicU64,
     /// Reads served off the reactor (`StatsInfo::reads_offloaded`).
     pub reads_offloaded: AtomicU64,
+    /// Requests run on the sync pool (`StatsInfo::requests_offloaded`).
+    pub offloaded: AtomicU64,
 }
 
 impl Service for ExportSvc {
@@ -358,6 +367,7 @@ impl FsServer {
             auth_failures: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
             reads_offloaded: AtomicU64::new(0),
+            offloaded: AtomicU64::new(0),
         });
         let limit = ConnLimit::new(p.max_connections.max(1));
         let cfg = ListenerConfig::new("fs", limit.clone());
@@ -449,6 +459,9 @@ impl FsServer {
                         x.svc
                             .reads_offloaded
                             .load(std::sync::atomic::Ordering::Relaxed)
+                    }),
+                    requests_offloaded: e.export.as_ref().map_or(0, |x| {
+                        x.svc.offloaded.load(std::sync::atomic::Ordering::Relaxed)
                     }),
                 }
             })

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use ustor_net::driver::{Protocol, Recv, RecvEvent};
 use ustor_net::{PduGroup, Staging};
 
-use super::{mac_ok, proto_errno, run_job, FsProto, FsReply, St, MAX_HELLO};
+use super::{mac_ok, proto_errno, run_job, FsProto, FsReply, St, MAX_HELLO, STAGING_LEN};
 use crate::proto::{self, Op, Request, HEADER_LEN, NONCE_LEN};
 use crate::server::ExportSvc;
 
 /// Runs a byte stream through the server's request path without a socket,
-/// as the driver would (exact staging, payloads received into the region,
-/// skips), after the handshake's checks on its first two frames (Hello,
+/// as the driver would (each stage receives all it may, up to its `max`,
+/// as a receive finding the whole stream already sent; payloads received
+/// into the region, which must find nothing of theirs staged; skips),
+/// after the handshake's checks on its first two frames (Hello,
 /// then an Auth checked against `secret`). Returns the replies queued. The
 /// fuzz target `fs_server` and a proptest run this; it must never panic.
 pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]) -> usize {
@@ -78,6 +80,7 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
         auth_failures: Default::default(),
         max_in_flight: Default::default(),
         reads_offloaded: Default::default(),
+        offloaded: Default::default(),
     });
     let p = FsProto {
         svc,
@@ -86,22 +89,28 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
         in_flight: Cell::new(0),
         committing: RefCell::new(Vec::new()),
     };
-    let mut st = Staging::new(64 << 10, ustor_net::Rewind::Lazy);
+    let mut st = Staging::new(STAGING_LEN, ustor_net::Rewind::Lazy);
     let mut g = PduGroup::new();
     let (mut ev, mut replies) = (RecvEvent::Next, 0);
     // Budget: every round consumes input or ends (a Next-only loop cannot
     // happen: Next always stages).
     for _ in 0..(data.len() + 4) * 4 {
         ev = match p.apply(ev, &mut st) {
-            Recv::Stage { need, .. } => {
+            Recv::Stage { need, max } => {
+                // As `Staging::fill`: no receive while `need` is staged.
                 let missing = need.saturating_sub(st.avail());
-                match take(missing) {
-                    Some(b) if b.len() == missing => st.stage_bytes(&b),
-                    _ => break,
+                if missing > 0 {
+                    let want = max.max(need).min(STAGING_LEN.max(need)) - st.avail();
+                    match take(want) {
+                        Some(b) if b.len() >= missing => st.stage_bytes(&b),
+                        _ => break,
+                    }
                 }
                 RecvEvent::Staged
             }
             Recv::Payload { buf, off, len, .. } => {
+                // A payload byte in staging would have to be copied.
+                assert_eq!(st.avail(), 0, "payload bytes were staged");
                 let Some(mut buf) = buf else { break };
                 match take(len) {
                     Some(b) if b.len() == len => {
@@ -111,11 +120,16 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
                     _ => break,
                 }
             }
-            Recv::Skip(n) => match take(n as usize) {
-                Some(b) if b.len() as u64 == n => RecvEvent::Skipped,
-                None if n == 0 => RecvEvent::Skipped,
-                _ => break,
-            },
+            Recv::Skip(n) => {
+                let staged = st.avail().min(n as usize);
+                st.consume(staged);
+                let n = n as usize - staged;
+                match take(n) {
+                    Some(b) if b.len() == n => RecvEvent::Skipped,
+                    None if n == 0 => RecvEvent::Skipped,
+                    _ => break,
+                }
+            }
             Recv::Reply(r) | Recv::Interim(r) => {
                 replies += 1;
                 drain(&p, r, &mut g);
