@@ -183,7 +183,7 @@ fn completions_run_on_the_reader_thread_and_time_out_on_a_hung_server() {
                 .unwrap()
         });
     }
-    let mut done = vec![false; 16];
+    let mut done = [false; 16];
     for _ in 0..16 {
         let (i, r, t) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
         assert!(r.unwrap().unwrap() >= (i + 1) * 4096);
