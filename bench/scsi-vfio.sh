@@ -78,37 +78,32 @@ T1=$(date +%s)
 python3 - "$LOG" <<'PY' | tee -a "$RAW"
 import json, re, statistics as st, sys
 runs = {}
+
+
+def from_fio(js, rw):
+    """fio's JSON as ustor bench's `total` keys."""
+    j = json.loads(js)["jobs"][0]
+    d = j["write" if "write" in rw else "read"]
+    return {"iops": d["iops"], "ios": d["total_ios"], "errors": j.get("error", 0),
+            "lat_avg_us": d["lat_ns"]["mean"] / 1000,
+            "lat_p99_us": d["clat_ns"]["percentile"]["99.000000"] / 1000}
+
+
 for line in open(sys.argv[1], errors="replace"):
-    m = re.search(r"USTOR-BENCH (\d+) (\w+) (\w+) (\d+) (\d+) (\{.*\})\s*$", line)
+    m = re.search(r"USTOR-(BENCH|FIO) (\d+) (\w+) (\w+) (\d+) (\d+) (\{.*\})\s*$", line)
     if not m:
         continue
-    rnd, path, rw, qd, ticks, js = m.groups()
+    tool, rnd, path, rw, qd, ticks, js = m.groups()
     try:
-        t = json.loads(js)["total"]
-    except ValueError:
+        t = json.loads(js)["total"] if tool == "BENCH" else from_fio(js, rw)
+    except (ValueError, KeyError, IndexError):
         continue
+    path = path if tool == "BENCH" else "fio-" + path
     if t.get("errors"):
         print(f"warning: round {rnd} {path} {rw} qd{qd}: {t['errors']} errors")
     # USER_HZ = 100: one tick is 10 ms of guest CPU.
     t["cpu_us_per_io"] = int(ticks) * 10000 / max(t["ios"], 1)
     runs.setdefault((rw, int(qd), path), []).append(t)
-for line in open(sys.argv[1], errors="replace"):
-    m = re.search(r"USTOR-FIO (\d+) (\w+) (\w+) (\d+) (\d+) (\{.*\})\s*$", line)
-    if not m:
-        continue
-    rnd, engine, rw, qd, ticks, js = m.groups()
-    try:
-        j = json.loads(js)["jobs"][0]
-    except (ValueError, KeyError, IndexError):
-        continue
-    d = j["write" if "write" in rw else "read"]
-    if j.get("error"):
-        print(f"warning: round {rnd} fio {engine} {rw}: error {j['error']}")
-    ios = max(d["total_ios"], 1)
-    t = {"iops": d["iops"], "ios": ios, "lat_avg_us": d["lat_ns"]["mean"] / 1000,
-         "lat_p99_us": d["clat_ns"]["percentile"]["99.000000"] / 1000,
-         "cpu_us_per_io": int(ticks) * 10000 / ios}
-    runs.setdefault((rw, int(qd), "fio-" + engine), []).append(t)
 med = lambda rs, k: st.median(x[k] for x in rs)
 cells = sorted({(r, q) for (r, q, _) in runs})
 print("medians over rounds; latency from ustor bench (per I/O); CPU = guest busy time per I/O")
