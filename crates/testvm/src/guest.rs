@@ -50,6 +50,7 @@ pub struct GuestBuilder {
     vhost_user_scsi: Vec<PathBuf>,
     /// QEMU reconnects to vhost-user sockets (`reconnect=1`).
     vhost_user_reconnect: bool,
+    vhost_user_packed: bool,
     scsi_disks: Vec<PathBuf>,
     shares: Vec<(PathBuf, String)>,
     timeout: Duration,
@@ -79,6 +80,7 @@ impl GuestBuilder {
             vhost_user_blk: Vec::new(),
             vhost_user_scsi: Vec::new(),
             vhost_user_reconnect: false,
+            vhost_user_packed: false,
             scsi_disks: Vec::new(),
             shares: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
@@ -144,6 +146,13 @@ impl GuestBuilder {
     /// backend may be killed and started again under a running guest.
     pub fn vhost_user_reconnect(mut self) -> Self {
         self.vhost_user_reconnect = true;
+        self
+    }
+
+    /// The vhost-user devices use packed virtqueues (`packed=on`; the
+    /// backend must offer VIRTIO_F_RING_PACKED).
+    pub fn vhost_user_packed(mut self) -> Self {
+        self.vhost_user_packed = true;
         self
     }
 
@@ -526,12 +535,17 @@ impl GuestBuilder {
         } else {
             ""
         };
+        let packed = if self.vhost_user_packed {
+            ",packed=on"
+        } else {
+            ""
+        };
         for (i, (sock, queues)) in self.vhost_user_blk.iter().enumerate() {
             a.extend([
                 "-chardev".into(),
                 format!("socket,id=vublk{i},path={}{reconnect}", sock.display()),
                 "-device".into(),
-                format!("vhost-user-blk-pci,chardev=vublk{i},num-queues={queues}"),
+                format!("vhost-user-blk-pci,chardev=vublk{i},num-queues={queues}{packed}"),
             ]);
         }
         for (i, sock) in self.vhost_user_scsi.iter().enumerate() {
@@ -539,7 +553,7 @@ impl GuestBuilder {
                 "-chardev".into(),
                 format!("socket,id=vuscsi{i},path={}{reconnect}", sock.display()),
                 "-device".into(),
-                format!("vhost-user-scsi-pci,chardev=vuscsi{i}"),
+                format!("vhost-user-scsi-pci,chardev=vuscsi{i}{packed}"),
             ]);
         }
         if !self.scsi_disks.is_empty() {

@@ -60,7 +60,12 @@ impl VhostDevice for BlkDevice {
         self.geometry.num_queues
     }
     fn features(&self) -> u64 {
-        self.geometry.features()
+        let packed = if self.packed_ring {
+            feature::RING_PACKED
+        } else {
+            0
+        };
+        self.geometry.features() | packed
     }
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         VhostUserProtocolFeatures::MQ
@@ -102,7 +107,9 @@ struct VringCtl {
     size: u16,
     /// Frontend virtual addresses (translated when the ring starts).
     addrs: Option<(u64, u64, u64)>,
-    base: u16,
+    /// SET_VRING_BASE's value, or where the ring last stopped (packed:
+    /// both sides with their wrap counters, `avail | used << 16`).
+    base: u32,
     kick: Option<Arc<File>>,
     call: Option<Arc<File>>,
     enabled: bool,
@@ -161,6 +168,10 @@ impl<D: VhostDevice> Backend<D> {
         self.acked & feature::PROTOCOL_FEATURES != 0
     }
 
+    fn packed(&self) -> bool {
+        self.acked & feature::RING_PACKED != 0
+    }
+
     /// Starts ring `i` when it has everything it needs and is not running.
     fn maybe_start(&mut self, i: usize) -> VuResult<()> {
         let pf = self.protocol_features_acked();
@@ -184,7 +195,8 @@ impl<D: VhostDevice> Backend<D> {
             desc,
             avail,
             used,
-            next_avail: v.base,
+            base: v.base,
+            packed: self.packed(),
             event_idx: self.acked & feature::EVENT_IDX != 0,
             kick: kick.clone(),
             call: v.call.clone(),
@@ -196,8 +208,11 @@ impl<D: VhostDevice> Backend<D> {
                 .inflight
                 .as_ref()
                 // A ring beyond the region (or of another size) runs
-                // untracked rather than trusting the frontend.
+                // untracked rather than trusting the frontend; packed
+                // rings are not tracked (the region has the split
+                // layout, see docs/vhost.md).
                 .filter(|r| r.queue_size() == v.size && (i as u16) < r.num_queues())
+                .filter(|_| !self.packed())
                 .map(|r| r.queue(i as u16)),
         };
         let reactor = self.reactors[i % self.reactors.len()];
@@ -220,11 +235,17 @@ impl<D: VhostDevice> Backend<D> {
         };
         r.stop.store(true, Ordering::Release);
         vring::kick(&r.kick);
-        let (avail, _used) = r
+        let (avail, used) = r
             .done
             .recv_timeout(STOP_TIMEOUT)
             .map_err(|_| internal("ring did not stop"))?;
-        self.vrings[i].base = avail;
+        // A packed ring reports both sides (vhost-user: bits 0-15 the
+        // available side, 16-31 the used side, wrap counters in bit 15 of
+        // each); a split ring its next available index.
+        self.vrings[i].base = match self.packed() {
+            true => avail as u32 | (used as u32) << 16,
+            false => avail as u32,
+        };
         Ok(())
     }
 
@@ -313,7 +334,9 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         Ok(None)
     }
     fn set_vring_num(&mut self, index: u32, num: u32) -> VuResult<()> {
-        if num == 0 || num > QUEUE_SIZE_MAX as u32 || !num.is_power_of_two() {
+        // Packed rings may have any size (virtio 1.1, 2.8.10).
+        let pow2 = num.is_power_of_two() || self.packed();
+        if num == 0 || num > QUEUE_SIZE_MAX as u32 || !pow2 {
             return Err(VuError::InvalidParam);
         }
         self.vring(index)?.size = num as u16;
@@ -336,7 +359,7 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         if v.running.is_some() {
             return Err(internal("SET_VRING_BASE on a running ring"));
         }
-        v.base = base as u16;
+        v.base = base;
         Ok(())
     }
     fn get_vring_base(&mut self, index: u32) -> VuResult<VhostUserVringState> {
@@ -347,7 +370,7 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         v.kick = None;
         v.call = None;
         v.enabled = false;
-        Ok(VhostUserVringState::new(index, base as u32))
+        Ok(VhostUserVringState::new(index, base))
     }
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
         self.vring(index as u32)?.kick = fd.map(Arc::new);

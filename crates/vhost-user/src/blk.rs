@@ -25,6 +25,9 @@ pub mod feature {
     /// vhost-user's own bit: the frontend may send GET_PROTOCOL_FEATURES.
     pub const PROTOCOL_FEATURES: u64 = 1 << 30;
     pub const VERSION_1: u64 = 1 << 32;
+    /// VIRTIO_F_RING_PACKED: offered when the controller was created with
+    /// `packed_ring` ([`crate::packed`]).
+    pub const RING_PACKED: u64 = 1 << 34;
 }
 
 /// Request types (virtio 1.2, 5.2.6).
@@ -220,12 +223,13 @@ pub const fn chain_buf() -> ChainBuf {
     }; CHAIN_MAX + 1]
 }
 
-/// Copies a chain popped from the ring into `out` and returns how many
-/// descriptors it holds (at most `out.len()`: a longer chain stops there
-/// and [`parse_chain`] refuses it). `virtio-queue`'s iterator follows
-/// indirect tables and ends the chain at a descriptor outside the table,
-/// a loop (more descriptors than the table has) or one it cannot read.
-pub fn collect_chain<I>(chain: I, out: &mut ChainBuf) -> usize
+/// Copies a chain popped from a split ring into `out` and returns how
+/// many descriptors it holds (at most `out.len()`: a longer chain stops
+/// there and [`parse_chain`] refuses it). `virtio-queue`'s iterator
+/// follows indirect tables and ends the chain at a descriptor outside the
+/// table, a loop (more descriptors than the table has) or one it cannot
+/// read.
+pub fn collect_chain<I>(chain: I, out: &mut [Desc]) -> usize
 where
     I: IntoIterator<Item = virtio_queue::desc::split::Descriptor>,
 {

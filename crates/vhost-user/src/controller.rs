@@ -44,6 +44,8 @@ pub struct BlkControllerConfig {
     pub num_queues: u16,
     /// How long a busy ring polls after its last request before sleeping.
     pub poll_window: Duration,
+    /// Offer packed virtqueues (VIRTIO_F_RING_PACKED) besides split ones.
+    pub packed_ring: bool,
 }
 
 /// A running controller.
@@ -79,6 +81,7 @@ impl BlkController {
         desc.claim(&format!("vhost controller {}", config.name))?;
         let mut dev = BlkDevice::new(desc, config.num_queues, config.read_only);
         dev.poll_window = config.poll_window;
+        dev.packed_ring = config.packed_ring;
         let dev = Arc::new(dev);
         let _ = target.set(Arc::downgrade(&dev));
         let ep = Endpoint::start(

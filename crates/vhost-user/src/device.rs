@@ -27,6 +27,8 @@ pub struct BlkDevice {
     /// How long a queue keeps polling its avail index after the last request
     /// before it sleeps on the kick eventfd.
     pub poll_window: Duration,
+    /// Offer VIRTIO_F_RING_PACKED (the controller's `packed_ring`).
+    pub packed_ring: bool,
     /// `vhost_controller_set_coalescing`: `delay_base_us << 32 |
     /// iops_threshold`, read by each queue every stats interval.
     coalescing: AtomicU64,
@@ -60,6 +62,8 @@ pub struct QueueStats {
     pub resubmitted: AtomicU64,
     /// The queue's task is running.
     pub running: AtomicBool,
+    /// It runs (or last ran) as a packed ring.
+    pub packed: AtomicBool,
 }
 
 impl QueueStats {
@@ -85,6 +89,7 @@ impl QueueStats {
             signals: l(&self.signals),
             resubmitted: l(&self.resubmitted),
             running: self.running.load(Ordering::Relaxed),
+            packed: self.packed.load(Ordering::Relaxed),
         }
     }
 }
@@ -99,6 +104,7 @@ pub struct QueueCounters {
     pub signals: u64,
     pub resubmitted: u64,
     pub running: bool,
+    pub packed: bool,
 }
 
 impl QueueCounters {
@@ -135,6 +141,7 @@ impl BlkDevice {
             read_only,
             writeback: AtomicBool::new(true),
             poll_window: Duration::from_micros(50),
+            packed_ring: false,
             coalescing: AtomicU64::new(0),
             queue_stats: (0..num_queues).map(|_| QueueStats::default()).collect(),
             removed: AtomicBool::new(false),

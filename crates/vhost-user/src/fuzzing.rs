@@ -8,6 +8,12 @@
 //! every buffer of an accepted request must lie inside guest memory with
 //! the direction the request needs.
 //!
+//! [`packed_chains`]: the same for a packed ring ([`crate::packed`]): the
+//! bytes hold the descriptor ring, indirect tables, buffers and the
+//! driver's event suppression structure; every chain the ring offers is
+//! taken, parsed and returned used in a scrambled order, with the
+//! notification check after each, until the ring is empty or broken.
+//!
 //! [`messages`]: the bytes are what a frontend sends on the socket (no
 //! file descriptors); they go through `vhost`'s `BackendReqHandler` to
 //! [`crate::backend::BlkBackend`] over a malloc bdev, as the control
@@ -25,6 +31,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::blk::{self, Kind};
+use crate::packed::PackedRing;
 
 /// Guest memory of the harness: the ring and every buffer must fit.
 pub const MEM_BYTES: usize = 64 << 10;
@@ -108,6 +115,77 @@ pub fn ring_chains(data: &[u8]) -> Outcome {
     out
 }
 
+/// Where [`packed_chains`] reads its ring size (`byte + 1`), a base (u32
+/// at `PACKED_BASE_AT`, used when the byte at `PACKED_BASE_AT - 1` is odd;
+/// else a fresh ring's) and EVENT_IDX (bit 0 at `EVENT_IDX_AT`).
+pub const PACKED_BASE_AT: usize = 0x2ff4;
+
+/// Takes, parses and returns every chain a packed ring in `data` offers
+/// (see the module comment); panics if an accepted request reaches
+/// outside guest memory or a taken chain overflows its buffer.
+pub fn packed_chains(data: &[u8]) -> Outcome {
+    let mut out = Outcome::default();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_BYTES)])
+        .expect("harness memory");
+    let n = data.len().min(MEM_BYTES);
+    mem.write_slice(&data[..n], GuestAddress(0))
+        .expect("harness write");
+    let byte = |at: usize| data.get(at).copied().unwrap_or(0);
+    let size = byte(SIZE_AT) as u16 + 1;
+    let mut base = 1 << 15 | 1 << 31;
+    if byte(PACKED_BASE_AT - 1) & 1 == 1 {
+        let b = |i| byte(PACKED_BASE_AT + i) as u32;
+        base = b(0) | b(1) << 8 | b(2) << 16 | b(3) << 24;
+    }
+    let event_idx = byte(EVENT_IDX_AT) & 1 != 0;
+    let g = GuestAddress;
+    let Ok(mut r) = PackedRing::new(size, g(DESC_AT), g(AVAIL_AT), g(USED_AT), event_idx, base)
+    else {
+        return out;
+    };
+    let mut descs = blk::chain_buf();
+    let mut segs = Vec::new();
+    let mut held: Vec<(u16, u32)> = Vec::new();
+    for step in 0..2 * size as usize {
+        let Some(t) = r.pop(&mem, &mut descs) else {
+            break;
+        };
+        assert!(t.descs <= descs.len() && t.head < size);
+        let len = match blk::parse_chain(&descs[..t.descs], &mem, std::mem::take(&mut segs)) {
+            Ok(mut req) => {
+                check_request(&mem, &req);
+                out.accepted += 1;
+                segs = std::mem::take(&mut req.segs);
+                1
+            }
+            Err((e, back)) => {
+                segs = back;
+                if e.status_addr().is_some() {
+                    out.ioerr += 1;
+                    1
+                } else {
+                    out.no_status += 1;
+                    0
+                }
+            }
+        };
+        held.push((t.head, len));
+        // Return some now, in an order the bytes pick (out of order).
+        if byte(step % MEM_BYTES) & 1 == 1 {
+            let (id, len) = held.swap_remove(step % held.len());
+            let _ = r.add_used(&mem, id, len);
+            let _ = r.needs_notification(&mem);
+        }
+    }
+    for (id, len) in held.into_iter().rev() {
+        let _ = r.add_used(&mem, id, len);
+        let _ = r.needs_notification(&mem);
+    }
+    assert_eq!(r.in_flight(), 0);
+    let _ = r.enable_notification(&mem);
+    out
+}
+
 fn check_request<M: GuestMemory>(mem: &M, req: &blk::Request) {
     assert!(mem.check_range(req.status, 1, Permissions::Write));
     assert!(req.segs.len() <= blk::SEG_MAX);
@@ -153,7 +231,10 @@ fn msg_fixture() -> &'static MsgFixture {
         };
         ustor_bdev::modules::malloc::create(&registry, opts).expect("malloc bdev");
         let desc = registry.open("fuzz", true, |_| {}).expect("open");
-        let dev = Arc::new(crate::device::BlkDevice::new(desc, 2, false));
+        let mut dev = crate::device::BlkDevice::new(desc, 2, false);
+        // Both ring layouts reachable: a stream may ack RING_PACKED.
+        dev.packed_ring = true;
+        let dev = Arc::new(dev);
         MsgFixture { rt, dev }
     })
 }

@@ -11,6 +11,8 @@
 //! pointing into guest memory ([`blk`] validates every chain first).
 //!
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
+//! [`virtq`] (split and packed rings behind one interface), [`packed`]
+//! (the packed ring's device side),
 //! [`memory`] (memory table), [`coalesce`] (call-eventfd coalescing),
 //! [`workers`] (a queue's request workers), [`inflight`] (inflight
 //! tracking for restarts), [`device`] (the served bdev, its counters and
@@ -29,8 +31,10 @@ pub mod fuzzing;
 pub mod inflight;
 pub mod memory;
 pub mod notify;
+pub mod packed;
 pub mod scsi;
 pub mod target;
+pub mod virtq;
 pub mod vring;
 pub mod workers;
 

@@ -32,8 +32,8 @@ pub struct CreateBlk {
     /// reactors when absent.
     pub cpumask: Option<String>,
     pub readonly: bool,
-    /// Accepted for SPDK's configs; the split ring is what is offered (a
-    /// frontend that asked for packed rings falls back to it).
+    /// Offer packed virtqueues (VIRTIO_F_RING_PACKED) as well as split
+    /// ones; off by default, as in SPDK (the frontend then uses split).
     pub packed_ring: bool,
 }
 
@@ -150,12 +150,6 @@ impl VhostTarget {
         if ctrls.contains_key(&p.ctrlr) || lock(&self.scsi).contains_key(&p.ctrlr) {
             return Err(VhostError::Exists(p.ctrlr.clone()));
         }
-        if p.packed_ring {
-            tracing::info!(
-                "vhost {}: packed rings are not offered yet; frontends use split rings",
-                p.ctrlr
-            );
-        }
         let ctrl = BlkController::create(
             &self.registry,
             self.rt.clone(),
@@ -167,6 +161,7 @@ impl VhostTarget {
                 read_only: p.readonly,
                 num_queues: DEFAULT_NUM_QUEUES,
                 poll_window: Duration::from_micros(50),
+                packed_ring: p.packed_ring,
             },
         )?;
         ctrl.device()

@@ -28,7 +28,6 @@ use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel};
 use ustor_runtime::{ticks, IoBuf};
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{
     Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
 };
@@ -37,6 +36,7 @@ use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
 use crate::device::{BlkDevice, QueueStats};
 use crate::inflight::QueueInflight;
+use crate::virtq::Virtq;
 use crate::workers::Pool;
 
 /// Everything a queue needs to run, sent from the control thread (`D`:
@@ -44,18 +44,25 @@ use crate::workers::Pool;
 pub struct VringStart<D = BlkDevice> {
     pub index: u16,
     pub size: u16,
-    /// Guest physical addresses of the three parts of the split ring.
+    /// Guest physical addresses of the three parts of the ring (packed:
+    /// the descriptor ring, the driver's and the device's event
+    /// suppression structures).
     pub desc: u64,
     pub avail: u64,
     pub used: u64,
-    pub next_avail: u16,
+    /// SET_VRING_BASE: a split ring's next available index; a packed
+    /// ring's available and used slots with their wrap counters.
+    pub base: u32,
+    /// VIRTIO_F_RING_PACKED was negotiated.
+    pub packed: bool,
     pub event_idx: bool,
     pub kick: Arc<File>,
     pub call: Option<Arc<File>>,
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
     pub dev: Arc<D>,
     pub stop: Arc<AtomicBool>,
-    /// Where the task reports `(next_avail, next_used)` once stopped.
+    /// Where the task reports where it stopped once stopped
+    /// ([`Virtq::indices`]).
     pub done: mpsc::Sender<(u16, u16)>,
     /// This queue's part of the inflight region, when the frontend set one.
     pub inflight: Option<QueueInflight>,
@@ -70,7 +77,7 @@ struct Job {
 /// Per-queue state shared by the queue task and its workers (one reactor).
 struct Vring {
     index: usize,
-    queue: RefCell<Queue>,
+    queue: RefCell<Virtq>,
     ch: IoChannel,
     dev: Arc<BlkDevice>,
     call: Option<Arc<File>>,
@@ -124,6 +131,8 @@ pub async fn run(s: VringStart) {
             return;
         }
     };
+    let packed = v.queue.borrow().is_packed();
+    v.stats().packed.store(packed, Ordering::Relaxed);
     v.stats().running.store(true, Ordering::Relaxed);
     resubmit(&v);
     let poll_window = ticks::from_duration(v.dev.poll_window);
@@ -149,10 +158,7 @@ pub async fn run(s: VringStart) {
         // otherwise wait for the next kick).
         let more = {
             let mem = v.mem.borrow();
-            v.queue
-                .borrow_mut()
-                .enable_notification(&**mem)
-                .unwrap_or(false)
+            v.queue.borrow_mut().enable_notification(&mem)
         };
         if !more {
             v.parked.set(true);
@@ -163,7 +169,7 @@ pub async fn run(s: VringStart) {
         }
         refresh_mem(&v, &mem_atomic);
         let mem = v.mem.borrow();
-        let _ = v.queue.borrow_mut().disable_notification(&**mem);
+        v.queue.borrow_mut().disable_notification(&mem);
         last_work = ticks::now();
     }
     // Drain: the indices are reported only once every request taken has
@@ -177,32 +183,7 @@ pub async fn run(s: VringStart) {
     v.closing.set(true);
     v.workers.wake_all();
     v.stats().running.store(false, Ordering::Relaxed);
-    let q = v.queue.borrow();
-    let _ = done.send((q.next_avail(), q.next_used()));
-}
-
-/// The split ring `s` describes, checked to lie in guest memory, its next
-/// used index where the frontend's memory has it (where the previous
-/// backend, or this one before a stop, left it); with the memory map.
-pub(crate) fn open_queue<D>(
-    s: &VringStart<D>,
-) -> Result<(Queue, Arc<GuestMemoryMmap>, u16), String> {
-    let mut q = Queue::new(s.size).map_err(|e| format!("{e:?}"))?;
-    q.set_size(s.size);
-    q.set_desc_table_address(Some(s.desc as u32), Some((s.desc >> 32) as u32));
-    q.set_avail_ring_address(Some(s.avail as u32), Some((s.avail >> 32) as u32));
-    q.set_used_ring_address(Some(s.used as u32), Some((s.used >> 32) as u32));
-    q.set_event_idx(s.event_idx);
-    q.set_ready(true);
-    let mem = s.mem.memory().into_inner();
-    if !q.is_valid(&*mem) {
-        return Err(format!("queue {}: ring outside guest memory", s.index));
-    }
-    let used = q
-        .used_idx(&*mem, Ordering::Acquire)
-        .map_err(|e| format!("{e:?}"))?;
-    q.set_next_used(used.0);
-    Ok((q, mem, used.0))
+    let _ = done.send(v.queue.borrow().indices());
 }
 
 fn setup(s: VringStart) -> Result<Vring, String> {
@@ -210,8 +191,8 @@ fn setup(s: VringStart) -> Result<Vring, String> {
     if s.index as usize >= s.dev.queue_stats.len() {
         return Err(format!("queue {}: beyond num_queues", s.index));
     }
-    let (mut q, mem, used) = open_queue(&s)?;
-    let (mut next_avail, mut counter, mut again) = (s.next_avail, 1, Vec::new());
+    let (mut q, mem, used) = Virtq::open(&s)?;
+    let (mut counter, mut again) = (1, Vec::new());
     if let Some(t) = &s.inflight {
         // After a kill the frontend's base is its guess (the used index):
         // the region knows what was taken.
@@ -223,9 +204,9 @@ fn setup(s: VringStart) -> Result<Vring, String> {
                 rec.resubmit.len()
             );
         }
-        (next_avail, counter, again) = (rec.next_avail, rec.counter, rec.resubmit);
+        q.set_next_avail(rec.next_avail);
+        (counter, again) = (rec.counter, rec.resubmit);
     }
-    q.set_next_avail(next_avail);
     set_nonblocking(&s.kick);
     let depth = s.size as usize;
     Ok(Vring {
@@ -284,21 +265,15 @@ fn take_available(v: &Rc<Vring>) -> usize {
     let mut n = 0;
     let budget = v.queue.borrow().size() as usize;
     while n < budget {
-        let chain = {
-            let mut q = v.queue.borrow_mut();
-            match q.pop_descriptor_chain(&**mem) {
-                Some(c) => c,
-                None => break,
-            }
+        let Some(t) = v.queue.borrow_mut().pop(&mem, &mut descs) else {
+            break;
         };
         n += 1;
-        let head = chain.head_index();
-        if let Some(t) = &v.track {
-            t.taken(head, v.counter.get());
+        if let Some(tr) = &v.track {
+            tr.taken(t.head, v.counter.get());
             v.counter.set(v.counter.get() + 1);
         }
-        let k = blk::collect_chain(chain, &mut descs);
-        start_request(v, &mem, head, &descs[..k]);
+        start_request(v, &mem, t.head, &descs[..t.descs]);
     }
     v.coal.borrow_mut().taken(n as u64);
     n
@@ -415,15 +390,15 @@ fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
     if let Some(t) = &v.track {
         t.pre_put(head);
     }
-    if q.add_used(mem, head, len).is_err() {
+    if !q.add_used(mem, head, len) {
         // The used ring is not writable: the driver broke the device.
         v.broken.set(true);
         return;
     }
     if let Some(t) = &v.track {
-        t.post_put(head, q.next_used());
+        t.post_put(head, q.indices().1);
     }
-    if q.needs_notification(mem).unwrap_or(true) {
+    if q.needs_notification(mem) {
         drop(q);
         let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
         if now_ok {

@@ -231,6 +231,7 @@ fn main() {
             read_only: false,
             num_queues: 2,
             poll_window: Duration::from_micros(50),
+            packed_ring: false,
         },
     )
     .expect("controller");
@@ -374,6 +375,7 @@ fn scsi_phase(rt: &Runtime, registry: &std::sync::Arc<Registry>, dir: &std::path
             reactors: vec![0, 1],
             request_queues: 2,
             poll_window: Duration::from_micros(50),
+            packed_ring: false,
         },
     )
     .expect("scsi controller");

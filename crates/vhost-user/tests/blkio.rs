@@ -70,6 +70,7 @@ fn controller(name: &str, queues: u16, read_only: bool) -> Arc<BlkController> {
             read_only,
             num_queues: queues,
             poll_window: Duration::from_micros(50),
+            packed_ring: false,
         },
     )
     .expect("controller")
@@ -511,6 +512,7 @@ fn hot_remove_answers_requests_in_flight() {
                 read_only: false,
                 num_queues: 1,
                 poll_window: Duration::from_micros(50),
+                packed_ring: false,
             },
         )
         .expect("controller");

@@ -6,7 +6,9 @@
 //! and every accepted request must stay inside guest memory.
 
 use proptest::prelude::*;
-use ustor_vhost::fuzzing::{ring_chains, Outcome, MEM_BYTES, SIZE_AT};
+use ustor_vhost::fuzzing::{
+    packed_chains, ring_chains, Outcome, EVENT_IDX_AT, MEM_BYTES, PACKED_BASE_AT, SIZE_AT,
+};
 use ustor_vhost::scsi::fuzzing::scsi_chains;
 
 const NEXT: u16 = 1;
@@ -86,6 +88,28 @@ proptest! {
     #[test]
     fn scsi_random_bytes(data in proptest::collection::vec(any::<u8>(), 0..0x3100)) {
         let _ = scsi_chains(&data);
+    }
+
+    /// A packed ring from random bytes (the body of the
+    /// `vhost_packed_chains` fuzz target).
+    #[test]
+    fn packed_random_bytes(data in proptest::collection::vec(any::<u8>(), 0..0x3100)) {
+        let _ = packed_chains(&data);
+    }
+
+    /// Packed rings from random descriptors: AVAIL/USED bits of either
+    /// lap, chains (NEXT) that run on or around the ring, indirect tables
+    /// anywhere, buffer IDs past the ring or repeated, a random base.
+    #[test]
+    fn packed_random_rings(
+        descs in proptest::collection::vec(pdesc(), 1..40),
+        size in 1u8..32,
+        base in prop_oneof![Just(None), any::<u32>().prop_map(Some)],
+        event in any::<u32>(),
+        event_idx in any::<bool>(),
+        typ in prop_oneof![Just(0u32), Just(1), Just(4), any::<u32>()],
+    ) {
+        let _ = packed_chains(&packed_ring(&descs, size, base, event, event_idx, typ));
     }
 
     #[test]
@@ -296,4 +320,105 @@ fn messages_out_of_order_and_out_of_range() {
     s.extend(msg(GET_CONFIG, 0, &cfg));
     s.extend(&msg(SET_VRING_NUM, 0, &u64s(&[0, 128]))[..14]);
     ustor_vhost::fuzzing::messages(&s);
+}
+
+const P_AVAIL: u16 = 1 << 7;
+
+#[derive(Debug, Clone, Copy)]
+struct PD {
+    addr: u64,
+    len: u32,
+    id: u16,
+    flags: u16,
+}
+
+fn pdesc() -> impl Strategy<Value = PD> {
+    (
+        prop_oneof![0x3000u64..(MEM_BYTES as u64), any::<u64>()],
+        prop_oneof![1u32..4097, Just(48), any::<u32>()],
+        prop_oneof![0u16..8, any::<u16>()],
+        // Mostly available in the first lap (AVAIL, not USED).
+        prop_oneof![
+            3 => (0u16..8).prop_map(|f| f | P_AVAIL),
+            1 => any::<u16>(),
+        ],
+    )
+        .prop_map(|(addr, len, id, flags)| PD {
+            addr,
+            len,
+            id,
+            flags,
+        })
+}
+
+/// Guest memory with a packed ring of `size` at 0, the driver's event
+/// structure at 0x1000, request headers where buffers usually point.
+fn packed_ring(
+    descs: &[PD],
+    size: u8,
+    base: Option<u32>,
+    event: u32,
+    event_idx: bool,
+    typ: u32,
+) -> Vec<u8> {
+    let mut m = vec![0u8; MEM_BYTES];
+    m[SIZE_AT] = size - 1;
+    m[EVENT_IDX_AT] = event_idx as u8;
+    if let Some(b) = base {
+        m[PACKED_BASE_AT - 1] = 1;
+        m[PACKED_BASE_AT..PACKED_BASE_AT + 4].copy_from_slice(&b.to_le_bytes());
+    }
+    for (i, d) in descs.iter().enumerate().take(size as usize) {
+        let o = i * 16;
+        m[o..o + 8].copy_from_slice(&d.addr.to_le_bytes());
+        m[o + 8..o + 12].copy_from_slice(&d.len.to_le_bytes());
+        m[o + 12..o + 14].copy_from_slice(&d.id.to_le_bytes());
+        m[o + 14..o + 16].copy_from_slice(&d.flags.to_le_bytes());
+    }
+    m[0x1000..0x1004].copy_from_slice(&event.to_le_bytes());
+    for o in (0x3000..MEM_BYTES).step_by(0x1000) {
+        m[o..o + 4].copy_from_slice(&typ.to_le_bytes());
+    }
+    // Indirect tables at 0x3000 hold descriptors too.
+    for (i, d) in descs.iter().enumerate().take(8) {
+        let o = 0x3100 + i * 16;
+        m[o..o + 8].copy_from_slice(&d.addr.to_le_bytes());
+        m[o + 8..o + 12].copy_from_slice(&d.len.to_le_bytes());
+        m[o + 14..o + 16].copy_from_slice(&d.flags.to_le_bytes());
+    }
+    m
+}
+
+#[test]
+fn packed_valid_read_accepted_and_hostile_ids_break_the_ring() {
+    let d = |addr, len, id, flags| PD {
+        addr,
+        len,
+        id,
+        flags: flags | P_AVAIL,
+    };
+    // Header, data, status in three slots, buffer ID 2 on the last.
+    let chain = [
+        d(0x3000, 16, 2, NEXT),
+        d(0x4000, 512, 2, NEXT | WRITE),
+        d(0x5000, 1, 2, WRITE),
+    ];
+    let o = packed_chains(&packed_ring(&chain, 8, None, 0, false, 0));
+    assert_eq!(
+        o,
+        Outcome {
+            accepted: 1,
+            ..Outcome::default()
+        }
+    );
+    // The same chain then one with ID 2 again while 2 is in flight: the
+    // first is taken, the ring breaks at the second.
+    let mut twice = chain.to_vec();
+    twice.extend(chain);
+    let o = packed_chains(&packed_ring(&twice, 8, None, 0, false, 0));
+    assert_eq!(o.accepted, 1, "{o:?}");
+    // A buffer ID past the ring: nothing taken.
+    let bad = [d(0x3000, 16, 8, NEXT), d(0x5000, 1, 8, WRITE)];
+    let o = packed_chains(&packed_ring(&bad, 8, None, 0, false, 0));
+    assert_eq!(o, Outcome::default());
 }

@@ -61,9 +61,29 @@ pub fn info_json(c: &ScsiControllerInfo) -> Value {
         "delay_base_us": c.delay_base_us,
         "iops_threshold": c.iops_threshold,
         "socket": c.socket.display().to_string(),
-        "sessions": if c.connected { vec![json!({"vid": 0, "id": 0, "name": format!("{}s0", c.ctrlr), "started": true, "max_queues": c.num_queues})] } else { vec![] },
+        "sessions": session_json(c),
         "backend_specific": {"scsi": targets},
     })
+}
+
+/// SPDK's session list, as for blk: the connected frontend with what is
+/// real about it (`started`: its rings run, `max_queues`: how many,
+/// `inflight_task_cnt`: commands at the targets now) and ustor's
+/// `frontend_pid`, `packed_rings` (how many of the running rings are
+/// packed) and `resubmitted` (commands served again after a restart).
+fn session_json(c: &ScsiControllerInfo) -> Vec<Value> {
+    if !c.connected {
+        return vec![];
+    }
+    let (running, packed) = c.rings_running;
+    vec![json!({
+        "vid": 0, "id": 0, "name": format!("{}s0", c.ctrlr),
+        "started": running > 0, "max_queues": running,
+        "inflight_task_cnt": c.in_flight,
+        "frontend_pid": c.frontend_pid,
+        "packed_rings": packed,
+        "resubmitted": c.resubmitted,
+    })]
 }
 
 /// The calls that recreate the scsi controllers (save_config).

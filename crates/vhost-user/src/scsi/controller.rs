@@ -34,6 +34,8 @@ pub struct ScsiControllerConfig {
     pub request_queues: u16,
     /// How long a busy request queue polls after its last command.
     pub poll_window: Duration,
+    /// Offer packed virtqueues (VIRTIO_F_RING_PACKED) besides split ones.
+    pub packed_ring: bool,
 }
 
 /// A running vhost-user-scsi controller.
@@ -58,11 +60,9 @@ impl ScsiController {
         if config.reactors.is_empty() {
             return Err(VhostError::Invalid("cpumask selects no reactor".into()));
         }
-        let dev = Arc::new(ScsiDevice::new(
-            &config.name,
-            config.request_queues,
-            config.poll_window,
-        ));
+        let mut dev = ScsiDevice::new(&config.name, config.request_queues, config.poll_window);
+        dev.packed_ring = config.packed_ring;
+        let dev = Arc::new(dev);
         let ep = Endpoint::start(
             &config.name,
             &config.socket,
@@ -167,6 +167,12 @@ impl ScsiController {
     /// Whether a frontend is connected now.
     pub fn connected(&self) -> bool {
         self.ep.connected()
+    }
+
+    /// The connected frontend's process ID (SO_PEERCRED), when one is
+    /// connected.
+    pub fn frontend_pid(&self) -> Option<i32> {
+        self.ep.frontend_pid()
     }
 
     /// Frontends served since creation.

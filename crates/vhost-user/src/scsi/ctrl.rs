@@ -5,10 +5,15 @@
 //! Task management finds commands by tag in every request queue's task
 //! table (`tasks`). ABORT TASK asks that one command to abort: one that
 //! has not started is answered `VIRTIO_SCSI_S_ABORTED` without running;
-//! one that reached the bdev cannot be called back (a write may still
-//! reach the medium), so the TMF waits for that command alone, and
-//! answers FUNCTION COMPLETE once the command's own answer is in the used
-//! ring; a tag not in the task set is FUNCTION COMPLETE at once. QUERY
+//! one that only moves data to the driver (a read) and is at the bdev
+//! stops waiting for it and is answered ABORTED at once (the bdev keeps
+//! its buffer until the device is done, no guest memory is written after
+//! the answer: the data reaches guest memory only by a copy from that
+//! buffer); one that may change the medium (a write) cannot be called
+//! back, so the TMF waits for that command alone. Either way it answers
+//! FUNCTION COMPLETE once the command's own answer is in the used ring
+//! (SAM: the command was aborted, or it completed); a tag not in the task
+//! set is FUNCTION COMPLETE at once. QUERY
 //! TASK answers FUNCTION SUCCEEDED while that tag runs. ABORT TASK SET,
 //! CLEAR TASK SET, LOGICAL UNIT RESET and I_T NEXUS RESET ask every
 //! command of the target to abort and complete once none is left; the
@@ -110,6 +115,7 @@ async fn tmf(dev: &ScsiDevice, subtype: u32, lun: &[u8; 8], tag: u64) -> u8 {
                     tb.ask_abort(f);
                 });
             }
+            dev.wake_request_rings();
             if !drained(dev, t).await {
                 return resp::FUNCTION_REJECTED;
             }
@@ -155,6 +161,8 @@ async fn abort_task(dev: &ScsiDevice, target: u8, tag: u64) -> u8 {
         return resp::FUNCTION_COMPLETE;
     };
     tb.ask_abort(f);
+    // Its ring wakes the command if it can stop early.
+    dev.wake_request_rings();
     let deadline = Instant::now() + TMF_TIMEOUT;
     while tb.running(f) {
         if Instant::now() >= deadline {

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,8 @@ pub struct ScsiDevice {
     pub request_queues: u16,
     /// How long a busy request queue polls after its last request.
     pub poll_window: Duration,
+    /// Offer VIRTIO_F_RING_PACKED (the controller's `packed_ring`).
+    pub packed_ring: bool,
     targets: Mutex<[Option<Arc<TargetSlot>>; MAX_TARGETS]>,
     generation: AtomicU64,
     next_id: AtomicU64,
@@ -74,6 +76,9 @@ pub struct ScsiDevice {
     tasks: Mutex<Vec<Option<RingRef>>>,
     /// Requests a killed backend had taken, served again (inflight region).
     resubmitted: AtomicU64,
+    /// Each ring's task: 0 not running, 1 running split, 2 running
+    /// packed (for the listing's session).
+    ring_state: Box<[AtomicU8]>,
     /// `vhost_controller_set_coalescing`: `delay_base_us << 32 |
     /// iops_threshold`, read by each request queue every rate check.
     coalescing: AtomicU64,
@@ -90,6 +95,7 @@ impl ScsiDevice {
             nexus: nexus.to_string(),
             request_queues,
             poll_window,
+            packed_ring: false,
             targets: Mutex::default(),
             generation: AtomicU64::new(1),
             next_id: AtomicU64::new(1),
@@ -99,6 +105,7 @@ impl ScsiDevice {
             events: Mutex::default(),
             tasks: Mutex::new(vec![None; rings]),
             resubmitted: AtomicU64::new(0),
+            ring_state: (0..rings).map(|_| AtomicU8::new(0)).collect(),
             coalescing: AtomicU64::new(0),
         }
     }
@@ -212,6 +219,38 @@ impl ScsiDevice {
         ((v >> 32) as u32, v as u32)
     }
 
+    /// Ring `ring`'s task runs, as a packed ring or a split one.
+    pub(crate) fn set_ring_state(&self, ring: usize, packed: bool) {
+        if let Some(s) = self.ring_state.get(ring) {
+            s.store(1 + packed as u8, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn clear_ring_state(&self, ring: usize) {
+        if let Some(s) = self.ring_state.get(ring) {
+            s.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Rings running now, and how many of them are packed.
+    pub fn rings_running(&self) -> (u32, u32) {
+        self.ring_state
+            .iter()
+            .fold((0, 0), |(n, p), s| match s.load(Ordering::Relaxed) {
+                0 => (n, p),
+                1 => (n + 1, p),
+                _ => (n + 1, p + 1),
+            })
+    }
+
+    /// Commands running on every target now (all queues).
+    pub fn all_commands_in_flight(&self) -> u64 {
+        self.inflight
+            .iter()
+            .map(|n| n.load(Ordering::Acquire) as u64)
+            .sum()
+    }
+
     /// Requests served again from the inflight region since creation.
     pub fn resubmitted(&self) -> u64 {
         self.resubmitted.load(Ordering::Relaxed)
@@ -239,7 +278,7 @@ impl ScsiDevice {
 
     /// Wakes every request ring (a sleeping ring applies a new
     /// configuration only when it wakes).
-    fn wake_request_rings(&self) {
+    pub(crate) fn wake_request_rings(&self) {
         for r in lock(&self.tasks).iter().flatten() {
             crate::vring::kick(&r.1);
         }
@@ -300,7 +339,12 @@ impl VhostDevice for ScsiDevice {
         self.request_queues + 2
     }
     fn features(&self) -> u64 {
-        wire::features()
+        let packed = if self.packed_ring {
+            crate::blk::feature::RING_PACKED
+        } else {
+            0
+        };
+        wire::features() | packed
     }
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
         VhostUserProtocolFeatures::MQ

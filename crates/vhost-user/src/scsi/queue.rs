@@ -13,11 +13,11 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Poll, Waker};
 
 use ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX;
 use ustor_scsi_target::{DataPath, Direction, Lun, LunTable, Outcome, XferError};
@@ -71,6 +71,9 @@ struct ReqQueue {
     /// Chains taken per pass at most (a ring's worth).
     budget: usize,
     closing: Cell<bool>,
+    /// Per worker: the waker of a read it runs that an abort may stop
+    /// ([`run_abortable`]).
+    abort_wakers: RefCell<Vec<Option<Waker>>>,
 }
 
 async fn run_requests(s: VringStart<ScsiDevice>) {
@@ -89,12 +92,14 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         tasks: Arc::new(TaskTable::new(depth as u16)),
         budget: depth,
         closing: Cell::new(false),
+        abort_wakers: RefCell::new(vec![None; depth]),
     });
     let ring = q.ring.clone();
     ring.dev
         .set_tasks(ring.index, Some((q.tasks.clone(), ring.kick.clone())));
     ring.serve(ring.dev.poll_window, true, || {
         sync_tables(&q);
+        wake_aborted(&q);
         take_available(&q)
     })
     .await;
@@ -144,6 +149,19 @@ fn open_table(s: &TargetSlot, nexus: &str) -> Option<(u64, Rc<LunTable>)> {
         Err(e) => {
             tracing::warn!("vhost-scsi: target over {} has no channel: {e}", s.bdev);
             None
+        }
+    }
+}
+
+/// After an abort was asked (the control queue kicks the ring): wakes the
+/// reads that may stop early, so each looks at its own abort flag.
+fn wake_aborted(q: &ReqQueue) {
+    if !q.tasks.take_pending() {
+        return;
+    }
+    for w in q.abort_wakers.borrow_mut().iter_mut() {
+        if let Some(w) = w.take() {
+            w.wake();
         }
     }
 }
@@ -249,6 +267,8 @@ async fn worker(q: Rc<ReqQueue>, id: usize) {
         // A command an ABORT TASK reached before it started is not run.
         let len = if q.tasks.abort_asked(job.chain.head) {
             respond(m, &job.chain, &CmdResp::transport(resp::ABORTED), 0)
+        } else if reads_only(&job.chain) {
+            run_abortable(&q, id, m, &job).await
         } else {
             execute(m, &job).await
         };
@@ -257,6 +277,42 @@ async fn worker(q: Rc<ReqQueue>, id: usize) {
         let target = job.target as usize;
         finish(&q, m, job.chain, len);
         q.ring.dev.inflight[target].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A command that moves data only to the driver: it changes nothing on
+/// the medium, so an abort may end it while the bdev still reads.
+fn reads_only(c: &Chain) -> bool {
+    c.rd_len <= CMD_REQ_LEN && c.wr_len > CMD_RESP_LEN
+}
+
+/// [`execute`], ended early with ABORTED when an abort is asked while it
+/// waits. Dropping it is safe: the bdev keeps an abandoned I/O's buffer
+/// until the device is done with it, and guest memory is written only by
+/// copies the dropped future no longer makes.
+async fn run_abortable(q: &ReqQueue, id: usize, mem: &GuestMemoryMmap, job: &Job) -> u32 {
+    let head = job.chain.head;
+    let mut run = std::pin::pin!(execute(mem, job));
+    let done = poll_fn(|cx| {
+        if let Poll::Ready(n) = run.as_mut().poll(cx) {
+            return Poll::Ready(Some(n));
+        }
+        if q.tasks.abort_asked(head) {
+            return Poll::Ready(None);
+        }
+        let mut w = q.abort_wakers.borrow_mut();
+        if let Some(slot) = w.get_mut(id) {
+            match slot {
+                Some(old) if old.will_wake(cx.waker()) => {}
+                _ => *slot = Some(cx.waker().clone()),
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    match done {
+        Some(n) => n,
+        None => respond(mem, &job.chain, &CmdResp::transport(resp::ABORTED), 0),
     }
 }
 

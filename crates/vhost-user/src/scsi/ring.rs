@@ -17,7 +17,6 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use ustor_runtime::ticks;
-use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use super::device::ScsiDevice;
@@ -25,13 +24,17 @@ use super::wire::{Chain, ChainError, CHAIN_MAX};
 use crate::blk::{self, Desc};
 use crate::coalesce::Coalescer;
 use crate::inflight::QueueInflight;
+use crate::virtq::Virtq;
 use crate::vring::{self, VringStart};
 
 /// One ring on its reactor (`!Send`).
 pub(crate) struct Ring {
     pub index: usize,
     pub dev: Arc<ScsiDevice>,
-    queue: RefCell<Queue>,
+    queue: RefCell<Virtq>,
+    /// Where a taken chain's descriptors are copied (one more than a
+    /// chain may have, so an overlong one is seen as such).
+    descs: RefCell<Vec<Desc>>,
     call: Option<Arc<File>>,
     pub kick: Arc<File>,
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
@@ -65,18 +68,18 @@ impl Ring {
     /// Sets up the ring `s` describes; on failure the task waits to be
     /// stopped (so the control side gets its answer) and returns `None`.
     pub async fn open(s: VringStart<ScsiDevice>) -> Option<Rc<Ring>> {
-        match vring::open_queue(&s) {
+        match Virtq::open(&s) {
             Ok((mut q, mem, used)) => {
-                let (mut next, mut counter, mut again) = (s.next_avail, 1, Vec::new());
+                let (mut counter, mut again) = (1, Vec::new());
                 if let Some(t) = &s.inflight {
                     // After a kill the frontend's base is its guess: the
                     // region knows what was taken (oldest first).
                     let rec = t.recover(used);
-                    (next, counter) = (rec.next_avail, rec.counter);
+                    q.set_next_avail(rec.next_avail);
+                    counter = rec.counter;
                     again = rec.resubmit;
                     again.reverse();
                 }
-                q.set_next_avail(next);
                 vring::set_nonblocking(&s.kick);
                 if !again.is_empty() {
                     tracing::info!(
@@ -86,10 +89,12 @@ impl Ring {
                     );
                     s.dev.add_resubmitted(again.len() as u64);
                 }
+                s.dev.set_ring_state(s.index as usize, q.is_packed());
                 Some(Rc::new(Ring {
                     index: s.index as usize,
                     dev: s.dev,
                     queue: RefCell::new(q),
+                    descs: RefCell::new(vec![Desc::default(); CHAIN_MAX + 1]),
                     call: s.call,
                     kick: s.kick,
                     atomic: s.mem,
@@ -157,14 +162,14 @@ impl Ring {
             let d = descs[..k].iter().map(|d| (d.addr, d.len, d.write));
             return Some(chain.fill(head, d, &**mem));
         }
-        let c = self.queue.borrow_mut().pop_descriptor_chain(&**mem)?;
-        let head = c.head_index();
-        if let Some(t) = &self.track {
-            t.taken(head, self.counter.get());
+        let mut descs = self.descs.borrow_mut();
+        let t = self.queue.borrow_mut().pop(&mem, &mut descs)?;
+        if let Some(tr) = &self.track {
+            tr.taken(t.head, self.counter.get());
             self.counter.set(self.counter.get() + 1);
         }
-        let descs = c.map(|d| (d.addr().0, d.len(), d.is_write_only()));
-        Some(chain.fill(head, descs, &**mem))
+        let d = descs[..t.descs].iter().map(|d| (d.addr, d.len, d.write));
+        Some(chain.fill(t.head, d, &**mem))
     }
 
     /// Returns `head` used with `len` bytes written, and signals the
@@ -174,14 +179,14 @@ impl Ring {
         if let Some(t) = &self.track {
             t.pre_put(head);
         }
-        if q.add_used(mem, head, len).is_err() {
+        if !q.add_used(mem, head, len) {
             self.broken.set(true);
             return;
         }
         if let Some(t) = &self.track {
-            t.post_put(head, q.next_used());
+            t.post_put(head, q.indices().1);
         }
-        if q.needs_notification(mem).unwrap_or(true) {
+        if q.needs_notification(mem) {
             drop(q);
             let now_ok = self.parked.get()
                 || match &self.coal {
@@ -222,10 +227,7 @@ impl Ring {
     async fn park(&self, check: bool) {
         let more = {
             let mem = self.mem.borrow();
-            self.queue
-                .borrow_mut()
-                .enable_notification(&**mem)
-                .unwrap_or(false)
+            self.queue.borrow_mut().enable_notification(&mem)
         };
         if !(check && more) {
             let fd = self.kick.as_raw_fd();
@@ -236,7 +238,7 @@ impl Ring {
         }
         self.refresh_mem();
         let mem = self.mem.borrow();
-        let _ = self.queue.borrow_mut().disable_notification(&**mem);
+        self.queue.borrow_mut().disable_notification(&mem);
     }
 
     /// Runs `pass` (which takes what there is and says how much) until
@@ -282,7 +284,7 @@ impl Ring {
                 self.signal();
             }
         }
-        let q = self.queue.borrow();
-        let _ = self.done.send((q.next_avail(), q.next_used()));
+        self.dev.clear_ring_state(self.index);
+        let _ = self.done.send(self.queue.borrow().indices());
     }
 }

@@ -34,6 +34,14 @@ pub struct ScsiControllerInfo {
     pub targets: Vec<(u32, String)>,
     pub connected: bool,
     pub num_queues: u16,
+    /// Rings running now, and how many of them packed.
+    pub rings_running: (u32, u32),
+    /// Commands running at the targets now.
+    pub in_flight: u64,
+    /// The connected frontend's process ID.
+    pub frontend_pid: Option<i32>,
+    /// Commands served again from the inflight region since creation.
+    pub resubmitted: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,6 +69,7 @@ impl VhostTarget {
                 reactors,
                 request_queues: DEFAULT_REQUEST_QUEUES,
                 poll_window: Duration::from_micros(50),
+                packed_ring: false,
             },
         )?;
         ctrl.device()
@@ -112,6 +121,10 @@ impl VhostTarget {
                 targets: e.ctrl.targets(),
                 connected: e.ctrl.connected(),
                 num_queues: e.ctrl.config.request_queues + 2,
+                rings_running: e.ctrl.device().rings_running(),
+                in_flight: e.ctrl.device().all_commands_in_flight(),
+                frontend_pid: e.ctrl.frontend_pid(),
+                resubmitted: e.ctrl.device().resubmitted(),
             })
             .collect()
     }

@@ -11,7 +11,7 @@
 //! so a reader that sees the same state word before and after reading the
 //! tag read that command's tag.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const TARGET_MASK: u64 = 0xff;
 const ABORT: u64 = 0x100;
@@ -26,6 +26,9 @@ struct Slot {
 /// One request ring's commands by head.
 pub(crate) struct TaskTable {
     slots: Box<[Slot]>,
+    /// An abort was asked since the ring last looked (it then wakes the
+    /// commands that can stop early).
+    pending: AtomicBool,
 }
 
 /// A command found by its tag: where it runs and the state word it had.
@@ -39,6 +42,7 @@ impl TaskTable {
     pub fn new(size: u16) -> TaskTable {
         TaskTable {
             slots: (0..size.max(1)).map(|_| Slot::default()).collect(),
+            pending: AtomicBool::new(false),
         }
     }
 
@@ -114,10 +118,20 @@ impl TaskTable {
         if cur >> SEQ_SHIFT != f.state >> SEQ_SHIFT {
             return false;
         }
-        s.state
+        let asked = s
+            .state
             .compare_exchange(cur, cur | ABORT, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
-            || s.state.load(Ordering::Acquire) >> SEQ_SHIFT == f.state >> SEQ_SHIFT
+            || s.state.load(Ordering::Acquire) >> SEQ_SHIFT == f.state >> SEQ_SHIFT;
+        if asked {
+            self.pending.store(true, Ordering::Release);
+        }
+        asked
+    }
+
+    /// The ring's reactor: whether an abort was asked since the last call.
+    pub fn take_pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed) && self.pending.swap(false, Ordering::AcqRel)
     }
 
     /// Whether the command `f` names is still running.
@@ -152,7 +166,10 @@ mod tests {
         t.start(1, 0, 7);
         t.start(2, 0, 8);
         let f = t.find(0, 7).unwrap();
+        assert!(!t.take_pending());
         assert!(t.ask_abort(f));
+        assert!(t.take_pending(), "the ring is told once");
+        assert!(!t.take_pending());
         assert!(t.abort_asked(1));
         assert!(!t.abort_asked(2));
         // Marked, it is still found (QUERY TASK) and running.

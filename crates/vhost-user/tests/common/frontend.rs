@@ -1,13 +1,16 @@
 //! A small vhost-user frontend for tests that need more than libblkio
 //! gives: virtio-scsi (commands, task management on the control queue),
 //! and a reconnect that hands the inflight region back. rust-vmm's `vhost`
-//! crate speaks the protocol (its `Frontend`); the split rings are driven
-//! here, in a shared memfd that stands in for guest memory (a guest
-//! physical address is an offset in it).
+//! crate speaks the protocol (its `Frontend`); the rings, split or packed
+//! ([`Fe::connect_packed`]), are driven here, in a shared memfd that
+//! stands in for guest memory (a guest physical address is an offset in
+//! it).
 //!
 //! Layout of the memory: ring `q` at `q * RING_AREA` (descriptor table,
-//! then the avail ring at +0x800, the used ring at +0x1000), request
-//! headers from [`HDR_BASE`], data from [`DATA_BASE`].
+//! then the avail ring at +0x800, the used ring at +0x1000; packed: the
+//! descriptor ring, the driver's event suppression structure at +0x800,
+//! the device's at +0x1000), request headers from [`HDR_BASE`], data from
+//! [`DATA_BASE`].
 
 #![allow(dead_code)]
 
@@ -41,6 +44,10 @@ const F_WRITE: u16 = 2;
 const VERSION_1: u64 = 1 << 32;
 const EVENT_IDX: u64 = 1 << 29;
 const PROTOCOL_FEATURES: u64 = 1 << 30;
+const RING_PACKED: u64 = 1 << 34;
+/// Packed descriptor flags: available, used (virtio 1.1, 2.8.1).
+const P_AVAIL: u16 = 1 << 7;
+const P_USED: u16 = 1 << 15;
 
 /// The shared memory (a memfd mapped here, handed to the backend).
 pub struct Mem {
@@ -133,6 +140,11 @@ pub struct Ring {
     pub call: EventFd,
     /// Call-eventfd signals the device sent (as read from it).
     pub signals: u64,
+    /// Packed: the next slot to fill and the driver's wrap counter, the
+    /// next used slot and its wrap counter, the slots free.
+    p_avail: (u16, bool),
+    p_used: (u16, bool),
+    p_free: u16,
 }
 
 impl Ring {
@@ -146,6 +158,9 @@ impl Ring {
             kick: EventFd::new(EFD_NONBLOCK).expect("eventfd"),
             call: EventFd::new(EFD_NONBLOCK).expect("eventfd"),
             signals: 0,
+            p_avail: (0, true),
+            p_used: (0, true),
+            p_free: QSIZE,
         }
     }
 
@@ -162,6 +177,8 @@ pub struct Fe {
     pub rings: Vec<Ring>,
     pub features: u64,
     pub inflight: Option<(VhostUserInflight, File)>,
+    /// The rings are packed (VIRTIO_F_RING_PACKED acked).
+    pub packed: bool,
 }
 
 /// What a backend is asked for (on top of the device's own bits).
@@ -177,6 +194,16 @@ impl Fe {
     /// Connects and starts `rings` rings; with `inflight`, asks for an
     /// inflight region first (as QEMU does when the backend offers it).
     pub fn connect(path: &Path, rings: usize, inflight: bool) -> Fe {
+        Self::open(path, rings, inflight, false)
+    }
+
+    /// Connects and starts `rings` packed rings (the device must offer
+    /// them); no inflight region.
+    pub fn connect_packed(path: &Path, rings: usize) -> Fe {
+        Self::open(path, rings, false, true)
+    }
+
+    fn open(path: &Path, rings: usize, inflight: bool, packed: bool) -> Fe {
         assert!(rings <= MAX_RINGS);
         let mut f = Fe {
             fe: Frontend::connect(path, MAX_RINGS as u64).expect("connect"),
@@ -184,6 +211,7 @@ impl Fe {
             rings: (0..rings).map(Ring::new).collect(),
             features: 0,
             inflight: None,
+            packed,
         };
         f.negotiate(inflight, true);
         f
@@ -203,8 +231,15 @@ impl Fe {
         let offered = fe.get_features().expect("GET_FEATURES");
         assert!(offered & PROTOCOL_FEATURES != 0, "no protocol features");
         assert!(offered & VERSION_1 != 0, "not a VERSION_1 device");
-        self.features = offered;
-        fe.set_features(offered).expect("SET_FEATURES");
+        // Split rings unless asked (a device may offer both).
+        let features = if self.packed {
+            assert!(offered & RING_PACKED != 0, "packed rings not offered");
+            offered
+        } else {
+            offered & !RING_PACKED
+        };
+        self.features = features;
+        fe.set_features(features).expect("SET_FEATURES");
         let pf = fe.get_protocol_features().expect("GET_PROTOCOL_FEATURES");
         fe.set_protocol_features(pf & wanted_protocol())
             .expect("SET_PROTOCOL_FEATURES");
@@ -227,7 +262,14 @@ impl Fe {
         }
         for (q, r) in self.rings.iter().enumerate() {
             let used = self.mem.u16(r.base + USED + 2).load(Ordering::Acquire);
-            let base = if first { 0 } else { used };
+            let base = match (self.packed, first) {
+                // Slot 0 with wrap counter 1: a fresh packed ring (the
+                // used side, bits 16-31, does not fit this crate's u16
+                // base; 0 there means "where the available side is").
+                (true, _) => 1 << 15,
+                (false, true) => 0,
+                (false, false) => used,
+            };
             fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
             fe.set_vring_base(q, base).expect("SET_VRING_BASE");
             let cfg = VringConfigData {
@@ -259,6 +301,9 @@ impl Fe {
     /// Makes a chain of `(gpa, len, device-writable)` available on ring
     /// `q` and kicks; returns its head.
     pub fn add(&mut self, q: usize, bufs: &[(u64, u32, bool)]) -> u16 {
+        if self.packed {
+            return self.add_packed(q, bufs);
+        }
         let r = &mut self.rings[q];
         assert!(
             !bufs.is_empty() && bufs.len() <= r.free.len(),
@@ -292,8 +337,93 @@ impl Fe {
         head
     }
 
+    /// A packed ring's [`Self::add`]: the chain in consecutive slots with
+    /// one buffer ID, the flags of each slot's lap, the first slot's flags
+    /// written last (release); returns the buffer ID.
+    fn add_packed(&mut self, q: usize, bufs: &[(u64, u32, bool)]) -> u16 {
+        let r = &mut self.rings[q];
+        let n = bufs.len() as u16;
+        assert!(
+            n > 0 && n <= r.p_free && !r.free.is_empty(),
+            "ring {q} full"
+        );
+        let id = r.free.pop().unwrap();
+        let first = r.p_avail.0;
+        let mut first_flags = 0;
+        for (i, &(addr, len, write)) in bufs.iter().enumerate() {
+            let (slot, wrap) = r.p_avail;
+            let mut flags = if wrap { P_AVAIL } else { P_USED };
+            if write {
+                flags |= F_WRITE;
+            }
+            if i + 1 < bufs.len() {
+                flags |= F_NEXT;
+            }
+            let mut d = [0u8; 16];
+            d[0..8].copy_from_slice(&addr.to_le_bytes());
+            d[8..12].copy_from_slice(&len.to_le_bytes());
+            d[12..14].copy_from_slice(&id.to_le_bytes());
+            if i == 0 {
+                // Flags 0 are never available: the chain shows at once.
+                first_flags = flags;
+            } else {
+                d[14..16].copy_from_slice(&flags.to_le_bytes());
+            }
+            self.mem.write(r.base + slot as u64 * 16, &d);
+            r.p_avail = if slot + 1 == QSIZE {
+                (0, !wrap)
+            } else {
+                (slot + 1, wrap)
+            };
+        }
+        r.p_free -= n;
+        r.chains[id as usize] = vec![id; n as usize];
+        self.mem
+            .u16(r.base + first as u64 * 16 + 14)
+            .store(first_flags, Ordering::Release);
+        fence(Ordering::SeqCst);
+        let _ = r.kick.write(1);
+        id
+    }
+
+    /// A packed ring's [`Self::used`]: used descriptors (AVAIL and USED
+    /// both equal to the used wrap counter), each moving on by the slots
+    /// its chain took.
+    fn used_packed(&mut self, q: usize) -> Vec<(u16, u32)> {
+        let r = &mut self.rings[q];
+        let mut out = Vec::new();
+        loop {
+            let (slot, wrap) = r.p_used;
+            let at = r.base + slot as u64 * 16;
+            let f = self.mem.u16(at + 14).load(Ordering::Acquire);
+            if (f & P_AVAIL != 0) != wrap || (f & P_USED != 0) != wrap {
+                return out;
+            }
+            let mut e = [0u8; 16];
+            self.mem.read(at, &mut e);
+            let id = u16::from_le_bytes([e[12], e[13]]);
+            let len = u32::from_le_bytes(e[8..12].try_into().unwrap());
+            assert!((id as usize) < QSIZE as usize, "ring {q}: used id {id}");
+            let ids = std::mem::take(&mut r.chains[id as usize]);
+            assert!(!ids.is_empty(), "ring {q}: id {id} used twice");
+            let n = ids.len() as u16;
+            r.p_free += n;
+            r.free.push(id);
+            let s = slot + n;
+            r.p_used = if s >= QSIZE {
+                (s - QSIZE, !wrap)
+            } else {
+                (s, wrap)
+            };
+            out.push((id, len));
+        }
+    }
+
     /// Chains the device returned since the last call: `(head, len)`.
     pub fn used(&mut self, q: usize) -> Vec<(u16, u32)> {
+        if self.packed {
+            return self.used_packed(q);
+        }
         let r = &mut self.rings[q];
         let idx = self.mem.u16(r.base + USED + 2).load(Ordering::Acquire);
         let mut out = Vec::new();
@@ -319,10 +449,22 @@ impl Fe {
         loop {
             // EVENT_IDX: a signal for the next used entry.
             let r = &self.rings[q];
-            let used_event = r.base + AVAIL + 4 + 2 * QSIZE as u64;
-            self.mem
-                .u16(used_event)
-                .store(r.last_used, Ordering::Release);
+            if self.packed {
+                // The driver's event suppression: that slot (DESC), or
+                // every one (ENABLE) without EVENT_IDX.
+                let (slot, wrap) = r.p_used;
+                let off = slot | if wrap { P_USED } else { 0 };
+                let flags = if self.event_idx() { 2 } else { 0 };
+                self.mem.u16(r.base + AVAIL).store(off, Ordering::Release);
+                self.mem
+                    .u16(r.base + AVAIL + 2)
+                    .store(flags, Ordering::Release);
+            } else {
+                let used_event = r.base + AVAIL + 4 + 2 * QSIZE as u64;
+                self.mem
+                    .u16(used_event)
+                    .store(r.last_used, Ordering::Release);
+            }
             fence(Ordering::SeqCst);
             let got = self.used(q);
             if !got.is_empty() {

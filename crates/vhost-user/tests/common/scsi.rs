@@ -16,7 +16,7 @@ pub const CMD_RESP: u32 = 108;
 
 pub const S_OK: u8 = 0;
 pub const S_BAD_TARGET: u8 = 3;
-pub const S_ABORTED: u8 = 5;
+pub const S_ABORTED: u8 = 2;
 pub const S_FUNCTION_SUCCEEDED: u8 = 10;
 pub const S_FUNCTION_REJECTED: u8 = 11;
 
