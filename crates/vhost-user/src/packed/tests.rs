@@ -284,7 +284,7 @@ fn a_later_descriptor_with_the_wrong_wrap_bits_breaks_it() {
 
 #[test]
 fn wrong_wrap_bits_at_the_head_are_not_available() {
-    let mut d = Drv::new(8);
+    let d = Drv::new(8);
     let mut r = d.ring(false);
     let mut out = buf();
     // Both bits set in the first lap: a used descriptor, not available.
