@@ -8,13 +8,15 @@
 #  1. `ustor serve`: attaching the HBA while the kernel's virtio-pci owns
 #     it fails saying how to bind; bind it (driver_override +
 #     drivers_probe); a wrong driver for a device fails; attach, the scan
-#     finds the three disks; a LUN reset, an abort-free host reset;
-#     save_config lists the attach; detach and re-attach.
+#     finds the three disks; a LUN reset, an abort-free host reset; a
+#     host reset once the HBA stops answering (memory decoding off) fails
+#     and says why; save_config lists the attach; detach and re-attach.
 #  2. `ustor bench --verify` on SCSI bdevs at OFF MiB of target 0 LUN 0 and
 #     target 2 LUN 0: a write pass, then a read pass on two reactors; the
 #     host checks the disk image files.
 #  3. The MPT driver: a wrong driver fails, attach (IOC reset, handshake),
-#     the scan finds both disks, LUN and host reset, detach and re-attach,
+#     the scan finds both disks, LUN and host reset, a failing IOC reset
+#     (memory decoding off), detach and re-attach,
 #     then `ustor bench --verify` write and read passes on both targets.
 #  4. Flush and unmap through both drivers (target 2 of the virtio-scsi
 #     HBA, target 3 of the SAS1068): `ustor bench -w flush --verify`, then
@@ -26,22 +28,24 @@
 #     bench ends with I/O errors.
 #  6. Error handling for real (`escalate`): target 4 of the virtio-scsi HBA
 #     and target 5 of the SAS1068 are NBD drives that `ustor serve` on the
-#     host exports through delay bdevs. The host makes their reads slow
-#     (`qmp slow-TAG`) so one read of a verified QD1 read pass sits in
-#     QEMU's block layer, which cannot cancel it: the command times out,
-#     ABORT TASK times out, then the LUN reset (virtio-scsi: QEMU drains
-#     the read and answers) or, on the SAS1068, whose IOC still holds the
-#     timed-out TMF's frame, a host reset. The retried read (the host made
-#     reads fast again, `qmp fast-TAG`) and every other block verify.
+#     host exports through delay bdevs. Once a verified QD1 read pass
+#     runs, the host makes their reads slow (`qmp slow-TAG`), so one read
+#     sits in QEMU's block layer, which cannot cancel it: the command
+#     times out, ABORT TASK times out, then the LUN reset (virtio-scsi:
+#     QEMU drains the read and answers, so it succeeds) or, on the
+#     SAS1068, whose IOC still holds the timed-out TMF's frame, a host
+#     reset. The retried read (the host made reads fast again, `qmp
+#     fast-TAG`) and every other block verify.
 # env: VFIO_BDF, WRONG_BDF, MPT_BDF, SEED, OFF_MIB, SIZE_MIB, BENCH_S,
 #      UNMAP_OFF_MIB, SHARED_BDF (function 0 of a slot whose function 1
 #      stays on its kernel driver: the shared-group error)
-# reports: irq, irq_wakes, mpt_irq, mpt_irq_wakes, unbound_error, wrong_driver_error, group_shared_error, disks, reset_ok,
+# reports: irq, irq_wakes, mpt_irq, mpt_irq_wakes, unbound_error, wrong_driver_error,
+#          group_shared_error, disks, reset_ok, dead_reset_error, mpt_dead_reset_error,
 #          saved_attach, reattach_disks, {t0,t2}_{write,read}_ios,
 #          zero_copy, mpt_wrong_driver_error, mpt_disks, mpt_reset_ok, mpt_events_on,
 #          mpt_reattach_disks, {m1,m3}_{write,read}_ios,
 #          {t2,m3}_{flush,unmap}_ios, {t0l1,m1}_gone,
-#          {t0l1,m1}_unplug_{ios,errors}, {t4,m5}_{write,read}_ios,
+#          {t0l1,m1}_unplug_{ios,errors}, {t4,m5}_read_ios,
 #          {t4,m5}_eh_{timeouts,aborts,aborts_failed,device_resets,
 #          device_resets_failed,host_resets,host_resets_failed},
 #          {t0,m1}_zero_copy_other
@@ -120,6 +124,22 @@ irq_kv ""
 rpc scsi_device_reset --json '{"device": "'"$H"':0:0:1"}' | grep -q true || die "LUN reset"
 rpc scsi_host_reset --json '{"host": '"$H"'}' | grep -q true || die "host reset"
 kv reset_ok 1
+# dead_reset BDF HOST PREFIX REASON: a controller that fails its reset.
+# Its memory decoding is turned off behind ustor's back (a config write
+# through sysfs), so its registers read as zeroes, as from a card that
+# stopped answering: the host reset must fail (an RPC error) with REASON
+# in serve's log, and return. The detach and re-attach that follow turn
+# decoding on again (attach enables memory space and bus mastering).
+dead_reset() {
+    printf '\000' | dd of="/sys/bus/pci/devices/$1/config" bs=1 seek=4 count=1 conv=notrunc \
+        2>/dev/null || die "memory decoding off on $1"
+    rpc scsi_host_reset --json '{"host": '"$2"'}' > /tmp/e5 2>&1 &&
+        die "host reset of $1 worked with its memory decoding off"
+    cat /tmp/e5 >&2
+    grep "host reset failed" /tmp/serve.log >&2
+    grep -q "reset failed" /tmp/e5 && grep -q "$4" /tmp/serve.log && kv "${3}dead_reset_error" 1
+}
+dead_reset "$BDF" "$H" "" "does not respond"
 "$U" save-config -s "$SOCK" > /tmp/saved.json || die "save-config"
 grep -q scsi_vfio_attach_host /tmp/saved.json && kv saved_attach 1
 run rpc scsi_vfio_detach_host --json "{\"pci_address\": \"$BDF\"}"
@@ -176,28 +196,41 @@ flush_unmap() {
 }
 flush_unmap t2 0:0:2:0
 
-# escalate TAG HCTL: see 6. above. Commands time out after 1 s and TMFs
-# after 2 s; the host's read latency (8 s) outlasts both, so ABORT TASK
-# fails; the host makes reads fast again once the abort is seen, before
-# any retry. Reports the host's EH counters (scsi_get_stats, which the
-# bench logs at info level after the run).
+# escalate TAG HCTL: see 6. above. A QD1 verified read pass on a 1 MiB
+# SCSI bdev whose commands time out after 1 s and TMFs after 1 s. Reads
+# are made slow only once its read phase runs ("bench progress"): before
+# it come the raid examine's read of the new bdev and the verify prefill
+# (a read pass with --verify writes its region first: those are the
+# WRITEs in the log), and a stuck examine read would leave the verified
+# reads untouched. The next read then sits in QEMU's block layer for the
+# host's delay (5 s), past the command timeout and the abort's TMF
+# timeout; once its abort is logged (a new "EH: abort" line: a command
+# that timed out under load before may have logged one), the host makes
+# reads fast again, before any retry. Reports the host's EH counters (scsi_get_stats, which
+# the bench logs at info level after the run).
 escalate() {
-    _att=$ATTACH
-    ATTACH=$(echo "$ATTACH" | sed 's/}$/, "cmd_timeout_ms": 1000, "tmf_timeout_ms": 2000}/')
-    bench write "$1" "$2" -w write -q 8 --cores 0 --verify
+    _att=$(echo "$ATTACH" | sed 's/}$/, "cmd_timeout_ms": 1000, "tmf_timeout_ms": 1000}/')
     cat > /tmp/esc.json <<EOF
 {"subsystems": [{"subsystem": "scsi", "config": [
-  {"method": "scsi_vfio_attach_host", "params": $ATTACH},
-  {"method": "bdev_scsi_create", "params": {"name": "esc", "device": "$2", "offset": "${OFF}M", "size": "${LEN}M"}}
+  {"method": "scsi_vfio_attach_host", "params": $_att},
+  {"method": "bdev_scsi_create", "params": {"name": "esc", "device": "$2", "offset": "${OFF}M", "size": "1M"}}
 ]}]}
 EOF
-    qmp "slow-$1"
-    echo "+ ustor bench read on $2 with one read stuck on the host" >&2
+    echo "+ ustor bench read on $2, one read stuck on the host" >&2
     _out=/tmp/esc-$1.out _err=/tmp/esc-$1.err
-    "$U" bench $RT --json -c /tmp/esc.json -b esc --bs 4K -t 3 -w read -q 1 \
+    "$U" bench $RT --json -c /tmp/esc.json -b esc --bs 4K -t 4 -w read -q 1 \
         --cores 0 --seed "$SEED" --verify --log-level info > "$_out" 2> "$_err" &
     _b=$!
-    until grep -q "EH: abort tag" "$_err" 2>/dev/null; do
+    _i=900
+    until grep -q "bench progress" "$_err" 2>/dev/null; do
+        kill -0 "$_b" 2>/dev/null || { cat "$_err" >&2; die "bench on $2 ended before its reads"; }
+        _i=$((_i - 1))
+        [ "$_i" -gt 0 ] || die "bench on $2 shows no progress"
+        sleep 0.1
+    done
+    _n=$(grep -c "EH: abort tag" "$_err")
+    qmp "slow-$1"
+    until [ "$(grep -c "EH: abort tag" "$_err")" -gt "$_n" ]; do
         kill -0 "$_b" 2>/dev/null || break
         sleep 0.1
     done
@@ -215,7 +248,6 @@ EOF
         host_resets host_resets_failed; do
         kv "${1}_eh_$_k" "$(echo "$_stats" | sed -n "s/.*\"$_k\": *\([0-9]*\).*/\1/p")"
     done
-    ATTACH=$_att
 }
 escalate t4 0:0:4:0
 
@@ -283,6 +315,9 @@ kv mpt_events_on "$(sed -n 's/.*"event_notification": \([a-z]*\).*/\1/p' /tmp/ho
 rpc scsi_device_reset --json '{"device": "'"$H"':0:3:0"}' | grep -q true || die "MPT LUN reset"
 rpc scsi_host_reset --json '{"host": '"$H"'}' | grep -q true || die "MPT host reset"
 kv mpt_reset_ok 1
+# The IOC reads as zeroes: its interrupt mask does not keep what the
+# reset writes, so the reset fails at once.
+dead_reset "$MPT" "$H" mpt_ "controller failed its reset"
 run rpc scsi_vfio_detach_host --json "{\"pci_address\": \"$MPT\"}"
 run rpc scsi_vfio_attach_host --json "$ATTACH"
 kv mpt_reattach_disks "$(rpc scsi_get_devices | grep -c '"driver": "sd"')"

@@ -32,8 +32,9 @@ pub struct BenchArgs {
     /// Seconds to run.
     #[arg(long, short = 't', default_value_t = 5.0)]
     time: f64,
-    /// Write self-checking blocks and check every read (flush, unmap: read
-    /// each unit back after its flush or unmap).
+    /// Write self-checking blocks and check every read (read workloads
+    /// write their region once first, before the timed run; flush, unmap:
+    /// read each unit back after its flush or unmap).
     #[arg(long)]
     verify: bool,
     #[arg(long, default_value_t = 0x5eed)]

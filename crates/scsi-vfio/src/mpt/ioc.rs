@@ -65,6 +65,17 @@ impl Ioc {
     /// bring it READY, the diagnostic adapter reset.
     pub fn reset(&self) -> Result<(), MptError> {
         self.mask_interrupts();
+        // The mask bits are read/write: a controller that does not keep
+        // them does not answer at all (gone from the bus: all-ones; its
+        // memory decoding off: zeroes), so no reset can reach it.
+        let mask = self.bar.read32(wire::REG_INT_MASK);
+        if mask & wire::HIM_ALL != wire::HIM_ALL || mask == u32::MAX {
+            return Err(MptError::Ioc(format!(
+                "controller failed its reset: it does not respond (interrupt mask reads \
+                 {mask:#x}, doorbell {:#x})",
+                self.bar.read32(wire::REG_DOORBELL)
+            )));
+        }
         self.drain_doorbell();
         let doorbell = (wire::F_IOC_MESSAGE_UNIT_RESET as u32) << wire::DOORBELL_FUNCTION_SHIFT;
         self.bar.write32(wire::REG_DOORBELL, doorbell);

@@ -470,6 +470,11 @@ impl State {
         };
         let si = ctx as u16;
         match slot.state {
+            // A second answer for one command (a device reading back
+            // garbage, say) must not queue the slot twice.
+            SlotState::Mid if slot.done.is_some() => {
+                tracing::warn!(ctx, "MPT reply for a command already answered")
+            }
             SlotState::Mid => {
                 self.slots[ctx as usize].done = Some(a);
                 self.ready.push_back(si);
@@ -480,9 +485,12 @@ impl State {
         }
     }
 
-    /// Drains the reply post FIFO.
+    /// Drains the reply post FIFO: at most as many entries as it can hold
+    /// (every command slot's turbo reply and every reply frame), so a
+    /// controller that stopped answering reads (reads as zeroes, never
+    /// "empty") cannot keep the poller here.
     pub fn reap(&mut self) {
-        loop {
+        for _ in 0..self.slots_n + self.replies_n + 2 {
             let v = self.ioc.bar.read32(wire::REG_REPLY_FIFO);
             if v == wire::FIFO_EMPTY {
                 return;

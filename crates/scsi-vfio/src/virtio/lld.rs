@@ -93,18 +93,34 @@ impl VirtioScsi {
         }
     }
 
+    /// Sends one TMF and waits up to `tmf_timeout` for its answer. Under
+    /// TCG QEMU handles the control queue inside the notify write, so a
+    /// LUN reset (which drains the LUN's requests in QEMU's block layer)
+    /// returns from `send_tmf` already answered, however long the drain
+    /// took; only an ABORT TASK that QEMU cannot finish at once (the
+    /// command is still in the block layer) is answered later. The log
+    /// line says which it was.
     async fn tmf(&self, subtype: u32, nexus: Nexus, tag: u64) -> TmfResult {
+        let what = tmf_name(subtype);
+        let sent_at = Instant::now();
         let Some(k) = self.st.borrow_mut().send_tmf(subtype, nexus, tag) else {
-            tracing::warn!(bdf = %self.bdf, subtype, "no TMF buffers free: TMF not sent");
+            let held = self.st.borrow().tmfs;
+            tracing::warn!(bdf = %self.bdf, ?held, "no TMF buffers free: {what} not sent");
             return TmfResult::Failed;
         };
+        let notified = sent_at.elapsed();
         let deadline = Instant::now() + self.opts.tmf_timeout;
         loop {
             {
                 let mut st = self.st.borrow_mut();
                 st.reap();
                 if let Some(r) = st.take_tmf(k) {
-                    tracing::debug!(bdf = %self.bdf, subtype, response = r, "TMF answered");
+                    tracing::info!(
+                        bdf = %self.bdf,
+                        "TMF {what} to {nexus:?} answered {r} after {} ms ({} ms in the notify)",
+                        sent_at.elapsed().as_millis(),
+                        notified.as_millis()
+                    );
                     return match r {
                         0 | wire::S_FUNCTION_SUCCEEDED => TmfResult::Success,
                         _ => TmfResult::Failed,
@@ -113,7 +129,12 @@ impl VirtioScsi {
                 if Instant::now() > deadline {
                     // The device still owns the slot's buffers.
                     st.abandon_tmf(k);
-                    tracing::warn!(bdf = %self.bdf, subtype, "TMF timed out");
+                    tracing::warn!(
+                        bdf = %self.bdf,
+                        "TMF {what} to {nexus:?} timed out after {} ms ({} ms in the notify)",
+                        sent_at.elapsed().as_millis(),
+                        notified.as_millis()
+                    );
                     return TmfResult::Failed;
                 }
             }
@@ -276,5 +297,14 @@ impl Lld for VirtioScsi {
             "irq": st.wake.as_ref().map_or("none", |w| w.kind),
             "irq_wakes": st.wake.as_ref().map_or(0, |w| w.count()),
         })
+    }
+}
+
+/// A TMF subtype's name for the log.
+fn tmf_name(subtype: u32) -> &'static str {
+    match subtype {
+        wire::TMF_ABORT_TASK => "ABORT TASK",
+        wire::TMF_LOGICAL_UNIT_RESET => "LOGICAL UNIT RESET",
+        _ => "TMF",
     }
 }

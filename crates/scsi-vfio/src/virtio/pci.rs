@@ -172,6 +172,12 @@ impl Transport {
         self.w8(DEVICE_STATUS, 0);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while self.status() != 0 {
+            if self.status() == 0xff {
+                // A device that is gone reads as all-ones.
+                return Err(VirtioError::Transport(
+                    "device does not respond (status reads 0xff)".into(),
+                ));
+            }
             if std::time::Instant::now() > deadline {
                 return Err(VirtioError::Transport("device did not reset".into()));
             }

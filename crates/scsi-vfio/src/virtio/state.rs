@@ -218,6 +218,13 @@ impl State {
             tp.add_status(pci::STATUS_ACK | pci::STATUS_DRIVER);
         }
         let offered = tp.device_features();
+        if offered == 0 || offered == u64::MAX {
+            // Every virtio-scsi device offers some feature: this one does
+            // not answer reads (gone, or its memory decoding is off).
+            return Err(VirtioError::Transport(format!(
+                "device does not respond (features read as {offered:#x})"
+            )));
+        }
         if offered & pci::F_VERSION_1 == 0 {
             return Err(VirtioError::Transport(
                 "device lacks VIRTIO_F_VERSION_1".into(),
