@@ -362,7 +362,11 @@ fn check_escalation(out: &testvm::GuestOutcome, nv: &Path, nm: &Path) {
     // virtio-scsi: QEMU answers a LUN reset once it has drained the LUN's
     // requests (under TCG inside the notify write itself), so the LUN
     // reset succeeds and no host reset is needed.
-    assert_eq!(n("t4_eh_device_resets_failed"), 0, "t4: LUN reset failed\n{eh}");
+    assert_eq!(
+        n("t4_eh_device_resets_failed"),
+        0,
+        "t4: LUN reset failed\n{eh}"
+    );
     assert_eq!(n("t4_eh_host_resets"), 0, "t4: host reset\n{eh}");
     // SAS1068: the IOC held the abort's frame: LUN reset failed, IOC reset.
     assert!(
