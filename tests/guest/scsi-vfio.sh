@@ -225,7 +225,7 @@ EOF
     until grep -q "bench progress" "$_err" 2>/dev/null; do
         kill -0 "$_b" 2>/dev/null || { cat "$_err" >&2; die "bench on $2 ended before its reads"; }
         _i=$((_i - 1))
-        [ "$_i" -gt 0 ] || die "bench on $2 shows no progress"
+        [ "$_i" -gt 0 ] || { cat "$_err" >&2; die "bench on $2 shows no progress"; }
         sleep 0.1
     done
     _n=$(grep -c "EH: abort tag" "$_err")
