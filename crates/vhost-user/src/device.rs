@@ -55,6 +55,9 @@ pub struct QueueStats {
     pub kicks: AtomicU64,
     /// Writes to the call eventfd (interrupts the driver gets).
     pub signals: AtomicU64,
+    /// Signals held back by call coalescing (each goes out later with
+    /// the completions after it).
+    pub held: AtomicU64,
     /// Requests returned used (`requests - completed` are in flight).
     pub completed: AtomicU64,
     /// Requests a killed backend had taken, run again at start

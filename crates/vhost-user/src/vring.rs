@@ -403,6 +403,8 @@ fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
         let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
         if now_ok {
             signal_call(v);
+        } else {
+            QueueStats::bump(&v.stats().held);
         }
     }
 }
