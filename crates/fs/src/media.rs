@@ -1,10 +1,15 @@
 //! The memory a file system lives in, and how a range of it is made durable.
 //!
-//! On a file mapped shared (a file under /dev/shm, or any file system that
-//! implements msync) persistence is `msync(MS_SYNC)` of the range: there is
-//! no real persistent memory on the machines this runs on, so cache-line
-//! flushes plus a fence (what a DAX mapping would need) would not make
-//! anything durable here. A `Vec<u8>` is volatile memory for tests.
+//! On a file mapped shared (any file system that implements msync)
+//! persistence is `msync(MS_SYNC)` of the range: there is no real
+//! persistent memory on the machines this runs on, so cache-line flushes
+//! plus a fence (what a DAX mapping would need) would not make anything
+//! durable here. On tmpfs (/dev/shm) the mapped pages are the file: a
+//! store is in the file once made and outlives the process (SIGKILL
+//! included), and msync there returns without doing anything, so persist
+//! is a fence (it keeps the order the callers rely on, data before the
+//! metadata pointing to it) and no system call: a 4 KiB write's commit
+//! made five. A `Vec<u8>` is volatile memory for tests.
 //!
 //! The region may also be a block device (a disk partition, a loop or
 //! zram device): it is mapped shared through the device's page cache and
@@ -42,6 +47,8 @@ impl Media for Vec<u8> {
 /// A region file mapped shared into this process.
 pub struct MappedFile {
     map: memmap2::MmapMut,
+    /// On tmpfs/ramfs: nothing for msync to write back.
+    in_memory: bool,
 }
 
 /// Whether `path` is a block device.
@@ -84,7 +91,10 @@ impl MappedFile {
         // is for any mmap-based store) and would fault, not corrupt memory
         // safety within the mapping's bounds.
         let map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&f)? };
-        Ok(Self { map })
+        Ok(Self {
+            map,
+            in_memory: !may_fault(path),
+        })
     }
 
     /// Creates (or resizes) a region file of `size` bytes and maps it. A
@@ -125,6 +135,11 @@ impl Media for MappedFile {
         &mut self.map
     }
     fn persist(&self, off: usize, len: usize) -> io::Result<()> {
+        if self.in_memory {
+            // The stores are in the file already (see the module doc).
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
+        }
         // memmap2 rounds the range out to whole pages for msync.
         self.map.flush_range(off, len)
     }
