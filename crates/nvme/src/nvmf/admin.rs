@@ -192,8 +192,15 @@ fn identify_ctrl(ctrl: &Ctrl, facts: TransportFacts) -> Vec<u8> {
     put32(&mut d, 516, s.max_namespaces); // nn
                                           // oncs: compare, DSM, write zeroes.
     put16(&mut d, 520, 1 | 1 << 2 | 1 << 3);
+    // fuses: Compare and Write (on namespaces whose bdev does it natively;
+    // others answer Invalid Field).
+    if !discovery {
+        put16(&mut d, 522, 1);
+    }
     d[525] = 1; // vwc present
     put16(&mut d, 526, 0);
+    // acwu (0's based): one block, the smallest native limit (librbd's).
+    put16(&mut d, 532, 0);
     // sgls: supported (no alignment), SGL offset (in-capsule data).
     put32(&mut d, 536, 1 | 1 << 20);
     put32(&mut d, 540, s.max_namespaces); // mnan

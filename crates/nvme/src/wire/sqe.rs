@@ -85,6 +85,10 @@ impl Status {
     pub const WRITE_FAULT: Status = Status::media(0x80);
     pub const UNRECOVERED_READ: Status = Status::media(0x81);
     pub const COMPARE_FAILURE: Status = Status::media(0x85);
+    /// Command Aborted due to Failed Fused Command.
+    pub const ABORTED_FAILED_FUSED: Status = Status::generic(0x09);
+    /// Command Aborted due to Missing Fused Command.
+    pub const ABORTED_MISSING_FUSED: Status = Status::generic(0x0a);
 
     /// Generic command status (SCT 0), do not retry.
     pub const fn generic(sc: u8) -> Status {
@@ -201,6 +205,12 @@ impl Sqe {
         self
     }
     /// Marks the command as using SGLs for data (PSDT = 01b).
+    /// FUSE (bits 1:0 of byte 1): 01b first, 10b second command of a
+    /// fused operation.
+    pub fn set_fuse(&mut self, v: u8) -> &mut Self {
+        self.0[1] = (self.0[1] & !3) | (v & 3);
+        self
+    }
     pub fn set_sgl_psdt(&mut self) -> &mut Self {
         self.0[1] = (self.0[1] & 0x3f) | 0x40;
         self

@@ -52,11 +52,16 @@ fn slot_taken(conn: &Conn, l: PduLayout, sqe: Sqe, i: u16) -> RecvResult {
     let aborted = conn.slot_wait_aborted.replace(false);
     let sq = conn.sqsize.get().max(1);
     conn.sqhd.set((conn.sqhd.get() + 1) % (sq + 1));
-    let sgl = if sqe.psdt() == 0 {
+    let fused = super::fused::arrive(conn, &sqe);
+    let sgl = if let Err(s) = fused {
+        Err(s)
+    } else if sqe.psdt() == 0 {
         Err(Status::INVALID_FIELD)
     } else {
         parse_data_sgl(&sqe.sgl(), l.data_len as u32, conn.opts.max_io_size)
     };
+    // Set before a refusal, so that freeing the slot fails the partner.
+    conn.slots.borrow_mut()[i as usize].fused = fused.ok().flatten();
     let sgl = match sgl {
         Ok(s) => s,
         Err(s) => {

@@ -17,15 +17,17 @@ use crate::wire::*;
 /// Runs slot `i`'s command (a driver job) and frees the slot; its answer
 /// goes to the sender.
 pub(super) async fn run(conn: Rc<Conn>, i: u16) -> Out {
-    let (sqe, sgl, buf, failed) = {
+    let (sqe, sgl, buf, failed, pair) = {
         let mut s = conn.slots.borrow_mut();
         let slot = &mut s[i as usize];
         slot.set_state(SlotState::Running);
-        (slot.sqe, slot.sgl, slot.buf.take(), slot.failed)
+        let pair = slot.fused.clone();
+        (slot.sqe, slot.sgl, slot.buf.take(), slot.failed, pair)
     };
-    let out = match failed {
-        Some(st) => Out::Resp(conn.cqe(sqe.cid(), st)),
-        None => execute(&conn, &sqe, sgl, buf).await,
+    let out = match (failed, pair) {
+        (Some(st), _) => Out::Resp(conn.cqe(sqe.cid(), st)),
+        (None, Some(p)) => super::fused::execute(&conn, p, &sqe, buf).await,
+        (None, None) => execute(&conn, &sqe, sgl, buf).await,
     };
     conn.free_slot(i);
     conn.executing.set(conn.executing.get() - 1);
@@ -77,10 +79,9 @@ async fn execute(conn: &Rc<Conn>, sqe: &Sqe, sgl: DataSgl, buf: Option<IoBuf>) -
             _ => {}
         }
     }
-    // Identify Controller reports FUSES = 0: no fused operation is
-    // supported, so a command marked as part of one (FUSE != 00b) is not
-    // run on its own (NVMe 1.4 4.2: a fused operation is atomic); it gets
-    // Invalid Field in Command, as Linux nvmet answers.
+    // Fused Compare + Write halves were paired at arrival and run in
+    // `fused`; any other fused command was refused there. A half is never
+    // run on its own (a fused operation is atomic).
     if sqe.fuse() != 0 {
         return Out::Resp(conn.cqe(cid, Status::INVALID_FIELD));
     }

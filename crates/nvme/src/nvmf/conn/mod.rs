@@ -33,6 +33,7 @@ mod admin_queue;
 mod capsule;
 mod connect;
 mod exec;
+mod fused;
 mod proto;
 mod recv;
 mod send;
@@ -137,6 +138,8 @@ pub(crate) struct Conn {
     /// whether an Abort named it meanwhile.
     slot_wait: Cell<Option<u16>>,
     slot_wait_aborted: Cell<bool>,
+    /// A fused first command (Compare) whose second has not arrived yet.
+    fused_open: RefCell<Option<Rc<fused::Pair>>>,
 }
 
 /// Serves one accepted socket until it closes. Nothing is allocated for
@@ -217,6 +220,7 @@ impl Conn {
             r2t_big_out: Cell::new(0),
             slot_wait: Cell::new(None),
             slot_wait_aborted: Cell::new(false),
+            fused_open: RefCell::new(None),
         }
     }
 

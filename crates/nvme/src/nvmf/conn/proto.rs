@@ -190,6 +190,15 @@ impl Protocol for Qp {
     fn on_close(&self) {
         let c = &self.0;
         c.closing.set(true);
+        // A fused half waiting for a partner that will not come now fails.
+        if let Some(p) = c.fused_open.borrow_mut().take() {
+            p.missing();
+        }
+        for s in c.slots.borrow().iter() {
+            if let Some(p) = &s.fused {
+                p.abandon();
+            }
+        }
         if let Some(ctrl) = c.ctrl.borrow().as_ref() {
             let waiters =
                 std::mem::take(&mut ctrl.aer.lock().unwrap_or_else(|p| p.into_inner()).waiters);

@@ -77,6 +77,8 @@ pub(super) struct Slot {
     pub(super) failed: Option<Status>,
     /// An Abort arrived while the receiver held the slot.
     pub(super) aborted: bool,
+    /// The fused operation this command is a half of.
+    pub(super) fused: Option<std::rc::Rc<super::fused::Pair>>,
 }
 
 impl Slot {
@@ -90,6 +92,7 @@ impl Slot {
             got: 0,
             failed: None,
             aborted: false,
+            fused: None,
         }
     }
 
@@ -125,7 +128,14 @@ impl Conn {
         slot.buf = None;
         slot.failed = None;
         slot.aborted = false;
+        let pair = slot.fused.take();
         drop(s);
+        // A half that ends here without reaching its pair (refused,
+        // aborted) fails its partner; after the pair ran this changes
+        // nothing.
+        if let Some(p) = pair {
+            p.abandon();
+        }
         self.free.borrow_mut().push(i);
     }
 
