@@ -22,6 +22,9 @@ use super::super::io as nvm;
 use super::{Conn, Out};
 use crate::wire::*;
 
+/// A half's command and its data, as its worker deposits it.
+type Half = (Sqe, Option<IoBuf>);
+
 const FIRST: u8 = 1;
 const SECOND: u8 = 2;
 
@@ -29,7 +32,7 @@ const SECOND: u8 = 2;
 /// decided, the statuses of (first, second).
 #[derive(Default)]
 pub(super) struct Pair {
-    halves: RefCell<[Option<(Sqe, Option<IoBuf>)>; 2]>,
+    halves: RefCell<[Option<Half>; 2]>,
     done: Cell<Option<(Status, Status)>>,
     waker: RefCell<Option<Waker>>,
 }
@@ -124,7 +127,7 @@ pub(super) async fn execute(conn: &Conn, p: Rc<Pair>, sqe: &Sqe, buf: Option<IoB
 
 /// Runs Compare `c` + Write `w` as one compare-and-write: statuses of
 /// (compare, write).
-async fn run(conn: &Conn, c: (Sqe, Option<IoBuf>), w: (Sqe, Option<IoBuf>)) -> (Status, Status) {
+async fn run(conn: &Conn, c: Half, w: Half) -> (Status, Status) {
     let failed = |s: Status| (s, Status::ABORTED_FAILED_FUSED);
     let ((cs, cbuf), (ws, wbuf)) = (c, w);
     // Both commands name the same blocks of one namespace.
