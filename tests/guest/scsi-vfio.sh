@@ -32,7 +32,7 @@
 #     runs, the host makes their reads slow (`qmp slow-TAG`), so one read
 #     sits in QEMU's block layer, which cannot cancel it: the command
 #     times out, ABORT TASK times out, then the LUN reset (virtio-scsi:
-#     QEMU drains the read and answers, so it succeeds) or, on the
+#     QEMU drains the read and answers) or, on the
 #     SAS1068, whose IOC still holds the timed-out TMF's frame, a host
 #     reset. The retried read (the host made reads fast again, `qmp
 #     fast-TAG`) and every other block verify.

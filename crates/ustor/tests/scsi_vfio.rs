@@ -27,7 +27,8 @@
 //! reads take 5 s, so one read sits in QEMU's block layer, which cannot
 //! cancel it. The command times out, ABORT TASK times out, and the
 //! mid-layer escalates: virtio-scsi's LUN reset makes QEMU drain the read
-//! and succeeds (no host reset); the SAS1068's IOC still holds the
+//! and answer (or, should its TMF time out first, a host reset follows);
+//! the SAS1068's IOC still holds the
 //! timed-out TMF's frame, so its LUN reset fails and a host reset (IOC
 //! reset) follows. The retried read and every other block of the pass
 //! verify, and the host finds the blocks the pass's verify prefill wrote
@@ -359,15 +360,14 @@ fn check_escalation(out: &testvm::GuestOutcome, nv: &Path, nm: &Path) {
         }
         assert_eq!(n(&format!("{tag}_eh_host_resets_failed")), 0, "{tag}\n{eh}");
     }
-    // virtio-scsi: QEMU answers a LUN reset once it has drained the LUN's
-    // requests (under TCG inside the notify write itself), so the LUN
-    // reset succeeds and no host reset is needed.
-    assert_eq!(
-        n("t4_eh_device_resets_failed"),
-        0,
-        "t4: LUN reset failed\n{eh}"
-    );
-    assert_eq!(n("t4_eh_host_resets"), 0, "t4: host reset\n{eh}");
+    // virtio-scsi: QEMU answers a LUN reset only once it has drained the
+    // LUN's requests (here: until the stuck read ends). The LLD's TMF
+    // timeout runs meanwhile; it passes unnoticed when the reactor's clock
+    // reads wait on QEMU's lock during the drain (usually), but not always,
+    // so a LUN reset may still time out: a host reset must then follow.
+    if n("t4_eh_device_resets_failed") > 0 {
+        assert!(n("t4_eh_host_resets") > 0, "t4: no host reset\n{eh}");
+    }
     // SAS1068: the IOC held the abort's frame: LUN reset failed, IOC reset.
     assert!(
         n("m5_eh_device_resets_failed") > 0,
