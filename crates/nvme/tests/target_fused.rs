@@ -256,3 +256,68 @@ fn fused_compare_and_write_runs_atomically_and_answers_per_spec() {
     assert_eq!(fused(&mut q, 2, (5, 5), &new, &other), ok);
     assert_eq!(read(&mut q, 2, 5, 2), other);
 }
+
+/// Sends a fused half whose data goes by R2T; its CID and the R2T's tag.
+fn send_r2t(q: &mut Client, op: u8, slba: u64, nlb: u32, fuse: u8) -> (u16, u16) {
+    let mut s = Client::rw_sqe(op, slba, nlb, false);
+    s.set_nsid(2).set_fuse(fuse);
+    let cid = send(q, s, &[]);
+    let p = q.recv().expect("pdu");
+    assert_eq!(p.ty, PduType::R2T as u8, "{p:?}");
+    let r = DataHdr::decode(&p.hdr).unwrap();
+    assert_eq!((r.cccid, r.offset, r.length), (cid, 0, nlb * 512));
+    (cid, r.ttag)
+}
+
+/// Either half may be complete first (its data in the capsule, the
+/// other's still due after an R2T): the pair runs once both are in. A
+/// queue closed with a half waiting for its partner still goes away.
+#[test]
+fn halves_pair_whichever_is_complete_first_and_a_closed_queue_ends() {
+    let e = fused_env();
+    let (_a, cntlid) = Client::admin(e.port, Digests::default());
+    let mut q = Client::io_queue(e.port, Digests::default(), cntlid, 1);
+    let (d1, d2, d3) = (pattern(2048, 7), pattern(2048, 8), pattern(2048, 9));
+    write(&mut q, 2, 40, &d1);
+
+    // The Write's data comes after the Compare's worker has it.
+    let c = send(&mut q, io_sqe(io::COMPARE, 2, 40, 4, 1), &d1);
+    let (w, tag) = send_r2t(&mut q, io::WRITE, 40, 4, 2);
+    q.send_h2c(w, tag, 0, &d2, true);
+    let m = answers(&mut q, 2);
+    assert_eq!((m[&c], m[&w]), (Status::SUCCESS, Status::SUCCESS));
+    assert_eq!(read(&mut q, 2, 40, 4), d2);
+
+    // The Compare's data comes after the Write's worker has it; it differs.
+    let (c, tag) = send_r2t(&mut q, io::COMPARE, 40, 4, 1);
+    let w = send(&mut q, io_sqe(io::WRITE, 2, 40, 4, 2), &d3);
+    q.send_h2c(c, tag, 0, &d1, true);
+    let m = answers(&mut q, 2);
+    assert_eq!(
+        (m[&c], m[&w]),
+        (Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED)
+    );
+    assert_eq!(read(&mut q, 2, 40, 4), d2);
+
+    // Queue 2 closes with a Compare waiting for its Write (whose data is
+    // due): the queue goes away (its worker does not wait forever) and
+    // nothing was written.
+    let mut q2 = Client::io_queue(e.port, Digests::default(), cntlid, 2);
+    send(&mut q2, io_sqe(io::COMPARE, 2, 40, 4, 1), &d2);
+    send_r2t(&mut q2, io::WRITE, 40, 4, 2);
+    let io_queues = || {
+        let st = e.target.nvmf_get_stats().unwrap();
+        st.poll_groups
+            .iter()
+            .map(|g| g.current_io_qpairs)
+            .sum::<u64>()
+    };
+    assert_eq!(io_queues(), 2);
+    drop(q2);
+    testkit::wait_until(
+        "the closed queue is gone",
+        std::time::Duration::from_secs(10),
+        || io_queues() == 1,
+    );
+    assert_eq!(read(&mut q, 2, 40, 4), d2);
+}
