@@ -98,6 +98,19 @@ fn vhost_scsi_sigkill_resubmits_from_the_inflight_region() {
     testkit::wait_until("writes marked in flight", Duration::from_secs(10), || {
         f.inflight_marked(REQ0) == N
     });
+    // The listing's session is this frontend, from the device's state.
+    let session = |s: &Server| s.ok("vhost_get_controllers", json!({"name": "vs"}));
+    testkit::wait_until(
+        "the session counts the writes",
+        Duration::from_secs(10),
+        || session(&s)[0]["sessions"][0]["inflight_task_cnt"] == N as u64,
+    );
+    let c = session(&s);
+    let ses = &c[0]["sessions"][0];
+    assert_eq!(ses["frontend_pid"], std::process::id(), "{c}");
+    assert_eq!(ses["started"], true, "{c}");
+    assert_eq!(ses["max_queues"], 3, "three rings run: {c}");
+    assert_eq!(ses["packed_rings"], 0, "{c}");
     s.kill();
     assert!(f.used(REQ0).is_empty(), "answered before the kill");
 
@@ -111,6 +124,8 @@ fn vhost_scsi_sigkill_resubmits_from_the_inflight_region() {
         assert!(r.good(), "write {k} after the restart: {r:?}");
     }
     assert_eq!(f.inflight_marked(REQ0), 0);
+    let c = session(&s);
+    assert_eq!(c[0]["sessions"][0]["resubmitted"], N as u64, "{c}");
     // Through the frontend and in the file.
     for k in 0..N {
         let buf = DATA_BASE + (64 + k as u64) * 4096;
