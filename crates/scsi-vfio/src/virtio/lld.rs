@@ -112,6 +112,10 @@ impl VirtioScsi {
         let deadline = Instant::now() + self.opts.tmf_timeout;
         loop {
             {
+                // The clock first, then the rings: a clock read can wait on
+                // QEMU's lock while it drains a LUN for this very TMF, and
+                // the answer is in the ring once the read returns.
+                let now = Instant::now();
                 let mut st = self.st.borrow_mut();
                 st.reap();
                 if let Some(r) = st.take_tmf(k) {
@@ -126,7 +130,7 @@ impl VirtioScsi {
                         _ => TmfResult::Failed,
                     };
                 }
-                if Instant::now() > deadline {
+                if now > deadline {
                     // The device still owns the slot's buffers.
                     st.abandon_tmf(k);
                     tracing::warn!(
