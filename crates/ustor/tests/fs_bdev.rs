@@ -68,6 +68,56 @@ fn stats(s: &Server) -> serde_json::Value {
 const FILES: usize = 3;
 const FILE_LEN: usize = 16 << 20;
 
+/// One read-back round (see the test): drops the device's page cache
+/// (nobody maps it between rounds), starts a server, reads every file with
+/// all its 1 MiB reads sent before the first reply is read, checks the
+/// data and the server's counters, stops the server; its stats.
+fn read_back(
+    d: &Path,
+    dev: &Path,
+    port: u16,
+    addr: &str,
+    files: &[(u64, String)],
+) -> serde_json::Value {
+    let st = Command::new("blockdev")
+        .arg("--flushbufs")
+        .arg(dev)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let server = Server::start(d, &config(dev, port), &[]);
+    let c = Client::connect(Config::new(addr, "vol", b"s3cret")).unwrap();
+    for (ino, sum) in files {
+        let started: Vec<_> = (0..FILE_LEN >> 20)
+            .map(|k| c.start_read(*ino, (k << 20) as u64, 1 << 20))
+            .collect();
+        let mut got = Vec::with_capacity(FILE_LEN);
+        for s in started {
+            got.extend_from_slice(&c.finish_read(s).unwrap());
+        }
+        assert_eq!(&sha256(&got), sum, "file {ino} read back");
+    }
+    let s = stats(&server);
+    assert_eq!(s["copied_bytes"], 0, "{s}");
+    assert_eq!(s["bytes_read"], (files.len() * FILE_LEN) as u64, "{s}");
+    // Pages were on the device only: reads were paged in on the pool.
+    assert!(s["reads_offloaded"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(
+        s["requests"],
+        (files.len() * (FILE_LEN >> 20)) as u64,
+        "{s}"
+    );
+    drop(c);
+    testkit::wait_until(
+        "the client's connection closed",
+        Duration::from_secs(10),
+        || stats(&server)["connections"] == 0,
+    );
+    let (rc, out) = server.stop();
+    assert_eq!(rc, 0, "{out}");
+    s
+}
+
 #[test]
 fn region_on_a_loop_device_reads_paged_in_off_the_reactor() {
     let d = tmpdir("fs-bdev");
@@ -112,44 +162,26 @@ fn region_on_a_loop_device_reads_paged_in_off_the_reactor() {
     let (ok, out) = ustor(&["fs", "check", devs]);
     assert!(ok, "{out}");
 
-    // Drop the device's page cache (nobody maps it now): every data page
-    // the next server reads comes from the device.
-    let st = Command::new("blockdev")
-        .arg("--flushbufs")
-        .arg(&dev.0)
-        .status()
-        .unwrap();
-    assert!(st.success());
-
-    let server = Server::start(&d, &config(&dev.0, port), &[]);
-    let c = Client::connect(Config::new(&addr, "vol", b"s3cret")).unwrap();
-    for (ino, sum) in &files {
-        // All 1 MiB reads of the file sent before the first reply is read.
-        let started: Vec<_> = (0..FILE_LEN >> 20)
-            .map(|k| c.start_read(*ino, (k << 20) as u64, 1 << 20))
-            .collect();
-        let mut got = Vec::with_capacity(FILE_LEN);
-        for s in started {
-            got.extend_from_slice(&c.finish_read(s).unwrap());
+    // Read everything back through a fresh server on a dropped page cache,
+    // up to ROUNDS times: each round must read every file back with the
+    // pages brought in on the pool; at least one round must show several
+    // reads in flight on the one connection. Whether the pool's first
+    // page-in ends before the reactor takes the next request is the
+    // scheduler's choice (a loaded CI machine once saw them one at a
+    // time), so one round alone cannot promise the overlap.
+    const ROUNDS: usize = 5;
+    let mut overlap = None;
+    for round in 0..ROUNDS {
+        let s = read_back(&d, &dev.0, port, &addr, &files);
+        if s["max_requests_in_flight"].as_u64().unwrap() > 1 {
+            overlap = Some(round);
+            break;
         }
-        assert_eq!(&sha256(&got), sum, "file {ino} read back");
     }
-    let s = stats(&server);
-    assert_eq!(s["copied_bytes"], 0, "{s}");
-    assert_eq!(s["bytes_read"], (FILES * FILE_LEN) as u64, "{s}");
-    // Pages were on the device only: reads were paged in on the pool.
-    assert!(s["reads_offloaded"].as_u64().unwrap() > 0, "{s}");
-    // Only reads ran on this server, one connection: several at once.
-    assert!(s["max_requests_in_flight"].as_u64().unwrap() > 1, "{s}");
-    assert_eq!(s["requests"], (FILES * (FILE_LEN >> 20)) as u64, "{s}");
-    drop(c);
-    testkit::wait_until(
-        "the client's connection closed",
-        Duration::from_secs(10),
-        || stats(&server)["connections"] == 0,
+    assert!(
+        overlap.is_some(),
+        "no round of {ROUNDS} had more than one read in flight on the connection"
     );
-    let (rc, out) = server.stop();
-    assert_eq!(rc, 0, "{out}");
     let (ok, out) = ustor(&["fs", "check", devs]);
     assert!(ok, "{out}");
     drop(dev);
