@@ -86,28 +86,7 @@ pub fn ring_chains(data: &[u8]) -> Outcome {
         let head = chain.head_index();
         let k = blk::collect_chain(chain, &mut descs);
         assert!(k <= blk::CHAIN_MAX + 1);
-        let len = match blk::parse_chain(&descs[..k], &mem, std::mem::take(&mut segs)) {
-            Ok(mut req) => {
-                check_request(&mem, &req);
-                out.accepted += 1;
-                segs = std::mem::take(&mut req.segs);
-                1
-            }
-            Err((e, back)) => {
-                segs = back;
-                match e.status_addr() {
-                    Some(a) => {
-                        assert!(mem.check_range(a, 1, Permissions::Write));
-                        out.ioerr += 1;
-                        1
-                    }
-                    None => {
-                        out.no_status += 1;
-                        0
-                    }
-                }
-            }
-        };
+        let len = judge_chain(&descs[..k], &mem, &mut segs, &mut out);
         // The used ring may itself be garbage; the data path ignores a
         // failed add the same way (the ring is then broken).
         let _ = q.add_used(&mem, head, len);
@@ -151,24 +130,7 @@ pub fn packed_chains(data: &[u8]) -> Outcome {
             break;
         };
         assert!(t.descs <= descs.len() && t.head < size);
-        let len = match blk::parse_chain(&descs[..t.descs], &mem, std::mem::take(&mut segs)) {
-            Ok(mut req) => {
-                check_request(&mem, &req);
-                out.accepted += 1;
-                segs = std::mem::take(&mut req.segs);
-                1
-            }
-            Err((e, back)) => {
-                segs = back;
-                if e.status_addr().is_some() {
-                    out.ioerr += 1;
-                    1
-                } else {
-                    out.no_status += 1;
-                    0
-                }
-            }
-        };
+        let len = judge_chain(&descs[..t.descs], &mem, &mut segs, &mut out);
         held.push((t.head, len));
         // Return some now, in an order the bytes pick (out of order).
         if byte(step % MEM_BYTES) & 1 == 1 {
@@ -184,6 +146,39 @@ pub fn packed_chains(data: &[u8]) -> Outcome {
     assert_eq!(r.in_flight(), 0);
     let _ = r.enable_notification(&mem);
     out
+}
+
+/// Parses one chain as the data path does, checks what it accepted and
+/// counts the outcome; the used length the device would give it (1 when a
+/// status byte is written, 0 when there is nowhere to write one).
+fn judge_chain<M: GuestMemory>(
+    descs: &[blk::Desc],
+    mem: &M,
+    segs: &mut Vec<blk::Seg>,
+    out: &mut Outcome,
+) -> u32 {
+    match blk::parse_chain(descs, mem, std::mem::take(segs)) {
+        Ok(mut req) => {
+            check_request(mem, &req);
+            out.accepted += 1;
+            *segs = std::mem::take(&mut req.segs);
+            1
+        }
+        Err((e, back)) => {
+            *segs = back;
+            match e.status_addr() {
+                Some(a) => {
+                    assert!(mem.check_range(a, 1, Permissions::Write));
+                    out.ioerr += 1;
+                    1
+                }
+                None => {
+                    out.no_status += 1;
+                    0
+                }
+            }
+        }
+    }
 }
 
 fn check_request<M: GuestMemory>(mem: &M, req: &blk::Request) {
