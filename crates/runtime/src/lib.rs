@@ -44,6 +44,7 @@ pub mod stats;
 pub mod ticks;
 pub mod timer;
 pub mod uring;
+pub mod zc;
 
 pub use buf::{BufPoolConfig, IoBuf};
 pub use config::{parse_cores, ConfigError, PollMode, RuntimeConfig};

@@ -45,6 +45,12 @@ pub(crate) enum OpState {
     InFlight,
     Done,
     Orphaned,
+    /// A zero-copy send whose future resolved on its first completion: the
+    /// slot waits for the notification and then runs `on_notif`.
+    Notify,
+    /// A zero-copy send's notification arrived before its future saw the
+    /// first completion (both in one reap): the result is in `notif`.
+    Notified,
 }
 
 /// One in-flight future op. Lives in a boxed slice that never moves, so the
@@ -55,6 +61,11 @@ pub(crate) struct OpSlot {
     pub(crate) flags: Cell<u32>,
     pub(crate) waker: RefCell<Option<Waker>>,
     pub(crate) orphan: RefCell<Option<Box<dyn Any>>>,
+    /// A zero-copy send's resources and what to do with them once the
+    /// kernel's notification says it no longer reads them.
+    pub(crate) on_notif: RefCell<Option<Box<dyn FnOnce(i32)>>>,
+    /// The notification's result (`IORING_NOTIF_USAGE_ZC_COPIED`).
+    pub(crate) notif: Cell<i32>,
     pub(crate) iov: UnsafeCell<[libc::iovec; crate::ops::MAX_IOV]>,
     pub(crate) msg: UnsafeCell<libc::msghdr>,
     pub(crate) addr: UnsafeCell<libc::sockaddr_storage>,
@@ -75,6 +86,8 @@ pub(crate) struct Ring {
     pub(crate) cqes: Cell<u64>,
     /// Registered-file slots in use (empty if the kernel has no sparse table).
     files: RefCell<Vec<bool>>,
+    /// Whether the kernel has IORING_OP_SENDMSG_ZC (probed once).
+    pub(crate) send_zc: bool,
 }
 
 /// Registered buffers count against RLIMIT_MEMLOCK for a process without
@@ -118,6 +131,9 @@ impl Ring {
         } else {
             Vec::new()
         };
+        let mut probe = io_uring::Probe::new();
+        let send_zc = ring.submitter().register_probe(&mut probe).is_ok()
+            && probe.is_supported(opcode::SendMsgZc::CODE);
         let n = cfg.max_ops.max(16) as usize;
         let slots: Vec<OpSlot> = (0..n)
             .map(|_| OpSlot {
@@ -126,6 +142,8 @@ impl Ring {
                 flags: Cell::new(0),
                 waker: RefCell::new(None),
                 orphan: RefCell::new(None),
+                on_notif: RefCell::new(None),
+                notif: Cell::new(0),
                 iov: UnsafeCell::new(
                     [libc::iovec {
                         iov_base: std::ptr::null_mut(),
@@ -153,6 +171,7 @@ impl Ring {
             submits: Cell::new(0),
             cqes: Cell::new(0),
             files: RefCell::new(files),
+            send_zc,
         })
     }
 
@@ -296,8 +315,12 @@ impl Ring {
         let Some(s) = self.slots.get(idx as usize) else {
             return;
         };
-        match s.state.get() {
-            OpState::InFlight => {
+        // A zero-copy send completes twice: the send (CQE_F_MORE: a
+        // notification follows) and the notification (CQE_F_NOTIF), after
+        // which the kernel no longer reads the memory it was given.
+        let notif = io_uring::cqueue::notif(flags);
+        match (s.state.get(), notif) {
+            (OpState::InFlight, false) => {
                 s.result.set(res);
                 s.flags.set(flags);
                 s.state.set(OpState::Done);
@@ -306,14 +329,26 @@ impl Ring {
                     w.wake();
                 }
             }
-            OpState::Orphaned => {
-                // The future was dropped: its resources were kept alive here
-                // until now, when the kernel is done with them.
+            // The future was dropped: its resources stay here until the
+            // kernel is done with them (the notification, if one follows).
+            (OpState::Orphaned, _) if io_uring::cqueue::more(flags) => {}
+            (OpState::Orphaned, _) => {
                 let orphan = s.orphan.borrow_mut().take();
                 drop(orphan);
                 self.free_slot(idx);
             }
-            OpState::Free | OpState::Done => tracing::error!("stray completion for op slot {idx}"),
+            (OpState::Done, true) => {
+                s.notif.set(res);
+                s.state.set(OpState::Notified);
+            }
+            (OpState::Notify, true) => {
+                let f = s.on_notif.borrow_mut().take();
+                self.free_slot(idx);
+                if let Some(f) = f {
+                    f(res);
+                }
+            }
+            (st, _) => tracing::error!("stray completion for op slot {idx} ({st:?}, {flags:#x})"),
         }
     }
 
