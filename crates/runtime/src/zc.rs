@@ -84,7 +84,10 @@ impl<T: IoVecs> SendZc<T> {
                 return None;
             };
             let slot = &r.ring.slots[idx as usize];
-            let res = self.res.as_ref().expect("resources present until completion");
+            let res = self
+                .res
+                .as_ref()
+                .expect("resources present until completion");
             // SAFETY: the slot's iov/msg cells belong to the op owning the
             // slot, in a boxed slice that never moves; the slot is held
             // until the notification, so they outlive the kernel's use.

@@ -56,9 +56,16 @@ fn pattern(len: usize) -> Vec<u8> {
 #[test]
 fn loopback_send_arrives_and_notifications_say_copied() {
     let r = rt();
-    let ok = r.handle().block_on(0, || async { zc::send_zc_supported() }).unwrap();
+    let ok = r
+        .handle()
+        .block_on(0, || async { zc::send_zc_supported() })
+        .unwrap();
     testkit::require!(
-        if ok { Ok(()) } else { Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string()) },
+        if ok {
+            Ok(())
+        } else {
+            Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
+        },
         "a kernel with IORING_OP_SENDMSG_ZC"
     );
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -113,9 +120,16 @@ fn loopback_send_arrives_and_notifications_say_copied() {
 #[test]
 fn a_dropped_send_keeps_its_memory_until_the_notification() {
     let r = rt();
-    let ok = r.handle().block_on(0, || async { zc::send_zc_supported() }).unwrap();
+    let ok = r
+        .handle()
+        .block_on(0, || async { zc::send_zc_supported() })
+        .unwrap();
     testkit::require!(
-        if ok { Ok(()) } else { Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string()) },
+        if ok {
+            Ok(())
+        } else {
+            Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
+        },
         "a kernel with IORING_OP_SENDMSG_ZC"
     );
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -156,15 +170,26 @@ fn a_dropped_send_keeps_its_memory_until_the_notification() {
         })
         .unwrap();
     assert!(released);
-    assert_eq!(reader.join().unwrap(), 64 << 10, "the dropped send still went out");
+    assert_eq!(
+        reader.join().unwrap(),
+        64 << 10,
+        "the dropped send still went out"
+    );
 }
 
 #[test]
 fn a_unix_socket_refuses_zero_copy_and_releases_at_once() {
     let r = rt();
-    let ok = r.handle().block_on(0, || async { zc::send_zc_supported() }).unwrap();
+    let ok = r
+        .handle()
+        .block_on(0, || async { zc::send_zc_supported() })
+        .unwrap();
     testkit::require!(
-        if ok { Ok(()) } else { Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string()) },
+        if ok {
+            Ok(())
+        } else {
+            Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
+        },
         "a kernel with IORING_OP_SENDMSG_ZC"
     );
     let (res, notes, refs) = r
@@ -188,7 +213,11 @@ fn a_unix_socket_refuses_zero_copy_and_releases_at_once() {
             )
             .await;
             let notes = log.borrow().clone();
-            (res.map_err(|e| e.raw_os_error()), notes, Rc::strong_count(&data))
+            (
+                res.map_err(|e| e.raw_os_error()),
+                notes,
+                Rc::strong_count(&data),
+            )
         })
         .unwrap();
     assert_eq!(res, Err(Some(libc::EOPNOTSUPP)));
