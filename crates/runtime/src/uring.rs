@@ -53,6 +53,9 @@ pub(crate) enum OpState {
     Notified,
 }
 
+/// Run with a zero-copy send's notification result.
+pub(crate) type NotifFn = Box<dyn FnOnce(i32)>;
+
 /// One in-flight future op. Lives in a boxed slice that never moves, so the
 /// iovecs and msghdr inside stay valid while the kernel reads them.
 pub(crate) struct OpSlot {
@@ -63,7 +66,7 @@ pub(crate) struct OpSlot {
     pub(crate) orphan: RefCell<Option<Box<dyn Any>>>,
     /// A zero-copy send's resources and what to do with them once the
     /// kernel's notification says it no longer reads them.
-    pub(crate) on_notif: RefCell<Option<Box<dyn FnOnce(i32)>>>,
+    pub(crate) on_notif: RefCell<Option<NotifFn>>,
     /// The notification's result (`IORING_NOTIF_USAGE_ZC_COPIED`).
     pub(crate) notif: Cell<i32>,
     pub(crate) iov: UnsafeCell<[libc::iovec; crate::ops::MAX_IOV]>,
