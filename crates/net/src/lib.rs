@@ -13,6 +13,8 @@
 //! - [`group`], [`sender`], [`coalesce`]: the PDU group (one `sendmsg` of
 //!   many replies), the loop that sends it, and LANoT, the load-aware policy
 //!   deciding when a group leaves.
+//! - [`xdp`]: AF_XDP sockets (UMEM over caller memory, the four rings) and
+//!   the XDP program that steers one EtherType to them.
 //!
 //! Nothing here takes a lock, allocates or copies payload per I/O: staging
 //! and groups are allocated once per connection, payload moves by value or
@@ -26,6 +28,7 @@ pub mod recv;
 pub mod sender;
 pub mod staging;
 pub mod time;
+pub mod xdp;
 
 pub use group::PduGroup;
 pub use listener::{

@@ -7,6 +7,8 @@
 //!   `SKIPPED:` and returns; under `CI=true` it fails, saying what is
 //!   missing and how to install it.
 //!
+//! - [`netns`]: two network namespaces over a veth pair, removed on drop.
+//!
 //! - [`alloc`]: a counting global allocator for the zero-allocation
 //!   data-path tests.
 //!
@@ -14,6 +16,7 @@
 //! crate, the runtime included, can use it as a dev-dependency.
 
 pub mod alloc;
+pub mod netns;
 pub mod peer;
 pub mod wait;
 
