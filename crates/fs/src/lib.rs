@@ -6,7 +6,8 @@
 //! operations (`ns`), the offline checker (`check`) and the wire protocol's
 //! frames (`proto`), the
 //! transport-independent request handler (`serve`) and the TCP server on
-//! the reactors with its control plane (`server`).
+//! the reactors with its control plane (`server`), and the frames of the
+//! raw-Ethernet (AF_XDP) transport (`xdp_wire`).
 
 pub mod check;
 pub mod fs;
@@ -18,6 +19,7 @@ pub mod proto;
 pub mod serve;
 pub mod server;
 mod tx;
+pub mod xdp_wire;
 
 use thiserror::Error;
 

@@ -1,0 +1,431 @@
+//! The frames of the file service's raw-Ethernet transport (Transport 2,
+//! AF_XDP), sans-IO. Requests and replies are the TCP transport's frames
+//! ([`crate::proto`]), carried in control frames; a write's payload is
+//! either placed straight into the region by the receiving kernel (the
+//! paper's reverse-overwrite) or sent in fragments and copied.
+//!
+//! A control frame is Ethernet (14 bytes, EtherType [`ETHERTYPE`]) and
+//! [`CTRL_HDR`] bytes: kind u8, flags u8, frag u16, nfrag u16, session u16,
+//! rid u64 (little-endian), then up to [`MAX_CTRL_PAYLOAD`] bytes: fragment
+//! `frag` of `nfrag` of one message. Every fragment but the last is full.
+//!
+//! A placed data frame is Ethernet and 2 bytes (kind [`Kind::Data`], a tag)
+//! then one piece of the payload: 16 bytes of header in all. The receiver
+//! posts fill addresses so that a piece's frame lands with its payload on
+//! the piece's bytes in the region and its 16-byte header just before
+//! them. Pieces are sent last first ([`pieces`]), so each header lands on
+//! bytes of the piece before, which arrives later and overwrites it; only
+//! the first piece's header lands outside the payload, on the 16 bytes
+//! before it, which the receiver saves and restores. Every piece but the
+//! last first is [`MAX_PIECE`] bytes and the frame of the last piece ends
+//! exactly at the payload's end, so no frame of any length up to the
+//! largest the socket accepts ([`MAX_FRAME`]) can write past it.
+
+use thiserror::Error;
+
+/// IEEE 802 local experimental EtherType 1.
+pub const ETHERTYPE: u16 = 0x88B5;
+/// Ethernet header: destination, source, EtherType.
+pub const ETH_LEN: usize = 14;
+/// Our control header after the Ethernet header.
+pub const CTRL_HDR: usize = 16;
+/// The largest frame on a 1500-byte MTU (no FCS, no VLAN tag).
+pub const MAX_FRAME: usize = 1514;
+/// Message bytes in one control frame.
+pub const MAX_CTRL_PAYLOAD: usize = MAX_FRAME - ETH_LEN - CTRL_HDR;
+/// Header bytes of a placed data frame (Ethernet, kind, tag): the bytes
+/// saved and restored before a placed payload.
+pub const PLACE_HDR: usize = 16;
+/// Payload bytes of a full data frame.
+pub const MAX_PIECE: usize = MAX_FRAME - PLACE_HDR;
+/// UMEM chunk size both ends use, and the headroom that makes the largest
+/// frame a chunk accepts exactly [`MAX_FRAME`] (2048 - 256 - 278).
+pub const CHUNK: u32 = 2048;
+pub const HEADROOM: u32 = 278;
+/// Largest number of fragments of one message (a 1 MiB read reply).
+pub const MAX_FRAGS: u16 =
+    ((crate::proto::MAX_BODY + crate::proto::HEADER_LEN).div_ceil(MAX_CTRL_PAYLOAD)) as u16;
+/// Largest number of segments a grant describes (one frame).
+pub const MAX_GRANT_SEGS: usize = (MAX_CTRL_PAYLOAD - 12) / 4;
+
+/// Errors of the frame decoder: the frame is dropped and counted.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("frame of {0} bytes is too short")]
+    Short(usize),
+    #[error("frame of {0} bytes is too long")]
+    Long(usize),
+    #[error("EtherType {0:#06x} is not ours")]
+    EtherType(u16),
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+    #[error("fragment {frag} of {nfrag} is out of range")]
+    Frag { frag: u16, nfrag: u16 },
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}
+
+/// Frame kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Client to server: a request (a [`crate::proto`] frame; a write's
+    /// carries only header and offset, then the payload's CRC32C, u32).
+    Req = 1,
+    /// Server to client: the reply (a [`crate::proto`] reply frame).
+    Resp = 2,
+    /// Padding that consumes one receive buffer (realigns the rx ring).
+    Nop = 3,
+    /// Server to client: send the write's payload ([`Grant`]).
+    Go = 4,
+    /// Client to server: a fragment of a write's payload, to be copied.
+    WData = 5,
+    /// Client to server: a piece to be placed (short header).
+    Data = 6,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Req,
+            2 => Kind::Resp,
+            3 => Kind::Nop,
+            4 => Kind::Go,
+            5 => Kind::WData,
+            6 => Kind::Data,
+            _ => return None,
+        })
+    }
+}
+
+/// A control header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ctrl {
+    pub kind: Kind,
+    pub flags: u8,
+    pub frag: u16,
+    pub nfrag: u16,
+    pub session: u16,
+    pub rid: u64,
+}
+
+/// A decoded frame; payloads borrow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame<'a> {
+    Ctrl {
+        src: [u8; 6],
+        hdr: Ctrl,
+        payload: &'a [u8],
+    },
+    Data {
+        src: [u8; 6],
+        tag: u8,
+        payload: &'a [u8],
+    },
+}
+
+/// Writes the Ethernet header.
+pub fn put_eth(f: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
+}
+
+/// Encodes a control frame into `f` (at least [`MAX_FRAME`] bytes); returns
+/// its length.
+pub fn encode_ctrl(f: &mut [u8], dst: [u8; 6], src: [u8; 6], h: &Ctrl, payload: &[u8]) -> usize {
+    assert!(payload.len() <= MAX_CTRL_PAYLOAD, "caller splits messages");
+    put_eth(f, dst, src);
+    let b = &mut f[ETH_LEN..];
+    b[0] = h.kind as u8;
+    b[1] = h.flags;
+    b[2..4].copy_from_slice(&h.frag.to_le_bytes());
+    b[4..6].copy_from_slice(&h.nfrag.to_le_bytes());
+    b[6..8].copy_from_slice(&h.session.to_le_bytes());
+    b[8..16].copy_from_slice(&h.rid.to_le_bytes());
+    b[CTRL_HDR..CTRL_HDR + payload.len()].copy_from_slice(payload);
+    ETH_LEN + CTRL_HDR + payload.len()
+}
+
+/// Encodes a data frame's header (the piece follows it).
+pub fn encode_data_hdr(f: &mut [u8], dst: [u8; 6], src: [u8; 6], tag: u8) {
+    put_eth(f, dst, src);
+    f[ETH_LEN] = Kind::Data as u8;
+    f[ETH_LEN + 1] = tag;
+}
+
+/// The tag of piece `i` of grant `seq`: a data frame that lands in the
+/// wrong slot (the ring out of step) shows a different one in most cases;
+/// the payload CRC catches the rest.
+pub fn data_tag(seq: u8, i: usize) -> u8 {
+    (i as u8).wrapping_add(seq.wrapping_mul(37))
+}
+
+/// Decodes a frame (the wire parser: any bytes in, an error out, never a
+/// panic).
+pub fn parse(f: &[u8]) -> Result<Frame<'_>, WireError> {
+    if f.len() < PLACE_HDR {
+        return Err(WireError::Short(f.len()));
+    }
+    if f.len() > MAX_FRAME {
+        return Err(WireError::Long(f.len()));
+    }
+    let et = u16::from_be_bytes([f[12], f[13]]);
+    if et != ETHERTYPE {
+        return Err(WireError::EtherType(et));
+    }
+    let src: [u8; 6] = f[6..12].try_into().expect("6");
+    let kind = Kind::from_u8(f[ETH_LEN]).ok_or(WireError::Kind(f[ETH_LEN]))?;
+    if kind == Kind::Data {
+        return Ok(Frame::Data {
+            src,
+            tag: f[ETH_LEN + 1],
+            payload: &f[PLACE_HDR..],
+        });
+    }
+    if f.len() < ETH_LEN + CTRL_HDR {
+        return Err(WireError::Short(f.len()));
+    }
+    let b = &f[ETH_LEN..];
+    let u16at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let hdr = Ctrl {
+        kind,
+        flags: b[1],
+        frag: u16at(2),
+        nfrag: u16at(4),
+        session: u16at(6),
+        rid: u64::from_le_bytes(b[8..16].try_into().expect("8")),
+    };
+    if hdr.nfrag == 0 || hdr.nfrag > MAX_FRAGS || hdr.frag >= hdr.nfrag {
+        return Err(WireError::Frag {
+            frag: hdr.frag,
+            nfrag: hdr.nfrag,
+        });
+    }
+    let payload = &b[CTRL_HDR..];
+    if hdr.frag + 1 < hdr.nfrag && payload.len() != MAX_CTRL_PAYLOAD {
+        return Err(WireError::Malformed(
+            "a fragment before the last is not full",
+        ));
+    }
+    Ok(Frame::Ctrl { src, hdr, payload })
+}
+
+/// The pieces of a payload segment of `len` bytes, in sending order (last
+/// first), as (offset, length): the last piece ends at `len`, every piece
+/// but the first is [`MAX_PIECE`] bytes.
+pub fn pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut end = len;
+    std::iter::from_fn(move || {
+        if end == 0 {
+            return None;
+        }
+        let start = end.saturating_sub(MAX_PIECE);
+        let p = (start, end - start);
+        end = start;
+        Some(p)
+    })
+}
+
+/// Whether a segment can be placed: its first piece's frame must fit
+/// inside it too (a segment shorter than [`MAX_PIECE`] is sent in
+/// fragments and copied).
+pub fn placeable(len: usize) -> bool {
+    len >= MAX_PIECE
+}
+
+/// What the server asks for a write's payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Placed (data frames, per [`pieces`] of each segment) or copied
+    /// (WData fragments of the whole payload).
+    pub place: bool,
+    /// Grant number within the request (tags of data frames).
+    pub seq: u8,
+    /// NOP frames to send first: receive buffers posted before the
+    /// placement slots.
+    pub nops: u32,
+    /// The payload split into segments, in payload order (placed only).
+    pub segs: Vec<u32>,
+}
+
+impl Grant {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(12 + 4 * self.segs.len());
+        b.push(self.place as u8);
+        b.push(self.seq);
+        b.extend_from_slice(&(self.segs.len() as u16).to_le_bytes());
+        b.extend_from_slice(&self.nops.to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        for s in &self.segs {
+            b.extend_from_slice(&s.to_le_bytes());
+        }
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Grant, WireError> {
+        if b.len() < 12 || b[0] > 1 {
+            return Err(WireError::Malformed("grant header"));
+        }
+        let n = u16::from_le_bytes([b[2], b[3]]) as usize;
+        if n > MAX_GRANT_SEGS || b.len() != 12 + 4 * n {
+            return Err(WireError::Malformed("grant segments"));
+        }
+        let segs: Vec<u32> = b[12..]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+            .collect();
+        let place = b[0] == 1;
+        if place && segs.iter().any(|&s| !placeable(s as usize)) {
+            return Err(WireError::Malformed("grant segment too short to place"));
+        }
+        Ok(Grant {
+            place,
+            seq: b[1],
+            nops: u32::from_le_bytes(b[4..8].try_into().expect("4")),
+            segs,
+        })
+    }
+}
+
+/// Reassembles one message from its control fragments.
+#[derive(Debug, Default)]
+pub struct Assembly {
+    rid: u64,
+    nfrag: u16,
+    have: Vec<bool>,
+    got: u16,
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Assembly {
+    /// Adds a fragment; returns the message once all fragments are in. A
+    /// fragment of another request id or count starts over; duplicates
+    /// are ignored.
+    pub fn add(&mut self, h: &Ctrl, payload: &[u8]) -> Option<&[u8]> {
+        if h.rid != self.rid || h.nfrag != self.nfrag || self.have.is_empty() {
+            self.rid = h.rid;
+            self.nfrag = h.nfrag;
+            self.have = vec![false; h.nfrag as usize];
+            self.got = 0;
+            self.buf.clear();
+            self.buf.resize(h.nfrag as usize * MAX_CTRL_PAYLOAD, 0);
+            self.len = 0;
+        }
+        let i = h.frag as usize;
+        if i >= self.have.len() || self.have[i] {
+            return None;
+        }
+        let at = i * MAX_CTRL_PAYLOAD;
+        self.buf[at..at + payload.len()].copy_from_slice(payload);
+        self.have[i] = true;
+        self.got += 1;
+        if i + 1 == self.have.len() {
+            self.len = at + payload.len();
+        }
+        if self.got == self.nfrag {
+            self.have.clear();
+            return Some(&self.buf[..self.len]);
+        }
+        None
+    }
+}
+
+/// Splits a message into control-frame payloads.
+pub fn fragments(msg: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let n = msg.len().div_ceil(MAX_CTRL_PAYLOAD).max(1);
+    (0..n).map(move |i| &msg[i * MAX_CTRL_PAYLOAD..((i + 1) * MAX_CTRL_PAYLOAD).min(msg.len())])
+}
+
+/// Decodes every frame of a byte stream split as u16-length-prefixed
+/// frames, feeding control fragments to an [`Assembly`] and grants to
+/// their decoder; returns how many frames decoded. The fuzz target and the
+/// proptests run this.
+pub fn decode_frames(mut b: &[u8]) -> usize {
+    let mut asm = Assembly::default();
+    let mut n = 0;
+    while b.len() >= 2 {
+        let len = (u16::from_le_bytes([b[0], b[1]]) as usize).min(b.len() - 2);
+        let f = &b[2..2 + len];
+        b = &b[2 + len..];
+        if let Ok(fr) = parse(f) {
+            n += 1;
+            if let Frame::Ctrl { hdr, payload, .. } = fr {
+                if hdr.kind == Kind::Go {
+                    let _ = Grant::decode(payload);
+                }
+                if let Some(msg) = asm.add(&hdr, payload) {
+                    let _ = crate::proto::decode_stream(msg);
+                }
+            }
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_three_pieces_last_first_ending_at_the_end() {
+        let p: Vec<_> = pieces(4096).collect();
+        assert_eq!(p, vec![(2598, 1498), (1100, 1498), (0, 1100)]);
+        assert!(placeable(4096) && !placeable(1024));
+        assert_eq!(MAX_FRAME - PLACE_HDR, 1498);
+        assert_eq!(CHUNK - 256 - HEADROOM, MAX_FRAME as u32);
+    }
+
+    #[test]
+    fn control_frames_round_trip_and_fragment() {
+        let h = Ctrl {
+            kind: Kind::Resp,
+            flags: 0,
+            frag: 1,
+            nfrag: 3,
+            session: 9,
+            rid: 77,
+        };
+        let mut f = [0u8; MAX_FRAME];
+        let pl = vec![5u8; MAX_CTRL_PAYLOAD];
+        let n = encode_ctrl(&mut f, [1; 6], [2; 6], &h, &pl);
+        assert_eq!(n, MAX_FRAME);
+        match parse(&f[..n]).unwrap() {
+            Frame::Ctrl { src, hdr, payload } => {
+                assert_eq!((src, hdr, payload), ([2; 6], h, &pl[..]));
+            }
+            other => panic!("{other:?}"),
+        }
+        let msg: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
+        let frags: Vec<&[u8]> = fragments(&msg).collect();
+        assert_eq!(frags.len(), 3);
+        let mut asm = Assembly::default();
+        let mut out = None;
+        for i in [2usize, 0, 0, 1] {
+            let hd = Ctrl {
+                frag: i as u16,
+                nfrag: 3,
+                ..h
+            };
+            if let Some(m) = asm.add(&hd, frags[i]) {
+                out = Some(m.to_vec());
+            }
+        }
+        assert_eq!(out.as_deref(), Some(&msg[..]));
+    }
+
+    #[test]
+    fn malformed_frames_are_errors() {
+        let mut f = [0u8; 40];
+        put_eth(&mut f, [0; 6], [0; 6]);
+        assert_eq!(parse(&f[..10]), Err(WireError::Short(10)));
+        f[ETH_LEN] = 99;
+        assert_eq!(parse(&f), Err(WireError::Kind(99)));
+        f[ETH_LEN] = Kind::Req as u8; // nfrag 0
+        assert!(matches!(parse(&f), Err(WireError::Frag { .. })));
+        f[12] = 0x08;
+        assert_eq!(parse(&f), Err(WireError::EtherType(0x08B5)));
+        assert!(Grant::decode(&[1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0]).is_err());
+    }
+}
