@@ -40,7 +40,7 @@ proptest! {
             let mut f = [0u8; MAX_FRAME];
             let h = ctrl(Kind::Req, i as u16, frags.len() as u16, rid);
             let n = encode_ctrl(&mut f, [1; 6], [2; 6], &h, p);
-            prop_assert_eq!(parse(&f[..n]), Ok(Frame::Ctrl { src: [2; 6], hdr: h, payload: *p }));
+            prop_assert_eq!(parse(&f[..n]), Ok(Frame::Ctrl { src: [2; 6], hdr: h, payload: p }));
             stream.extend_from_slice(&(n as u16).to_le_bytes());
             stream.extend_from_slice(&f[..n]);
         }
