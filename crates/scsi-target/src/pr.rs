@@ -88,6 +88,33 @@ impl State {
         }
     }
 
+    /// Whether `n` meets a reservation conflict for a command of `a`.
+    fn conflicts(&self, n: &str, a: Access) -> bool {
+        if self.reserve6.as_deref().is_some_and(|h| h != n) && a != Access::Always {
+            return true;
+        }
+        let Some((_, t)) = &self.resv else {
+            return false;
+        };
+        if self.is_holder(n) {
+            return false;
+        }
+        let registered = self.key_of(n).is_some();
+        let shared = matches!(
+            *t,
+            WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
+        );
+        match a {
+            Access::Always | Access::Persistent => false,
+            Access::Write => !(shared && registered),
+            Access::Read => match *t {
+                EXCLUSIVE_ACCESS => true,
+                EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR => !registered,
+                _ => false,
+            },
+        }
+    }
+
     /// Registered nexuses other than `n`.
     fn others(&self, n: &str) -> Vec<Nexus> {
         self.regs
@@ -146,6 +173,16 @@ impl State {
         gone.iter().for_each(|g| self.owe(g, REGS_PREEMPTED));
         gone.len()
     }
+}
+
+/// The unit's answer to a command about to run ([`Reservations::check`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// A unit attention was owed to the command's nexus: it is the answer.
+    Attention(Sense),
+    /// A reservation of another nexus forbids the access.
+    Conflict,
+    Go,
 }
 
 /// One logical unit's reservation state.
@@ -223,37 +260,21 @@ impl Reservations {
         others.iter().for_each(|o| st.owe(o, code));
     }
 
-    pub(crate) fn take_ua(&self, n: &str) -> Option<Sense> {
+    /// What the unit says to a command of nexus `n` needing access `a`
+    /// before it runs: the unit attention owed to `n` (taken; only when
+    /// `ua`, the command is not one that attentions pass), else whether a
+    /// reservation conflicts. One lock for both: every command asks.
+    pub(crate) fn check(&self, n: &str, ua: bool, a: Access) -> Check {
         let mut st = self.lock();
-        let at = st.ua.iter().position(|(x, _)| &**x == n)?;
-        Some(st.ua.remove(at).1)
-    }
-
-    /// Whether `n` meets a reservation conflict for a command of `a`.
-    pub(crate) fn conflicts(&self, n: &str, a: Access) -> bool {
-        let st = self.lock();
-        if st.reserve6.as_deref().is_some_and(|h| h != n) && a != Access::Always {
-            return true;
+        if ua {
+            if let Some(at) = st.ua.iter().position(|(x, _)| &**x == n) {
+                return Check::Attention(st.ua.remove(at).1);
+            }
         }
-        let Some((_, t)) = &st.resv else {
-            return false;
-        };
-        if st.is_holder(n) {
-            return false;
-        }
-        let registered = st.key_of(n).is_some();
-        let shared = matches!(
-            *t,
-            WRITE_EXCLUSIVE_RO | EXCLUSIVE_ACCESS_RO | WRITE_EXCLUSIVE_AR | EXCLUSIVE_ACCESS_AR
-        );
-        match a {
-            Access::Always | Access::Persistent => false,
-            Access::Write => !(shared && registered),
-            Access::Read => match *t {
-                EXCLUSIVE_ACCESS => true,
-                EXCLUSIVE_ACCESS_RO | EXCLUSIVE_ACCESS_AR => !registered,
-                _ => false,
-            },
+        if st.conflicts(n, a) {
+            Check::Conflict
+        } else {
+            Check::Go
         }
     }
 

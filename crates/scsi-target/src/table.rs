@@ -10,7 +10,7 @@ use ustor_scsi_proto::{Sense, SenseKey};
 use crate::data::{DataPath, XferError};
 use crate::lu::Lun;
 use crate::outcome::Outcome;
-use crate::pr::{Access, Nexus};
+use crate::pr::{Access, Check, Nexus};
 use crate::{pr, sbc, spc};
 
 /// Most LUNs one table holds (bounds REPORT LUNS data).
@@ -203,14 +203,18 @@ impl LunTable {
             // protection information").
             return Ok(Outcome::invalid_field(exp));
         }
-        if !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. }) {
-            let ua = lu.ua.take().or_else(|| self.capacity_ua(lu));
-            if let Some(ua) = ua.or_else(|| lu.shared.pr.take_ua(&self.nexus)) {
+        let attentions = !matches!(c, Command::Inquiry { .. } | Command::RequestSense { .. });
+        if attentions {
+            if let Some(ua) = lu.ua.take().or_else(|| self.capacity_ua(lu)) {
                 return Ok(Outcome::sense(ua, exp));
             }
         }
-        if lu.shared.pr.conflicts(&self.nexus, access(&c)) {
-            return Ok(Outcome::conflict(exp));
+        // The unit's attentions for this nexus and its reservations, under
+        // one lock of the unit's state.
+        match lu.shared.pr.check(&self.nexus, attentions, access(&c)) {
+            Check::Attention(ua) => return Ok(Outcome::sense(ua, exp)),
+            Check::Conflict => return Ok(Outcome::conflict(exp)),
+            Check::Go => {}
         }
         if lu.shared.mode.swp() && writes_medium(&c) {
             return Ok(Outcome::check(
