@@ -233,6 +233,12 @@ impl Wire {
         }
     }
 
+    /// Whether bytes beyond the last PDU are staged already (the start of
+    /// the next one: it needs no receive).
+    pub fn more_staged(&self) -> bool {
+        self.st.avail() > self.held
+    }
+
     /// The AHS of the last PDU received.
     pub fn ahs(&mut self) -> &[u8] {
         &self.hdr[BHS_LEN..self.hlen]

@@ -246,6 +246,12 @@ impl<'a, D: Discovery> Session<'a, D> {
             }
             if b.opcode() == opcode::SCSI_CMD && self.normal {
                 self.scsi(&b).await?;
+                if !self.wire.more_staged() {
+                    // Nothing else has come: the command's task runs before
+                    // this loop arms the next receive, so its response
+                    // leaves first (the receive is not on its way).
+                    ustor_runtime::yield_now().await;
+                }
                 continue;
             }
             let mut buf = std::mem::take(&mut self.scratch);
