@@ -30,6 +30,12 @@
 # SYSCALLS=1 also counts the target's io_uring_enter calls over each run
 # (perf stat on the syscalls:sys_enter_io_uring_enter tracepoint, all its
 # threads; needs perf and tracepoint access) and reports them per I/O.
+# GAPS=1 records the target's receive syscall exits (io_uring_enter, read,
+# readv, recvfrom, recvmsg) and send syscall entries (sendmsg, sendto,
+# write, writev) over each run and reports the median time from the last
+# receive's return to the next send (bench/lib/sysgap.py): the target's
+# own time per request at QD1, outside the kernel's TCP work. The tracing
+# slows every target, so GAPS runs are not IOPS runs.
 #
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
 #                         REACTORS=<one per CORES entry>
@@ -37,7 +43,8 @@
 #                         SPDK_TGT=<iscsi_tgt binary> WRS=randwrite
 #                         WQDS="1 32" USTOR=<ustor binary>
 #                         BASE_BIN=<older serve binary>
-#                         VARIANTS="name:<serve binary> ..." SYSCALLS=1)
+#                         VARIANTS="name:<serve binary> ..." SYSCALLS=1
+#                         GAPS=1 PREFAULT=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +66,11 @@ for part in sys.argv[1].split(","):
     lo, _, hi = part.partition("-")
     n += int(hi or lo) - int(lo) + 1
 print(n)' "$CORES")}
+# ustor's disk faulted in at creation with huge pages (the serve example's
+# PREFAULT=1), as SPDK's malloc disk is: otherwise the first write to each
+# 4 KiB page pays its page fault inside ustor's write rows, SPDK's not.
+# (Serve builds older than this option ignore it and run lazy.)
+export PREFAULT=${PREFAULT:-1}
 QDS=${QDS:-"1 32"}
 SESS=${SESS:-"1 4"}
 WRS=${WRS-randwrite}
@@ -150,7 +162,7 @@ only() {
 }
 
 RES="$OUT/results.tsv"
-printf 'round\trw\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\tlat_avg_us\tlat_p99_us\tenters\n' >"$RES"
+printf 'round\trw\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\tlat_avg_us\tlat_p99_us\tenters\tgap_us\n' >"$RES"
 # SYSCALLS=1: count the target's io_uring_enter calls for RUNTIME seconds
 # (started beside the client); `enters FILE` prints the count (nan without).
 PERF_PID=
@@ -165,9 +177,28 @@ enters() { # file
   [ -n "$PERF_PID" ] || { echo nan; return; }
   awk -F, '/io_uring_enter/ && $1 ~ /^[0-9]+$/ {print $1; n=1} END {if (!n) print "nan"}' "$1"
 }
+# GAPS=1: record the target's receive returns and send entries for
+# RUNTIME seconds; `gap FILE` prints the median gap in us (nan without).
+GAP_PID=
+GAP_EVENTS=syscalls:sys_exit_io_uring_enter,syscalls:sys_exit_read,syscalls:sys_exit_readv
+GAP_EVENTS=$GAP_EVENTS,syscalls:sys_exit_recvfrom,syscalls:sys_exit_recvmsg
+GAP_EVENTS=$GAP_EVENTS,syscalls:sys_enter_sendmsg,syscalls:sys_enter_sendto
+GAP_EVENTS=$GAP_EVENTS,syscalls:sys_enter_write,syscalls:sys_enter_writev
+gap_start() { # pid file
+  GAP_PID=
+  [ -n "${GAPS:-}" ] || return 0
+  perf record -q -e "$GAP_EVENTS" -p "$1" -o "$2" -- sleep "$RUNTIME" >/dev/null 2>&1 &
+  GAP_PID=$!
+}
+gap_wait() { [ -z "$GAP_PID" ] || wait "$GAP_PID" || true; }
+gap() { # file
+  [ -n "$GAP_PID" ] || { echo nan; return; }
+  perf script --ns -F tid,time,event -i "$1" 2>/dev/null | python3 bench/lib/sysgap.py
+}
 run_one() { # round target qd sessions
   local pid=${PID[$2]} b a i pids=() pf="$OUT/$2-qd$3-s$4-r$1.perf"
   enters_start "$pid" "$pf"
+  gap_start "$pid" "$pf.gap"
   b=$(cpu_ticks "$pid")
   for i in $(seq "$4"); do
     timeout -s INT "$RUNTIME" taskset -c "$CLIENT_CORES" iscsi-perf -i "iqn.2007-10.com.github:bench-$i" \
@@ -175,17 +206,17 @@ run_one() { # round target qd sessions
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
   a=$(cpu_ticks "$pid")
-  enters_wait
-  python3 - "$@" "$((a - b))" "$HZ" "$OUT" "$(enters "$pf")" <<'PY' >>"$RES"
+  enters_wait; gap_wait
+  python3 - "$@" "$((a - b))" "$HZ" "$OUT" "$(enters "$pf")" "$(gap "$pf.gap")" <<'PY' >>"$RES"
 import glob, re, sys
-rnd, tgt, qd, s, ticks, hz, out, enters = sys.argv[1:]
+rnd, tgt, qd, s, ticks, hz, out, enters, gap = sys.argv[1:]
 iops = 0
 for f in glob.glob(f"{out}/{tgt}-qd{qd}-s{s}-*-r{rnd}.txt"):
     avg = re.findall(r"iops average (\d+)", open(f).read())
     iops += int(avg[-1]) if avg else 0
 cpu = int(ticks) / int(hz) * 1e6
 ios = iops * 1.0  # iops average is per second over the run
-print(f"{rnd}\trandread\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}\tnan\tnan\t{enters}")
+print(f"{rnd}\trandread\t{tgt}\t{qd}\t{s}\t{iops}\t{cpu / max(ios, 1) / 1:.2f}\tnan\tnan\t{enters}\t{gap}")
 PY
 }
 
@@ -200,14 +231,16 @@ run_write() { # round rw target qd
  {"method":"bdev_scsi_create","params":{"name":"lun","device":"sda"}}]}]}
 JSON
   enters_start "$pid" "$OUT/$3-$2-qd$4-r$1.perf"
+  gap_start "$pid" "$OUT/$3-$2-qd$4-r$1.gap"
   b=$(cpu_ticks "$pid")
   taskset -c "$CLIENT_CORES" "$USTOR" bench -c "$cfg" -b lun -w "$2" --bs 4K -q "$4" \
     -t "$RUNTIME" --cores 0 --no-pin --json >"$json" 2>"$OUT/$3-$2-qd$4-r$1.err" || true
   a=$(cpu_ticks "$pid")
-  enters_wait
-  python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" "$(enters "$OUT/$3-$2-qd$4-r$1.perf")" <<'PY' >>"$RES"
+  enters_wait; gap_wait
+  python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" "$(enters "$OUT/$3-$2-qd$4-r$1.perf")" \
+    "$(gap "$OUT/$3-$2-qd$4-r$1.gap")" <<'PY' >>"$RES"
 import json, sys
-path, rnd, rw, tgt, qd, ticks, hz, runtime, enters = sys.argv[1:]
+path, rnd, rw, tgt, qd, ticks, hz, runtime, enters, gap = sys.argv[1:]
 try:
     t = json.load(open(path))["total"]
 except (OSError, ValueError, KeyError):
@@ -215,7 +248,7 @@ except (OSError, ValueError, KeyError):
 cpu = int(ticks) / int(hz) * 1e6
 # Same unit as the read rows: CPU over the run / one second's IOPS.
 print(f"{rnd}\t{rw}\t{tgt}\t{qd}\t1\t{t['iops']:.0f}\t{cpu / max(t['iops'], 1):.2f}"
-      f"\t{t['lat_avg_us']:.1f}\t{t['lat_p99_us']:.1f}\t{enters}")
+      f"\t{t['lat_avg_us']:.1f}\t{t['lat_p99_us']:.1f}\t{enters}\t{gap}")
 PY
 }
 
@@ -284,6 +317,20 @@ if enters:
     for rw, qd, s in keys:
         print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
             f"{statistics.median(enters[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in enters else "-"
+            for t in ts))
+# GAPS=1: the target's time per request between its receive syscall's
+# return and its send syscall (us), median of the rounds' medians.
+gaps = {}
+for r in rows:
+    g = float(r.get("gap_us") or "nan")
+    if g == g:
+        gaps.setdefault((r["rw"], r["qd"], r["sessions"], r["target"]), []).append(g)
+if gaps:
+    ts = ["ustor"] + [t for t in others if any(k[3] == t for k in gaps)]
+    print("receive return -> send entry (us, target, median of rounds): " + " | ".join(ts))
+    for rw, qd, s in keys:
+        print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
+            f"{statistics.median(gaps[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in gaps else "-"
             for t in ts))
 # Latency from ustor's initiator (the write rows): mean and p99 in us.
 lat = [k for k in keys if k[0] != "randread"]

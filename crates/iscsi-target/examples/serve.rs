@@ -5,7 +5,9 @@
 //! size the LUN reports (the `physical_block_size` option, default 4096;
 //! 0 = the block size). The target runs REACTORS reactors (environment,
 //! default 2) in POLL_MODE (environment: adaptive, the default, poll or
-//! interrupt).
+//! interrupt). PREFAULT=1 (environment) faults the disk in at creation,
+//! with huge pages, as SPDK's malloc disk is (the default is lazy: pages
+//! fault in on their first write).
 
 use std::sync::Arc;
 
@@ -35,18 +37,31 @@ fn main() {
     })
     .expect("runtime");
     let registry: Arc<Registry> = Registry::new(Some(rt.handle()));
-    malloc::create(
-        &registry,
-        RamOpts {
-            name: "Malloc0".into(),
-            num_blocks: (mib << 20) / block as u64,
-            block_size: block,
-            uuid: None,
-            optimal_io_boundary: 0,
-            max_transfer_blocks: 0,
-        },
-    )
-    .expect("malloc");
+    if std::env::var("PREFAULT").is_ok_and(|v| v == "1") {
+        // Faulted in at creation with huge pages, as SPDK's malloc disk is:
+        // a benchmark then times the target, not first-touch page faults.
+        use ustor_bdev::BdevModule;
+        malloc::module()
+            .create(
+                &registry,
+                serde_json::json!({"name": "Malloc0", "num_blocks": (mib << 20) / block as u64,
+                    "block_size": block, "prefault": true}),
+            )
+            .expect("malloc");
+    } else {
+        malloc::create(
+            &registry,
+            RamOpts {
+                name: "Malloc0".into(),
+                num_blocks: (mib << 20) / block as u64,
+                block_size: block,
+                uuid: None,
+                optimal_io_boundary: 0,
+                max_transfer_blocks: 0,
+            },
+        )
+        .expect("malloc");
+    }
     let t = IscsiTarget::new(rt.handle(), registry);
     if let Some(p) = physical {
         t.set_options(IscsiOptions {
