@@ -43,9 +43,11 @@ pub struct Fs {
     pub(crate) free_inodes: u64,
     blk_hint: u64,
     ino_hint: u64,
-    /// Writes planned and not finished: while any is, freed blocks wait in
+    /// Writes planned and not finished, and zero-copy sends the kernel may
+    /// still read ([`Fs::pin_send`]): while any is, freed blocks wait in
     /// `deferred`, so a payload still being received never lands in a block
-    /// another file got meanwhile.
+    /// another file got meanwhile, and a block still being sent is never
+    /// handed to another file.
     pins: usize,
     deferred: Vec<u64>,
     /// Payload bytes copied out of the region to redo a write whose inode
@@ -451,6 +453,18 @@ impl Fs {
     /// Drops a planned write (the client vanished): its new blocks go back.
     pub fn abort_write(&mut self, plan: WritePlan) {
         self.free_blocks(&plan.fresh);
+        self.unpin();
+    }
+
+    /// Keeps freed blocks from reuse until [`Fs::unpin_send`]: a transport
+    /// sending from region pages that the kernel reads after the send call
+    /// returned (SENDMSG_ZC, until its notification).
+    pub fn pin_send(&mut self) {
+        self.pins += 1;
+    }
+
+    /// Ends a [`Fs::pin_send`].
+    pub fn unpin_send(&mut self) {
         self.unpin();
     }
 

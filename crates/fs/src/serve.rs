@@ -26,6 +26,13 @@ pub struct Stats {
     /// Payload bytes the kernel copied between the socket and the region
     /// (a plain send or receive; a zero-copy send does not count).
     pub kernel_copied_bytes: u64,
+    /// Zero-copy send ops whose notification came (SENDMSG_ZC).
+    pub zero_copy_sends: u64,
+    /// Of those, the ones the kernel copied after all (loopback, a device
+    /// without scatter-gather).
+    pub zero_copy_sends_copied: u64,
+    /// Read payload bytes that left with no copy at all.
+    pub zero_copy_bytes: u64,
 }
 
 /// What a request answers, before encoding.

@@ -54,6 +54,11 @@ pub struct PduGroup {
     urgent: bool,
     /// Bytes already sent after a partial `sendmsg`.
     skip: usize,
+    /// Bytes pushed by [`PduGroup::push_raw`] (caller-owned payload).
+    raw_bytes: usize,
+    /// Resources the protocol holds for this group, released once the
+    /// kernel is done with its memory; set by [`PduGroup::want_zero_copy`].
+    holds: u32,
 }
 
 impl Default for PduGroup {
@@ -89,6 +94,8 @@ impl PduGroup {
             bytes: 0,
             urgent: false,
             skip: 0,
+            raw_bytes: 0,
+            holds: 0,
         }
     }
 
@@ -166,6 +173,26 @@ impl PduGroup {
         };
         self.nsegs += 1;
         self.bytes += len;
+        self.raw_bytes += len;
+    }
+
+    /// Asks for this group to leave with a zero-copy send (SENDMSG_ZC, when
+    /// the protocol has a [`crate::driver::Protocol::zero_copy_done`] sink
+    /// and the kernel the op), and counts one more hold: the sink gets the
+    /// holds back once the kernel no longer reads the group's memory, so
+    /// the protocol keeps what it points at unchanged until then.
+    pub fn want_zero_copy(&mut self) {
+        self.holds += 1;
+    }
+
+    /// Holds taken with [`PduGroup::want_zero_copy`] (0: a plain send).
+    pub fn holds(&self) -> u32 {
+        self.holds
+    }
+
+    /// Payload bytes pushed by reference ([`PduGroup::push_raw`]).
+    pub fn raw_bytes(&self) -> usize {
+        self.raw_bytes
     }
 
     /// Marks the end of one PDU (counted for the degree).
@@ -199,6 +226,8 @@ impl PduGroup {
         self.bytes = 0;
         self.urgent = false;
         self.skip = 0;
+        self.raw_bytes = 0;
+        self.holds = 0;
     }
 
     /// Fills `out` with the unsent segments, as many as it holds; returns

@@ -29,6 +29,7 @@ pub mod sender;
 pub mod staging;
 pub mod time;
 pub mod xdp;
+pub mod zc;
 
 pub use group::PduGroup;
 pub use listener::{

@@ -601,3 +601,79 @@ fn commits_run_on_the_reactor_for_a_region_in_memory() {
     let _ = std::fs::remove_dir_all(&shm);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The running kernel is at least `major.minor` (`uname -r`).
+fn kernel_at_least(major: u32, minor: u32) -> Result<(), String> {
+    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").map_err(|e| e.to_string())?;
+    let mut v = r.trim().split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+    let (a, b) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
+    if (a, b) >= (major, minor) {
+        Ok(())
+    } else {
+        Err(format!("kernel {} (SENDMSG_ZC needs {major}.{minor})", r.trim()))
+    }
+}
+
+/// `send_zc`: read replies of 16 KiB and more leave with SENDMSG_ZC. On
+/// loopback the kernel copies anyway, and every notification says so:
+/// `zero_copy_sends` moves, all of them counted as copied, no byte counted
+/// as sent with no copy, every read byte still in `kernel_copied_bytes`.
+/// The data reads back the same, small reads (plain sends) too; the
+/// blocks of the file come back free after its unlink (each sent group's
+/// pin was released by its notification), and save_config keeps the
+/// switch.
+#[test]
+fn zero_copy_reads_on_loopback_are_counted_as_kernel_copies() {
+    testkit::require!(kernel_at_least(6, 1), "Linux 6.1 or later (io_uring SENDMSG_ZC)");
+    let dir = tmpdir("fs-server-zc");
+    let region = dir.join("region");
+    let cfg = json!({"subsystems": [{"subsystem": "fs", "config": [
+        {"method": "fs_create", "params": {"name": "vol", "path": region.to_str().unwrap(), "size": 64u64 << 20}},
+        {"method": "fs_export", "params": {"name": "vol", "listen": "127.0.0.1:0", "secret": SECRET,
+            "send_zc": true}},
+    ]}]});
+    let srv = Server::start(&dir, &cfg, &[]);
+    let c = ustor_fs_client::Client::connect(ustor_fs_client::Config::new(
+        &export_addr(&srv, "vol"),
+        "vol",
+        SECRET.as_bytes(),
+    ))
+    .unwrap();
+    // (After the create: the root directory's block stays.)
+    let f = c.create(ROOT_INO, b"f", 0o644, 0, 0).unwrap().ino;
+    let free0 = c.statfs().unwrap().bfree;
+    let data = pseudo_random(1 << 20, 21);
+    c.write(f, 0, &data).unwrap();
+    // Four 256 KiB reads (zero-copy sends) and sixteen of 4 KiB (plain).
+    let mut big = Vec::new();
+    for k in 0..4u64 {
+        big.extend(c.read(f, k << 18, 256 << 10).unwrap());
+    }
+    assert_eq!(sha256(&big), sha256(&data));
+    let mut small = Vec::new();
+    for k in 0..16u64 {
+        small.extend(c.read(f, k << 12, 4096).unwrap());
+    }
+    assert_eq!(sha256(&small), sha256(&data[..64 << 10]));
+    // Every block back once every notification released its pin.
+    c.unlink(ROOT_INO, b"f").unwrap();
+    testkit::wait_until("the file's blocks free again", Duration::from_secs(10), || {
+        c.statfs().unwrap().bfree == free0
+    });
+    let st = &srv.ok("fs_get_stats", json!({"name": "vol"}))[0];
+    let sends = st["zero_copy_sends"].as_u64().unwrap();
+    assert!(sends >= 4, "{st}");
+    assert_eq!(st["zero_copy_sends_copied"], sends, "loopback copies: {st}");
+    assert_eq!(st["zero_copy_bytes"], 0, "{st}");
+    let read = (1u64 << 20) + (64 << 10);
+    assert_eq!(st["bytes_read"], read, "{st}");
+    assert_eq!(st["kernel_copied_bytes"], read + (1 << 20), "{st}");
+    assert_eq!(st["copied_bytes"], 0, "{st}");
+    let cfg = srv.ok("framework_get_config", json!({"name": "fs"}));
+    let ex = cfg.as_array().unwrap().iter().find(|m| m["method"] == "fs_export");
+    assert_eq!(ex.unwrap()["params"]["send_zc"], true, "{cfg}");
+    drop(c);
+    let (code, out) = srv.stop();
+    assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

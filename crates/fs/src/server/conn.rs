@@ -650,6 +650,10 @@ impl Protocol for FsProto {
         }
     }
 
+    fn zero_copy_done(&self) -> Option<ustor_net::zc::ZcSink> {
+        super::zc::sink(&self.svc)
+    }
+
     fn on_io(&self, ev: IoEvent) {
         if let IoEvent::Copied { bytes } = ev {
             self.svc.vol.lock().st.copied_bytes += bytes as u64;
@@ -674,6 +678,11 @@ impl FsProto {
                 });
             }
             g.push_bytes(&h);
+        }
+        // Zero copy (super::zc): this group then holds a pin until the
+        // kernel's notification.
+        if at < segs.len() && g.fits(0, 0, 1) {
+            super::zc::hold(&self.svc, &segs[at..], g);
         }
         while at < segs.len() {
             if !g.fits(0, 0, 1) {

@@ -14,6 +14,7 @@
 
 mod conn;
 mod offload;
+mod zc;
 
 pub use conn::replay_session;
 
@@ -108,7 +109,18 @@ pub struct ExportParams {
     /// without in-place receive would. Off: the zero-copy path.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub copy_writes: bool,
+    /// Read replies of at least [`SEND_ZC_MIN`] bytes leave with
+    /// SENDMSG_ZC, straight from the region's pages, when the kernel has
+    /// it (probed; a plain send otherwise). Off by default: on loopback
+    /// the kernel copies anyway and the notification costs a completion.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub send_zc: bool,
 }
+
+/// The smallest read reply sent zero-copy when the export asks for it:
+/// below about this size pinning the pages and the second completion cost
+/// more than the copy they save (the kernel's MSG_ZEROCOPY guidance).
+pub const SEND_ZC_MIN: usize = 16 << 10;
 
 /// Parameters of `fs_delete`, and of `fs_get_stats` (name optional there).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +156,12 @@ pub struct StatsInfo {
     pub bytes_written: u64,
     pub copied_bytes: u64,
     pub kernel_copied_bytes: u64,
+    /// Zero-copy sends (SENDMSG_ZC, `send_zc`) whose notification came,
+    /// those of them the kernel reported it copied after all (every one
+    /// on loopback), and the read payload bytes that left with no copy.
+    pub zero_copy_sends: u64,
+    pub zero_copy_sends_copied: u64,
+    pub zero_copy_bytes: u64,
     pub connections: usize,
     pub connections_accepted: u64,
     pub connections_rejected: u64,
@@ -240,6 +258,8 @@ pub(crate) struct ExportSvc {
     pub read_only: bool,
     /// [`ExportParams::copy_writes`].
     pub copy_writes: bool,
+    /// [`ExportParams::send_zc`].
+    pub send_zc: bool,
     pub secret: Vec<u8>,
     pub auth_failures: AtomicU64,
     /// The most requests one connection had received and not yet answered
@@ -363,6 +383,7 @@ impl FsServer {
             vol: e.vol.clone(),
             read_only: p.read_only,
             copy_writes: p.copy_writes,
+            send_zc: p.send_zc,
             secret,
             auth_failures: AtomicU64::new(0),
             max_in_flight: AtomicU64::new(0),
@@ -445,6 +466,9 @@ impl FsServer {
                     bytes_written: st.bytes_written,
                     copied_bytes: st.copied_bytes,
                     kernel_copied_bytes: st.kernel_copied_bytes,
+                    zero_copy_sends: st.zero_copy_sends,
+                    zero_copy_sends_copied: st.zero_copy_sends_copied,
+                    zero_copy_bytes: st.zero_copy_bytes,
                     connections: e.export.as_ref().map_or(0, |x| x.limit.open()),
                     connections_accepted: ls.map_or(0, |s| s.accepted),
                     connections_rejected: ls.map_or(0, |s| s.rejected),

@@ -216,6 +216,15 @@ pub trait Protocol: Sized + 'static {
         None
     }
 
+    /// Where a group that asked for a zero-copy send
+    /// ([`PduGroup::want_zero_copy`]) is reported once the kernel no longer
+    /// reads its memory (its holds, and whether the kernel copied after
+    /// all). Asked once per connection; `None` (the default): every group
+    /// leaves with a plain `sendmsg`.
+    fn zero_copy_done(&self) -> Option<crate::zc::ZcSink> {
+        None
+    }
+
     /// The receiver stopped (close, EOF, error): units the protocol holds
     /// parked on its side must now finish, or the connection never ends.
     fn on_close(&self) {}

@@ -37,6 +37,12 @@ pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
         None => cfg.coalesce.map(|c| RefCell::new(Coalescer::new(c))),
     };
     let coal = shared.or(own.as_ref());
+    // Groups that ask for it leave zero-copy (crate::zc) when the
+    // protocol takes their reports.
+    let zc = conn
+        .proto
+        .zero_copy_done()
+        .map(|sink| crate::zc::ZcSender::new(sink, cfg.group_iov, cfg.group_arena));
     let mut deadline: Option<u64> = None;
     let mut t = Tally::default();
     // Budget: each round sends a group, waits, or returns.
@@ -64,9 +70,15 @@ pub(super) async fn run<P: Protocol>(conn: Rc<Conn<P>>) {
         }
         let mut calls = 0;
         if conn.dead.get() {
+            if let Some(zc) = &zc {
+                zc.discard(&g);
+            }
             g.clear();
         } else {
-            let (r, back) = crate::sender::send_all(conn.raw_fd(), g, &mut calls).await;
+            let (r, back) = match &zc {
+                Some(zc) if g.holds() > 0 => zc.send(conn.raw_fd(), g, &mut calls).await,
+                _ => crate::sender::send_all(conn.raw_fd(), g, &mut calls).await,
+            };
             g = back;
             if r.is_err() {
                 conn.dead.set(true);

@@ -76,6 +76,7 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
         vol: Arc::new(vol),
         read_only,
         copy_writes: false,
+        send_zc: false,
         secret: secret.to_vec(),
         auth_failures: Default::default(),
         max_in_flight: Default::default(),
