@@ -71,7 +71,12 @@ impl ZcSender {
 
     /// Sends all of `g` (which asked for zero copy); returns an empty group
     /// to fill next. The sink hears of `g` once the kernel released it.
-    pub async fn send(&self, fd: RawFd, g: PduGroup, calls: &mut u64) -> (io::Result<()>, PduGroup) {
+    pub async fn send(
+        &self,
+        fd: RawFd,
+        g: PduGroup,
+        calls: &mut u64,
+    ) -> (io::Result<()>, PduGroup) {
         let next = self
             .spare
             .borrow_mut()
@@ -127,7 +132,9 @@ impl ZcSender {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => crate::recv::writable(fd).await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    crate::recv::writable(fd).await?
+                }
                 // A socket without zero-copy support (not TCP/UDP): plain
                 // sends from now on, starting with the rest of this group.
                 Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {

@@ -605,12 +605,18 @@ fn commits_run_on_the_reactor_for_a_region_in_memory() {
 /// The running kernel is at least `major.minor` (`uname -r`).
 fn kernel_at_least(major: u32, minor: u32) -> Result<(), String> {
     let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").map_err(|e| e.to_string())?;
-    let mut v = r.trim().split(['.', '-']).map(|x| x.parse::<u32>().unwrap_or(0));
+    let mut v = r
+        .trim()
+        .split(['.', '-'])
+        .map(|x| x.parse::<u32>().unwrap_or(0));
     let (a, b) = (v.next().unwrap_or(0), v.next().unwrap_or(0));
     if (a, b) >= (major, minor) {
         Ok(())
     } else {
-        Err(format!("kernel {} (SENDMSG_ZC needs {major}.{minor})", r.trim()))
+        Err(format!(
+            "kernel {} (SENDMSG_ZC needs {major}.{minor})",
+            r.trim()
+        ))
     }
 }
 
@@ -624,7 +630,10 @@ fn kernel_at_least(major: u32, minor: u32) -> Result<(), String> {
 /// switch.
 #[test]
 fn zero_copy_reads_on_loopback_are_counted_as_kernel_copies() {
-    testkit::require!(kernel_at_least(6, 1), "Linux 6.1 or later (io_uring SENDMSG_ZC)");
+    testkit::require!(
+        kernel_at_least(6, 1),
+        "Linux 6.1 or later (io_uring SENDMSG_ZC)"
+    );
     let dir = tmpdir("fs-server-zc");
     let region = dir.join("region");
     let cfg = json!({"subsystems": [{"subsystem": "fs", "config": [
@@ -657,9 +666,11 @@ fn zero_copy_reads_on_loopback_are_counted_as_kernel_copies() {
     assert_eq!(sha256(&small), sha256(&data[..64 << 10]));
     // Every block back once every notification released its pin.
     c.unlink(ROOT_INO, b"f").unwrap();
-    testkit::wait_until("the file's blocks free again", Duration::from_secs(10), || {
-        c.statfs().unwrap().bfree == free0
-    });
+    testkit::wait_until(
+        "the file's blocks free again",
+        Duration::from_secs(10),
+        || c.statfs().unwrap().bfree == free0,
+    );
     let st = &srv.ok("fs_get_stats", json!({"name": "vol"}))[0];
     let sends = st["zero_copy_sends"].as_u64().unwrap();
     assert!(sends >= 4, "{st}");
@@ -670,7 +681,11 @@ fn zero_copy_reads_on_loopback_are_counted_as_kernel_copies() {
     assert_eq!(st["kernel_copied_bytes"], read + (1 << 20), "{st}");
     assert_eq!(st["copied_bytes"], 0, "{st}");
     let cfg = srv.ok("framework_get_config", json!({"name": "fs"}));
-    let ex = cfg.as_array().unwrap().iter().find(|m| m["method"] == "fs_export");
+    let ex = cfg
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["method"] == "fs_export");
     assert_eq!(ex.unwrap()["params"]["send_zc"], true, "{cfg}");
     drop(c);
     let (code, out) = srv.stop();
