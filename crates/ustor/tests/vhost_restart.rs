@@ -13,6 +13,11 @@
 //! - vhost-user-blk, SIGTERM: the process drains (the held writes are
 //!   answered before it exits 0), the frontend reconnects and goes on;
 //!   nothing is served twice.
+//! - vhost-user-blk on packed rings, SIGKILL: the region's packed layout
+//!   says where both sides of the ring were (the frontend's base is only
+//!   its guess) and which chains to serve again, after the ring has
+//!   wrapped; each held write is answered once, and the data is in the
+//!   file.
 
 mod common;
 #[path = "../../vhost-user/tests/common/frontend.rs"]
@@ -212,6 +217,88 @@ fn vhost_blk_sigterm_drains_then_the_frontend_reconnects() {
     assert_eq!(q["requests"], N as u64, "{c}");
     for k in 0..2 * N {
         let seed = if k < N { 10 + k } else { 20 + k - N } as u64;
+        let got = file_bytes(&img, 8 * 512 * k as u64, 4096);
+        assert_eq!(got, pattern(seed, 4096), "block {k} in the file");
+    }
+    drop(f);
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn vhost_blk_packed_sigkill_resubmits_from_the_inflight_region() {
+    let dir = tmpdir("vhost-restart-packed");
+    let sockets = dir.join("vhost");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let vhost = json!({"subsystem": "vhost_blk", "config": [
+        {"method": "vhost_create_blk_controller",
+         "params": {"ctrlr": "vb", "dev_name": "Held", "packed_ring": true}},
+    ]});
+    let (img, config) = disk(&dir, vhost);
+    let args = ["-S", sockets.to_str().unwrap(), "--cores", "0,1"];
+    let s = Server::start(&dir, &config, &args);
+    let sock = sockets.join("vb");
+    let mut f = Fe::connect_packed_tracked(&sock, 1);
+    assert!(f.inflight.is_some(), "no inflight region offered");
+
+    // 50 writes of three slots answered one by one: the 128-slot ring
+    // wraps, so the sides are not where a fresh ring's are.
+    const DONE: usize = 50;
+    for k in 0..DONE {
+        let buf = DATA_BASE + k as u64 * 4096;
+        f.mem.write(buf, &pattern(100 + k as u64, 4096));
+        blk_write(&mut f, k % 16, 8 * k as u64, buf, 4096);
+        assert_eq!(f.wait_n(0, 1).len(), 1);
+        assert_eq!(blk_status(&f, k % 16), 0, "write {k}");
+    }
+    // Eight more held at the bdev for ten minutes.
+    const N: usize = 8;
+    hold_writes(&s, 600_000_000);
+    for k in 0..N {
+        let buf = DATA_BASE + (DONE + k) as u64 * 4096;
+        f.mem.write(buf, &pattern(200 + k as u64, 4096));
+        blk_write(&mut f, 16 + k, 8 * (DONE + k) as u64, buf, 4096);
+    }
+    testkit::wait_until("writes marked in flight", Duration::from_secs(10), || {
+        f.inflight_marked(0) == N
+    });
+    s.kill();
+    assert!(f.used(0).is_empty(), "answered before the kill");
+
+    // The new process (no latency in its config) serves them again.
+    let s = Server::start(&dir, &config, &args);
+    f.reconnect(&sock);
+    let back = f.wait_n(0, N);
+    assert_eq!(back.len(), N, "each held write answered once");
+    assert!(
+        (0..N).all(|k| blk_status(&f, 16 + k) == 0),
+        "a write failed"
+    );
+    assert_eq!(f.inflight_marked(0), 0);
+    // The ring goes on where it was: eight more writes.
+    for k in 0..N {
+        let at = DONE + N + k;
+        let buf = DATA_BASE + at as u64 * 4096;
+        f.mem.write(buf, &pattern(300 + k as u64, 4096));
+        blk_write(&mut f, 32 + k, 8 * at as u64, buf, 4096);
+    }
+    assert_eq!(f.wait_n(0, N).len(), N);
+    assert!(
+        (0..N).all(|k| blk_status(&f, 32 + k) == 0),
+        "a write failed"
+    );
+    assert!(f.used(0).is_empty(), "something answered twice");
+    let c = s.ok("vhost_get_controllers", json!({"name": "vb"}));
+    let q = &c[0]["queues"][0];
+    assert_eq!(q["ring"], "packed", "{c}");
+    assert_eq!(q["resubmitted"], N as u64, "{c}");
+    assert_eq!(q["errors"], 0, "{c}");
+    for k in 0..DONE + 2 * N {
+        let seed = match k {
+            k if k < DONE => 100 + k,
+            k if k < DONE + N => 200 + k - DONE,
+            k => 300 + k - DONE - N,
+        } as u64;
         let got = file_bytes(&img, 8 * 512 * k as u64, 4096);
         assert_eq!(got, pattern(seed, 4096), "block {k} in the file");
     }

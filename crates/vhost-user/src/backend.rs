@@ -53,6 +53,9 @@ pub trait VhostDevice: Send + Sync + Sized + 'static {
     /// Serves one ring on the calling reactor until it is stopped, then
     /// reports its indices through `start.done`.
     fn run_queue(start: VringStart<Self>) -> impl Future<Output = ()> + 'static;
+    /// Packed rings are tracked in the inflight region (its packed
+    /// layout); otherwise they run untracked.
+    const TRACKS_PACKED: bool = false;
 }
 
 impl VhostDevice for BlkDevice {
@@ -95,6 +98,7 @@ impl VhostDevice for BlkDevice {
     fn run_queue(start: VringStart<Self>) -> impl Future<Output = ()> + 'static {
         vring::run(start)
     }
+    const TRACKS_PACKED: bool = true;
 }
 
 /// Longest queue the frontend may ask for.
@@ -208,11 +212,11 @@ impl<D: VhostDevice> Backend<D> {
                 .inflight
                 .as_ref()
                 // A ring beyond the region (or of another size) runs
-                // untracked rather than trusting the frontend; packed
-                // rings are not tracked (the region has the split
-                // layout, see docs/vhost.md).
+                // untracked rather than trusting the frontend; a packed
+                // ring needs a region with room for the packed layout
+                // and a device that tracks it (blk; see docs/vhost.md).
                 .filter(|r| r.queue_size() == v.size && (i as u16) < r.num_queues())
-                .filter(|_| !self.packed())
+                .filter(|r| !self.packed() || (D::TRACKS_PACKED && r.fits_packed()))
                 .map(|r| r.queue(i as u16)),
         };
         let reactor = self.reactors[i % self.reactors.len()];
@@ -448,11 +452,14 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         if nq == 0 || nq as usize > self.vrings.len() || qs == 0 || qs > QUEUE_SIZE_MAX {
             return Err(VuError::InvalidParam);
         }
-        let (region, file) = InflightRegion::create(nq, qs).map_err(|e| {
+        // The frontend may ask before it sets features (QEMU does): a
+        // device that offers packed rings gets room for their layout.
+        let packed = D::TRACKS_PACKED && self.dev.features() & feature::RING_PACKED != 0;
+        let (region, file) = InflightRegion::create(nq, qs, packed).map_err(|e| {
             tracing::warn!("vhost: {e}");
             internal("inflight region")
         })?;
-        let size = crate::inflight::queue_region_size(qs) * nq as u64;
+        let size = region.len();
         self.inflight = Some(region);
         Ok((
             VhostUserInflight {

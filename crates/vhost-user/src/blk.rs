@@ -6,7 +6,10 @@
 //! through `vm-memory` (which bounds every access to a mapped region) and is
 //! unit-tested and fuzzed with an anonymous guest memory.
 
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::bitmap::MS;
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, Permissions, VolatileSlice,
+};
 
 /// virtio-blk feature bits (virtio 1.2, 5.2.3).
 pub mod feature {
@@ -248,44 +251,51 @@ where
     k
 }
 
-/// Reads the chain with head `head` straight from the descriptor table at
-/// `table` (`queue_size` entries) into `out`, for a request resubmitted
-/// after a restart (its avail ring slot may have been reused since).
-/// Follows NEXT links and one indirect table; stops at an index outside
-/// its table, after as many steps as the table has entries (a loop), at a
-/// descriptor it cannot read, or when `out` is full.
-pub fn read_chain<M: GuestMemory>(
+/// Reads the chain with head `head` from the descriptor table at `table`
+/// (`table_len` entries) into `out`, and returns how many descriptors it
+/// holds: the split ring's take path (and a request resubmitted after a
+/// restart). The same walk as `virtio-queue`'s chain iterator: NEXT links
+/// within the table, at most `table_len` steps (a loop ends there), one
+/// indirect table (a descriptor with INDIRECT, its length a multiple of
+/// 16, not inside another indirect table), and the chain ends at an
+/// index outside its table, at a descriptor it cannot read, when its
+/// lengths pass 4 GiB, or when `out` is full.
+///
+/// The table is translated once (one region lookup per table, not one
+/// per descriptor); a table across regions is read descriptor by
+/// descriptor.
+pub fn read_chain<M: GuestMemoryBackend>(
     mem: &M,
     table: GuestAddress,
-    queue_size: u16,
+    table_len: u16,
     head: u16,
     out: &mut [Desc],
 ) -> usize {
     const F_NEXT: u16 = 1;
     const F_WRITE: u16 = 2;
     const F_INDIRECT: u16 = 4;
-    let (mut table, mut len, mut idx) = (table, queue_size as u64, head as u64);
-    let (mut k, mut steps, mut indirect) = (0usize, 0u64, false);
-    while k < out.len() && idx < len && steps <= len {
-        let mut raw = [0u8; 16];
-        let Some(at) = table.checked_add(idx * 16) else {
-            break;
-        };
-        if mem.read_slice(&mut raw, at).is_err() {
-            break;
-        }
+    let mut t = Table::new(mem, table, table_len);
+    let (mut idx, mut ttl, mut bytes, mut indirect) = (head, table_len, 0u32, false);
+    let mut k = 0;
+    while ttl > 0 && idx < t.len && k < out.len() {
+        let Some(raw) = t.read(mem, idx) else { break };
         let addr = u64::from_le_bytes(raw[0..8].try_into().unwrap_or_default());
         let dlen = u32::from_le_bytes(raw[8..12].try_into().unwrap_or_default());
         let flags = u16::from_le_bytes(raw[12..14].try_into().unwrap_or_default());
         let next = u16::from_le_bytes(raw[14..16].try_into().unwrap_or_default());
         if flags & F_INDIRECT != 0 {
-            if indirect || k > 0 || dlen % 16 != 0 {
+            if indirect || dlen % 16 != 0 || dlen / 16 > u16::MAX as u32 {
                 break;
             }
             indirect = true;
-            (table, len, idx, steps) = (GuestAddress(addr), dlen as u64 / 16, 0, 0);
+            t = Table::new(mem, GuestAddress(addr), (dlen / 16) as u16);
+            (idx, ttl) = (0, t.len);
             continue;
         }
+        let Some(b) = bytes.checked_add(dlen) else {
+            break;
+        };
+        bytes = b;
         out[k] = Desc {
             addr,
             len: dlen,
@@ -295,12 +305,40 @@ pub fn read_chain<M: GuestMemory>(
         if flags & F_NEXT == 0 {
             break;
         }
-        idx = next as u64;
-        steps += 1;
+        idx = next;
+        ttl -= 1;
     }
     k
 }
 
+/// A descriptor table: translated once when it lies in one region.
+struct Table<'a, M: GuestMemoryBackend + 'a> {
+    at: GuestAddress,
+    len: u16,
+    slice: Option<VolatileSlice<'a, MS<'a, M>>>,
+}
+
+impl<'a, M: GuestMemoryBackend> Table<'a, M> {
+    fn new(mem: &'a M, at: GuestAddress, len: u16) -> Self {
+        Table {
+            at,
+            len,
+            slice: mem.get_slice(at, len as usize * 16).ok(),
+        }
+    }
+
+    fn read(&self, mem: &M, i: u16) -> Option<[u8; 16]> {
+        let mut raw = [0u8; 16];
+        let off = i as usize * 16;
+        match &self.slice {
+            Some(s) => s.read_slice(&mut raw, off).ok()?,
+            None => mem
+                .read_slice(&mut raw, self.at.checked_add(off as u64)?)
+                .ok()?,
+        }
+        Some(raw)
+    }
+}
 /// Walks one chain (`descs` in order, already bounded in length and loop
 /// free by the queue's iterator) into a [`Request`]: a 16-byte device-
 /// readable header, data, and a device-writable last byte for the status.

@@ -4,9 +4,10 @@
 //! [`ring_chains`]: the bytes are a guest's memory holding a split ring
 //! (descriptor table, avail ring) that a hostile driver wrote; every
 //! available chain is popped, walked and parsed exactly as the data path
-//! does ([`crate::blk::collect_chain`], [`crate::blk::parse_chain`]), and
+//! does ([`crate::virtq::Virtq::pop`], [`crate::blk::parse_chain`]), and
 //! every buffer of an accepted request must lie inside guest memory with
-//! the direction the request needs.
+//! the direction the request needs. Our take path is also checked against
+//! `virtio-queue`'s (the same chains, descriptor for descriptor).
 //!
 //! [`packed_chains`]: the same for a packed ring ([`crate::packed`]): the
 //! bytes hold the descriptor ring, indirect tables, buffers and the
@@ -32,6 +33,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::blk::{self, Kind};
 use crate::packed::PackedRing;
+use crate::virtq::{SplitRing, Virtq};
 
 /// Guest memory of the harness: the ring and every buffer must fit.
 pub const MEM_BYTES: usize = 64 << 10;
@@ -65,33 +67,64 @@ pub fn ring_chains(data: &[u8]) -> Outcome {
     mem.write_slice(&data[..n], GuestAddress(0))
         .expect("harness write");
     let size = 1u16 << (data.get(SIZE_AT).copied().unwrap_or(8) % 9);
-    let Ok(mut q) = Queue::new(256) else {
+    let event_idx = data.get(EVENT_IDX_AT).is_some_and(|b| b & 1 != 0);
+    let Some(q) = split_queue(&mem, size, event_idx) else {
         return out;
     };
+    if let Some(theirs) = split_queue(&mem, size, event_idx) {
+        same_chains_as_virtio_queue(&mem, theirs, size);
+    }
+    let mut v = Virtq::Split(SplitRing::new(q, 0));
+    let mut descs = blk::chain_buf();
+    let mut segs = Vec::new();
+    for _ in 0..size {
+        let Some(t) = v.pop(&mem, &mut descs) else {
+            break;
+        };
+        assert!(t.descs <= blk::CHAIN_MAX + 1);
+        let len = judge_chain(&descs[..t.descs], &mem, &mut segs, &mut out);
+        // The used ring may itself be garbage; the data path ignores a
+        // failed add the same way (the ring is then broken).
+        let _ = v.add_used(&mem, t.head, len);
+    }
+    out
+}
+
+/// The harness's split ring over `mem`, if it lies in memory.
+fn split_queue(mem: &GuestMemoryMmap, size: u16, event_idx: bool) -> Option<Queue> {
+    let mut q = Queue::new(256).ok()?;
     q.set_size(size);
     q.set_desc_table_address(Some(DESC_AT as u32), Some(0));
     q.set_avail_ring_address(Some(AVAIL_AT as u32), Some(0));
     q.set_used_ring_address(Some(USED_AT as u32), Some(0));
-    q.set_event_idx(data.get(EVENT_IDX_AT).is_some_and(|b| b & 1 != 0));
+    q.set_event_idx(event_idx);
     q.set_ready(true);
-    if !q.is_valid(&mem) {
-        return out;
+    q.is_valid(mem).then_some(q)
+}
+
+/// Our split take path ([`Virtq::pop`]) gives the chains `virtio-queue`'s
+/// iterator gives, descriptor for descriptor (nothing is written, so both
+/// see the same memory); panics where they differ.
+fn same_chains_as_virtio_queue(mem: &GuestMemoryMmap, mut theirs: Queue, size: u16) {
+    let Some(q) = split_queue(mem, size, false) else {
+        return;
+    };
+    let mut ours = Virtq::Split(SplitRing::new(q, 0));
+    let (mut a, mut b) = (blk::chain_buf(), blk::chain_buf());
+    for _ in 0..=size {
+        let t = ours.pop(mem, &mut a).map(|t| (t.head, t.descs));
+        let r = theirs.pop_descriptor_chain(mem).map(|c| {
+            let head = c.head_index();
+            (head, blk::collect_chain(c, &mut b))
+        });
+        match (t, r) {
+            (None, None) => return,
+            (Some((h, k)), Some((rh, rk))) => {
+                assert_eq!((h, &a[..k]), (rh, &b[..rk]), "chain differs");
+            }
+            (t, r) => panic!("ours {t:?}, virtio-queue's {r:?}"),
+        }
     }
-    let mut descs = blk::chain_buf();
-    let mut segs = Vec::new();
-    for _ in 0..size {
-        let Some(chain) = q.pop_descriptor_chain(&mem) else {
-            break;
-        };
-        let head = chain.head_index();
-        let k = blk::collect_chain(chain, &mut descs);
-        assert!(k <= blk::CHAIN_MAX + 1);
-        let len = judge_chain(&descs[..k], &mem, &mut segs, &mut out);
-        // The used ring may itself be garbage; the data path ignores a
-        // failed add the same way (the ring is then broken).
-        let _ = q.add_used(&mem, head, len);
-    }
-    out
 }
 
 /// Where [`packed_chains`] reads its ring size (`byte + 1`), a base (u32

@@ -15,6 +15,13 @@
 //!
 //! Each queue's part is written only by that queue's reactor; the region
 //! lives in a shared mapping, so what was stored survives a SIGKILL.
+//!
+//! Packed rings have the spec's packed layout ([`packed`]); a device that
+//! offers packed rings gets a region laid out at the packed stride (each
+//! queue's part large enough for either layout), and a region handed back
+//! tells its stride by its size.
+
+pub mod packed;
 
 use std::fs::File;
 use std::os::fd::FromRawFd;
@@ -28,9 +35,15 @@ const ENTRY: usize = 16;
 const ALIGN: u64 = 64;
 const VERSION: u16 = 1;
 
-/// Bytes of one queue's part of the region.
+/// Bytes of one queue's part of the region (split layout).
 pub fn queue_region_size(queue_size: u16) -> u64 {
     (ENTRY as u64 * queue_size as u64 + 2).div_ceil(ALIGN) * ALIGN
+}
+
+/// Bytes of one queue's part in the packed layout (32-byte header, 32
+/// bytes per descriptor), also room for the split one.
+pub fn queue_region_size_packed(queue_size: u16) -> u64 {
+    (packed::P_HEADER as u64 + packed::P_ENTRY as u64 * queue_size as u64).div_ceil(ALIGN) * ALIGN
 }
 
 /// Why a region could not be made or used.
@@ -49,13 +62,25 @@ pub struct InflightRegion {
     map: MmapRegion,
     queue_size: u16,
     num_queues: u16,
+    /// Bytes per queue part; the packed stride can hold packed rings.
+    stride: u64,
 }
 
 impl InflightRegion {
     /// GET_INFLIGHT_FD: a fresh zeroed memfd for `num_queues` queues of
-    /// `queue_size`; returns the region and the file to hand over.
-    pub fn create(num_queues: u16, queue_size: u16) -> Result<(Arc<Self>, File), InflightError> {
-        let size = queue_region_size(queue_size) * num_queues as u64;
+    /// `queue_size` (`packed`: at the stride packed rings need); returns
+    /// the region and the file to hand over.
+    pub fn create(
+        num_queues: u16,
+        queue_size: u16,
+        packed: bool,
+    ) -> Result<(Arc<Self>, File), InflightError> {
+        let stride = if packed {
+            queue_region_size_packed(queue_size)
+        } else {
+            queue_region_size(queue_size)
+        };
+        let size = stride * num_queues as u64;
         // SAFETY: memfd_create with a valid C string; the fd is owned by
         // the File right after.
         let fd = unsafe { libc::memfd_create(c"ustor-vhost-inflight".as_ptr(), libc::MFD_CLOEXEC) };
@@ -66,9 +91,6 @@ impl InflightRegion {
         let file = unsafe { File::from_raw_fd(fd) };
         file.set_len(size)?;
         let r = Self::map(file.try_clone()?, 0, size, num_queues, queue_size)?;
-        for q in 0..num_queues {
-            r.queue(q).init();
-        }
         Ok((r, file))
     }
 
@@ -100,10 +122,17 @@ impl InflightRegion {
     ) -> Result<Arc<Self>, InflightError> {
         let map = MmapRegion::from_file(FileOffset::new(file, offset), size as usize)
             .map_err(|e| InflightError::Map(e.to_string()))?;
+        let packed = queue_region_size_packed(queue_size) * num_queues as u64;
+        let stride = if size >= packed {
+            queue_region_size_packed(queue_size)
+        } else {
+            queue_region_size(queue_size)
+        };
         Ok(Arc::new(InflightRegion {
             map,
             queue_size,
             num_queues,
+            stride,
         }))
     }
 
@@ -116,12 +145,22 @@ impl InflightRegion {
         self.num_queues
     }
 
+    /// Bytes of the region (what GET_INFLIGHT_FD reports).
+    pub fn len(&self) -> u64 {
+        self.stride * self.num_queues as u64
+    }
+
+    /// Whether each queue's part has room for the packed layout.
+    pub fn fits_packed(&self) -> bool {
+        self.stride >= queue_region_size_packed(self.queue_size)
+    }
+
     /// Queue `q`'s part (the caller keeps `q` below `num_queues`).
     pub fn queue(self: &Arc<Self>, q: u16) -> QueueInflight {
         assert!(q < self.num_queues, "queue {q} beyond the region");
         QueueInflight {
             region: self.clone(),
-            base: queue_region_size(self.queue_size) as usize * q as usize,
+            base: self.stride as usize * q as usize,
             size: self.queue_size,
         }
     }
@@ -170,6 +209,11 @@ impl QueueInflight {
         self.put(10, self.size);
     }
 
+    /// Whether a backend has used this part (version set).
+    fn initialised(&self) -> bool {
+        self.get::<u16>(8) != 0
+    }
+
     /// Ring size this part was laid out for.
     pub fn size(&self) -> u16 {
         self.size
@@ -186,20 +230,40 @@ impl QueueInflight {
         self.put(e, 1u8);
     }
 
-    /// Before `head` goes into the used ring.
-    pub fn pre_put(&self, head: u16) {
+    /// `head` goes into the used ring with the batch being built: linked
+    /// into the last-batch list (its `next` the previous batch head).
+    pub fn batch_add(&self, head: u16) {
+        if head >= self.size {
+            return;
+        }
+        let prev: u16 = self.get(12);
+        self.put(self.entry(head) + 6, prev);
+        compiler_fence(Ordering::SeqCst);
         self.put(12, head);
         compiler_fence(Ordering::SeqCst);
     }
 
-    /// After the used index moved to `used_idx` with `head` in it.
-    pub fn post_put(&self, head: u16, used_idx: u16) {
+    /// After the used index moved to `used_idx` with the batch in it: the
+    /// batch's entries are no longer in flight.
+    pub fn batch_done(&self, used_idx: u16) {
         compiler_fence(Ordering::SeqCst);
-        if head < self.size {
-            self.put(self.entry(head), 0u8);
-        }
+        let n = used_idx.wrapping_sub(self.get::<u16>(14));
+        self.clear_last_batch(n);
         compiler_fence(Ordering::SeqCst);
         self.put(14, used_idx);
+    }
+
+    /// Clears `n` entries of the last-batch list (bounded by the ring
+    /// size: a damaged list cannot loop).
+    fn clear_last_batch(&self, n: u16) {
+        let mut head: u16 = self.get(12);
+        for _ in 0..n.min(self.size) {
+            if head >= self.size {
+                break;
+            }
+            self.put(self.entry(head), 0u8);
+            head = self.get(self.entry(head) + 6);
+        }
     }
 
     /// At queue start: reconciles the region with the used index in guest
@@ -207,7 +271,7 @@ impl QueueInflight {
     /// clearing the entry left the last head marked) and lists what to
     /// resubmit.
     pub fn recover(&self, used_idx: u16) -> Recovery {
-        if self.get::<u16>(8) == 0 {
+        if !self.initialised() {
             // Never used by a backend: nothing to resubmit.
             self.init();
             self.put(14, used_idx);
@@ -217,11 +281,11 @@ impl QueueInflight {
                 counter: 1,
             };
         }
-        if self.get::<u16>(14) != used_idx {
-            let last = self.get::<u16>(12);
-            if last < self.size {
-                self.put(self.entry(last), 0u8);
-            }
+        let stored = self.get::<u16>(14);
+        if stored != used_idx {
+            // Killed between moving the used index and clearing the
+            // batch: the batch is the last `used_idx - stored` links.
+            self.clear_last_batch(used_idx.wrapping_sub(stored));
             compiler_fence(Ordering::SeqCst);
             self.put(14, used_idx);
         }
@@ -252,7 +316,7 @@ mod tests {
 
     #[test]
     fn a_fresh_region_resubmits_nothing() {
-        let (r, _f) = InflightRegion::create(2, 128).unwrap();
+        let (r, _f) = InflightRegion::create(2, 128, false).unwrap();
         let q = r.queue(1);
         let rec = q.recover(0);
         assert!(rec.resubmit.is_empty());
@@ -261,17 +325,17 @@ mod tests {
 
     #[test]
     fn a_restart_resubmits_what_was_in_flight_in_order() {
-        let (r, f) = InflightRegion::create(2, 128).unwrap();
+        let (r, f) = InflightRegion::create(2, 128, false).unwrap();
         let q = r.queue(1);
         q.recover(0);
         // Taken 5, 9, 3, 7 in that order; 9 and 7 completed.
         for (c, h) in [(1, 5u16), (2, 9), (3, 3), (4, 7)] {
             q.taken(h, c);
         }
-        q.pre_put(9);
-        q.post_put(9, 1);
-        q.pre_put(7);
-        q.post_put(7, 2);
+        q.batch_add(9);
+        q.batch_done(1);
+        q.batch_add(7);
+        q.batch_done(2);
         // The process dies; the frontend hands the file to a new one.
         let size = queue_region_size(128) * 2;
         drop(q);
@@ -287,22 +351,47 @@ mod tests {
 
     #[test]
     fn killed_between_used_ring_and_region_forgets_the_last_head() {
-        let (r, _f) = InflightRegion::create(1, 64).unwrap();
+        let (r, _f) = InflightRegion::create(1, 64, false).unwrap();
         let q = r.queue(0);
         q.recover(0);
         q.taken(4, 1);
         q.taken(6, 2);
-        q.pre_put(6);
+        q.batch_add(6);
         // Used index moved to 1 in guest memory, then SIGKILL before
-        // post_put: 6 is still marked.
+        // batch_done: 6 is still marked.
         let rec = q.recover(1);
         assert_eq!(rec.resubmit, vec![4]);
         assert_eq!(rec.next_avail, 2);
     }
 
     #[test]
+    fn killed_after_publishing_a_batch_forgets_the_whole_batch() {
+        let (r, _f) = InflightRegion::create(1, 64, false).unwrap();
+        let q = r.queue(0);
+        q.recover(0);
+        for (c, h) in [(1, 10u16), (2, 11), (3, 12), (4, 13), (5, 14)] {
+            q.taken(h, c);
+        }
+        // A first batch of one, done.
+        q.batch_add(12);
+        q.batch_done(1);
+        // A batch of three pushed and published (used index 4 in guest
+        // memory), then SIGKILL before batch_done.
+        for h in [14, 10, 13] {
+            q.batch_add(h);
+        }
+        let rec = q.recover(4);
+        assert_eq!(rec.resubmit, vec![11]);
+        assert_eq!(rec.next_avail, 5);
+        // A batch pushed but not published: all of it is resubmitted.
+        q.batch_add(11);
+        let rec = q.recover(4);
+        assert_eq!(rec.resubmit, vec![11]);
+    }
+
+    #[test]
     fn a_short_file_is_refused() {
-        let (_r, f) = InflightRegion::create(1, 64).unwrap();
+        let (_r, f) = InflightRegion::create(1, 64, false).unwrap();
         assert!(InflightRegion::open(f, 0, 64, 4, 256).is_err());
     }
 }

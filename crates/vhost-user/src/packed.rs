@@ -25,6 +25,7 @@ use std::sync::atomic::{fence, Ordering};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
 use crate::blk::Desc;
+pub use crate::inflight::packed::RawDesc;
 
 /// Descriptor flags (§2.8.2).
 pub const F_NEXT: u16 = 1;
@@ -86,6 +87,9 @@ pub struct PackedRing {
     /// Where the used side was at the last notification check.
     signalled: Option<(u16, bool)>,
     broken: Option<PackedError>,
+    /// First slot and slot count of the chain taken last (inflight
+    /// tracking copies its descriptors).
+    last_taken: (u16, u16),
 }
 
 /// `(pos, wrap)` moved on by `n` slots of a ring of `size` (`n <= size`).
@@ -151,6 +155,7 @@ impl PackedRing {
             chain_len: vec![0; size as usize],
             signalled: None,
             broken: None,
+            last_taken: (0, 0),
         })
     }
 
@@ -176,6 +181,59 @@ impl PackedRing {
     /// Chains taken and not yet returned used.
     pub fn in_flight(&self) -> usize {
         self.chain_len.iter().filter(|&&n| n != 0).count()
+    }
+
+    /// First slot and slot count of the chain [`Self::pop`] took last.
+    pub fn last_taken(&self) -> (u16, u16) {
+        self.last_taken
+    }
+
+    /// The descriptor at `slot` as the driver wrote it (zeroes if it
+    /// cannot be read: the chain then fails when served again).
+    pub fn raw_desc<M: GuestMemory>(&self, mem: &M, slot: u16) -> RawDesc {
+        let mut raw = [0u8; 16];
+        let ok = self
+            .slot(slot % self.size)
+            .is_ok_and(|at| mem.read_slice(&mut raw, at).is_ok());
+        if !ok {
+            return RawDesc::default();
+        }
+        let (addr, len, id) = fields(&raw);
+        RawDesc {
+            addr,
+            len,
+            id,
+            flags: u16::from_le_bytes([raw[14], raw[15]]),
+        }
+    }
+
+    /// The used side once buffer `id` is returned (`None`: not in flight).
+    pub fn used_after(&self, id: u16) -> Option<(u16, bool)> {
+        let n = *self.chain_len.get(id as usize).filter(|&&n| n != 0)?;
+        Some(advance(self.next_used, self.used_wrap, n, self.size))
+    }
+
+    /// After an inflight recovery: both sides, and the chains `(id,
+    /// slots)` in flight again. False: an ID beyond the ring or twice.
+    pub fn restore(
+        &mut self,
+        avail: (u16, bool),
+        used: (u16, bool),
+        chains: &[(u16, u16)],
+    ) -> bool {
+        if avail.0 >= self.size || used.0 >= self.size {
+            return false;
+        }
+        (self.next_avail, self.avail_wrap) = avail;
+        (self.next_used, self.used_wrap) = used;
+        self.chain_len.iter_mut().for_each(|n| *n = 0);
+        for &(id, n) in chains {
+            match self.chain_len.get_mut(id as usize) {
+                Some(slot) if *slot == 0 && n != 0 => *slot = n,
+                _ => return false,
+            }
+        }
+        true
     }
 
     fn slot(&self, i: u16) -> Result<GuestAddress, PackedError> {
@@ -268,6 +326,7 @@ impl PackedRing {
             return Err(PackedError::IdInFlight(id));
         }
         *slot = n;
+        self.last_taken = (self.next_avail, n);
         (self.next_avail, self.avail_wrap) = (pos, wrap);
         Ok(Some(Taken {
             head: id,
@@ -368,7 +427,12 @@ impl PackedRing {
 /// read in order: only their WRITE flag counts, §2.8.8) into `out`, at
 /// most `out.len()` entries; `None` if its length is not a whole number
 /// of descriptors or it lies outside memory.
-fn indirect<M: GuestMemory>(mem: &M, addr: u64, len: u32, out: &mut [Desc]) -> Option<usize> {
+pub(crate) fn indirect<M: GuestMemory>(
+    mem: &M,
+    addr: u64,
+    len: u32,
+    out: &mut [Desc],
+) -> Option<usize> {
     if len == 0 || len as u64 % DESC_LEN != 0 {
         return None;
     }
@@ -386,6 +450,27 @@ fn indirect<M: GuestMemory>(mem: &M, addr: u64, len: u32, out: &mut [Desc]) -> O
         };
     }
     Some(count)
+}
+
+/// A chain served again after a restart (its ring descriptors from the
+/// inflight region) copied into `out` as [`PackedRing::pop`] would have:
+/// an indirect descriptor alone has its table read; 0: malformed.
+pub fn chain_descs<M: GuestMemory>(mem: &M, raw: &[RawDesc], out: &mut [Desc]) -> usize {
+    match raw {
+        [d] if d.flags & F_INDIRECT != 0 => indirect(mem, d.addr, d.len, out).unwrap_or(0),
+        _ if raw.iter().any(|d| d.flags & F_INDIRECT != 0) => 0,
+        _ => {
+            let n = raw.len().min(out.len());
+            for (o, d) in out.iter_mut().zip(raw) {
+                *o = Desc {
+                    addr: d.addr,
+                    len: d.len,
+                    write: d.flags & F_WRITE != 0,
+                };
+            }
+            n
+        }
+    }
 }
 
 #[cfg(test)]

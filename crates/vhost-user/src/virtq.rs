@@ -5,12 +5,23 @@
 //! walkers in [`crate::blk`] and the scsi wire code read that); returning
 //! one, the notification decisions and the indices a stopped ring reports
 //! are the same calls for both.
+//!
+//! Returning used chains is split in two so a request loop can batch:
+//! [`Virtq::push_used`] writes one used entry, [`Virtq::publish`] makes
+//! everything pushed visible to the driver (a split ring's used index is
+//! stored once per batch, not once per request: the driver polls that
+//! cache line) and makes the one notification decision for the batch.
+//! Our split used side is ours, not `virtio-queue`'s: its `add_used`
+//! stores the index every time and its notification check ignores
+//! VRING_AVAIL_F_NO_INTERRUPT, so a driver without EVENT_IDX that polls
+//! (SPDK's virtio) would get a call eventfd write per request.
 
-use std::sync::atomic::Ordering;
+use std::num::Wrapping;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use crate::blk::{self, Desc};
 use crate::packed::{PackedRing, Taken};
@@ -18,8 +29,118 @@ use crate::vring::VringStart;
 
 /// A ring of either layout.
 pub enum Virtq {
-    Split(Queue),
+    Split(SplitRing),
     Packed(PackedRing),
+}
+
+/// `virtio-queue`'s split ring for its layout and notification settings,
+/// with our take and used paths: the available index is read (acquire)
+/// only when the entries seen last are used up, and a chain is walked
+/// with one region lookup per descriptor table ([`blk::read_chain`]), not
+/// one per access.
+pub struct SplitRing {
+    q: Queue,
+    /// The driver's available index as last read.
+    avail_seen: Wrapping<u16>,
+    /// The used index last stored in guest memory.
+    stored: Wrapping<u16>,
+    /// The used index at the last notification decision.
+    checked: Wrapping<u16>,
+}
+
+/// VRING_AVAIL_F_NO_INTERRUPT (virtio 1.2, 2.7.7).
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+impl SplitRing {
+    /// A ready `q` whose used side resumes at `used`.
+    pub fn new(q: Queue, used: u16) -> SplitRing {
+        SplitRing {
+            avail_seen: Wrapping(q.next_avail()),
+            q,
+            stored: Wrapping(used),
+            checked: Wrapping(used),
+        }
+    }
+
+    fn pop(&mut self, mem: &GuestMemoryMmap, out: &mut [Desc]) -> Option<Taken> {
+        let size = self.q.size();
+        let next = Wrapping(self.q.next_avail());
+        let avail = self.q.avail_ring();
+        if next == self.avail_seen {
+            let idx = mem.load::<u16>(GuestAddress(avail + 2), Ordering::Acquire);
+            let idx = Wrapping(u16::from_le(idx.ok()?));
+            if (idx - next).0 > size {
+                // More available than the ring holds: the driver is
+                // broken (virtio-queue refuses it the same way).
+                tracing::debug!("vhost: avail index {} with {} taken", idx.0, next.0);
+                return None;
+            }
+            self.avail_seen = idx;
+            if idx == next {
+                return None;
+            }
+        }
+        let at = GuestAddress(avail + 4 + 2 * (next.0 % size) as u64);
+        let head = u16::from_le(mem.read_obj::<u16>(at).ok()?);
+        self.q.set_next_avail((next + Wrapping(1)).0);
+        let table = GuestAddress(self.q.desc_table());
+        let descs = blk::read_chain(mem, table, size, head, out);
+        Some(Taken { head, descs })
+    }
+
+    fn push_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+        let size = self.q.size();
+        if head >= size {
+            return false;
+        }
+        let next = self.q.next_used();
+        // struct vring_used: flags u16, idx u16, then 8-byte elements.
+        let at = self.q.used_ring() + 4 + (next % size) as u64 * 8;
+        let elem = (head as u64) | ((len as u64) << 32);
+        if mem.write_obj(elem.to_le(), GuestAddress(at)).is_err() {
+            return false;
+        }
+        self.q.set_next_used(next.wrapping_add(1));
+        true
+    }
+
+    /// Stores the used index (release: the entries before it are seen
+    /// first); false if the used ring is not writable.
+    fn store_idx(&mut self, mem: &GuestMemoryMmap) -> bool {
+        let next = Wrapping(self.q.next_used());
+        if next == self.stored {
+            return true;
+        }
+        self.stored = next;
+        let at = GuestAddress(self.q.used_ring() + 2);
+        mem.store(next.0.to_le(), at, Ordering::Release).is_ok()
+    }
+
+    /// Whether the driver wants a notification for what was stored since
+    /// the last decision: its used_event (EVENT_IDX) or its
+    /// NO_INTERRUPT flag. When unsure, yes.
+    fn needs_notification(&mut self, mem: &GuestMemoryMmap) -> bool {
+        // The index store is visible before the driver's field is read
+        // (the driver re-checks the ring after writing it).
+        fence(Ordering::SeqCst);
+        let new = self.stored;
+        let old = std::mem::replace(&mut self.checked, new);
+        if new == old {
+            return false;
+        }
+        let avail = self.q.avail_ring();
+        if self.q.event_idx_enabled() {
+            let at = GuestAddress(avail + 4 + 2 * self.q.size() as u64);
+            return match mem.load::<u16>(at, Ordering::Relaxed) {
+                Ok(e) => new - Wrapping(u16::from_le(e)) - Wrapping(1) < new - old,
+                Err(_) => true,
+            };
+        }
+        match mem.load::<u16>(GuestAddress(avail), Ordering::Relaxed) {
+            Ok(f) => u16::from_le(f) & AVAIL_F_NO_INTERRUPT == 0,
+            Err(_) => true,
+        }
+    }
 }
 
 /// What opening a ring gives: the ring, the memory map, and the used
@@ -63,20 +184,21 @@ impl Virtq {
             .map_err(|e| format!("{e:?}"))?;
         q.set_next_used(used.0);
         q.set_next_avail(s.base as u16);
-        Ok((Virtq::Split(q), mem, used.0))
+        Ok((Virtq::Split(SplitRing::new(q, used.0)), mem, used.0))
     }
 
     /// Where a split ring takes its next chain (after an inflight
     /// recovery; packed rings are not tracked, see docs/vhost.md).
     pub fn set_next_avail(&mut self, v: u16) {
-        if let Virtq::Split(q) = self {
-            q.set_next_avail(v);
+        if let Virtq::Split(r) = self {
+            r.q.set_next_avail(v);
+            r.avail_seen = Wrapping(v);
         }
     }
 
     pub fn size(&self) -> u16 {
         match self {
-            Virtq::Split(q) => q.size(),
+            Virtq::Split(r) => r.q.size(),
             Virtq::Packed(r) => r.size(),
         }
     }
@@ -89,46 +211,78 @@ impl Virtq {
     /// (a longer chain fills it; the caller refuses it as too long).
     pub fn pop(&mut self, mem: &GuestMemoryMmap, out: &mut [Desc]) -> Option<Taken> {
         match self {
-            Virtq::Split(q) => {
-                let chain = q.pop_descriptor_chain(mem)?;
-                let head = chain.head_index();
-                let descs = blk::collect_chain(chain, out);
-                Some(Taken { head, descs })
-            }
+            Virtq::Split(r) => r.pop(mem, out),
             Virtq::Packed(r) => r.pop(mem, out),
         }
     }
 
     /// Returns `head` (a split ring's head index, a packed ring's buffer
-    /// ID) used with `len` bytes written; false: the ring is not writable.
+    /// ID) used with `len` bytes written, visible at once; false: the ring
+    /// is not writable.
     pub fn add_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+        self.push_used(mem, head, len)
+            && match self {
+                Virtq::Split(r) => r.store_idx(mem),
+                Virtq::Packed(_) => true,
+            }
+    }
+
+    /// Writes `head`'s used entry; the driver may not see it before the
+    /// next [`Self::publish`] (a split ring's index is not stored; a
+    /// packed ring's descriptor is written whole, flags last, so it is
+    /// seen at once). False: the ring is not writable.
+    pub fn push_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
         match self {
-            Virtq::Split(q) => q.add_used(mem, head, len).is_ok(),
+            Virtq::Split(r) => r.push_used(mem, head, len),
             Virtq::Packed(r) => r.add_used(mem, head, len).is_ok(),
         }
     }
 
-    /// After each [`Self::add_used`]: whether the driver asked to be
-    /// notified (when unsure, yes).
+    /// Makes every pushed entry visible; `Some(notify)`: whether the
+    /// driver wants a notification for them; `None`: the used ring is
+    /// not writable.
+    pub fn publish(&mut self, mem: &GuestMemoryMmap) -> Option<bool> {
+        match self {
+            Virtq::Split(r) => {
+                if !r.store_idx(mem) {
+                    return None;
+                }
+                Some(r.needs_notification(mem))
+            }
+            Virtq::Packed(r) => Some(r.needs_notification(mem)),
+        }
+    }
+
+    /// After [`Self::add_used`]: whether the driver asked to be notified
+    /// for what was returned since the last decision (when unsure, yes).
     pub fn needs_notification(&mut self, mem: &GuestMemoryMmap) -> bool {
         match self {
-            Virtq::Split(q) => q.needs_notification(mem).unwrap_or(true),
+            Virtq::Split(r) => r.needs_notification(mem),
             Virtq::Packed(r) => r.needs_notification(mem),
+        }
+    }
+
+    /// Entries pushed and not yet published (split rings; a packed
+    /// ring's are seen as they are pushed).
+    pub fn unpublished(&self) -> u16 {
+        match self {
+            Virtq::Split(r) => (Wrapping(r.q.next_used()) - r.stored).0,
+            Virtq::Packed(_) => 0,
         }
     }
 
     /// Asks for kicks; true if a chain is already available.
     pub fn enable_notification(&mut self, mem: &GuestMemoryMmap) -> bool {
         match self {
-            Virtq::Split(q) => q.enable_notification(mem).unwrap_or(false),
+            Virtq::Split(r) => r.q.enable_notification(mem).unwrap_or(false),
             Virtq::Packed(r) => r.enable_notification(mem),
         }
     }
 
     pub fn disable_notification(&mut self, mem: &GuestMemoryMmap) {
         match self {
-            Virtq::Split(q) => {
-                let _ = q.disable_notification(mem);
+            Virtq::Split(r) => {
+                let _ = r.q.disable_notification(mem);
             }
             Virtq::Packed(r) => r.disable_notification(mem),
         }
@@ -139,7 +293,7 @@ impl Virtq {
     /// bit 15.
     pub fn indices(&self) -> (u16, u16) {
         match self {
-            Virtq::Split(q) => (q.next_avail(), q.next_used()),
+            Virtq::Split(r) => (r.q.next_avail(), r.q.next_used()),
             Virtq::Packed(r) => r.indices(),
         }
     }

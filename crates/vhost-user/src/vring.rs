@@ -13,6 +13,14 @@
 //! costs no CPU. Stopping (GET_VRING_BASE, disconnect) sets a flag and
 //! writes the kick eventfd; the task waits for its requests in flight and
 //! reports the ring indices back.
+//!
+//! Completions are batched: a worker writes its used entry
+//! ([`Virtq::push_used`]) and the queue task, which runs again right
+//! after the workers it woke (the executor is FIFO and the task yields
+//! every pass while busy), publishes the batch: one used-index store, one
+//! notification decision and at most one call signal per pass, not one
+//! of each per request. While the task sleeps on its kick or drains,
+//! nothing would publish later, so completions publish at once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -35,7 +43,9 @@ use vm_memory::{
 use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
 use crate::device::{BlkDevice, QueueStats};
+use crate::inflight::packed::{PackedChain, PackedTrack};
 use crate::inflight::QueueInflight;
+use crate::packed;
 use crate::virtq::Virtq;
 use crate::workers::Pool;
 
@@ -94,16 +104,30 @@ struct Vring {
     mem: RefCell<Arc<GuestMemoryMmap>>,
     mem_gen: Cell<u64>,
     coal: RefCell<Coalescer>,
-    /// The queue task sleeps on the kick eventfd: completions signal at
-    /// once (nothing would send a held-back signal).
+    /// The queue task sleeps on the kick eventfd (or drains): completions
+    /// publish and signal at once (nothing would publish them later).
     parked: Cell<bool>,
+    /// Used entries pushed and not yet published.
+    unpublished: Cell<u32>,
     broken: Cell<bool>,
-    /// Inflight tracking and the order counter of takes.
-    track: Option<QueueInflight>,
+    /// Inflight tracking and the order counter of takes (split).
+    track: Option<Track>,
     counter: Cell<u64>,
-    /// Heads to resubmit first (taken by a backend that was killed).
-    resubmit: RefCell<Vec<u16>>,
+    /// Requests to resubmit first (taken by a backend that was killed).
+    resubmit: RefCell<Resubmit>,
     desc_table: u64,
+}
+
+/// The inflight region's layout for this ring.
+enum Track {
+    Split(QueueInflight),
+    Packed(PackedTrack),
+}
+
+/// What a killed backend had taken: split heads, or packed chains.
+enum Resubmit {
+    Split(Vec<u16>),
+    Packed(Vec<PackedChain>),
 }
 
 impl Vring {
@@ -139,6 +163,7 @@ pub async fn run(s: VringStart) {
     let mut last_work = ticks::now();
     while !stop.load(Ordering::Acquire) {
         refresh_mem(&v, &mem_atomic);
+        publish(&v, &v.mem.borrow());
         let n = take_available(&v);
         let now = ticks::now();
         coalesce_tick(&v, now);
@@ -161,6 +186,8 @@ pub async fn run(s: VringStart) {
             v.queue.borrow_mut().enable_notification(&mem)
         };
         if !more {
+            // Completions from here on publish at once.
+            publish(&v, &v.mem.borrow());
             v.parked.set(true);
             let _ = ustor_runtime::ops::poll_ready(kick.as_raw_fd(), libc::POLLIN as u32).await;
             v.parked.set(false);
@@ -174,6 +201,8 @@ pub async fn run(s: VringStart) {
     }
     // Drain: the indices are reported only once every request taken has
     // been returned used, so a restarted ring repeats nothing.
+    publish(&v, &v.mem.borrow());
+    v.parked.set(true);
     while v.inflight.get() > 0 {
         ustor_runtime::sleep(Duration::from_micros(100)).await;
     }
@@ -186,27 +215,14 @@ pub async fn run(s: VringStart) {
     let _ = done.send(v.queue.borrow().indices());
 }
 
-fn setup(s: VringStart) -> Result<Vring, String> {
+fn setup(mut s: VringStart) -> Result<Vring, String> {
     let ch = s.dev.desc.channel().map_err(|e| e.to_string())?;
     if s.index as usize >= s.dev.queue_stats.len() {
         return Err(format!("queue {}: beyond num_queues", s.index));
     }
     let (mut q, mem, used) = Virtq::open(&s)?;
-    let (mut counter, mut again) = (1, Vec::new());
-    if let Some(t) = &s.inflight {
-        // After a kill the frontend's base is its guess (the used index):
-        // the region knows what was taken.
-        let rec = t.recover(used);
-        if !rec.resubmit.is_empty() {
-            tracing::info!(
-                "vhost: queue {}: resubmitting {} requests in flight at the last stop",
-                s.index,
-                rec.resubmit.len()
-            );
-        }
-        q.set_next_avail(rec.next_avail);
-        (counter, again) = (rec.counter, rec.resubmit);
-    }
+    let inflight = s.inflight.take();
+    let (track, counter, again) = recover(&s, inflight, &mut q, &mem, used);
     set_nonblocking(&s.kick);
     let depth = s.size as usize;
     Ok(Vring {
@@ -224,12 +240,76 @@ fn setup(s: VringStart) -> Result<Vring, String> {
         mem_gen: Cell::new(0),
         coal: RefCell::new(Coalescer::new(ticks::hz(), ticks::now())),
         parked: Cell::new(false),
+        unpublished: Cell::new(0),
         broken: Cell::new(false),
-        track: s.inflight,
+        track,
         counter: Cell::new(counter),
         resubmit: RefCell::new(again),
         desc_table: s.desc,
     })
+}
+
+/// Reconciles the ring with the inflight region, if the frontend set one:
+/// after a kill the frontend's base is its guess (a split ring's used
+/// index; a packed ring's whatever it last knew), the region knows what
+/// was taken. Returns the tracking, the next order counter and what to
+/// serve again.
+fn recover(
+    s: &VringStart,
+    inflight: Option<QueueInflight>,
+    q: &mut Virtq,
+    mem: &GuestMemoryMmap,
+    used: u16,
+) -> (Option<Track>, u64, Resubmit) {
+    let Some(t) = inflight else {
+        return (None, 1, Resubmit::Split(Vec::new()));
+    };
+    let (n, track, counter, again) = match q {
+        Virtq::Split(_) => {
+            let rec = t.recover(used);
+            q.set_next_avail(rec.next_avail);
+            let n = rec.resubmit.len();
+            (
+                n,
+                Track::Split(t),
+                rec.counter,
+                Resubmit::Split(rec.resubmit),
+            )
+        }
+        Virtq::Packed(r) => {
+            let p = PackedTrack::new(t);
+            let (_, u) = r.indices();
+            let used = (u & 0x7fff, u & 0x8000 != 0);
+            let rec = match p.recover(mem, GuestAddress(s.desc), used) {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::warn!("vhost: queue {}: {e}; running untracked", s.index);
+                    return (None, 1, Resubmit::Split(Vec::new()));
+                }
+            };
+            let ids: Vec<(u16, u16)> = rec
+                .resubmit
+                .iter()
+                .map(|c| (c.id, c.descs.len() as u16))
+                .collect();
+            if !r.restore(rec.avail, rec.used, &ids) {
+                tracing::warn!(
+                    "vhost: queue {}: inflight region refused; untracked",
+                    s.index
+                );
+                return (None, 1, Resubmit::Split(Vec::new()));
+            }
+            let n = rec.resubmit.len();
+            (n, Track::Packed(p), 1, Resubmit::Packed(rec.resubmit))
+        }
+    };
+    if n > 0 {
+        tracing::info!(
+            "vhost: queue {}: resubmitting {n} requests in flight at the last stop",
+            s.index
+        );
+    }
+    (Some(track), counter, again)
 }
 
 /// Picks up a memory map the frontend changed (ADD_MEM_REG, REM_MEM_REG);
@@ -269,9 +349,13 @@ fn take_available(v: &Rc<Vring>) -> usize {
             break;
         };
         n += 1;
-        if let Some(tr) = &v.track {
-            tr.taken(t.head, v.counter.get());
-            v.counter.set(v.counter.get() + 1);
+        match &v.track {
+            Some(Track::Split(tr)) => {
+                tr.taken(t.head, v.counter.get());
+                v.counter.set(v.counter.get() + 1);
+            }
+            Some(Track::Packed(p)) => track_packed_take(v, p, &mem),
+            None => {}
         }
         start_request(v, &mem, t.head, &descs[..t.descs]);
     }
@@ -279,19 +363,38 @@ fn take_available(v: &Rc<Vring>) -> usize {
     n
 }
 
+/// Copies the ring descriptors of the packed chain just taken into the
+/// region.
+fn track_packed_take(v: &Vring, p: &PackedTrack, mem: &GuestMemoryMmap) {
+    let q = v.queue.borrow();
+    if let Virtq::Packed(r) = &*q {
+        let (first, n) = r.last_taken();
+        p.taken(n, |k| r.raw_desc(mem, first.wrapping_add(k)));
+    }
+}
+
 /// Requests a killed backend had taken: run again before any new one.
 fn resubmit(v: &Rc<Vring>) {
-    let heads = std::mem::take(&mut *v.resubmit.borrow_mut());
-    if heads.is_empty() {
-        return;
-    }
-    QueueStats::add(&v.stats().resubmitted, heads.len() as u64);
+    let again = std::mem::replace(&mut *v.resubmit.borrow_mut(), Resubmit::Split(Vec::new()));
     let mem = v.mem.borrow();
     let size = v.queue.borrow().size();
     let mut descs = blk::chain_buf();
-    for head in heads {
-        let k = blk::read_chain(&**mem, GuestAddress(v.desc_table), size, head, &mut descs);
-        start_request(v, &mem, head, &descs[..k]);
+    match again {
+        Resubmit::Split(heads) => {
+            QueueStats::add(&v.stats().resubmitted, heads.len() as u64);
+            for head in heads {
+                let table = GuestAddress(v.desc_table);
+                let k = blk::read_chain(&**mem, table, size, head, &mut descs);
+                start_request(v, &mem, head, &descs[..k]);
+            }
+        }
+        Resubmit::Packed(chains) => {
+            QueueStats::add(&v.stats().resubmitted, chains.len() as u64);
+            for c in chains {
+                let k = packed::chain_descs(&**mem, &c.descs, &mut descs);
+                start_request(v, &mem, c.id, &descs[..k]);
+            }
+        }
     }
 }
 
@@ -382,29 +485,59 @@ async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut S
     complete(v, mem, job.head, len);
 }
 
-/// Adds `head` to the used ring and signals the driver if it asked (now,
-/// or later when coalescing holds the signal back).
+/// Adds `head` to the used ring: published with the queue task's next
+/// pass, or now when the task is not polling.
 fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
     QueueStats::bump(&v.stats().completed);
     let mut q = v.queue.borrow_mut();
-    if let Some(t) = &v.track {
-        t.pre_put(head);
+    match (&v.track, &*q) {
+        (Some(Track::Split(t)), _) => t.batch_add(head),
+        (Some(Track::Packed(t)), Virtq::Packed(r)) => {
+            // The used side moves in the region before the descriptor
+            // is written (a kill in between is rolled back).
+            if let Some(after) = r.used_after(head) {
+                t.used(head, after);
+            }
+        }
+        _ => {}
     }
-    if !q.add_used(mem, head, len) {
+    if !q.push_used(mem, head, len) {
         // The used ring is not writable: the driver broke the device.
         v.broken.set(true);
         return;
     }
-    if let Some(t) = &v.track {
-        t.post_put(head, q.indices().1);
+    if let Some(Track::Packed(t)) = &v.track {
+        t.used_done(head);
     }
-    if q.needs_notification(mem) {
-        drop(q);
-        let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
-        if now_ok {
-            signal_call(v);
-        } else {
-            QueueStats::bump(&v.stats().held);
+    drop(q);
+    v.unpublished.set(v.unpublished.get() + 1);
+    if v.parked.get() {
+        publish(v, mem);
+    }
+}
+
+/// Makes the pushed used entries visible and signals the driver if it
+/// asked (now, or later when coalescing holds the signal back).
+fn publish(v: &Vring, mem: &GuestMemoryMmap) {
+    if v.unpublished.replace(0) == 0 {
+        return;
+    }
+    let mut q = v.queue.borrow_mut();
+    let notify = q.publish(mem);
+    if let Some(Track::Split(t)) = &v.track {
+        t.batch_done(q.indices().1);
+    }
+    drop(q);
+    match notify {
+        None => v.broken.set(true),
+        Some(false) => {}
+        Some(true) => {
+            let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
+            if now_ok {
+                signal_call(v);
+            } else {
+                QueueStats::bump(&v.stats().held);
+            }
         }
     }
 }

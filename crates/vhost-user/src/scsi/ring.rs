@@ -177,14 +177,14 @@ impl Ring {
     pub fn complete(&self, mem: &GuestMemoryMmap, head: u16, len: u32) {
         let mut q = self.queue.borrow_mut();
         if let Some(t) = &self.track {
-            t.pre_put(head);
+            t.batch_add(head);
         }
         if !q.add_used(mem, head, len) {
             self.broken.set(true);
             return;
         }
         if let Some(t) = &self.track {
-            t.post_put(head, q.indices().1);
+            t.batch_done(q.indices().1);
         }
         if q.needs_notification(mem) {
             drop(q);

@@ -203,6 +203,12 @@ impl Fe {
         Self::open(path, rings, false, true)
     }
 
+    /// [`Self::connect_packed`] with an inflight region, as QEMU asks.
+    #[allow(dead_code)]
+    pub fn connect_packed_tracked(path: &Path, rings: usize) -> Fe {
+        Self::open(path, rings, true, true)
+    }
+
     fn open(path: &Path, rings: usize, inflight: bool, packed: bool) -> Fe {
         assert!(rings <= MAX_RINGS);
         let mut f = Fe {
@@ -516,11 +522,16 @@ impl Fe {
         let Some((info, file)) = &self.inflight else {
             return 0;
         };
-        let part = (16 * QSIZE as u64 + 2).div_ceil(64) * 64;
-        let mut b = vec![0u8; 16 + 16 * QSIZE as usize];
+        // The part's stride from the region's size; the layout from the
+        // rings: split (16-byte header and entries) or packed (32).
+        let part = info.mmap_size / info.num_queues as u64;
+        let (hdr, entry) = if self.packed { (32, 32) } else { (16, 16) };
+        let mut b = vec![0u8; hdr + entry * QSIZE as usize];
         let at = info.mmap_offset + q as u64 * part;
         file.read_exact_at(&mut b, at)
             .expect("read the inflight region");
-        (0..QSIZE as usize).filter(|h| b[16 + h * 16] == 1).count()
+        (0..QSIZE as usize)
+            .filter(|h| b[hdr + h * entry] == 1)
+            .count()
     }
 }
