@@ -6,6 +6,8 @@
 //! drains it: every acknowledged write is in the backing file after exit.
 
 mod common;
+#[path = "../../vhost-user/tests/common/frontend.rs"]
+mod frontend;
 
 use std::mem::MaybeUninit;
 use std::path::Path;
@@ -344,9 +346,42 @@ fn spdk_rpc_drives_vhost_scsi_controllers() {
         .collect();
     assert_eq!(vs.len(), 3, "{vs:?}");
     assert_eq!(vs[0]["method"], "vhost_create_scsi_controller");
+    assert!(vs[0]["params"].get("packed_ring").is_none(), "{vs:?}");
     assert_eq!(vs[1]["method"], "vhost_scsi_controller_add_target");
     assert_eq!(vs[2]["params"]["scsi_target_num"], 3);
     assert_eq!(vs[2]["params"]["bdev_name"], "M1");
+
+    // `packed_ring` is ours for scsi (SPDK's method has none): the
+    // controller offers packed rings, a frontend runs all three packed,
+    // and save_config keeps the parameter.
+    s.ok(
+        "vhost_create_scsi_controller",
+        json!({"ctrlr": "vsp", "packed_ring": true}),
+    );
+    let vsp = s.ok("vhost_get_controllers", json!({"name": "vsp"}));
+    assert_eq!(vsp[0]["packed_ring"], true, "{vsp}");
+    assert_eq!(
+        s.ok("vhost_get_controllers", json!({"name": "vs0"}))[0]["packed_ring"],
+        false
+    );
+    let f = frontend::Fe::connect_packed(&sockets.join("vsp"), 3);
+    testkit::wait_until("three packed rings run", Duration::from_secs(10), || {
+        let c = s.ok("vhost_get_controllers", json!({"name": "vsp"}));
+        c[0]["sessions"][0]["packed_rings"] == 3
+    });
+    drop(f);
+    let saved: Value = serde_json::from_str(&ok(&s, &["save_config"])).expect("save_config JSON");
+    let created = saved["subsystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["subsystem"] == "vhost_scsi")
+        .flat_map(|x| x["config"].as_array().unwrap())
+        .find(|c| c["params"]["ctrlr"] == "vsp")
+        .cloned()
+        .expect("vsp in save_config");
+    assert_eq!(created["params"]["packed_ring"], true, "{created}");
+    ok(&s, &["vhost_delete_controller", "vsp"]);
 
     ok(&s, &["vhost_scsi_controller_remove_target", "vs0", "3"]);
     assert!(!claimed(&s, "M1"));

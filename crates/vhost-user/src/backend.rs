@@ -459,7 +459,7 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
             tracing::warn!("vhost: {e}");
             internal("inflight region")
         })?;
-        let size = region.len();
+        let size = region.size_bytes();
         self.inflight = Some(region);
         Ok((
             VhostUserInflight {

@@ -146,7 +146,7 @@ impl InflightRegion {
     }
 
     /// Bytes of the region (what GET_INFLIGHT_FD reports).
-    pub fn len(&self) -> u64 {
+    pub fn size_bytes(&self) -> u64 {
         self.stride * self.num_queues as u64
     }
 

@@ -22,6 +22,10 @@ struct CreateParams {
     ctrlr: String,
     #[serde(default)]
     cpumask: Option<String>,
+    /// Ours (SPDK's scsi method has none; its blk method does): offer
+    /// packed virtqueues besides split ones.
+    #[serde(default)]
+    packed_ring: bool,
     /// SPDK's "start later" flag: accepted, the controller starts at once.
     #[serde(default)]
     #[allow(dead_code)]
@@ -60,6 +64,7 @@ pub fn info_json(c: &ScsiControllerInfo) -> Value {
         "cpumask": c.cpumask,
         "delay_base_us": c.delay_base_us,
         "iops_threshold": c.iops_threshold,
+        "packed_ring": c.packed_ring,
         "socket": c.socket.display().to_string(),
         "sessions": session_json(c),
         "backend_specific": {"scsi": targets},
@@ -90,9 +95,12 @@ fn session_json(c: &ScsiControllerInfo) -> Vec<Value> {
 pub fn config_calls(t: &VhostTarget) -> Vec<Value> {
     let mut calls = Vec::new();
     for c in t.scsi_controllers(None) {
-        calls.push(json!({"method": "vhost_create_scsi_controller", "params": {
-            "ctrlr": c.ctrlr, "cpumask": c.cpumask,
-        }}));
+        let mut params = json!({"ctrlr": c.ctrlr, "cpumask": c.cpumask});
+        // Only when set: a config without it stays one SPDK takes.
+        if c.packed_ring {
+            params["packed_ring"] = json!(true);
+        }
+        calls.push(json!({"method": "vhost_create_scsi_controller", "params": params}));
         for (n, bdev) in &c.targets {
             calls.push(
                 json!({"method": "vhost_scsi_controller_add_target", "params": {
@@ -113,7 +121,7 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
     ctx.method("vhost_create_scsi_controller", RPC_RUNTIME, |c, params| {
         let p: CreateParams = parse_params(params)?;
         c.vhost
-            .create_scsi(&p.ctrlr, p.cpumask.as_deref())
+            .create_scsi(&p.ctrlr, p.cpumask.as_deref(), p.packed_ring)
             .map_err(err)?;
         Ok(json!(true))
     })?;

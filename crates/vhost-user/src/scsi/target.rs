@@ -42,6 +42,8 @@ pub struct ScsiControllerInfo {
     pub frontend_pid: Option<i32>,
     /// Commands served again from the inflight region since creation.
     pub resubmitted: u64,
+    /// Packed rings offered (ours: SPDK's scsi controllers have none).
+    pub packed_ring: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -50,8 +52,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl VhostTarget {
     /// `vhost_create_scsi_controller`: a controller with no target yet,
-    /// its socket `<socket dir>/<ctrlr>`.
-    pub fn create_scsi(&self, ctrlr: &str, cpumask: Option<&str>) -> Result<(), VhostError> {
+    /// its socket `<socket dir>/<ctrlr>`; `packed_ring` offers packed
+    /// virtqueues besides split ones.
+    pub fn create_scsi(
+        &self,
+        ctrlr: &str,
+        cpumask: Option<&str>,
+        packed_ring: bool,
+    ) -> Result<(), VhostError> {
         let socket = self.socket_for(ctrlr)?;
         let (reactors, cpumask) = self.reactors(cpumask)?;
         if self.controllers(Some(ctrlr)).is_ok() {
@@ -69,7 +77,7 @@ impl VhostTarget {
                 reactors,
                 request_queues: DEFAULT_REQUEST_QUEUES,
                 poll_window: Duration::from_micros(50),
-                packed_ring: false,
+                packed_ring,
             },
         )?;
         ctrl.device()
@@ -116,6 +124,7 @@ impl VhostTarget {
                 ctrlr: k.clone(),
                 cpumask: e.cpumask.clone(),
                 socket: e.ctrl.config.socket.clone(),
+                packed_ring: e.ctrl.config.packed_ring,
                 delay_base_us: e.delay_base_us,
                 iops_threshold: e.iops_threshold,
                 targets: e.ctrl.targets(),

@@ -204,7 +204,6 @@ impl Fe {
     }
 
     /// [`Self::connect_packed`] with an inflight region, as QEMU asks.
-    #[allow(dead_code)]
     pub fn connect_packed_tracked(path: &Path, rings: usize) -> Fe {
         Self::open(path, rings, true, true)
     }
