@@ -7,9 +7,11 @@
 //! [`Pair`] that the next capsule joins (a second) or leaves missing
 //! (anything else). Each half then goes to a worker like any command; its
 //! worker deposits its half, and the worker that completes the pair runs
-//! it while the other waits for the statuses. A half that ends without
-//! reaching the pair (refused, aborted, transport error, queue closed)
-//! fails its partner.
+//! it while the other waits for the statuses. The first command's
+//! completion is queued before the second's (hosts rely on it: SPDK's
+//! bdev_nvme takes the first completion of a pair for the Compare's). A
+//! half that ends without reaching the pair (refused, aborted, transport
+//! error, queue closed) fails its partner.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -35,6 +37,12 @@ pub(super) struct Pair {
     halves: RefCell<[Option<Half>; 2]>,
     done: Cell<Option<(Status, Status)>>,
     waker: RefCell<Option<Waker>>,
+    /// Both halves reached their workers and the pair ran: the second's
+    /// answer then waits for the first's.
+    ran: Cell<bool>,
+    /// The first half's answer is out (queued for the sender).
+    first_out: Cell<bool>,
+    second_waker: RefCell<Option<Waker>>,
 }
 
 impl Pair {
@@ -111,6 +119,7 @@ pub(super) async fn execute(conn: &Conn, p: Rc<Pair>, sqe: &Sqe, buf: Option<IoB
                 (Some(a), Some(b)) => run(conn, a, b).await,
                 _ => (Status::INTERNAL, Status::ABORTED_FAILED_FUSED),
             };
+            p.ran.set(true);
             p.decide(s1, s2);
         }
     }
@@ -122,6 +131,25 @@ pub(super) async fn execute(conn: &Conn, p: Rc<Pair>, sqe: &Sqe, buf: Option<IoB
         }
     })
     .await;
+    if first {
+        // Queued when this worker returns, before the second is polled.
+        p.first_out.set(true);
+        if let Some(w) = p.second_waker.borrow_mut().take() {
+            w.wake();
+        }
+    } else if p.ran.get() {
+        // Both workers run until the first answers (the pair ran), so
+        // this wait ends.
+        std::future::poll_fn(|cx| {
+            if p.first_out.get() {
+                Poll::Ready(())
+            } else {
+                *p.second_waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+    }
     Out::Resp(conn.cqe(sqe.cid(), if first { s1 } else { s2 }))
 }
 
