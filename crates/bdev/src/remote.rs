@@ -17,24 +17,24 @@
 //! every ring of the owner reactor. The doorbell is sent only when the
 //! ring's `armed` flag goes from false to true, so a burst costs one message
 //! and the inbox never fills with doorbells. A doorbell lost to a full inbox
-//! is made up for by a 1 ms timed poller on the owner. Per I/O: one ring
-//! push and pop (atomics, the one exception to the no-atomic rule, as the
-//! I/O crosses threads) and at most one message.
+//! sets the ring's `lost` flag and notifies the owner (an eventfd write that
+//! a reactor about to sleep cannot miss), whose `bdev_remote_retry` poller
+//! (a few loads per loop pass, never a timer) reaps it: an idle reactor
+//! sleeps until something comes, instead of waking every millisecond to
+//! look for lost doorbells. Per I/O: one ring push and pop (atomics, the one
+//! exception to the no-atomic rule, as the I/O crosses threads) and at most
+//! one message.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 use ustor_runtime::{PollStatus, RuntimeHandle};
 
 use crate::error::BdevError;
 use crate::io::IoHandle;
-
-/// How often the owner looks for completions whose doorbell was lost.
-const RETRY_PERIOD: Duration = Duration::from_millis(1);
 
 /// A bdev I/O handed to another thread: complete it exactly once with
 /// [`Completer::complete`] (dropping it strands the I/O).
@@ -45,7 +45,8 @@ pub struct RemoteIo(u64);
 struct Ring {
     cq: ArrayQueue<(u64, Result<(), BdevError>)>,
     armed: AtomicBool,
-    /// A doorbell could not be sent; the owner's poller reaps instead.
+    /// A doorbell could not be sent; the owner's poller reaps instead
+    /// (set before the owner is notified).
     lost: AtomicBool,
     /// Sent off and not yet reaped. Written by the owner only (plain load
     /// and store: no read-modify-write).
@@ -85,7 +86,8 @@ impl RemoteCompletions {
         });
         OWNED.with(|o| o.borrow_mut().push(ring.clone()));
         if !POLLER.with(|p| p.replace(true)) {
-            ustor_runtime::register_timed_poller("bdev_remote_retry", RETRY_PERIOD, retry_lost);
+            // Not timed: a timed poller bounds every sleep of the reactor.
+            ustor_runtime::register_poller("bdev_remote_retry", retry_lost);
         }
         RemoteCompletions {
             ring,
@@ -163,7 +165,10 @@ impl Completer {
         }
         if r.rt.send(r.owner, reap_owned).is_err() {
             r.armed.store(false, Ordering::SeqCst);
-            r.lost.store(true, Ordering::Release);
+            r.lost.store(true, Ordering::SeqCst);
+            // The inbox is full or the owner stopped: wake it (or keep it
+            // from sleeping) so its poller sees `lost`.
+            r.rt.notify(r.owner);
         }
     }
 }
@@ -199,15 +204,23 @@ fn reap_owned() {
     }
 }
 
+/// Every loop pass: reaps the rings whose doorbell was lost (a relaxed
+/// load per ring when none was, which is nearly always).
 fn retry_lost() -> PollStatus {
     let n = OWNED.with(|o| o.borrow().len());
     let mut busy = false;
     for i in 0..n {
-        let Some(r) = OWNED.with(|o| o.borrow().get(i).cloned()) else {
-            break;
-        };
-        if r.lost.swap(false, Ordering::Acquire) {
-            busy |= reap(&r) > 0;
+        let lost = OWNED.with(|o| {
+            o.borrow()
+                .get(i)
+                .filter(|r| r.lost.load(Ordering::Relaxed))
+                .cloned()
+        });
+        // Short borrows: completing an I/O may run code that adds a ring.
+        if let Some(r) = lost {
+            if r.lost.swap(false, Ordering::Acquire) {
+                busy |= reap(&r) > 0;
+            }
         }
     }
     if busy {

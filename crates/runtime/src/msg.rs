@@ -241,6 +241,18 @@ impl RuntimeHandle {
         }
     }
 
+    /// Wakes `reactor` now, or, when it is awake, makes its next sleep
+    /// return at once (the eventfd write waits in its ring): for a flag a
+    /// poller of that reactor looks at, set from another thread without a
+    /// message (one that could not be sent). Unlike [`Self::wake`] it
+    /// cannot miss a reactor about to sleep; it costs a spurious wake
+    /// when the reactor was awake.
+    pub fn notify(&self, reactor: usize) {
+        if let Some(r) = self.shared.reactors.get(reactor) {
+            r.kick();
+        }
+    }
+
     /// Counters of every reactor.
     pub fn stats(&self) -> Result<Vec<ReactorStats>, SendError> {
         let mode = self.shared.mode.clone();
