@@ -5,10 +5,13 @@
 //! matched in any order), and reconnection when the server goes away.
 //! `fuse` mounts an export through the kernel's FUSE (`ustor fs mount`).
 //! Programs that want no kernel crossing at all use `Client` directly.
+//! `ll` is our own decoder of the kernel's FUSE requests and encoder of
+//! the replies (for FUSE over io_uring, which fuser cannot do).
 
 mod client;
 mod conn;
 pub mod fuse;
+pub mod ll;
 pub mod mount;
 pub mod wire;
 
