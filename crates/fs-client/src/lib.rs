@@ -11,6 +11,7 @@
 mod client;
 mod conn;
 pub mod fuse;
+pub mod fuse_uring;
 pub mod ll;
 pub mod mount;
 pub mod wire;
