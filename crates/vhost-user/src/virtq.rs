@@ -6,15 +6,17 @@
 //! one, the notification decisions and the indices a stopped ring reports
 //! are the same calls for both.
 //!
-//! Returning used chains is split in two so a request loop can batch:
-//! [`Virtq::push_used`] writes one used entry, [`Virtq::publish`] makes
-//! everything pushed visible to the driver (a split ring's used index is
-//! stored once per batch, not once per request: the driver polls that
-//! cache line) and makes the one notification decision for the batch.
-//! Our split used side is ours, not `virtio-queue`'s: its `add_used`
-//! stores the index every time and its notification check ignores
-//! VRING_AVAIL_F_NO_INTERRUPT, so a driver without EVENT_IDX that polls
-//! (SPDK's virtio) would get a call eventfd write per request.
+//! Returning used chains is split in two so a request loop can batch the
+//! costly part: [`Virtq::push_used`] writes one used entry and makes it
+//! visible (a split ring's used index is a plain release store, so the
+//! driver sees each completion at once and can refill while the rest of
+//! the batch runs), [`Virtq::publish`] makes the one notification
+//! decision for everything pushed since the last one (a full fence and a
+//! read of the driver's field: once per batch, not once per request).
+//! Our split used side is ours, not `virtio-queue`'s: its notification
+//! check fences after every entry and ignores VRING_AVAIL_F_NO_INTERRUPT,
+//! so a driver without EVENT_IDX that polls would get a call eventfd
+//! write per request.
 
 use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
@@ -218,39 +220,26 @@ impl Virtq {
 
     /// Returns `head` (a split ring's head index, a packed ring's buffer
     /// ID) used with `len` bytes written, visible at once; false: the ring
-    /// is not writable.
+    /// is not writable. The notification decision is the caller's
+    /// ([`Self::needs_notification`]).
     pub fn add_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
         self.push_used(mem, head, len)
-            && match self {
-                Virtq::Split(r) => r.store_idx(mem),
-                Virtq::Packed(_) => true,
-            }
     }
 
-    /// Writes `head`'s used entry; the driver may not see it before the
-    /// next [`Self::publish`] (a split ring's index is not stored; a
-    /// packed ring's descriptor is written whole, flags last, so it is
-    /// seen at once). False: the ring is not writable.
+    /// Writes `head`'s used entry, visible to the driver at once (a split
+    /// ring's entry then its index, a packed ring's descriptor with its
+    /// flags last). False: the ring is not writable.
     pub fn push_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
         match self {
-            Virtq::Split(r) => r.push_used(mem, head, len),
+            Virtq::Split(r) => r.push_used(mem, head, len) && r.store_idx(mem),
             Virtq::Packed(r) => r.add_used(mem, head, len).is_ok(),
         }
     }
 
-    /// Makes every pushed entry visible; `Some(notify)`: whether the
-    /// driver wants a notification for them; `None`: the used ring is
-    /// not writable.
-    pub fn publish(&mut self, mem: &GuestMemoryMmap) -> Option<bool> {
-        match self {
-            Virtq::Split(r) => {
-                if !r.store_idx(mem) {
-                    return None;
-                }
-                Some(r.needs_notification(mem))
-            }
-            Virtq::Packed(r) => Some(r.needs_notification(mem)),
-        }
+    /// After entries were pushed: whether the driver wants a notification
+    /// for them (one decision for the batch).
+    pub fn publish(&mut self, mem: &GuestMemoryMmap) -> bool {
+        self.needs_notification(mem)
     }
 
     /// After [`Self::add_used`]: whether the driver asked to be notified
@@ -259,15 +248,6 @@ impl Virtq {
         match self {
             Virtq::Split(r) => r.needs_notification(mem),
             Virtq::Packed(r) => r.needs_notification(mem),
-        }
-    }
-
-    /// Entries pushed and not yet published (split rings; a packed
-    /// ring's are seen as they are pushed).
-    pub fn unpublished(&self) -> u16 {
-        match self {
-            Virtq::Split(r) => (Wrapping(r.q.next_used()) - r.stored).0,
-            Virtq::Packed(_) => 0,
         }
     }
 

@@ -14,13 +14,14 @@
 //! writes the kick eventfd; the task waits for its requests in flight and
 //! reports the ring indices back.
 //!
-//! Completions are batched: a worker writes its used entry
-//! ([`Virtq::push_used`]) and the queue task, which runs again right
-//! after the workers it woke (the executor is FIFO and the task yields
-//! every pass while busy), publishes the batch: one used-index store, one
-//! notification decision and at most one call signal per pass, not one
-//! of each per request. While the task sleeps on its kick or drains,
-//! nothing would publish later, so completions publish at once.
+//! Notifications are batched: a worker writes its used entry, visible to
+//! the driver at once ([`Virtq::push_used`]), and the queue task, which
+//! runs again right after the workers it woke (the executor is FIFO and
+//! the task yields every pass while busy), makes one notification
+//! decision (a full fence and a read of the driver's field) and sends at
+//! most one call signal for the batch, not one of each per request. While
+//! the task sleeps on its kick or drains, nothing would decide later, so
+//! completions decide at once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -105,9 +106,9 @@ struct Vring {
     mem_gen: Cell<u64>,
     coal: RefCell<Coalescer>,
     /// The queue task sleeps on the kick eventfd (or drains): completions
-    /// publish and signal at once (nothing would publish them later).
+    /// decide and signal at once (nothing would decide later).
     parked: Cell<bool>,
-    /// Used entries pushed and not yet published.
+    /// Used entries pushed since the last notification decision.
     unpublished: Cell<u32>,
     broken: Cell<bool>,
     /// Inflight tracking and the order counter of takes (split).
@@ -485,12 +486,13 @@ async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut S
     complete(v, mem, job.head, len);
 }
 
-/// Adds `head` to the used ring: published with the queue task's next
-/// pass, or now when the task is not polling.
+/// Adds `head` to the used ring; the notification decision comes with the
+/// queue task's next pass, or now when the task is not polling.
 fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
     QueueStats::bump(&v.stats().completed);
     let mut q = v.queue.borrow_mut();
     match (&v.track, &*q) {
+        // A batch of one: the used index moves with each entry.
         (Some(Track::Split(t)), _) => t.batch_add(head),
         (Some(Track::Packed(t)), Virtq::Packed(r)) => {
             // The used side moves in the region before the descriptor
@@ -506,8 +508,10 @@ fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
         v.broken.set(true);
         return;
     }
-    if let Some(Track::Packed(t)) = &v.track {
-        t.used_done(head);
+    match &v.track {
+        Some(Track::Split(t)) => t.batch_done(q.indices().1),
+        Some(Track::Packed(t)) => t.used_done(head),
+        None => {}
     }
     drop(q);
     v.unpublished.set(v.unpublished.get() + 1);
@@ -516,29 +520,21 @@ fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
     }
 }
 
-/// Makes the pushed used entries visible and signals the driver if it
-/// asked (now, or later when coalescing holds the signal back).
+/// One notification decision for the entries pushed since the last:
+/// signals the driver if it asked (now, or later when coalescing holds
+/// the signal back).
 fn publish(v: &Vring, mem: &GuestMemoryMmap) {
     if v.unpublished.replace(0) == 0 {
         return;
     }
-    let mut q = v.queue.borrow_mut();
-    let notify = q.publish(mem);
-    if let Some(Track::Split(t)) = &v.track {
-        t.batch_done(q.indices().1);
+    if !v.queue.borrow_mut().publish(mem) {
+        return;
     }
-    drop(q);
-    match notify {
-        None => v.broken.set(true),
-        Some(false) => {}
-        Some(true) => {
-            let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
-            if now_ok {
-                signal_call(v);
-            } else {
-                QueueStats::bump(&v.stats().held);
-            }
-        }
+    let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
+    if now_ok {
+        signal_call(v);
+    } else {
+        QueueStats::bump(&v.stats().held);
     }
 }
 
