@@ -4,6 +4,7 @@
 //! time has passed without a Logout. Sessions waiting for a PDU register
 //! their waker here so the start reaches idle ones at once.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,6 +37,7 @@ impl Drain {
         Watch {
             drain: self.clone(),
             id: self.next.fetch_add(1, Ordering::Relaxed),
+            registered: RefCell::new(None),
         }
     }
 }
@@ -44,6 +46,10 @@ impl Drain {
 pub struct Watch {
     drain: Arc<Drain>,
     id: u64,
+    /// The waker in the target's map (a copy): a session polls this on
+    /// every wait for a PDU, and the same task's waker is not registered
+    /// again (the map is behind a mutex every reactor shares).
+    registered: RefCell<Option<Waker>>,
 }
 
 impl Watch {
@@ -54,6 +60,13 @@ impl Watch {
         if d.on.load(Ordering::Acquire) {
             return Poll::Ready(d.grace_secs.load(Ordering::Relaxed));
         }
+        let mut mine = self.registered.borrow_mut();
+        if mine.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            // Still in the map: a start drains the map only after `on` is
+            // set, which the load above would have seen.
+            return Poll::Pending;
+        }
+        *mine = Some(cx.waker().clone());
         d.wakers().insert(self.id, cx.waker().clone());
         // A start between the check and the insert drained the map
         // before our waker was in it: look again.
