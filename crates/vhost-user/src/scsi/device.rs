@@ -76,6 +76,8 @@ pub struct ScsiDevice {
     tasks: Mutex<Vec<Option<RingRef>>>,
     /// Requests a killed backend had taken, served again (inflight region).
     resubmitted: AtomicU64,
+    /// Call signals coalescing held back (all request rings).
+    pub(crate) held: AtomicU64,
     /// Each ring's task: 0 not running, 1 running split, 2 running
     /// packed (for the listing's session).
     ring_state: Box<[AtomicU8]>,
@@ -105,6 +107,7 @@ impl ScsiDevice {
             events: Mutex::default(),
             tasks: Mutex::new(vec![None; rings]),
             resubmitted: AtomicU64::new(0),
+            held: AtomicU64::new(0),
             ring_state: (0..rings).map(|_| AtomicU8::new(0)).collect(),
             coalescing: AtomicU64::new(0),
         }
@@ -258,6 +261,12 @@ impl ScsiDevice {
 
     pub(crate) fn add_resubmitted(&self, n: u64) {
         self.resubmitted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Call signals coalescing held back since creation (each goes out
+    /// later: when due, or at the next rate check).
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
     }
 
     /// Request ring `ring`'s task table while it runs (`None`: stopped).

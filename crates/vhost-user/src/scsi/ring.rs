@@ -195,6 +195,8 @@ impl Ring {
                 };
             if now_ok {
                 self.signal();
+            } else {
+                self.dev.held.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
