@@ -9,7 +9,10 @@
 # local tmpfs. ustor_lib is ustor's client library with no kernel
 # crossing (crates/fs-client/examples/fsbench.rs, the same loop as
 # nfsbench), the like-for-like peer of libnfs; ustor_lib_copy is the same
-# against the one-copy export (the ablation without FUSE in the path). Every server serves from
+# against the one-copy export (the ablation without FUSE in the path);
+# ustor_lib_zc the same against an export with send_zc (read replies of
+# 16 KiB and more sent with SENDMSG_ZC; on loopback the kernel copies
+# anyway, so this prices the zero-copy send's extra completion). Every server serves from
 # /dev/shm (tmpfs), over TCP on 127.0.0.1.
 #
 # Workloads: QD1 psync O_DIRECT 4 KiB randread/randwrite, 1 KiB randwrite
@@ -83,19 +86,22 @@ wait_mount() {
 cc -O2 -o "$W/nfsbench" bench/lib/nfsbench.c -lnfs
 cc -O2 -o "$W/fuse_floor" bench/lib/fuse_floor.c $(pkg-config --cflags --libs fuse3)
 
-if has ustor || has ustor_lib || has ustor_copy || has ustor_lib_copy; then
+if has ustor || has ustor_lib || has ustor_copy || has ustor_lib_copy || has ustor_lib_zc; then
     UPORT=$(free_port)
     CPORT=$(free_port)
+    ZPORT=$(free_port)
     echo "secret" > "$W/secret"
     vol() { # name port copy_writes
         echo '{"method":"fs_create","params":{"name":"'$1'","path":"'$W/region-$1'","size":'$(( (SIZE_MIB * 2 + 256) << 20 ))'}},'
         echo '{"method":"fs_export","params":{"name":"'$1'","listen":"127.0.0.1:'$2'","secret_file":"'$W/secret'"'$3'}}'
     }
+    VOLS=()
+    (has ustor || has ustor_lib) && VOLS+=("$(vol vol $UPORT "")")
+    (has ustor_copy || has ustor_lib_copy) && VOLS+=("$(vol copy $CPORT ',"copy_writes":true')")
+    has ustor_lib_zc && VOLS+=("$(vol zc $ZPORT ',"send_zc":true')")
     {
         echo '{"subsystems":[{"subsystem":"fs","config":['
-        (has ustor || has ustor_lib) && vol vol $UPORT ""
-        (has ustor || has ustor_lib) && (has ustor_copy || has ustor_lib_copy) && echo ,
-        (has ustor_copy || has ustor_lib_copy) && vol copy $CPORT ',"copy_writes":true'
+        (IFS=,; echo "${VOLS[*]}")
         echo ']}]}'
     } > "$W/cfg.json"
     # One reactor; placement comes from taskset below, not from ustor.
@@ -230,7 +236,7 @@ cell() { # cpus target work -> columns
     if [ "$w" = meta ]; then
         case $t in
             ganesha) taskset -c "$cpus" "$W/nfsbench" "$NFS_URL" /meta meta "$NFILES" ;;
-            floor | ustor_lib | ustor_lib_copy) echo "-" ;;
+            floor | ustor_lib | ustor_lib_copy | ustor_lib_zc) echo "-" ;;
             *) meta_run "$cpus" "$W/m-$t" ;;
         esac
     elif [ "$t" = ganesha ]; then
@@ -239,6 +245,8 @@ cell() { # cpus target work -> columns
         lib_run "$cpus" "$rw" "$bs" "$UPORT" vol
     elif [ "$t" = ustor_lib_copy ]; then
         lib_run "$cpus" "$rw" "$bs" "$CPORT" copy
+    elif [ "$t" = ustor_lib_zc ]; then
+        lib_run "$cpus" "$rw" "$bs" "$ZPORT" zc
     else
         fio_run "$cpus" "$W/m-$t" "$rw" "$bs"
     fi
@@ -250,6 +258,7 @@ for t in $TARGETS; do
         ganesha) "$W/nfsbench" "$NFS_URL" /bench.dat lay "$SIZE_MIB" ;;
         ustor_lib) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat lay "$SIZE_MIB" ;;
         ustor_lib_copy) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$CPORT" copy libbench.dat lay "$SIZE_MIB" ;;
+        ustor_lib_zc) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$ZPORT" zc libbench.dat lay "$SIZE_MIB" ;;
         floor) ;;
         *) fio --name=lay --directory="$W/m-$t" --filename=bench.dat --size=${SIZE_MIB}m \
                --rw=write --bs=1m >/dev/null ;;
@@ -317,6 +326,10 @@ for p, w in order:
         if a in med and b in med:
             print("  zero/one copy %-16s latency mean %.2fx p50 %.2fx, throughput %.2fx"
                   % (a, med[a][1] / med[b][1], med[a][2] / med[b][2], med[a][4] / med[b][4]))
+    if "ustor_lib_zc" in med and "ustor_lib" in med:
+        z, b = med["ustor_lib_zc"], med["ustor_lib"]
+        print("  send_zc/plain ustor_lib     latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
+              % (z[1] / b[1], z[2] / b[2], z[3] / b[3], z[4] / b[4]))
     if "ustor" in med:
         u = med["ustor"]
         for t, m in med.items():
