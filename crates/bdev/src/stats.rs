@@ -201,6 +201,10 @@ impl IoStat {
             "num_write_zeroes_ops": g(IoType::WriteZeroes).ops,
             "bytes_write_zeroes": g(IoType::WriteZeroes).bytes,
             "num_reset_ops": g(IoType::Reset).ops,
+            // ustor's own: compare-and-writes that matched (and wrote),
+            // and those that failed (a miscompare is a failure).
+            "num_compare_and_write_ops": g(IoType::CompareAndWrite).ops,
+            "compare_and_write_errors": g(IoType::CompareAndWrite).errors,
             "errors": IoType::ALL.iter().map(|t| g(*t).errors).sum::<u64>(),
             "bounce_ops": self.bounce_ops,
             "bounce_bytes": self.bounce_bytes,

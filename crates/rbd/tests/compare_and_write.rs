@@ -128,6 +128,22 @@ fn compare_and_write_miscompares_without_writing_and_writes_on_match() {
         .block_on(0, move || async move {
             let ch = desc.channel().unwrap();
             assert_eq!(ch.max_compare_and_write_blocks(), 1);
+            // A block of an object never written reads as zeros, so data
+            // that is not all zeros miscompares there, and nothing is
+            // written (libiscsi's CompareAndWrite.Unwritten).
+            let (r, _, _) = ch
+                .compare_and_write(1, 1, buf(&o).await, buf(&n).await, IoFlags::NONE)
+                .await;
+            assert!(
+                matches!(r, Err(BdevError::Miscompare { .. })),
+                "compare-and-write on an unwritten block: {r:?}"
+            );
+            let (r, b) = ch.read(1, 1, IoBuf::alloc(512).await).await;
+            r.unwrap();
+            assert!(
+                b[..512].iter().all(|&x| x == 0),
+                "an unwritten block changed"
+            );
             let (r, _) = ch.write(LBA, 1, buf(&o).await).await;
             r.unwrap();
 
