@@ -10,6 +10,7 @@
 #   - ustor-poll: as ustor, the reactor in poll mode (never sleeps),
 #   - ustor-intr: as ustor, the reactor in interrupt mode (sleeps as soon
 #                 as it has nothing to do: no spin while Ceph works),
+#   - ustor-same-intr: ustor-same with the reactor in interrupt mode,
 #   - ustor-event: as ustor, completions through librbd's event socket
 #                 (`completion: "event"`) instead of its callback,
 #   - fio:        fio's rbd engine (librbd, fio's own thread; N jobs, one
@@ -18,9 +19,14 @@
 #                 bdevs on one reactor, one shared cluster),
 #   - bdevperf-same: the same with the cluster's core_mask = CORE (every
 #                 thread of the client on one core, as fio and ustor-same),
+#   - any ustor tool prefixed `alt-` (`alt-ustor-same`): that tool with
+#     the binary USTOR_ALT names (a code change A/B'd in one run),
 #   - any ustor tool with `:key=value,key=value` appended (for example
 #     `ustor-same:rbd_non_blocking_aio=true`): that tool with these Ceph
-#     options in the cluster's config_param (over ustor's defaults),
+#     options in the cluster's config_param (over ustor's defaults); for
+#     fio (`fio:rbd_cache=false`) they are appended to the config file its
+#     librados reads; `debug0`, `debugdef` and `ustordef` stand for sets
+#     of options (see `expand` below),
 #   rounds alternating tool by tool. Per point: IOPS, mean latency, and the
 #   client's CPU per I/O, from the process's user+system time (/usr/bin/time,
 #   so every tool is measured the same way, connect included). The summary
@@ -39,7 +45,7 @@
 # Environment: CORE=1 QDS="1 32" RWS="randread randwrite"
 #   TOOLS="ustor ustor-same ustor-poll ustor-intr ustor-event fio bdevperf bdevperf-same"
 #   IMAGES="1 2 4"
-#   SPDK_DIR=../spdk NOBUILD=1 USTOR=path
+#   SPDK_DIR=../spdk NOBUILD=1 USTOR=path USTOR_ALT=path
 #   SPDK_REF=bdevperf (the tool the iops/spdk and cpu/spdk columns divide by;
 #   bdevperf-same for the every-client-on-one-core comparison)
 #   PAIR_BASES="fio" (tools each other tool is also compared with round by
@@ -182,29 +188,61 @@ cpu_per_io() {
     awk -v iops="$1" -v t="$RUNTIME" '/^CPU / {u=$2; s=$3} END {if (iops > 0) printf "%.2f", (u + s) * 1e6 / (iops * t); else print "nan"}' "$tmp/time"
 }
 
+# Ceph's client-side debug subsystems (what a librbd client logs), at
+# their Ceph 16 defaults (level/gather: entries up to the gather level are
+# built in memory even when nothing is written) and at 0/0.
+DEBUG_DEFAULTS="rbd=0/5 rados=0/5 objecter=0/1 ms=0/0 monc=0/10 auth=1/5 finisher=1/1
+ throttle=1/1 timer=0/1 tp=0/5 buffer=0/1 context=0/1 objectcacher=0/5 striper=0/1 crypto=1/5
+ asok=1/5 perfcounter=1/5 journaler=0/5 heartbeatmap=1/5 none=0/5 optracker=0/5 filer=0/1"
+# expand PARAMS: `debug0` / `debugdef` stand for every subsystem above at
+# 0/0 / at Ceph's defaults; `ustordef` for ustor's own defaults (for fio).
+expand() {
+    local out="" p d
+    for p in ${1//,/ }; do
+        case $p in
+        debug0) for d in $DEBUG_DEFAULTS; do out="$out,debug_${d%%=*}=0/0"; done ;;
+        debugdef) for d in $DEBUG_DEFAULTS; do out="$out,debug_$d"; done ;;
+        ustordef) out="$out,rbd_cache=false,librados_thread_count=1,ms_async_op_threads=1,admin_socket=" ;;
+        *) out="$out,$p" ;;
+        esac
+    done
+    echo "${out#,}"
+}
+
 point() { # TOOL RW QD N
     local tool=$1 rw=$2 qd=$3 n=$4 r="" iops i params=""
     # `tool:k=v,...`: the tool with these Ceph options.
-    if [[ $tool == *:* ]]; then params=${tool#*:} tool=${tool%%:*}; fi
+    if [[ $tool == *:* ]]; then params=$(expand "${tool#*:}") tool=${tool%%:*}; fi
+    # `alt-ustor...`: that ustor tool with the USTOR_ALT binary (A/B of a
+    # code change in one run).
+    local bin=$USTOR
+    if [[ $tool == alt-* ]]; then bin=${USTOR_ALT:?alt- tools need USTOR_ALT} tool=${tool#alt-}; fi
     local timed=(/usr/bin/time -o "$tmp/time" -f "CPU %U %S" timeout $((RUNTIME + 60)))
     local raid="" bdev=r0 mask="" comp="" perimg=$(((qd + n - 1) / n))
     if [ "$n" -gt 1 ]; then raid=1 bdev=all; fi
     case $tool in
-    ustor | ustor-same | ustor-poll | ustor-intr | ustor-event)
+    ustor | ustor-same | ustor-poll | ustor-intr | ustor-same-intr | ustor-event)
         local mode=adaptive
         [ "$tool" = ustor-poll ] && mode=poll
-        [ "$tool" = ustor-intr ] && mode=interrupt
-        [ "$tool" = ustor-same ] && mask="[$CORE]"
+        [[ $tool == *-intr ]] && mode=interrupt
+        [[ $tool == ustor-same* ]] && mask="[$CORE]"
         [ "$tool" = ustor-event ] && comp=event
         config "$mask" "$n" "$comp" "$raid" "$params"
-        r=$("${timed[@]}" "$USTOR" bench -c "$tmp/cfg.json" -b "$bdev" --cores "$CORE" --poll-mode "$mode" \
+        r=$("${timed[@]}" "$bin" bench -c "$tmp/cfg.json" -b "$bdev" --cores "$CORE" --poll-mode "$mode" \
             -w "$rw" --bs 4096 -q "$qd" -t "$RUNTIME" --json 2>/dev/null |
             python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (t["iops"], t["lat_avg_us"], t["lat_p99_us"]))') || true
         ;;
     fio)
         local jobs=()
         for i in $(seq 0 $((n - 1))); do jobs+=(--name="rbd$i" --rbdname="img$i"); done
-        r=$("${timed[@]}" taskset -c "$CORE" fio --ioengine=rbd --clientname=admin \
+        # `fio:k=v,...`: these Ceph options appended to the config file
+        # fio's librados reads (ustor's tools get them as config_param).
+        local conf=$CEPH_CONF
+        if [ -n "$params" ]; then
+            conf=$tmp/fio-ceph.conf
+            { cat "$CEPH_CONF"; tr ',' '\n' <<<"$params" | sed 's/=/ = /'; } >"$conf"
+        fi
+        r=$(CEPH_CONF=$conf "${timed[@]}" taskset -c "$CORE" fio --ioengine=rbd --clientname=admin \
             --pool=rbd --rw="$rw" --bs=4k --iodepth="$perimg" --direct=1 --group_reporting \
             --time_based --runtime="$RUNTIME" --output-format=json "${jobs[@]}" 2>/dev/null |
             python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000, d["clat_ns"]["percentile"]["99.000000"] / 1000))') || true
@@ -226,7 +264,7 @@ point() { # TOOL RW QD N
 }
 
 {
-    echo "# rbd.sh $stamp $(uname -r) $(nproc) cpus; ustor $(git rev-parse --short HEAD); runtime ${RUNTIME}s, client core $CORE"
+    echo "# rbd.sh $stamp $(uname -r) $(nproc) cpus; ustor $(git rev-parse --short HEAD); runtime ${RUNTIME}s, client core $CORE${USTOR_ALT:+; alt- tools: $(basename "$USTOR_ALT")}"
     for rep in $(seq "$REPEAT"); do
         for rw in $RWS; do
             for qd in $QDS; do
