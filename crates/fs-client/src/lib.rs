@@ -7,6 +7,7 @@
 //! Programs that want no kernel crossing at all use `Client` directly.
 //! `ll` is our own decoder of the kernel's FUSE requests and encoder of
 //! the replies (for FUSE over io_uring, which fuser cannot do).
+//! `xdp::XdpClient` speaks the same requests over raw Ethernet (AF_XDP).
 
 mod client;
 mod conn;
@@ -15,6 +16,7 @@ pub mod fuse_uring;
 pub mod ll;
 pub mod mount;
 pub mod wire;
+pub mod xdp;
 
 use thiserror::Error;
 

@@ -14,7 +14,10 @@
 
 mod conn;
 mod offload;
+mod xdp;
 mod zc;
+
+pub use xdp::XdpStatsInfo;
 
 pub use conn::replay_session;
 
@@ -115,6 +118,14 @@ pub struct ExportParams {
     /// the kernel copies anyway and the notification costs a completion.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub send_zc: bool,
+    /// Transport "xdp": poll the receive ring without sleeping (one core
+    /// spins; lowest latency).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub busy_poll: bool,
+    /// Transport "xdp": where the XDP program runs, "generic" (default,
+    /// any interface) or "native" (the driver's hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp_mode: Option<String>,
 }
 
 /// The smallest read reply sent zero-copy when the export asks for it:
@@ -180,6 +191,9 @@ pub struct StatsInfo {
     /// a region that can fault, anything that found the volume busy, and
     /// the reads in `reads_offloaded`.
     pub requests_offloaded: u64,
+    /// The raw-Ethernet transport's counters (xdp exports only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<XdpStatsInfo>,
 }
 
 /// A file system served from a mapped region.
@@ -282,10 +296,12 @@ impl Service for ExportSvc {
 
 struct Export {
     params: ExportParams,
-    addr: SocketAddr,
+    /// The bound address, or the interface of an xdp export.
+    addr: String,
     svc: Arc<ExportSvc>,
     limit: Arc<ConnLimit>,
-    _listener: Listener,
+    _listener: Option<Listener>,
+    xdp: Option<xdp::XdpExport>,
 }
 
 struct Entry {
@@ -343,6 +359,11 @@ impl FsServer {
 
     /// `fs_export`: starts listening; returns the bound address.
     pub fn export(&self, p: &ExportParams) -> Result<SocketAddr, FsServerError> {
+        if p.transport == "xdp" {
+            return self
+                .export_xdp(p)
+                .map(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+        }
         if p.transport != "tcp" {
             return Err(FsServerError::Transport(p.transport.clone()));
         }
@@ -356,22 +377,7 @@ impl FsServer {
                 Ok::<_, std::net::AddrParseError>(SocketAddr::new(ip, crate::proto::DEFAULT_PORT))
             })
             .map_err(|_| FsServerError::Invalid(format!("listen address {}", p.listen)))?;
-        let secret = match (&p.secret, &p.secret_file) {
-            (Some(s), None) => s.as_bytes().to_vec(),
-            (None, Some(f)) => {
-                let mut s = std::fs::read(f)?;
-                while s.last().is_some_and(|c| c.is_ascii_whitespace()) {
-                    s.pop();
-                }
-                s
-            }
-            (None, None) => Vec::new(),
-            (Some(_), Some(_)) => {
-                return Err(FsServerError::Invalid(
-                    "secret and secret_file are exclusive".into(),
-                ))
-            }
-        };
+        let secret = secret_of(p)?;
         let mut t = self.table();
         let e = t
             .get_mut(&p.name)
@@ -379,17 +385,7 @@ impl FsServer {
         if e.export.is_some() {
             return Err(FsServerError::AlreadyExported(p.name.clone()));
         }
-        let svc = Arc::new(ExportSvc {
-            vol: e.vol.clone(),
-            read_only: p.read_only,
-            copy_writes: p.copy_writes,
-            send_zc: p.send_zc,
-            secret,
-            auth_failures: AtomicU64::new(0),
-            max_in_flight: AtomicU64::new(0),
-            reads_offloaded: AtomicU64::new(0),
-            offloaded: AtomicU64::new(0),
-        });
+        let svc = new_svc(e, p, secret);
         let limit = ConnLimit::new(p.max_connections.max(1));
         let cfg = ListenerConfig::new("fs", limit.clone());
         let l = Listener::bind(&self.rt, addr, cfg, self.placement.clone(), &svc)?;
@@ -399,14 +395,84 @@ impl FsServer {
         params.listen = bound.to_string();
         e.export = Some(Export {
             params,
-            addr: bound,
+            addr: bound.to_string(),
             svc,
             limit,
-            _listener: l,
+            _listener: Some(l),
+            xdp: None,
         });
         Ok(bound)
     }
 
+    /// `fs_export` with transport "xdp": `listen` is `IFNAME[:QUEUE]` in
+    /// this process's network namespace.
+    fn export_xdp(&self, p: &ExportParams) -> Result<(), FsServerError> {
+        let (ifname, queue) = xdp::XdpParams::parse(&p.listen)?;
+        let secret = secret_of(p)?;
+        let mut t = self.table();
+        let e = t
+            .get_mut(&p.name)
+            .ok_or_else(|| FsServerError::NoSuch(p.name.clone()))?;
+        if e.export.is_some() {
+            return Err(FsServerError::AlreadyExported(p.name.clone()));
+        }
+        let svc = new_svc(e, p, secret);
+        let xp = xdp::XdpParams {
+            ifname,
+            queue,
+            busy_poll: p.busy_poll,
+            native: p.xdp_mode.as_deref() == Some("native"),
+            max_sessions: p.max_connections,
+        };
+        let reactor = self.placement.next(self.rt.num_reactors());
+        let x = xdp::start(&self.rt, reactor, svc.clone(), &xp)?;
+        tracing::info!(name = %p.name, listen = %p.listen, "fs: exporting {} over xdp on {}", p.name, x.ifname);
+        e.export = Some(Export {
+            params: p.clone(),
+            addr: p.listen.clone(),
+            svc,
+            limit: ConnLimit::new(p.max_connections.max(1)),
+            _listener: None,
+            xdp: Some(x),
+        });
+        Ok(())
+    }
+}
+
+fn new_svc(e: &Entry, p: &ExportParams, secret: Vec<u8>) -> Arc<ExportSvc> {
+    Arc::new(ExportSvc {
+        vol: e.vol.clone(),
+        read_only: p.read_only,
+        copy_writes: p.copy_writes,
+        send_zc: p.send_zc,
+        secret,
+        auth_failures: AtomicU64::new(0),
+        max_in_flight: AtomicU64::new(0),
+        reads_offloaded: AtomicU64::new(0),
+        offloaded: AtomicU64::new(0),
+    })
+}
+
+fn secret_of(p: &ExportParams) -> Result<Vec<u8>, FsServerError> {
+    Ok(match (&p.secret, &p.secret_file) {
+        (Some(s), None) => s.as_bytes().to_vec(),
+        (None, Some(f)) => {
+            let mut s = std::fs::read(f)?;
+            while s.last().is_some_and(|c| c.is_ascii_whitespace()) {
+                s.pop();
+            }
+            s
+        }
+        (None, None) => Vec::new(),
+        (Some(_), Some(_)) => {
+            return Err(FsServerError::Invalid(
+                "secret and secret_file are exclusive".into(),
+            ))
+        }
+    })
+}
+
+impl FsServer {
     /// `fs_delete`: stops the export and closes the region. Refused while
     /// connections are open (their replies still point into the region).
     pub fn delete(&self, name: &str) -> Result<(), FsServerError> {
@@ -432,7 +498,7 @@ impl FsServer {
                 name: e.vol.name.clone(),
                 path: e.vol.path.display().to_string(),
                 size: e.vol.size,
-                listen: e.export.as_ref().map(|x| x.addr.to_string()),
+                listen: e.export.as_ref().map(|x| x.addr.clone()),
                 transport: e.export.as_ref().map(|x| x.params.transport.clone()),
                 read_only: e.export.as_ref().is_some_and(|x| x.params.read_only),
                 connections: e.export.as_ref().map_or(0, |x| x.limit.open()),
@@ -487,6 +553,11 @@ impl FsServer {
                     requests_offloaded: e.export.as_ref().map_or(0, |x| {
                         x.svc.offloaded.load(std::sync::atomic::Ordering::Relaxed)
                     }),
+                    xdp: e
+                        .export
+                        .as_ref()
+                        .and_then(|x| x.xdp.as_ref())
+                        .map(|x| x.counters.info()),
                 }
             })
             .collect())

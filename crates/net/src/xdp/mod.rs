@@ -69,6 +69,38 @@ pub fn ifindex(name: &str) -> Result<u32, XdpError> {
     Ok(i)
 }
 
+/// The hardware address of interface `name` in the calling thread's
+/// namespace (SIOCGIFHWADDR; /sys shows the namespace it was mounted in,
+/// not the thread's).
+pub fn mac_address(name: &str) -> Result<[u8; 6], XdpError> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+        return Err(XdpError::NoInterface(name.into()));
+    }
+    // SAFETY: plain socket(2); closed by OwnedFd.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(XdpError::sys("socket for SIOCGIFHWADDR"));
+    }
+    // SAFETY: `raw` is a new descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: all-zero is a valid ifreq.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: `req` is a valid ifreq the ioctl fills.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } != 0 {
+        return Err(XdpError::NoInterface(name.into()));
+    }
+    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(mac)
+}
+
 /// How a socket is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XskConfig {
@@ -286,16 +318,28 @@ impl XskSocket {
             sxdp_queue_id: cfg.queue,
             sxdp_shared_umem_fd: 0,
         };
-        // SAFETY: `sa` is a valid sockaddr_xdp and its size is passed.
-        let r = unsafe {
-            libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_xdp).cast(),
-                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(XdpError::sys("bind(AF_XDP)"));
+        // A socket closed on this queue just now frees the queue from a
+        // kernel work item (the buffer pool's deferred release): until it
+        // runs, bind says EBUSY. Wait for it, a bounded time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            // SAFETY: `sa` is a valid sockaddr_xdp and its size is passed.
+            let r = unsafe {
+                libc::bind(
+                    raw,
+                    (&sa as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+            let e = XdpError::sys("bind(AF_XDP)");
+            let busy = matches!(&e, XdpError::Sys { source, .. } if source.raw_os_error() == Some(libc::EBUSY));
+            if !busy || std::time::Instant::now() > deadline {
+                return Err(e);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         Ok(XskSocket {
             fill,

@@ -1,0 +1,542 @@
+//! The client of the raw-Ethernet transport (`ustor_fs::xdp_wire`): one
+//! AF_XDP socket on an interface, one request in flight (calls from
+//! several threads take turns), the same requests as the TCP client.
+//!
+//! Address: `xdp://IFNAME/EXPORT` (the server is found by a broadcast
+//! Hello: its reply's source address is the server's) or
+//! `xdp://IFNAME@SERVER_MAC/EXPORT`. The secret comes as for TCP.
+//!
+//! A request with no reply within [`XdpConfig::retry`] is sent again with
+//! the same request id (the server answers a repeat from its last reply,
+//! so nothing runs twice); after [`XdpConfig::timeout`] the call fails
+//! with ETIMEDOUT. A write is sent as its header and the payload's CRC32C;
+//! the server's grant says whether to send the payload as placed pieces
+//! (after the NOP frames that realign its ring) or as fragments.
+
+use std::os::fd::AsRawFd;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ustor_fs::proto::{self, Request, HEADER_LEN, NONCE_LEN};
+use ustor_fs::xdp_wire::{
+    self as w, Assembly, Ctrl, Frame, Grant, Kind, MAX_CTRL_PAYLOAD, MAX_FRAME, PLACE_HDR,
+};
+use ustor_fs::{Attr, DirEntry, StatFs, MAX_WRITE};
+use ustor_net::xdp::{self, Desc, XskConfig, XskSocket};
+
+use crate::{wire, ClientError, Result};
+
+const RX_BUFS: u64 = 1024;
+const TX_BUFS: u64 = 1024;
+const BROADCAST: [u8; 6] = [0xff; 6];
+
+/// How to reach an export over raw Ethernet.
+#[derive(Debug, Clone)]
+pub struct XdpConfig {
+    pub ifname: String,
+    pub queue: u32,
+    /// The server's MAC; `None`: found by a broadcast Hello.
+    pub server: Option<[u8; 6]>,
+    pub export: String,
+    pub secret: Vec<u8>,
+    /// Spin on the rx ring instead of sleeping in poll().
+    pub busy_poll: bool,
+    pub retry: Duration,
+    pub timeout: Duration,
+}
+
+impl XdpConfig {
+    pub fn new(ifname: &str, export: &str, secret: &[u8]) -> XdpConfig {
+        XdpConfig {
+            ifname: ifname.into(),
+            queue: 0,
+            server: None,
+            export: export.into(),
+            secret: secret.to_vec(),
+            busy_poll: false,
+            retry: Duration::from_millis(200),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Parses `xdp://IFNAME[@MAC]/EXPORT`.
+    pub fn parse(url: &str, secret: &[u8]) -> Result<XdpConfig> {
+        let rest = url
+            .strip_prefix("xdp://")
+            .ok_or(ClientError::Invalid("an xdp address starts with xdp://"))?;
+        let (dev, export) = rest
+            .split_once('/')
+            .ok_or(ClientError::Invalid("xdp://IFNAME[@MAC]/EXPORT"))?;
+        let (ifname, mac) = match dev.split_once('@') {
+            Some((i, m)) => (i, Some(parse_mac(m)?)),
+            None => (dev, None),
+        };
+        if ifname.is_empty() || export.is_empty() {
+            return Err(ClientError::Invalid("xdp://IFNAME[@MAC]/EXPORT"));
+        }
+        let mut c = XdpConfig::new(ifname, export, secret);
+        c.server = mac;
+        Ok(c)
+    }
+}
+
+fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let v: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| ClientError::Invalid("MAC address"))?;
+    v.try_into()
+        .map_err(|_| ClientError::Invalid("MAC address"))
+}
+
+fn xerr(e: xdp::XdpError) -> ClientError {
+    ClientError::Disconnected(e.to_string())
+}
+
+/// A reply: errno and body.
+struct Rep {
+    errno: u64,
+    body: Vec<u8>,
+}
+
+struct Link {
+    xsk: XskSocket,
+    mac: [u8; 6],
+    server: [u8; 6],
+    session: u16,
+    rid: u64,
+    free_tx: Vec<u64>,
+    asm: Assembly,
+    rx: Vec<Desc>,
+    cfg: XdpConfig,
+    _prog: xdp::XdpProgram,
+}
+
+/// A client of one export over AF_XDP.
+pub struct XdpClient {
+    link: Mutex<Link>,
+}
+
+impl XdpClient {
+    /// Opens the socket (in the calling thread's network namespace) and
+    /// runs the handshake.
+    pub fn connect(cfg: XdpConfig) -> Result<XdpClient> {
+        let idx = xdp::ifindex(&cfg.ifname).map_err(xerr)?;
+        let mac = xdp::mac_address(&cfg.ifname).map_err(xerr)?;
+        let mut xc = XskConfig::new(idx, cfg.queue);
+        (xc.chunk_size, xc.headroom, xc.ring_size) = (w::CHUNK, w::HEADROOM, 2048);
+        let len = ((RX_BUFS + TX_BUFS) * w::CHUNK as u64) as usize;
+        let mut xsk = XskSocket::new(xc, len).map_err(xerr)?;
+        // The server's program steers our EtherType on its side; ours does
+        // the same here so replies reach this socket.
+        let prog =
+            xdp::XdpProgram::attach(idx, w::ETHERTYPE, cfg.queue + 1, xdp::AttachMode::Generic)
+                .map_err(xerr)?;
+        prog.register(cfg.queue, xsk.as_raw_fd()).map_err(xerr)?;
+        let rx: Vec<u64> = (0..RX_BUFS).map(|i| i * w::CHUNK as u64).collect();
+        xsk.fill(&rx);
+        let mut r = [0u8; 2];
+        // SAFETY: `r` is writable for its length.
+        if unsafe { libc::getrandom(r.as_mut_ptr().cast(), 2, 0) } != 2 {
+            return Err(ClientError::Disconnected("getrandom".into()));
+        }
+        let session = u16::from_le_bytes(r);
+        let mut link = Link {
+            xsk,
+            mac,
+            server: cfg.server.unwrap_or(BROADCAST),
+            session,
+            rid: 0,
+            free_tx: (RX_BUFS..RX_BUFS + TX_BUFS)
+                .map(|i| i * w::CHUNK as u64)
+                .collect(),
+            asm: Assembly::default(),
+            rx: Vec::new(),
+            cfg,
+            _prog: prog,
+        };
+        link.handshake()?;
+        Ok(XdpClient {
+            link: Mutex::new(link),
+        })
+    }
+}
+
+impl Link {
+    fn tx_buf(&mut self) -> Result<u64> {
+        let deadline = Instant::now() + self.cfg.timeout;
+        loop {
+            if let Some(a) = self.free_tx.pop() {
+                return Ok(a);
+            }
+            self.xsk.kick().map_err(xerr)?;
+            self.xsk.completed(&mut self.free_tx, 1024);
+            if Instant::now() > deadline {
+                return Err(ClientError::Timeout(self.cfg.timeout));
+            }
+        }
+    }
+
+    fn push(&mut self, batch: &mut Vec<Desc>, force: bool) -> Result<()> {
+        if batch.len() < 64 && !force {
+            return Ok(());
+        }
+        let mut at = 0;
+        while at < batch.len() {
+            at += self.xsk.send(&batch[at..]).map_err(xerr)?;
+            self.xsk.completed(&mut self.free_tx, 1024);
+        }
+        batch.clear();
+        Ok(())
+    }
+
+    /// Sends a message as control frames of `kind`.
+    fn send_msg(&mut self, kind: Kind, msg: &[u8]) -> Result<()> {
+        let nfrag = msg.len().div_ceil(MAX_CTRL_PAYLOAD).max(1) as u16;
+        let mut batch = Vec::new();
+        for (i, p) in w::fragments(msg).enumerate() {
+            let a = self.tx_buf()?;
+            let h = Ctrl {
+                kind,
+                flags: 0,
+                frag: i as u16,
+                nfrag,
+                session: self.session,
+                rid: self.rid,
+            };
+            let (dst, src) = (self.server, self.mac);
+            let f = self.xsk.frame_mut(a, MAX_FRAME).expect("tx buffer");
+            let n = w::encode_ctrl(f, dst, src, &h, p);
+            batch.push(Desc {
+                addr: a,
+                len: n as u32,
+            });
+            self.push(&mut batch, false)?;
+        }
+        self.push(&mut batch, true)
+    }
+
+    /// Waits up to `until` for the message of the current request id
+    /// (a reply or a grant).
+    fn wait(&mut self, until: Instant) -> Result<Option<(Kind, Vec<u8>)>> {
+        loop {
+            self.rx.clear();
+            let mut rx = std::mem::take(&mut self.rx);
+            self.xsk.recv(&mut rx, 64);
+            let mut got = None;
+            let mut bufs = Vec::with_capacity(rx.len());
+            for d in &rx {
+                bufs.push(d.addr - d.addr % w::CHUNK as u64);
+                if got.is_none() {
+                    got = self.on_frame(*d);
+                }
+            }
+            self.rx = rx;
+            self.xsk.fill(&bufs);
+            if got.is_some() {
+                return Ok(got);
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            if bufs.is_empty() && !self.cfg.busy_poll {
+                let mut p = libc::pollfd {
+                    fd: self.xsk.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut p, 1, 1) };
+            }
+        }
+    }
+
+    fn on_frame(&mut self, d: Desc) -> Option<(Kind, Vec<u8>)> {
+        let f = self.xsk.frame(d.addr, d.len as usize)?;
+        let Ok(Frame::Ctrl { src, hdr, payload }) = w::parse(f) else {
+            return None;
+        };
+        let ours = hdr.session == self.session && hdr.rid == self.rid;
+        if !ours || !matches!(hdr.kind, Kind::Resp | Kind::Go) {
+            return None;
+        }
+        if self.server == BROADCAST {
+            self.server = src;
+        }
+        if hdr.kind == Kind::Go {
+            return Some((Kind::Go, payload.to_vec()));
+        }
+        self.asm
+            .add(&hdr, payload)
+            .map(|m| (Kind::Resp, m.to_vec()))
+    }
+
+    /// Sends a request (again after each `retry`) until its reply or a
+    /// grant comes.
+    fn exchange(&mut self, msg: &[u8], deadline: Instant) -> Result<(Kind, Vec<u8>)> {
+        loop {
+            self.send_msg(Kind::Req, msg)?;
+            let until = (Instant::now() + self.cfg.retry).min(deadline);
+            if let Some(r) = self.wait(until)? {
+                return Ok(r);
+            }
+            if Instant::now() >= deadline {
+                return Err(ClientError::Timeout(self.cfg.timeout));
+            }
+        }
+    }
+
+    fn call(&mut self, ino: u64, req: &Request<'_>) -> Result<Rep> {
+        self.rid += 1;
+        let msg = proto::encode_request(self.rid, ino, req);
+        let deadline = Instant::now() + self.cfg.timeout;
+        match self.exchange(&msg, deadline)? {
+            (Kind::Resp, m) => rep_of(&m),
+            _ => Err(ClientError::Protocol(
+                "grant for a request that is not a write".into(),
+            )),
+        }
+    }
+
+    fn handshake(&mut self) -> Result<()> {
+        let mut cn = [0u8; NONCE_LEN];
+        // SAFETY: `cn` is writable for its length.
+        let r = unsafe { libc::getrandom(cn.as_mut_ptr().cast(), NONCE_LEN, 0) };
+        if r != NONCE_LEN as isize {
+            return Err(ClientError::Disconnected("getrandom".into()));
+        }
+        let export = self.cfg.export.clone();
+        let hello = Request::Hello {
+            nonce: cn,
+            export: export.as_bytes(),
+        };
+        let rep = self.call(0, &hello)?;
+        if rep.errno != 0 {
+            return Err(ClientError::Errno(rep.errno as i32));
+        }
+        let sn: [u8; NONCE_LEN] = rep
+            .body
+            .get(..NONCE_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| ClientError::Protocol("short Hello reply".into()))?;
+        let mac = wire::auth_mac(&self.cfg.secret, &cn, &sn);
+        let rep = self.call(0, &Request::Auth { mac })?;
+        if rep.errno != 0 {
+            return Err(ClientError::Auth);
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, ino: u64, off: u64, data: &[u8]) -> Result<Rep> {
+        self.rid += 1;
+        let req = Request::Write {
+            off,
+            len: data.len() as u32,
+        };
+        let mut msg = proto::encode_request(self.rid, ino, &req);
+        msg.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+        let deadline = Instant::now() + self.cfg.timeout;
+        let mut out = self.exchange(&msg, deadline)?;
+        let mut last = 0u8;
+        loop {
+            let (kind, m) = out;
+            if kind == Kind::Resp {
+                return rep_of(&m);
+            }
+            let g = Grant::decode(&m).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            // A grant seen before (a duplicate) is not acted on again.
+            if g.seq > last {
+                last = g.seq;
+                self.send_payload(&g, data)?;
+            }
+            let until = (Instant::now() + self.cfg.retry).min(deadline);
+            out = match self.wait(until)? {
+                Some(r) => r,
+                None => self.exchange(&msg, deadline)?,
+            };
+        }
+    }
+
+    /// Sends a write's payload as the grant asks.
+    fn send_payload(&mut self, g: &Grant, data: &[u8]) -> Result<()> {
+        if g.place && g.segs.iter().map(|&s| s as usize).sum::<usize>() != data.len() {
+            return Err(ClientError::Protocol(
+                "grant does not cover the payload".into(),
+            ));
+        }
+        // NOPs first, in either mode: they fill the buffers the server
+        // posted before this grant (slots of an earlier one included).
+        let mut batch = Vec::new();
+        for _ in 0..g.nops {
+            let a = self.tx_buf()?;
+            let h = Ctrl {
+                kind: Kind::Nop,
+                flags: 0,
+                frag: 0,
+                nfrag: 1,
+                session: self.session,
+                rid: self.rid,
+            };
+            let (dst, src) = (self.server, self.mac);
+            let n = w::encode_ctrl(
+                self.xsk.frame_mut(a, MAX_FRAME).expect("tx"),
+                dst,
+                src,
+                &h,
+                &[],
+            );
+            batch.push(Desc {
+                addr: a,
+                len: n as u32,
+            });
+            self.push(&mut batch, false)?;
+        }
+        if !g.place {
+            self.push(&mut batch, true)?;
+            return self.send_msg(Kind::WData, data);
+        }
+        let mut at = 0;
+        let mut i = 0;
+        for &seg in &g.segs {
+            let seg = &data[at..at + seg as usize];
+            for (ps, pl) in w::pieces(seg.len()) {
+                let a = self.tx_buf()?;
+                let (dst, src) = (self.server, self.mac);
+                let f = self.xsk.frame_mut(a, PLACE_HDR + pl).expect("tx");
+                w::encode_data_hdr(f, dst, src, w::data_tag(g.seq, i));
+                f[PLACE_HDR..].copy_from_slice(&seg[ps..ps + pl]);
+                batch.push(Desc {
+                    addr: a,
+                    len: (PLACE_HDR + pl) as u32,
+                });
+                self.push(&mut batch, false)?;
+                i += 1;
+            }
+            at += seg.len();
+        }
+        self.push(&mut batch, true)
+    }
+}
+
+fn rep_of(m: &[u8]) -> Result<Rep> {
+    if m.len() < HEADER_LEN {
+        return Err(ClientError::Protocol("short reply".into()));
+    }
+    let errno = u64::from_le_bytes(m[16..24].try_into().expect("8"));
+    Ok(Rep {
+        errno,
+        body: m[HEADER_LEN..].to_vec(),
+    })
+}
+
+impl XdpClient {
+    fn call(&self, ino: u64, req: &Request<'_>) -> Result<Vec<u8>> {
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        let r = l.call(ino, req)?;
+        if r.errno != 0 {
+            return Err(ClientError::Errno(r.errno as i32));
+        }
+        Ok(r.body)
+    }
+
+    pub fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
+        wire::decode_attr(&self.call(dir, &Request::Lookup { name })?)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        wire::decode_attr(&self.call(ino, &Request::Getattr)?)
+    }
+
+    pub fn create(&self, dir: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let req = Request::Create {
+            mode,
+            uid,
+            gid,
+            name,
+        };
+        wire::decode_attr(&self.call(dir, &req)?)
+    }
+
+    pub fn mkdir(&self, dir: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        let req = Request::Mkdir {
+            mode,
+            uid,
+            gid,
+            name,
+        };
+        wire::decode_attr(&self.call(dir, &req)?)
+    }
+
+    pub fn unlink(&self, dir: u64, name: &[u8]) -> Result<()> {
+        self.call(dir, &Request::Unlink { name }).map(|_| ())
+    }
+
+    pub fn readdir(&self, dir: u64, cookie: u64, max: u32) -> Result<Vec<DirEntry>> {
+        wire::decode_entries(&self.call(dir, &Request::Readdir { cookie, max })?)
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        wire::decode_statfs(&self.call(ustor_fs::ROOT_INO, &Request::Statfs)?)
+    }
+
+    pub fn fsync(&self, ino: u64) -> Result<()> {
+        self.call(ino, &Request::Fsync).map(|_| ())
+    }
+
+    /// Reads up to `len` bytes at `off` (1 MiB per request).
+    pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let n = (len - out.len()).min(MAX_WRITE);
+            let req = Request::Read {
+                off: off + out.len() as u64,
+                len: n as u32,
+            };
+            let b = self.call(ino, &req)?;
+            let short = b.len() < n;
+            out.extend_from_slice(&b);
+            if short {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `off` (1 MiB per request); returns the file's
+    /// attribute after the last one.
+    pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = Vec::new();
+        for (k, c) in data.chunks(MAX_WRITE).enumerate() {
+            let r = l.write(ino, off + (k * MAX_WRITE) as u64, c)?;
+            if r.errno != 0 {
+                return Err(ClientError::Errno(r.errno as i32));
+            }
+            last = r.body;
+        }
+        wire::decode_write(&last)
+    }
+
+    /// Sends one raw frame of any content (tests of the server's parser).
+    pub fn send_raw(&self, frame: &[u8]) -> Result<()> {
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        let a = l.tx_buf()?;
+        let n = frame.len().min(MAX_FRAME);
+        l.xsk
+            .frame_mut(a, n)
+            .expect("tx")
+            .copy_from_slice(&frame[..n]);
+        let mut b = vec![Desc {
+            addr: a,
+            len: n as u32,
+        }];
+        l.push(&mut b, true)
+    }
+
+    /// The server's MAC and ours.
+    pub fn macs(&self) -> ([u8; 6], [u8; 6]) {
+        let l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        (l.server, l.mac)
+    }
+}

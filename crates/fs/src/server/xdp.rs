@@ -1,0 +1,275 @@
+//! An export over raw Ethernet (`fs_export` with transport "xdp"): one
+//! AF_XDP socket on an interface's queue, served by a task on a reactor.
+//!
+//! The socket's UMEM is a scratch area (receive and send buffers) followed
+//! by a second shared mapping of the volume's region file: the same pages
+//! the file system sees, so a write's payload frames are placed by the
+//! kernel straight into the blocks `Fs::begin_write` planned
+//! ([`crate::xdp_wire`] says how). The task polls the receive ring while
+//! frames come; after [`SPIN`] empty passes it sleeps on the socket's fd
+//! through the reactor's io_uring (a poll), unless the export asked for
+//! busy polling. Requests run in [`session`].
+
+mod session;
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use ustor_net::xdp::{self, AttachMode, Desc, XdpProgram, XskConfig, XskSocket};
+use ustor_runtime::RuntimeHandle;
+
+use super::{ExportSvc, FsServerError};
+use crate::xdp_wire::{CHUNK, ETHERTYPE, HEADROOM};
+
+/// Bytes of the UMEM before the region: receive buffers, then send
+/// buffers, [`CHUNK`] each.
+const SCRATCH: u64 = 4 << 20;
+const RX_BUFS: u64 = 1024;
+const TX_BUFS: u64 = 512;
+/// Ring slots: room for every receive buffer plus the placement slots of
+/// a 1 MiB write (about 700) and a re-grant of it.
+const RING: u32 = 4096;
+/// Empty passes before the task sleeps on the fd.
+const SPIN: u32 = 64;
+
+/// Counters of an xdp export (`fs_get_stats`'s `xdp`).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub frames_rx: AtomicU64,
+    pub frames_tx: AtomicU64,
+    /// Payload bytes the kernel placed straight into the region.
+    pub placed_bytes: AtomicU64,
+    /// Payload bytes we copied: write fragments into the region, read
+    /// data into send buffers.
+    pub copied_bytes: AtomicU64,
+    /// Grants sent again and replies resent for a repeated request id.
+    pub retransmits: AtomicU64,
+    /// Frames dropped: malformed, of no session, out of step.
+    pub drops: AtomicU64,
+    pub sessions: AtomicU64,
+}
+
+/// `fs_get_stats`'s `xdp` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XdpStatsInfo {
+    pub frames_rx: u64,
+    pub frames_tx: u64,
+    pub placed_bytes: u64,
+    pub copied_bytes: u64,
+    pub retransmits: u64,
+    pub drops: u64,
+    pub sessions: u64,
+}
+
+impl Counters {
+    pub(crate) fn info(&self) -> XdpStatsInfo {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        XdpStatsInfo {
+            frames_rx: l(&self.frames_rx),
+            frames_tx: l(&self.frames_tx),
+            placed_bytes: l(&self.placed_bytes),
+            copied_bytes: l(&self.copied_bytes),
+            retransmits: l(&self.retransmits),
+            drops: l(&self.drops),
+            sessions: l(&self.sessions),
+        }
+    }
+}
+
+pub(crate) fn bump(a: &AtomicU64, n: u64) {
+    a.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A running xdp export; dropping it stops the task (within 100 ms) and
+/// detaches the program.
+pub(crate) struct XdpExport {
+    pub ifname: String,
+    pub counters: Arc<Counters>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for XdpExport {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// The UMEM mapping: anonymous scratch, then the region file mapped again.
+struct Umem {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `map_umem` mapped; the socket that
+        // registered it is dropped first (field order of `Engine`).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn map_umem(path: &Path, region: u64) -> std::io::Result<Umem> {
+    let len = (SCRATCH + region) as usize;
+    // SAFETY: a fresh anonymous mapping for the whole UMEM.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let umem = Umem {
+        ptr: ptr.cast(),
+        len,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    // SAFETY: replaces the tail of our own fresh mapping with a shared
+    // mapping of the region file (the same page cache pages the volume's
+    // mapping uses).
+    let r = unsafe {
+        libc::mmap(
+            umem.ptr.add(SCRATCH as usize).cast(),
+            region as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if r == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(umem)
+}
+
+/// Parameters of an xdp export beyond `ExportParams` (parsed from
+/// `listen`: `IFNAME` or `IFNAME:QUEUE`).
+#[derive(Debug, Clone)]
+pub(crate) struct XdpParams {
+    pub ifname: String,
+    pub queue: u32,
+    pub busy_poll: bool,
+    pub native: bool,
+    pub max_sessions: usize,
+}
+
+impl XdpParams {
+    pub(crate) fn parse(listen: &str) -> Result<(String, u32), FsServerError> {
+        let (name, q) = match listen.rsplit_once(':') {
+            Some((n, q)) => (
+                n,
+                q.parse()
+                    .map_err(|_| FsServerError::Invalid(format!("queue in {listen}")))?,
+            ),
+            None => (listen, 0),
+        };
+        if name.is_empty() || name.len() > 15 {
+            return Err(FsServerError::Invalid(format!("interface name {name}")));
+        }
+        Ok((name.to_string(), q))
+    }
+}
+
+fn xdp_err(e: xdp::XdpError) -> FsServerError {
+    match e {
+        xdp::XdpError::Sys { what, source } => FsServerError::Io(std::io::Error::new(
+            source.kind(),
+            format!("{what}: {source}"),
+        )),
+        e => FsServerError::Invalid(e.to_string()),
+    }
+}
+
+/// Starts serving `svc` on the interface (in this thread's namespace).
+pub(crate) fn start(
+    rt: &RuntimeHandle,
+    reactor: usize,
+    svc: Arc<ExportSvc>,
+    p: &XdpParams,
+) -> Result<XdpExport, FsServerError> {
+    let idx = xdp::ifindex(&p.ifname).map_err(xdp_err)?;
+    let mac = xdp::mac_address(&p.ifname).map_err(xdp_err)?;
+    let umem = map_umem(&svc.vol.path, svc.vol.size)?;
+    let mut cfg = XskConfig::new(idx, p.queue);
+    (cfg.chunk_size, cfg.headroom, cfg.ring_size) = (CHUNK, HEADROOM, RING);
+    // SAFETY: `umem` is page-aligned, read-write, and moves into the
+    // engine with the socket, which drops first.
+    let xsk = unsafe { XskSocket::with_area(cfg, umem.ptr, umem.len) }.map_err(xdp_err)?;
+    let mode = if p.native {
+        AttachMode::Native
+    } else {
+        AttachMode::Generic
+    };
+    let prog = XdpProgram::attach(idx, ETHERTYPE, p.queue + 1, mode).map_err(xdp_err)?;
+    prog.register(p.queue, xsk.as_raw_fd()).map_err(xdp_err)?;
+    let counters = Arc::new(Counters::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let engine = session::Engine::new(xsk, prog, umem, svc, mac, counters.clone(), p.max_sessions);
+    let (busy, st) = (p.busy_poll, stop.clone());
+    // The engine holds raw pointers (not Send): hand it over in a box the
+    // reactor thread alone unpacks.
+    let cell = SendCell(engine);
+    rt.spawn_on(reactor, move || {
+        let cell = cell;
+        run(cell.0, busy, st)
+    })
+    .map_err(|e| FsServerError::Invalid(format!("reactor: {e:?}")))?;
+    Ok(XdpExport {
+        ifname: p.ifname.clone(),
+        counters,
+        stop,
+    })
+}
+
+struct SendCell(session::Engine);
+// SAFETY: the engine is moved to one reactor thread before first use and
+// never shared; its raw pointers are into mappings it owns.
+unsafe impl Send for SendCell {}
+
+/// The reactor task: poll while busy, sleep on the fd when idle.
+async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>) {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        if e.step() {
+            idle = 0;
+            ustor_runtime::yield_now().await;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if busy_poll || idle < SPIN {
+            ustor_runtime::yield_now().await;
+        } else {
+            let fd = e.fd();
+            let _ = ustor_net::timeout(
+                Duration::from_millis(100),
+                ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32),
+            )
+            .await;
+        }
+    }
+}
+
+/// The engine's descriptor of a frame it sends from buffer `addr`.
+pub(crate) fn desc(addr: u64, len: usize) -> Desc {
+    Desc {
+        addr,
+        len: len as u32,
+    }
+}
+
+pub(crate) const fn scratch() -> (u64, u64, u64) {
+    (SCRATCH, RX_BUFS, TX_BUFS)
+}
