@@ -149,6 +149,7 @@ fn vhost_scsi_sigkill_resubmits_from_the_inflight_region() {
     drop(f);
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// One virtio-blk write of `data` at `sector` from header slot `slot`.
@@ -223,6 +224,7 @@ fn vhost_blk_sigterm_drains_then_the_frontend_reconnects() {
     drop(f);
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -305,4 +307,5 @@ fn vhost_blk_packed_sigkill_resubmits_from_the_inflight_region() {
     drop(f);
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
