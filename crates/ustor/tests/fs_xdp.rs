@@ -60,10 +60,11 @@ fn export(s: &Server, region: &std::path::Path, ifname: &str, create: bool) {
         p["size"] = json!(64u64 << 20);
     }
     s.ok("fs_create", p);
-    s.ok(
+    let r = s.ok(
         "fs_export",
         json!({"name": "x", "listen": ifname, "transport": "xdp", "secret": SECRET}),
     );
+    assert_eq!(r["listen"], ifname);
 }
 
 fn stats(s: &Server) -> Value {

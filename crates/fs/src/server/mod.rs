@@ -357,12 +357,11 @@ impl FsServer {
         Ok(())
     }
 
-    /// `fs_export`: starts listening; returns the bound address.
-    pub fn export(&self, p: &ExportParams) -> Result<SocketAddr, FsServerError> {
+    /// `fs_export`: starts listening; returns the bound address (for
+    /// transport "xdp", the interface as given).
+    pub fn export(&self, p: &ExportParams) -> Result<String, FsServerError> {
         if p.transport == "xdp" {
-            return self
-                .export_xdp(p)
-                .map(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+            return self.export_xdp(p).map(|_| p.listen.clone());
         }
         if p.transport != "tcp" {
             return Err(FsServerError::Transport(p.transport.clone()));
@@ -401,7 +400,7 @@ impl FsServer {
             _listener: Some(l),
             xdp: None,
         });
-        Ok(bound)
+        Ok(bound.to_string())
     }
 
     /// `fs_export` with transport "xdp": `listen` is `IFNAME[:QUEUE]` in
