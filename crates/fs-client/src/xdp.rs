@@ -508,7 +508,13 @@ impl XdpClient {
     pub fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
         let mut last = Vec::new();
-        for (k, c) in data.chunks(MAX_WRITE).enumerate() {
+        // An empty write still goes out (it answers the attribute).
+        let chunks: Vec<&[u8]> = if data.is_empty() {
+            vec![data]
+        } else {
+            data.chunks(MAX_WRITE).collect()
+        };
+        for (k, c) in chunks.into_iter().enumerate() {
             let r = l.write(ino, off + (k * MAX_WRITE) as u64, c)?;
             if r.errno != 0 {
                 return Err(ClientError::Errno(r.errno as i32));

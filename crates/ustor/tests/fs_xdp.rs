@@ -118,6 +118,9 @@ fn client_malformed(ns: &str, ifname: String) {
             .lookup(ROOT_INO, b"f4k")
             .expect("lookup after a malformed frame");
         assert_eq!(a.size, 4096);
+        // An empty write is answered (nothing to place) and changes nothing.
+        let after = c.write(a.ino, 0, &[]).expect("empty write").expect("attr");
+        assert_eq!(after.size, 4096);
     })
 }
 

@@ -672,7 +672,10 @@ impl Engine {
 /// bytes overlap another segment.
 fn placeable(plan: &WritePlan) -> bool {
     let segs = &plan.segs;
-    segs.iter().all(|&(_, n)| w::placeable(n))
+    // An empty write has nothing to place (and a placement with no slots
+    // would never complete).
+    !segs.is_empty()
+        && segs.iter().all(|&(_, n)| w::placeable(n))
         && segs.len() <= w::MAX_GRANT_SEGS
         && segs
             .iter()
