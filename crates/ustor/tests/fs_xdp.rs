@@ -35,6 +35,16 @@ impl Drop for Region {
     }
 }
 
+/// The test's temporary directory (RPC sockets), removed on drop, also
+/// when the test fails.
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `ustor serve` inside namespace `ns` (`ip netns exec` execs it: the
 /// child's PID is the server's).
 fn serve_in(ns: &str, dir: &std::path::Path) -> Server {
@@ -146,14 +156,15 @@ fn client_reads(ns: &str, ifname: String) -> Vec<(String, String)> {
 fn files_cross_two_namespaces_over_af_xdp() {
     testkit::require!(netns::check(), "iproute2 (run as root)");
     let ns = VethNs::create().expect("namespaces");
-    let dir = tmpdir("fs-xdp");
+    let dir = Dir(tmpdir("fs-xdp"));
+    let dir = &dir.0;
     let region = Region(PathBuf::from(format!(
         "/dev/shm/ustor-fs-xdp-{}.img",
         std::process::id()
     )));
     let _ = std::fs::remove_file(&region.0);
 
-    let s = serve_in(&ns.a, &dir);
+    let s = serve_in(&ns.a, dir);
     export(&s, &region.0, &ns.if_a, true);
     let wrote = client_writes(&ns.b, ns.if_b.clone());
     let before = stats(&s)["xdp"]["drops"].as_u64().unwrap();
@@ -178,10 +189,9 @@ fn files_cross_two_namespaces_over_af_xdp() {
     assert_eq!(code, 0, "ustor serve stops cleanly");
 
     // The data is in the region: a new server reads it back.
-    let s = serve_in(&ns.a, &dir);
+    let s = serve_in(&ns.a, dir);
     export(&s, &region.0, &ns.if_a, false);
     let read = client_reads(&ns.b, ns.if_b.clone());
     assert_eq!(read, wrote);
     let _ = s.stop();
-    let _ = std::fs::remove_dir_all(&dir);
 }
