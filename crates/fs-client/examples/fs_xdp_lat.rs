@@ -20,8 +20,12 @@ impl C {
     fn ino(&self, name: &[u8]) -> u64 {
         let root = ustor_fs::ROOT_INO;
         match self {
-            C::Tcp(c) => c.lookup(root, name).or_else(|_| c.create(root, name, 0o644, 0, 0)),
-            C::Xdp(c) => c.lookup(root, name).or_else(|_| c.create(root, name, 0o644, 0, 0)),
+            C::Tcp(c) => c
+                .lookup(root, name)
+                .or_else(|_| c.create(root, name, 0o644, 0, 0)),
+            C::Xdp(c) => c
+                .lookup(root, name)
+                .or_else(|_| c.create(root, name, 0o644, 0, 0)),
         }
         .expect("file")
         .ino
