@@ -13,7 +13,7 @@ use ustor_fs_client::{Client, Config};
 
 enum C {
     Tcp(Client),
-    Xdp(XdpClient),
+    Xdp(Box<XdpClient>),
 }
 
 impl C {
@@ -56,7 +56,7 @@ fn main() {
     let secret = std::env::var("USTOR_FS_SECRET").unwrap_or_default();
     let c = if a[1].starts_with("xdp://") {
         let cfg = XdpConfig::parse(&a[1], secret.as_bytes()).expect("xdp address");
-        C::Xdp(XdpClient::connect(cfg).expect("connect"))
+        C::Xdp(Box::new(XdpClient::connect(cfg).expect("connect")))
     } else {
         C::Tcp(Client::connect(Config::new(&a[1], &a[2], secret.as_bytes())).expect("connect"))
     };
