@@ -17,21 +17,21 @@
 //! every ring of the owner reactor. The doorbell is sent only when the
 //! ring's `armed` flag goes from false to true, so a burst costs one message
 //! and the inbox never fills with doorbells. A doorbell lost to a full inbox
-//! sets the ring's `lost` flag and notifies the owner (an eventfd write that
-//! a reactor about to sleep cannot miss), whose `bdev_remote_retry` poller
-//! (a few loads per loop pass, never a timer) reaps it: an idle reactor
-//! sleeps until something comes, instead of waking every millisecond to
-//! look for lost doorbells. Per I/O: one ring push and pop (atomics, the one
+//! sets the ring's `lost` flag and notifies the owner
+//! ([`ustor_runtime::Doorbell`]), whose `bdev_remote_retry` poller (a few
+//! loads per loop pass, never a timer) reaps it: an idle reactor sleeps
+//! until something comes, instead of waking every millisecond to look for
+//! lost doorbells. Per I/O: one ring push and pop (atomics, the one
 //! exception to the no-atomic rule, as the I/O crosses threads) and at most
 //! one message.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
-use ustor_runtime::{PollStatus, RuntimeHandle};
+use ustor_runtime::{Doorbell, PollStatus, RuntimeHandle};
 
 use crate::error::BdevError;
 use crate::io::IoHandle;
@@ -44,15 +44,11 @@ pub struct RemoteIo(u64);
 
 struct Ring {
     cq: ArrayQueue<(u64, Result<(), BdevError>)>,
-    armed: AtomicBool,
-    /// A doorbell could not be sent; the owner's poller reaps instead
-    /// (set before the owner is notified).
-    lost: AtomicBool,
+    /// Rings the owner; a lost doorbell is reaped by the owner's poller.
+    bell: Doorbell,
     /// Sent off and not yet reaped. Written by the owner only (plain load
     /// and store: no read-modify-write).
     inflight: AtomicUsize,
-    owner: usize,
-    rt: RuntimeHandle,
 }
 
 thread_local! {
@@ -78,11 +74,8 @@ impl RemoteCompletions {
     pub fn new(rt: RuntimeHandle, capacity: usize) -> RemoteCompletions {
         let ring = Arc::new(Ring {
             cq: ArrayQueue::new(capacity.max(1)),
-            armed: AtomicBool::new(false),
-            lost: AtomicBool::new(false),
+            bell: Doorbell::new(rt, ustor_runtime::reactor_id()),
             inflight: AtomicUsize::new(0),
-            owner: ustor_runtime::reactor_id(),
-            rt,
         });
         OWNED.with(|o| o.borrow_mut().push(ring.clone()));
         if !POLLER.with(|p| p.replace(true)) {
@@ -160,23 +153,14 @@ impl Completer {
         // Never full: `send_off` lets at most `capacity` I/Os out.
         let pushed = r.cq.push((io.0, res)).is_ok();
         debug_assert!(pushed, "remote completion ring overflow");
-        if r.armed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        if r.rt.send(r.owner, reap_owned).is_err() {
-            r.armed.store(false, Ordering::SeqCst);
-            r.lost.store(true, Ordering::SeqCst);
-            // The inbox is full or the owner stopped: wake it (or keep it
-            // from sleeping) so its poller sees `lost`.
-            r.rt.notify(r.owner);
-        }
+        r.bell.ring(reap_owned);
     }
 }
 
 /// Completes every I/O waiting in `ring` (owner reactor).
 fn reap(ring: &Ring) -> usize {
     // Disarm before draining: a push after the drain rings again.
-    ring.armed.store(false, Ordering::SeqCst);
+    ring.bell.disarm();
     let mut n = 0;
     while let Some((token, res)) = ring.cq.pop() {
         let left = ring.inflight.load(Ordering::Relaxed);
@@ -210,17 +194,10 @@ fn retry_lost() -> PollStatus {
     let n = OWNED.with(|o| o.borrow().len());
     let mut busy = false;
     for i in 0..n {
-        let lost = OWNED.with(|o| {
-            o.borrow()
-                .get(i)
-                .filter(|r| r.lost.load(Ordering::Relaxed))
-                .cloned()
-        });
+        let lost = OWNED.with(|o| o.borrow().get(i).filter(|r| r.bell.take_lost()).cloned());
         // Short borrows: completing an I/O may run code that adds a ring.
         if let Some(r) = lost {
-            if r.lost.swap(false, Ordering::Acquire) {
-                busy |= reap(&r) > 0;
-            }
+            busy |= reap(&r) > 0;
         }
     }
     if busy {

@@ -32,6 +32,7 @@
 
 pub mod buf;
 pub mod config;
+pub mod doorbell;
 pub mod executor;
 pub mod msg;
 mod nap;
@@ -48,6 +49,7 @@ pub mod zc;
 
 pub use buf::{BufPoolConfig, IoBuf};
 pub use config::{parse_cores, ConfigError, PollMode, RuntimeConfig};
+pub use doorbell::Doorbell;
 pub use executor::{spawn, yield_now, JoinHandle};
 pub use msg::{Runtime, RuntimeHandle, SendError};
 pub use poller::{register_poller, register_timed_poller, unregister_poller, PollStatus, PollerId};

@@ -1,13 +1,20 @@
 //! SCSI bdev channels on reactors other than the host's: I/O forwarded to
 //! the host's reactor and back, with verified data, concurrently from both
-//! reactors, and hot removal seen from the remote reactor.
+//! reactors, hot removal seen from the remote reactor, and a submission
+//! doorbell lost to the host's full inbox (the I/O still completes, and no
+//! timer then wakes the idle reactors).
 
 mod common;
 
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::Poll;
+use std::time::Duration;
 
 use common::*;
-use ustor_bdev::{BdevError, Registry};
+use ustor_bdev::{BdevError, IoChannel, Registry};
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 use ustor_scsi::lld::HostLimits;
 use ustor_scsi::mid::HostConfig;
@@ -157,4 +164,101 @@ fn remote_channel_sees_hot_removal() {
             })
             .unwrap();
     assert_eq!(res, Err(BdevError::Removed));
+}
+
+thread_local! {
+    /// The lost-doorbell test's channel, on reactor 1.
+    static CH: RefCell<Option<IoChannel>> = const { RefCell::new(None) };
+}
+
+#[test]
+fn a_submission_doorbell_lost_to_a_full_inbox_still_completes_and_idle_reactors_sleep() {
+    let r = rig2();
+    create(&r, "lost", "sda", 0, Some(1 << 20)).unwrap();
+    let h = r.rt.handle();
+    // A channel on reactor 1, registered with the host (reactor 0): one
+    // write through it has come back.
+    let desc = Arc::new(r.reg.open("lost", true, |_| {}).unwrap());
+    h.block_on(1, move || async move {
+        let ch = desc.channel()?;
+        let mut b = IoBuf::alloc(8 * BS as usize).await;
+        pattern(&mut b, 0, 21);
+        ch.write(0, 8, b).await.0?;
+        CH.with(|c| *c.borrow_mut() = Some(ch));
+        Ok::<_, BdevError>(())
+    })
+    .unwrap()
+    .unwrap();
+
+    // Hold the host's reactor inside a message, then fill its inbox.
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let held = Arc::new(AtomicBool::new(false));
+    let held2 = held.clone();
+    h.send(0, move || {
+        held2.store(true, Ordering::Release);
+        gate_rx.recv().unwrap();
+    })
+    .unwrap();
+    testkit::wait_until(
+        "the host's reactor to be held",
+        Duration::from_secs(10),
+        || held.load(Ordering::Acquire),
+    );
+    let mut filler = 0;
+    while h.send(0, || {}).is_ok() {
+        filler += 1;
+    }
+    assert!(filler > 0, "the inbox took no message");
+
+    // A write on reactor 1: its submission doorbell finds the inbox full.
+    let (sub_tx, sub_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel();
+    h.spawn_on(1, move || async move {
+        let ch = CH.with(|c| c.borrow().clone()).unwrap();
+        let mut b = IoBuf::alloc(8 * BS as usize).await;
+        pattern(&mut b, 8, 22);
+        let mut io = std::pin::pin!(ch.write(8, 8, b));
+        // The first poll submits (and rings).
+        let first = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await;
+        sub_tx.send(()).unwrap();
+        let res = match first {
+            Poll::Ready((res, _)) => res,
+            Poll::Pending => io.await.0,
+        };
+        done_tx.send(res).unwrap();
+    })
+    .unwrap();
+    sub_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the write was never submitted");
+    assert!(
+        done_rx.try_recv().is_err(),
+        "completed while the host's reactor was held"
+    );
+    gate_tx.send(()).unwrap();
+    let res = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the write whose doorbell was lost never completed");
+    assert_eq!(res, Ok(()));
+    let disk = r.emul.read(0, 0, 0, 16 * BS as usize).unwrap();
+    expect_pattern(&disk[..8 * BS as usize], 0, 21);
+    expect_pattern(&disk[8 * BS as usize..], 8, 22);
+
+    // Idle now, with the channel (and the host's lost-doorbell poller)
+    // still there: both reactors sleep until woken. A 1 ms retry timer
+    // woke them ~195 times in this window; the bound (a tenth of that)
+    // leaves room for the adaptive mode's short naps as the write's work
+    // winds down, and for the spurious wake the notify left behind.
+    let before = [h.sleeps(0).unwrap(), h.sleeps(1).unwrap()];
+    std::thread::sleep(Duration::from_millis(200));
+    let woke = [
+        h.sleeps(0).unwrap() - before[0],
+        h.sleeps(1).unwrap() - before[1],
+    ];
+    assert!(
+        woke.iter().all(|w| *w <= 20),
+        "idle reactors 0 and 1 slept {woke:?} times in 200 ms"
+    );
+    h.block_on(1, || async { CH.with(|c| drop(c.borrow_mut().take())) })
+        .unwrap();
 }

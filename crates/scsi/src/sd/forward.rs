@@ -11,9 +11,12 @@
 //! completion ring. The submission ring is announced by a *doorbell*: a
 //! message that captures nothing (a zero-sized closure, which `send` boxes
 //! without allocating) and drains every queue of the host's reactor; it is
-//! sent only when the ring's `armed` flag goes from false to true, so a
-//! burst of I/O costs one message per direction, and the inbox cannot fill
-//! with doorbells. Completions work the same way inside `remote`.
+//! sent only when the ring's bell goes armed ([`ustor_runtime::Doorbell`]),
+//! so a burst of I/O costs one message per direction, and the inbox cannot
+//! fill with doorbells. A doorbell lost to a full inbox notifies the host's
+//! reactor, whose untimed `scsi_fwd_retry` poller drains that queue: no
+//! timer wakes an idle reactor. Completions work the same way inside
+//! `remote`.
 //!
 //! What crosses threads is plain data: the bdev I/O's token
 //! (`IoHandle::into_token`), its kind, range and iovec pointer (the buffers
@@ -22,22 +25,17 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 use ustor_bdev::io::TABLE_SLOTS;
 use ustor_bdev::remote::{Completer, RemoteCompletions, RemoteIo};
 use ustor_bdev::{BdevChannel, BdevError, IoDesc, IoHandle, IoType};
-use ustor_runtime::{PollStatus, RuntimeHandle};
+use ustor_runtime::{Doorbell, PollStatus, RuntimeHandle};
 
 use crate::lun::Hctl;
 use crate::mid::host::{BdevIo, IoCaps, Pending};
 use crate::mid::{local_host, Device, DeviceState, Host};
-
-/// How often a doorbell that could not be sent (inbox full) is retried.
-const RETRY_PERIOD: Duration = Duration::from_millis(1);
 
 /// The iovec array of a forwarded I/O.
 #[derive(Clone, Copy)]
@@ -74,14 +72,13 @@ pub(crate) struct Target {
 /// The rings between one remote channel and its host.
 pub(crate) struct FwdQueue {
     sq: ArrayQueue<FwdReq>,
-    sq_armed: AtomicBool,
+    /// Rings the host's reactor; a lost doorbell is drained by its
+    /// `scsi_fwd_retry` poller.
+    sq_bell: Doorbell,
     /// Completes on the channel's reactor.
     completer: Completer,
     target: Target,
     rt: RuntimeHandle,
-    /// A submission doorbell that could not be sent, retried by the timed
-    /// poller.
-    sq_ring_lost: AtomicBool,
 }
 
 impl FwdQueue {
@@ -92,17 +89,7 @@ impl FwdQueue {
     }
 
     fn ring_sq(&self) {
-        if self.sq_armed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        if self
-            .rt
-            .send(self.target.host_reactor, serve_submissions)
-            .is_err()
-        {
-            self.sq_armed.store(false, Ordering::SeqCst);
-            self.sq_ring_lost.store(true, Ordering::Relaxed);
-        }
+        self.sq_bell.ring(serve_submissions);
     }
 }
 
@@ -116,31 +103,39 @@ struct Served {
 thread_local! {
     /// Host side: queues of remote channels whose host lives here.
     static SERVED: RefCell<Vec<Served>> = const { RefCell::new(Vec::new()) };
-    /// Channel side: queues of this reactor's remote channels.
-    static WAITING: RefCell<Vec<Arc<FwdQueue>>> = const { RefCell::new(Vec::new()) };
-    /// This reactor's doorbell retry poller is registered.
+    /// This reactor's lost-doorbell poller is registered.
     static RETRY_POLLER: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The submission doorbell, on the host's reactor: starts every forwarded
 /// I/O waiting in this reactor's queues.
 fn serve_submissions() {
+    serve_where(|_| true);
+}
+
+/// Starts the forwarded I/O of this reactor's queues that `pick` selects;
+/// returns how many I/Os it started.
+fn serve_where(pick: impl Fn(&FwdQueue) -> bool) -> usize {
     let n = SERVED.with(|s| s.borrow().len());
+    let mut started = 0;
     for i in 0..n {
         // Short borrows: starting an I/O may complete it at once.
         let Some((q, host, dev)) = SERVED.with(|s| {
             s.borrow()
                 .get(i)
+                .filter(|e| pick(&e.q))
                 .map(|e| (e.q.clone(), e.host.clone(), e.dev.clone()))
         }) else {
-            break;
+            continue;
         };
         // Disarm before draining: a push after the drain rings again.
-        q.sq_armed.store(false, Ordering::SeqCst);
+        q.sq_bell.disarm();
         while let Some(r) = q.sq.pop() {
             start(&q, host.as_ref(), dev.as_ref(), r);
+            started += 1;
         }
     }
+    started
 }
 
 fn start(q: &Arc<FwdQueue>, host: Option<&Rc<Host>>, dev: Option<&Rc<Device>>, r: FwdReq) {
@@ -171,18 +166,11 @@ fn start(q: &Arc<FwdQueue>, host: Option<&Rc<Host>>, dev: Option<&Rc<Device>>, r
     });
 }
 
-/// Re-sends submission doorbells lost to a full inbox (rare).
+/// Every loop pass on a host's reactor: drains the queues whose submission
+/// doorbell was lost to a full inbox (a relaxed load per queue when none
+/// was, which is nearly always).
 fn retry_lost() -> PollStatus {
-    let mut n = 0;
-    WAITING.with(|w| {
-        for q in w.borrow().iter() {
-            if q.sq_ring_lost.swap(false, Ordering::Relaxed) {
-                q.ring_sq();
-                n += 1;
-            }
-        }
-    });
-    if n > 0 {
+    if serve_where(|q| q.sq_bell.take_lost()) > 0 {
         PollStatus::Busy
     } else {
         PollStatus::Idle
@@ -191,7 +179,8 @@ fn retry_lost() -> PollStatus {
 
 fn ensure_retry_poller() {
     if !RETRY_POLLER.with(|r| r.replace(true)) {
-        ustor_runtime::register_timed_poller("scsi_fwd_retry", RETRY_PERIOD, retry_lost);
+        // Not timed: a timed poller bounds every sleep of the reactor.
+        ustor_runtime::register_poller("scsi_fwd_retry", retry_lost);
     }
 }
 
@@ -214,11 +203,10 @@ impl RemoteChannel {
         let done = RemoteCompletions::new(rt.clone(), TABLE_SLOTS);
         let q = Arc::new(FwdQueue {
             sq: ArrayQueue::new(TABLE_SLOTS),
-            sq_armed: AtomicBool::new(false),
+            sq_bell: Doorbell::new(rt.clone(), target.host_reactor),
             completer: done.completer(),
             target,
             rt,
-            sq_ring_lost: AtomicBool::new(false),
         });
         let hq = q.clone();
         q.rt.send(target.host_reactor, move || {
@@ -228,8 +216,6 @@ impl RemoteChannel {
             SERVED.with(|s| s.borrow_mut().push(Served { q: hq, host, dev }));
         })
         .map_err(|_| BdevError::Removed)?;
-        ensure_retry_poller();
-        WAITING.with(|w| w.borrow_mut().push(q.clone()));
         Ok(RemoteChannel { q, done, max_sg })
     }
 }
@@ -269,7 +255,6 @@ impl BdevChannel for RemoteChannel {
 
 impl Drop for RemoteChannel {
     fn drop(&mut self) {
-        WAITING.with(|w| w.borrow_mut().retain(|q| !Arc::ptr_eq(q, &self.q)));
         let q = self.q.clone();
         let _ = self.q.rt.send(self.q.target.host_reactor, move || {
             SERVED.with(|s| s.borrow_mut().retain(|e| !Arc::ptr_eq(&e.q, &q)));
