@@ -123,14 +123,17 @@ fn a_doorbell_lost_to_a_full_inbox_still_completes_and_an_idle_reactor_sleeps() 
 
     // Idle now, with the channel (and its retry poller) still there: the
     // reactor sleeps until woken. The old 1 ms retry timer woke it ~200
-    // times in this window.
+    // times in this window. The bound leaves room for the adaptive
+    // reactor's short naps as the last work winds down and the one
+    // spurious wake a notify leaves behind (a bound of 3 failed 1 run in
+    // 30 in scsi's twin of this test); it still tells ~200 from none.
     testkit::wait_until("the reactor to sleep", Duration::from_secs(10), || {
         h.sleeps(0).unwrap() > 0
     });
     let before = h.sleeps(0).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let woke = h.sleeps(0).unwrap() - before;
-    assert!(woke <= 3, "an idle reactor slept {woke} times in 200 ms");
+    assert!(woke <= 20, "an idle reactor slept {woke} times in 200 ms");
     drop(reg);
     drop(rt);
 }
