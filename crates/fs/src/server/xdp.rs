@@ -84,7 +84,7 @@ pub(crate) fn bump(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
 }
 
-/// A running xdp export; dropping it stops the task (within 1 ms) and
+/// A running xdp export; dropping it stops the task (within [`IDLE_WAIT`]) and
 /// detaches the program.
 pub(crate) struct XdpExport {
     pub ifname: String,
@@ -239,6 +239,9 @@ struct SendCell(session::Engine);
 // never shared; its raw pointers are into mappings it owns.
 unsafe impl Send for SendCell {}
 
+/// How long an idle export sleeps on its fd before looking at `stop`.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
 /// The reactor task: poll while busy, sleep on the fd when idle.
 async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>) {
     let mut idle = 0u32;
@@ -254,9 +257,10 @@ async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>) {
         } else {
             let fd = e.fd();
             // The timeout bounds what a missed wake-up would cost (none
-            // was shown) and lets the task see `stop`.
+            // was shown) and lets the task see `stop`; long enough that an
+            // idle export does not keep its reactor awake.
             let _ = ustor_net::timeout(
-                Duration::from_millis(1),
+                IDLE_WAIT,
                 ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32),
             )
             .await;
