@@ -411,9 +411,11 @@ fn coalescing_batches_scsi_call_signals() {
         "QD 32 scsi writes: {sig0} signals for 4000 without coalescing, \
          {sig1} ({held1} held back) for {n} with"
     );
-    // Every command was answered (stream_writes waits for each), signals
-    // were held, and they covered several completions each.
-    assert!(held1 > 0, "no signal held back while coalescing");
+    // Every command was answered (stream_writes waits for each) and
+    // signals covered several completions each. Whether this stream holds
+    // any back is not asserted: the delay was shown in force above, and
+    // this driver's event index can ask for almost no signals at all (a
+    // quiet run saw 1 signal and 0 held for 10,000 commands).
     assert!(sig1 < n as u64, "{sig1} signals for {n} commands");
     c.device().set_coalescing(0, 1000);
     // Every slot's last write is on the medium: read it back.
