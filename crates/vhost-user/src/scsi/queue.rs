@@ -213,8 +213,10 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
         chain.write(&**mem, 0, &b);
         return finish(q, &mem, chain, CMD_RESP_LEN as u32);
     };
-    q.ring.dev.inflight[a.target as usize].fetch_add(1, Ordering::AcqRel);
+    // In the task set before it is counted: whoever sees the count (a
+    // TMF, a drain) then finds the command by its tag.
     q.tasks.start(chain.head, a.target, hdr.tag);
+    q.ring.dev.inflight[a.target as usize].fetch_add(1, Ordering::AcqRel);
     q.jobs.borrow_mut().push_back(Job {
         chain,
         table,
