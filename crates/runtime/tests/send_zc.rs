@@ -49,6 +49,16 @@ fn noted(p: Piece, n: ZcNotice) {
     p.log.borrow_mut().push(n);
 }
 
+/// Whether the ring of reactor 0 has SENDMSG_ZC.
+fn zc_kernel(r: &Runtime) -> Result<(), String> {
+    let ok = r
+        .handle()
+        .block_on(0, || async { zc::send_zc_supported() })
+        .unwrap();
+    ok.then_some(())
+        .ok_or_else(|| "io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
+}
+
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 4096) as u8).collect()
 }
@@ -56,18 +66,7 @@ fn pattern(len: usize) -> Vec<u8> {
 #[test]
 fn loopback_send_arrives_and_notifications_say_copied() {
     let r = rt();
-    let ok = r
-        .handle()
-        .block_on(0, || async { zc::send_zc_supported() })
-        .unwrap();
-    testkit::require!(
-        if ok {
-            Ok(())
-        } else {
-            Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
-        },
-        "a kernel with IORING_OP_SENDMSG_ZC"
-    );
+    testkit::require!(zc_kernel(&r), "a kernel with IORING_OP_SENDMSG_ZC");
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let len = 1 << 20;
@@ -120,18 +119,7 @@ fn loopback_send_arrives_and_notifications_say_copied() {
 #[test]
 fn a_dropped_send_keeps_its_memory_until_the_notification() {
     let r = rt();
-    let ok = r
-        .handle()
-        .block_on(0, || async { zc::send_zc_supported() })
-        .unwrap();
-    testkit::require!(
-        if ok {
-            Ok(())
-        } else {
-            Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
-        },
-        "a kernel with IORING_OP_SENDMSG_ZC"
-    );
+    testkit::require!(zc_kernel(&r), "a kernel with IORING_OP_SENDMSG_ZC");
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let reader = std::thread::spawn(move || {
@@ -180,18 +168,7 @@ fn a_dropped_send_keeps_its_memory_until_the_notification() {
 #[test]
 fn a_unix_socket_refuses_zero_copy_and_releases_at_once() {
     let r = rt();
-    let ok = r
-        .handle()
-        .block_on(0, || async { zc::send_zc_supported() })
-        .unwrap();
-    testkit::require!(
-        if ok {
-            Ok(())
-        } else {
-            Err("io_uring SENDMSG_ZC (Linux 6.1+)".to_string())
-        },
-        "a kernel with IORING_OP_SENDMSG_ZC"
-    );
+    testkit::require!(zc_kernel(&r), "a kernel with IORING_OP_SENDMSG_ZC");
     let (res, notes, refs) = r
         .handle()
         .block_on(0, || async {
