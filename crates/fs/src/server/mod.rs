@@ -378,12 +378,7 @@ impl FsServer {
             .map_err(|_| FsServerError::Invalid(format!("listen address {}", p.listen)))?;
         let secret = secret_of(p)?;
         let mut t = self.table();
-        let e = t
-            .get_mut(&p.name)
-            .ok_or_else(|| FsServerError::NoSuch(p.name.clone()))?;
-        if e.export.is_some() {
-            return Err(FsServerError::AlreadyExported(p.name.clone()));
-        }
+        let e = unexported(&mut t, &p.name)?;
         let svc = new_svc(e, p, secret);
         let limit = ConnLimit::new(p.max_connections.max(1));
         let cfg = ListenerConfig::new("fs", limit.clone());
@@ -409,12 +404,7 @@ impl FsServer {
         let (ifname, queue) = xdp::XdpParams::parse(&p.listen)?;
         let secret = secret_of(p)?;
         let mut t = self.table();
-        let e = t
-            .get_mut(&p.name)
-            .ok_or_else(|| FsServerError::NoSuch(p.name.clone()))?;
-        if e.export.is_some() {
-            return Err(FsServerError::AlreadyExported(p.name.clone()));
-        }
+        let e = unexported(&mut t, &p.name)?;
         let svc = new_svc(e, p, secret);
         let xp = xdp::XdpParams {
             ifname,
@@ -436,6 +426,20 @@ impl FsServer {
         });
         Ok(())
     }
+}
+
+/// The volume `name`, not exported yet (one export per volume).
+fn unexported<'a>(
+    t: &'a mut BTreeMap<String, Entry>,
+    name: &str,
+) -> Result<&'a mut Entry, FsServerError> {
+    let e = t
+        .get_mut(name)
+        .ok_or_else(|| FsServerError::NoSuch(name.to_string()))?;
+    if e.export.is_some() {
+        return Err(FsServerError::AlreadyExported(name.to_string()));
+    }
+    Ok(e)
 }
 
 fn new_svc(e: &Entry, p: &ExportParams, secret: Vec<u8>) -> Arc<ExportSvc> {
