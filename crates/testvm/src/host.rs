@@ -311,6 +311,20 @@ impl Tgtd {
             control,
         };
         wait_for_port(port, Duration::from_secs(10))?;
+        // The portal can listen before the control socket answers (a CI
+        // run's first tgtadm failed with ENOTCONN): wait until it does.
+        let mut last = None;
+        let sys = ["--lld", "iscsi", "--op", "show", "--mode", "sys"];
+        let ready = testkit::try_wait_for(Duration::from_secs(10), || match t.admin(&sys) {
+            Ok(_) => Some(()),
+            Err(e) => {
+                last = Some(e);
+                None
+            }
+        });
+        if ready.is_none() {
+            return Err(last.expect("tried at least once"));
+        }
         let backing = backing.to_string_lossy();
         let tid = ["--lld", "iscsi", "--tid", "1"];
         t.admin(&[&tid[..], &["--op", "new", "--mode", "target", "-T", iqn]].concat())?;
