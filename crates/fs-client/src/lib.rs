@@ -7,6 +7,7 @@
 //! Programs that want no kernel crossing at all use `Client` directly.
 //! `ll` is our own decoder of the kernel's FUSE requests and encoder of
 //! the replies (for FUSE over io_uring, which fuser cannot do).
+//! `remote::RemoteFs` is what the mount needs of a client (any transport).
 //! `xdp::XdpClient` speaks the same requests over raw Ethernet (AF_XDP).
 
 mod client;
@@ -15,12 +16,14 @@ pub mod fuse;
 pub mod fuse_uring;
 pub mod ll;
 pub mod mount;
+pub mod remote;
 pub mod wire;
 pub mod xdp;
 
 use thiserror::Error;
 
 pub use client::{Client, Config, Started};
+pub use remote::RemoteFs;
 pub use ustor_fs::{Attr, DirEntry, FileKind, SetAttr, StatFs};
 
 /// Errors of the client layer; `errno` gives what a file system call
