@@ -15,12 +15,20 @@
 #                 (`completion: "event"`) instead of its callback,
 #   - fio:        fio's rbd engine (librbd, fio's own thread; N jobs, one
 #                 per image, each its own connection, all on CORE),
+#   - fio-rados:  fio's rados engine (librados only, no librbd: the cost
+#                 floor of a client that maps blocks to objects itself);
+#                 per image a job over 64 objects of 4 MiB (the image's
+#                 256 MiB), written once before the rounds,
 #   - bdevperf:   SPDK bdevperf with bdev_rbd (when SPDK_DIR has it; N
 #                 bdevs on one reactor, one shared cluster),
 #   - bdevperf-same: the same with the cluster's core_mask = CORE (every
 #                 thread of the client on one core, as fio and ustor-same),
 #   - any ustor tool prefixed `alt-` (`alt-ustor-same`): that tool with
 #     the binary USTOR_ALT names (a code change A/B'd in one run),
+#   - any ustor tool suffixed `-librbd` (`ustor-same-librbd`): that tool
+#     with `rbd_direct: false` (librbd's data path; without the suffix
+#     ustor takes the direct librados path where the image allows it:
+#     FEATURES=layering makes images that do),
 #   - any ustor tool with `:key=value,key=value` appended (for example
 #     `ustor-same:rbd_non_blocking_aio=true`): that tool with these Ceph
 #     options in the cluster's config_param (over ustor's defaults); for
@@ -46,6 +54,8 @@
 #   TOOLS="ustor ustor-same ustor-poll ustor-intr ustor-event fio bdevperf bdevperf-same"
 #   IMAGES="1 2 4"
 #   SPDK_DIR=../spdk NOBUILD=1 USTOR=path USTOR_ALT=path
+#   FEATURES="" (`rbd create --image-feature`, comma-separated; empty:
+#   Ceph's default features, which keep ustor on librbd's data path)
 #   SPDK_REF=bdevperf (the tool the iops/spdk and cpu/spdk columns divide by;
 #   bdevperf-same for the every-client-on-one-core comparison)
 #   PAIR_BASES="fio" (tools each other tool is also compared with round by
@@ -149,19 +159,24 @@ BDEVPERF=$SPDK_DIR/build/examples/bdevperf
 scripts/ceph-cluster.sh start "$tmp/ceph" --store memstore --auth none >/dev/null
 export CEPH_CONF=$tmp/ceph/ceph.conf
 for i in $(seq 0 $((MAXIMG - 1))); do
-    rbd create --size 256M rbd/img$i
+    rbd create --size 256M ${FEATURES:+--image-feature "$FEATURES"} rbd/img$i
     # Written once, so reads return data rather than holes.
     rbd bench --io-type write --io-pattern seq --io-size 4M --io-total 256M rbd/img$i >/dev/null
+    if [[ " $TOOLS " == *" fio-rados"* ]]; then
+        (cd "$tmp" && fio --ioengine=rados --conf="$CEPH_CONF" --clientname=admin --pool=rbd --rw=write \
+            --bs=4M --name="rados$i" --nrfiles=64 --size=256M >/dev/null)
+    fi
 done
 
-# config MASK N [COMPLETION] [RAID] [PARAMS]: ustor/SPDK config with one
-# cluster (core_mask MASK, or the default placement when empty; PARAMS:
-# `k=v,k=v` Ceph options), rbd bdevs r0..rN-1 and, with RAID, a raid0
-# "all" over them.
+# config MASK N [COMPLETION] [RAID] [PARAMS] [LIBRBD]: ustor/SPDK config
+# with one cluster (core_mask MASK, or the default placement when empty;
+# PARAMS: `k=v,k=v` Ceph options), rbd bdevs r0..rN-1 (with LIBRBD:
+# `rbd_direct: false`) and, with RAID, a raid0 "all" over them.
 config() {
     local mask="" comp="" n=$2 i sep="" bases="" params="" kv
     [ -n "$1" ] && mask=", \"core_mask\": \"$1\""
     [ -n "${3:-}" ] && comp=", \"completion\": \"$3\""
+    [ -n "${6:-}" ] && comp="$comp, \"rbd_direct\": false"
     if [ -n "${5:-}" ]; then
         for kv in ${5//,/ }; do
             params="$params${params:+, }\"${kv%%=*}\": \"${kv#*=}\""
@@ -215,8 +230,9 @@ point() { # TOOL RW QD N
     if [[ $tool == *:* ]]; then params=$(expand "${tool#*:}") tool=${tool%%:*}; fi
     # `alt-ustor...`: that ustor tool with the USTOR_ALT binary (A/B of a
     # code change in one run).
-    local bin=$USTOR
+    local bin=$USTOR librbd=""
     if [[ $tool == alt-* ]]; then bin=${USTOR_ALT:?alt- tools need USTOR_ALT} tool=${tool#alt-}; fi
+    if [[ $tool == ustor*-librbd ]]; then librbd=1 tool=${tool%-librbd}; fi
     local timed=(/usr/bin/time -o "$tmp/time" -f "CPU %U %S" timeout $((RUNTIME + 60)))
     local raid="" bdev=r0 mask="" comp="" perimg=$(((qd + n - 1) / n))
     if [ "$n" -gt 1 ]; then raid=1 bdev=all; fi
@@ -227,7 +243,7 @@ point() { # TOOL RW QD N
         [[ $tool == *-intr ]] && mode=interrupt
         [[ $tool == ustor-same* ]] && mask="[$CORE]"
         [ "$tool" = ustor-event ] && comp=event
-        config "$mask" "$n" "$comp" "$raid" "$params"
+        config "$mask" "$n" "$comp" "$raid" "$params" "$librbd"
         r=$("${timed[@]}" "$bin" bench -c "$tmp/cfg.json" -b "$bdev" --cores "$CORE" --poll-mode "$mode" \
             -w "$rw" --bs 4096 -q "$qd" -t "$RUNTIME" --json 2>/dev/null |
             python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (t["iops"], t["lat_avg_us"], t["lat_p99_us"]))') || true
@@ -244,6 +260,19 @@ point() { # TOOL RW QD N
         fi
         r=$(CEPH_CONF=$conf "${timed[@]}" taskset -c "$CORE" fio --ioengine=rbd --clientname=admin \
             --pool=rbd --rw="$rw" --bs=4k --iodepth="$perimg" --direct=1 --group_reporting \
+            --time_based --runtime="$RUNTIME" --output-format=json "${jobs[@]}" 2>/dev/null |
+            python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000, d["clat_ns"]["percentile"]["99.000000"] / 1000))') || true
+        ;;
+    fio-rados)
+        local jobs=()
+        for i in $(seq 0 $((n - 1))); do jobs+=(--name="rados$i" --nrfiles=64 --size=256M); done
+        local conf=$CEPH_CONF
+        if [ -n "$params" ]; then
+            conf=$tmp/fio-ceph.conf
+            { cat "$CEPH_CONF"; tr ',' '\n' <<<"$params" | sed 's/=/ = /'; } >"$conf"
+        fi
+        r=$(cd "$tmp" && "${timed[@]}" taskset -c "$CORE" fio --ioengine=rados --conf="$conf" --clientname=admin \
+            --pool=rbd --rw="$rw" --bs=4k --iodepth="$perimg" --group_reporting \
             --time_based --runtime="$RUNTIME" --output-format=json "${jobs[@]}" 2>/dev/null |
             python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000, d["clat_ns"]["percentile"]["99.000000"] / 1000))') || true
         ;;
@@ -264,7 +293,7 @@ point() { # TOOL RW QD N
 }
 
 {
-    echo "# rbd.sh $stamp $(uname -r) $(nproc) cpus; ustor $(git rev-parse --short HEAD); runtime ${RUNTIME}s, client core $CORE${USTOR_ALT:+; alt- tools: $(basename "$USTOR_ALT")}"
+    echo "# rbd.sh $stamp $(uname -r) $(nproc) cpus; ustor $(git rev-parse --short HEAD); runtime ${RUNTIME}s, client core $CORE${FEATURES:+; image features $FEATURES}${USTOR_ALT:+; alt- tools: $(basename "$USTOR_ALT")}"
     for rep in $(seq "$REPEAT"); do
         for rw in $RWS; do
             for qd in $QDS; do

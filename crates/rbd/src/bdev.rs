@@ -27,6 +27,7 @@ use ustor_bdev::{
 use ustor_runtime::RuntimeHandle;
 
 use crate::cluster::{check, Cluster, ClusterOpts, Clusters};
+use crate::direct::{self, Layout};
 use crate::events::{self, CompletionMode};
 use crate::{ffi, RbdError};
 
@@ -55,6 +56,18 @@ pub struct RbdOpts {
     /// ustor's own (not SPDK's): how completions reach the reactors.
     #[serde(default, skip_serializing_if = "CompletionMode::is_default")]
     pub completion: CompletionMode,
+    /// ustor's own: data I/O straight over librados where that is correct
+    /// for the image (see [`crate::direct`]); `false`: always librbd.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub rbd_direct: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// An open image and the io context it lives in.
@@ -70,9 +83,12 @@ pub struct Image {
     /// Closed already (at process exit, see [`close_at_exit`]).
     closed: AtomicBool,
     /// What `bdev_get_bdevs` reports about failing I/O.
-    health: Health,
+    pub(crate) health: Health,
     /// `pool/image`, for the log.
-    name: String,
+    pub(crate) name: String,
+    /// The direct data path's layout, while it is on (see [`crate::direct`]).
+    pub(crate) direct: OnceLock<Layout>,
+    pub(crate) direct_on: AtomicBool,
     pool: CString,
     /// The eventfd librbd bumps in [`CompletionMode::Event`].
     events: OnceLock<std::os::fd::OwnedFd>,
@@ -82,7 +98,7 @@ pub struct Image {
 /// thread only when an I/O fails (or the first one succeeds after a
 /// failure), so the per-I/O cost on success is one relaxed load.
 #[derive(Default)]
-struct Health {
+pub(crate) struct Health {
     /// The last I/O failed (cleared by the next one that succeeds).
     failing: AtomicBool,
     errors: AtomicU64,
@@ -90,7 +106,7 @@ struct Health {
 }
 
 impl Health {
-    fn failed(&self, errno: i32, image: &str) {
+    pub(crate) fn failed(&self, errno: i32, image: &str) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         self.last_errno.store(errno, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::AcqRel) {
@@ -99,7 +115,7 @@ impl Health {
         }
     }
 
-    fn succeeded(&self, image: &str) {
+    pub(crate) fn succeeded(&self, image: &str) {
         if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::AcqRel) {
             tracing::warn!(image, "rbd I/O succeeds again");
         }
@@ -201,6 +217,8 @@ impl Image {
             name: format!("{pool}/{name}"),
             pool: pc.clone(),
             events: OnceLock::new(),
+            direct: OnceLock::new(),
+            direct_on: AtomicBool::new(false),
         };
         let r = img.cluster.clone().placed(|| {
             // SAFETY: a valid ioctx and C strings; the handle is written on
@@ -222,6 +240,10 @@ impl Image {
 
     pub(crate) fn handle(&self) -> ffi::rbd_image_t {
         self.handle
+    }
+
+    pub(crate) fn ioctx(&self) -> ffi::rados_ioctx_t {
+        self.ioctx
     }
 
     /// The eventfd of [`CompletionMode::Event`], if on.
@@ -303,6 +325,14 @@ impl Image {
     /// Reads the image size and gives it to the bdev (a no-op when the
     /// size did not change); the new size in bytes.
     fn refresh_bdev(&self) -> Result<u64, RbdError> {
+        // A header change may end what the direct path relies on (a
+        // snapshot, a feature): then librbd from the next I/O on.
+        if self.direct().is_some() {
+            if let Err(why) = Layout::probe(self.handle) {
+                self.direct_on.store(false, Ordering::Release);
+                tracing::warn!(image = %self.name, "rbd data path: librbd from now on ({why})");
+            }
+        }
         let size = self.size()?;
         if let Some((e, bs)) = self.bdev.get() {
             if let Some(e) = e.upgrade() {
@@ -386,6 +416,7 @@ impl Bdev for RbdBdev {
             "cluster_name": self.opts.cluster_name,
             "image_size": self.image.size().ok(),
             "read_only": self.opts.read_only,
+            "data_path": if self.image.direct().is_some() { "direct" } else { "librbd" },
             "health": self.image.health_json(),
         }})
     }
@@ -464,7 +495,7 @@ fn mismatch_in_request(mismatch_off: u64, off: u64) -> u64 {
     }
 }
 
-fn errno_err(e: i32) -> BdevError {
+pub(crate) fn errno_err(e: i32) -> BdevError {
     match e {
         libc::EOPNOTSUPP => BdevError::NotSupported,
         libc::EROFS | libc::EPERM => BdevError::ReadOnly,
@@ -538,6 +569,10 @@ impl BdevChannel for RbdChannel {
             Ok(r) => r,
             Err(io) => return io.complete(Err(BdevError::Io(libc::EAGAIN))),
         };
+        if let Some(l) = self.image.direct().filter(|_| direct::takes(d.kind)) {
+            let c = self.completer.clone();
+            return direct::submit(&self.image, l, &d, off, len, c, io);
+        }
         let want = if d.kind == IoType::Read { len } else { 0 };
         // librbd allocates its own completion per I/O as well; this box is
         // what its callback gets back.
@@ -647,6 +682,7 @@ impl RbdModule {
         if o.completion == CompletionMode::Event {
             image.enable_events()?;
         }
+        image.choose_path(&name, &o);
         let size = image.size()?;
         let num_blocks = size / bs as u64;
         if num_blocks == 0 {

@@ -27,6 +27,22 @@ pub type rbd_image_t = *mut c_void;
 pub type rbd_completion_t = *mut c_void;
 pub type rbd_callback_t = Option<unsafe extern "C" fn(c: rbd_completion_t, arg: *mut c_void)>;
 pub type rbd_update_callback_t = Option<unsafe extern "C" fn(arg: *mut c_void)>;
+pub type rados_completion_t = *mut c_void;
+pub type rados_callback_t = Option<unsafe extern "C" fn(c: rados_completion_t, arg: *mut c_void)>;
+pub type rados_read_op_t = *mut c_void;
+pub type rados_write_op_t = *mut c_void;
+
+/// `rbd_stat`'s answer (`rbd_image_info_t`).
+#[repr(C)]
+pub struct rbd_image_info_t {
+    pub size: u64,
+    pub obj_size: u64,
+    pub num_objs: u64,
+    pub order: c_int,
+    pub block_name_prefix: [c_char; 24],
+    pub parent_pool: i64,
+    pub parent_name: [c_char; 96],
+}
 
 /// `rbd_set_image_notification` type: the fd is an eventfd.
 pub const EVENT_TYPE_EVENTFD: c_int = 2;
@@ -88,11 +104,39 @@ api! {
     /// The pool's id, or -ENOENT when the client's OSD map has no such pool.
     rados fn rados_pool_lookup(cluster: rados_t, pool: *const c_char) -> i64;
 
+    // The direct data path (crate::direct): objects of an image, without librbd.
+    rados fn rados_aio_create_completion2(arg: *mut c_void, cb: rados_callback_t, c: *mut rados_completion_t) -> c_int;
+    /// Bytes read (reads) or 0, or a negative errno.
+    rados fn rados_aio_get_return_value(c: rados_completion_t) -> c_int;
+    rados fn rados_aio_release(c: rados_completion_t);
+    rados fn rados_aio_read(io: rados_ioctx_t, oid: *const c_char, c: rados_completion_t, buf: *mut c_char, len: size_t, off: u64) -> c_int;
+    rados fn rados_aio_write(io: rados_ioctx_t, oid: *const c_char, c: rados_completion_t, buf: *const c_char, len: size_t, off: u64) -> c_int;
+    rados fn rados_aio_remove(io: rados_ioctx_t, oid: *const c_char, c: rados_completion_t) -> c_int;
+    rados fn rados_create_read_op() -> rados_read_op_t;
+    rados fn rados_release_read_op(op: rados_read_op_t);
+    rados fn rados_read_op_read(op: rados_read_op_t, off: u64, len: size_t, buf: *mut c_char, bytes_read: *mut size_t, prval: *mut c_int);
+    rados fn rados_aio_read_op_operate(op: rados_read_op_t, io: rados_ioctx_t, c: rados_completion_t, oid: *const c_char, flags: c_int) -> c_int;
+    rados fn rados_create_write_op() -> rados_write_op_t;
+    rados fn rados_release_write_op(op: rados_write_op_t);
+    rados fn rados_write_op_write(op: rados_write_op_t, buf: *const c_char, len: size_t, off: u64);
+    rados fn rados_write_op_zero(op: rados_write_op_t, off: u64, len: u64);
+    rados fn rados_aio_write_op_operate(op: rados_write_op_t, io: rados_ioctx_t, c: rados_completion_t, oid: *const c_char, mtime: *mut libc::time_t, flags: c_int) -> c_int;
+
     rbd fn rbd_open(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap: *const c_char) -> c_int;
     rbd fn rbd_open_read_only(io: rados_ioctx_t, name: *const c_char, image: *mut rbd_image_t, snap: *const c_char) -> c_int;
     rbd fn rbd_close(image: rbd_image_t) -> c_int;
     rbd fn rbd_get_size(image: rbd_image_t, size: *mut u64) -> c_int;
     rbd fn rbd_resize(image: rbd_image_t, size: u64) -> c_int;
+    rbd fn rbd_stat(image: rbd_image_t, info: *mut rbd_image_info_t, infosize: size_t) -> c_int;
+    rbd fn rbd_get_old_format(image: rbd_image_t, old: *mut u8) -> c_int;
+    rbd fn rbd_get_features(image: rbd_image_t, features: *mut u64) -> c_int;
+    rbd fn rbd_get_stripe_unit(image: rbd_image_t, unit: *mut u64) -> c_int;
+    rbd fn rbd_get_stripe_count(image: rbd_image_t, count: *mut u64) -> c_int;
+    rbd fn rbd_get_block_name_prefix(image: rbd_image_t, prefix: *mut c_char, len: size_t) -> c_int;
+    /// -ENOENT when the image has no parent (not a clone).
+    rbd fn rbd_get_parent_info(image: rbd_image_t, pool: *mut c_char, pool_len: size_t, name: *mut c_char, name_len: size_t, snap: *mut c_char, snap_len: size_t) -> c_int;
+    /// With `*max` too small: -ERANGE, `*max` then the count plus one.
+    rbd fn rbd_snap_list(image: rbd_image_t, snaps: *mut c_void, max: *mut c_int) -> c_int;
     rbd fn rbd_update_watch(image: rbd_image_t, handle: *mut u64, cb: rbd_update_callback_t, arg: *mut c_void) -> c_int;
     rbd fn rbd_update_unwatch(image: rbd_image_t, handle: u64) -> c_int;
     rbd fn rbd_set_image_notification(image: rbd_image_t, fd: c_int, kind: c_int) -> c_int;

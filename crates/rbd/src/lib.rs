@@ -7,9 +7,12 @@
 //! - [`bdev`]: the `rbd` bdev module (`bdev_rbd_create`), its channels and
 //!   the completion path from librbd's threads to the owning reactor.
 //! - [`events`]: librbd's event-socket completion mode, the alternative.
+//! - [`direct`]: the data path straight over librados, for images that
+//!   need nothing of librbd on it.
 
 pub mod bdev;
 pub mod cluster;
+pub mod direct;
 pub mod events;
 pub mod ffi;
 
