@@ -17,8 +17,9 @@
 //! the entry. INIT, and requests the kernel sends before the ring is ready
 //! (and interrupts), still come through /dev/fuse.
 //!
-//! [`Queues::serve`] runs every queue on one ring and thread, handing each
-//! request to the same handler as the /dev/fuse path ([`crate::ll`]).
+//! [`Queues::serve`] runs the queues of one ring on its thread (the mount
+//! makes one ring per CPU, `crate::session`), handing each request to the
+//! same handler as the /dev/fuse path ([`crate::ll`]).
 
 use std::io;
 use std::os::fd::RawFd;
@@ -81,18 +82,20 @@ pub struct Queues {
 }
 
 impl Queues {
-    /// Sets up `per_queue` entries for each of `queues` queues on the FUSE
+    /// Sets up `per_queue` entries for each queue of `qids` on the FUSE
     /// connection `fd` (INIT already answered with FUSE_OVER_IO_URING),
-    /// payload buffers of `payload` bytes (at least max_write).
-    pub fn new(fd: RawFd, queues: usize, per_queue: usize, payload: usize) -> io::Result<Queues> {
-        let n = queues * per_queue;
+    /// payload buffers of `payload` bytes (at least max_write). The ring
+    /// belongs to the calling thread: its commands complete as that
+    /// thread's task work, so it must be served there.
+    pub fn new(fd: RawFd, qids: &[u16], per_queue: usize, payload: usize) -> io::Result<Queues> {
+        let n = qids.len() * per_queue;
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .build((2 * n).next_power_of_two() as u32)?;
         let mut ents = Vec::with_capacity(n);
-        for q in 0..queues {
+        for &q in qids {
             for _ in 0..per_queue {
                 let mut e = Entry {
-                    qid: q as u16,
+                    qid: q,
                     head: Box::new([0; REQ_HEADER_LEN]),
                     payload: vec![0; payload],
                     iov: Box::new(

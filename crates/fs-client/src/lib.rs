@@ -3,7 +3,8 @@
 //! one TCP connection: the shared-secret handshake (Hello/Auth with
 //! HMAC-SHA256), requests pipelined by tag (any number outstanding, replies
 //! matched in any order), and reconnection when the server goes away.
-//! `fuse` mounts an export through the kernel's FUSE (`ustor fs mount`).
+//! `fuse` is the FUSE file system over any client, `session` runs it on
+//! /dev/fuse or FUSE over io_uring, `mount` is `ustor fs mount`.
 //! Programs that want no kernel crossing at all use `Client` directly.
 //! `ll` is our own decoder of the kernel's FUSE requests and encoder of
 //! the replies (for FUSE over io_uring, which fuser cannot do).
@@ -17,6 +18,7 @@ pub mod fuse_uring;
 pub mod ll;
 pub mod mount;
 pub mod remote;
+pub mod session;
 pub mod wire;
 pub mod xdp;
 

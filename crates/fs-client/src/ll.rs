@@ -585,7 +585,8 @@ pub mod reply {
     }
 
     /// `fuse_init_out` answering protocol 7.`minor` with `flags` (bits
-    /// 32..63 go to `flags2`; INIT_EXT is set when any is).
+    /// 32..63 go to `flags2`; INIT_EXT is set when any is); readahead as
+    /// large as a write (the kernel keeps the smaller of that and its own).
     pub fn init(minor: u32, flags: u64, max_write: u32, max_pages: u16) -> Vec<u8> {
         let flags = if flags >> 32 != 0 {
             flags | init_flags::INIT_EXT
@@ -593,7 +594,7 @@ pub mod reply {
             flags
         };
         let mut o = Vec::with_capacity(64);
-        for v in [7u32, minor, 128 << 10, flags as u32] {
+        for v in [7u32, minor, max_write, flags as u32] {
             o.extend_from_slice(&v.to_le_bytes());
         }
         o.extend_from_slice(&16u16.to_le_bytes()); // max_background

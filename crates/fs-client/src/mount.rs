@@ -1,6 +1,7 @@
 //! Mounting an export (`ustor fs mount`): parses `HOST[:PORT]/EXPORT`, reads
 //! the secret (a file or `USTOR_FS_SECRET`, never the command line),
-//! connects, mounts through /dev/fuse and serves until the file system is
+//! connects (any [`RemoteFs`]), mounts through /dev/fuse (classic or over
+//! io_uring, `crate::session`) and serves until the file system is
 //! unmounted (`umount MOUNTPOINT`) or the process gets SIGINT/SIGTERM,
 //! which unmount it first so no dead mount is left behind.
 
@@ -8,10 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{MountOption, Session};
-
 use crate::fuse::FuseFs;
-use crate::{Client, Config};
+use crate::session::{self, FuseMode, OnInit, Stats};
+use crate::RemoteFs;
 
 /// Splits `HOST[:PORT]/EXPORT` into the address and the export's name;
 /// without a port, [`ustor_fs::proto::DEFAULT_PORT`]. An IPv6 host goes
@@ -55,12 +55,17 @@ pub fn read_secret(file: Option<&Path>) -> std::io::Result<Vec<u8>> {
 
 /// What `ustor fs mount` was asked.
 pub struct MountRequest<'a> {
-    pub cfg: Config,
+    /// The file system's name in the mount table (`HOST:PORT/EXPORT`).
+    pub fsname: String,
     pub mountpoint: &'a Path,
     pub ttl: Duration,
     pub allow_other: bool,
     /// The kernel's writeback cache ([`FuseFs::writeback`]).
     pub writeback: bool,
+    /// Classic /dev/fuse, FUSE over io_uring, or the ring when offered.
+    pub mode: FuseMode,
+    /// Called once FUSE is initialised, with the mode it runs in.
+    pub on_init: Option<OnInit>,
 }
 
 fn signal_set() -> libc::sigset_t {
@@ -75,45 +80,60 @@ fn signal_set() -> libc::sigset_t {
     }
 }
 
-/// Mounts and serves until unmounted or signalled.
-pub fn mount(r: MountRequest<'_>) -> Result<(), String> {
+/// Connects with `connect` (any [`RemoteFs`]), mounts, and serves until
+/// unmounted or signalled; returns what the session did.
+pub fn mount<F: RemoteFs>(
+    r: MountRequest<'_>,
+    connect: impl FnOnce() -> Result<Arc<F>, String>,
+) -> Result<Arc<Stats>, String> {
     // Block the signals before any thread starts, so every thread inherits
     // the mask and this one takes them with sigwait.
     let set = signal_set();
     // SAFETY: the set is initialised; no old mask is asked for.
     unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    let target = format!("{}/{}", r.cfg.addr, r.cfg.export);
-    let c = Client::connect(r.cfg).map_err(|e| format!("{target}: {e}"))?;
-    let mut opts = vec![
-        MountOption::FSName(target.clone()),
-        MountOption::Subtype("ustor".into()),
-        MountOption::DefaultPermissions,
-    ];
-    if r.allow_other {
-        opts.push(MountOption::AllowOther);
+    let remote = connect()?;
+    if r.mode == FuseMode::Uring && !crate::fuse_uring::enabled() {
+        return Err("--fuse-mode uring: /sys/module/fuse/parameters/enable_uring is not Y".into());
     }
-    let fs = FuseFs::new(Arc::new(c), r.ttl).writeback(r.writeback);
-    let mut se = Session::new(fs, r.mountpoint, &opts)
+    let mut opts = "default_permissions".to_string();
+    if r.allow_other {
+        opts.push_str(",allow_other");
+    }
+    let fs = FuseFs::new(remote, r.ttl).writeback(r.writeback);
+    let m = session::mount(r.mountpoint, &r.fsname, &opts)
         .map_err(|e| format!("mount {}: {e}", r.mountpoint.display()))?;
-    let mut unmounter = se.unmount_callable();
+    let stats = Arc::new(Stats::default());
+    let (dev, st, mode) = (m.dev.clone(), stats.clone(), r.mode);
+    let on_init = r.on_init;
     let run = std::thread::spawn(move || {
-        let res = se.run();
-        // Wakes the sigwait below: the file system was unmounted.
+        let res = session::serve(dev, fs, mode, st, on_init);
+        // Wakes the sigwait below: the file system was unmounted (or the
+        // session failed, and is unmounted there).
         // SAFETY: kill on our own pid with a blocked, waited-for signal.
         unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) };
         res
     });
-    tracing::info!(%target, mountpoint = %r.mountpoint.display(), "mounted");
+    tracing::info!(fsname = %r.fsname, mountpoint = %r.mountpoint.display(), "mounted");
     let mut sig = 0;
     // SAFETY: the set is initialised and `sig` is a valid out pointer.
     unsafe { libc::sigwait(&set, &mut sig) };
     if sig != libc::SIGUSR1 {
-        let _ = unmounter.unmount();
+        let _ = m.unmount();
     }
     let res = run
         .join()
         .map_err(|_| "session thread panicked".to_string())?;
-    res.map_err(|e| format!("serving {}: {e}", r.mountpoint.display()))
+    if sig == libc::SIGUSR1 && res.is_err() {
+        // The session ended on an error with the mount still there: no
+        // dead mount is left behind.
+        let _ = m.unmount();
+    }
+    let rings = res.map_err(|e| format!("serving {}: {e}", r.mountpoint.display()))?;
+    for t in rings {
+        let e = t.join().map_err(|_| "ring thread panicked".to_string())?;
+        tracing::debug!("fs mount: ring queue ended: {e}");
+    }
+    Ok(stats)
 }
 
 #[cfg(test)]

@@ -179,8 +179,8 @@ fn a_mount_served_over_io_uring_reads_back_its_file() {
     let ring_thread = {
         let f = file.clone();
         std::thread::spawn(move || {
-            let mut qs = Queues::new(raw, fuse_uring::possible_cpus(), 2, PAYLOAD)
-                .expect("ring entries registered");
+            let qids: Vec<u16> = (0..fuse_uring::possible_cpus() as u16).collect();
+            let mut qs = Queues::new(raw, &qids, 2, PAYLOAD).expect("ring entries registered");
             ctx.send(qs.commits.clone()).unwrap();
             qs.serve(|h, op| handle(h, op, &f))
         })

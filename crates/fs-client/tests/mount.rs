@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{region, tempdir, TestServer};
-use fuser::{BackgroundSession, MountOption};
 use ustor_fs_client::fuse::FuseFs;
+use ustor_fs_client::session::{self, Background, FuseMode};
 use ustor_fs_client::{Client, Config};
 
 fn fuse_usable() -> Result<(), String> {
@@ -30,14 +30,11 @@ fn fuse_usable() -> Result<(), String> {
         })
 }
 
-fn mount(s: &TestServer, mp: &Path) -> BackgroundSession {
+fn mount(s: &TestServer, mp: &Path) -> Background {
     let c = Client::connect(Config::new(&s.addr.to_string(), "exp", b"k")).unwrap();
     let fs = FuseFs::new(Arc::new(c), Duration::from_secs(1));
-    let opts = [
-        MountOption::FSName("ustor-test".into()),
-        MountOption::DefaultPermissions,
-    ];
-    fuser::spawn_mount2(fs, mp, &opts).unwrap()
+    let opts = "default_permissions";
+    session::spawn(fs, mp, "ustor-test", opts, FuseMode::Classic).unwrap()
 }
 
 fn sha(p: &Path) -> String {

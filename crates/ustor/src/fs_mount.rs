@@ -1,13 +1,18 @@
 //! `ustor fs mount HOST[:PORT]/EXPORT MOUNTPOINT`: mounts an export of the
-//! file service through FUSE (crates/fs-client) and serves it in the
-//! foreground until it is unmounted or the process is interrupted.
+//! file service through FUSE (crates/fs-client), classic /dev/fuse or FUSE
+//! over io_uring (`--fuse-mode`), and serves it in the foreground until it
+//! is unmounted or the process is interrupted. It prints the mode once
+//! FUSE is initialised and what each path served when it ends.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use ustor_fs_client::mount::{mount, parse_target, read_secret, MountRequest};
-use ustor_fs_client::Config;
+use ustor_fs_client::session::{FuseMode, Stats};
+use ustor_fs_client::{Client, Config, RemoteFs};
 
 #[derive(Args)]
 pub struct MountArgs {
@@ -39,6 +44,30 @@ pub struct MountArgs {
     /// every write is durable on the server when it returns.
     #[arg(long)]
     writeback: bool,
+    /// How the kernel's requests arrive: classic (/dev/fuse), uring (FUSE
+    /// over io_uring, one queue per CPU; needs Linux 6.14+ and
+    /// /sys/module/fuse/parameters/enable_uring set to Y), or auto (the
+    /// ring when the kernel offers it).
+    #[arg(long, default_value = "auto")]
+    fuse_mode: FuseMode,
+}
+
+/// The client for the target's transport.
+fn connect_remote(cfg: Config) -> Result<Arc<impl RemoteFs>, String> {
+    let target = format!("{}/{}", cfg.addr, cfg.export);
+    Client::connect(cfg)
+        .map(Arc::new)
+        .map_err(|e| format!("{target}: {e}"))
+}
+
+fn print_mode(mp: PathBuf) -> Box<dyn FnOnce(&Stats) + Send> {
+    Box::new(move |s: &Stats| {
+        println!(
+            "ustor fs mount: {} mounted, fuse mode {}",
+            mp.display(),
+            s.mode()
+        );
+    })
 }
 
 pub fn run(a: MountArgs) -> i32 {
@@ -60,14 +89,26 @@ pub fn run(a: MountArgs) -> i32 {
     cfg.timeout = Duration::from_secs(a.timeout.max(1));
     cfg.reconnect_for = Duration::from_secs(a.reconnect);
     let req = MountRequest {
-        cfg,
+        fsname: format!("{addr}/{export}"),
         mountpoint: &a.mountpoint,
         ttl: Duration::from_secs_f64(a.attr_timeout.max(0.0)),
         allow_other: a.allow_other,
         writeback: a.writeback,
+        mode: a.fuse_mode,
+        on_init: Some(print_mode(a.mountpoint.clone())),
     };
-    match mount(req) {
-        Ok(()) => 0,
+    match mount(req, || connect_remote(cfg)) {
+        Ok(s) => {
+            println!(
+                "ustor fs mount: ended; fuse mode {}, {} queues, {} requests over the ring, \
+                 {} over /dev/fuse",
+                s.mode(),
+                s.queues.load(Ordering::Relaxed),
+                s.ring_commits.load(Ordering::Relaxed),
+                s.dev_requests.load(Ordering::Relaxed)
+            );
+            0
+        }
         Err(e) => {
             eprintln!("ustor fs mount: {e}");
             1
