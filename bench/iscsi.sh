@@ -36,6 +36,12 @@
 # receive's return to the next send (bench/lib/sysgap.py): the target's
 # own time per request at QD1, outside the kernel's TCP work. The tracing
 # slows every target, so GAPS runs are not IOPS runs.
+# SPLIT=1 splits each write row's round trip between ustor's initiator and
+# the target into phases (client send, target wake-up, target work, target
+# send, client wake-up, client work: bench/lib/qd1split.py), from one
+# second of both processes' send and receive syscalls and context
+# switches, and prints the median of each phase per target. Like GAPS,
+# it slows the I/O it traces.
 #
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
 #                         REACTORS=<one per CORES entry>
@@ -44,7 +50,7 @@
 #                         WQDS="1 32" USTOR=<ustor binary>
 #                         BASE_BIN=<older serve binary>
 #                         VARIANTS="name:<serve binary> ..." SYSCALLS=1
-#                         GAPS=1 PREFAULT=1)
+#                         GAPS=1 SPLIT=1 PREFAULT=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -162,6 +168,8 @@ only() {
 }
 
 RES="$OUT/results.tsv"
+[ -z "${SPLIT:-}" ] || python3 bench/lib/qd1split.py --header \
+  | sed 's/^label/round\trw\ttarget\tqd/' >"$OUT/split.tsv"
 printf 'round\trw\ttarget\tqd\tsessions\tiops\tcpu_us_per_io\tlat_avg_us\tlat_p99_us\tenters\tgap_us\n' >"$RES"
 # SYSCALLS=1: count the target's io_uring_enter calls for RUNTIME seconds
 # (started beside the client); `enters FILE` prints the count (nan without).
@@ -194,6 +202,28 @@ gap_wait() { [ -z "$GAP_PID" ] || wait "$GAP_PID" || true; }
 gap() { # file
   [ -n "$GAP_PID" ] || { echo nan; return; }
   perf script --ns -F tid,time,event -i "$1" 2>/dev/null | python3 bench/lib/sysgap.py
+}
+# SPLIT=1: one second of a write row's client and target syscalls, from
+# one second into the run; `split_end LABEL` appends its phase medians.
+SPLIT_PID=
+SPLIT_EVENTS=(-e syscalls:sys_enter_sendmsg -e syscalls:sys_exit_sendmsg
+  -e syscalls:sys_enter_writev -e syscalls:sys_exit_writev
+  -e syscalls:sys_enter_sendto -e syscalls:sys_exit_sendto
+  -e syscalls:sys_enter_write -e syscalls:sys_exit_write -e syscalls:sys_exit_read --filter 'ret > 0'
+  -e syscalls:sys_exit_readv --filter 'ret > 0' -e syscalls:sys_exit_recvfrom --filter 'ret > 0'
+  -e syscalls:sys_exit_recvmsg --filter 'ret > 0' -e syscalls:sys_exit_io_uring_enter
+  -e sched:sched_switch)
+split_start() { # target-pid client-pid file
+  SPLIT_PID=
+  [ -n "${SPLIT:-}" ] || return 0
+  (sleep 1; perf record -q "${SPLIT_EVENTS[@]}" -p "$1,$2" -o "$3" -- sleep 1 >/dev/null 2>&1) &
+  SPLIT_PID=$!
+}
+split_end() { # target-pid client-pid file label
+  [ -n "$SPLIT_PID" ] || return 0
+  wait "$SPLIT_PID" || true
+  perf script --ns -F pid,tid,time,event,trace -i "$3" 2>/dev/null \
+    | python3 bench/lib/qd1split.py "$1" "$2" "$4" >>"$OUT/split.tsv" || true
 }
 run_one() { # round target qd sessions
   local pid=${PID[$2]} b a i pids=() pf="$OUT/$2-qd$3-s$4-r$1.perf"
@@ -234,9 +264,13 @@ JSON
   gap_start "$pid" "$OUT/$3-$2-qd$4-r$1.gap"
   b=$(cpu_ticks "$pid")
   taskset -c "$CLIENT_CORES" "$USTOR" bench -c "$cfg" -b lun -w "$2" --bs 4K -q "$4" \
-    -t "$RUNTIME" --cores 0 --no-pin --json >"$json" 2>"$OUT/$3-$2-qd$4-r$1.err" || true
+    -t "$RUNTIME" --cores 0 --no-pin --json >"$json" 2>"$OUT/$3-$2-qd$4-r$1.err" &
+  local cpid=$!
+  split_start "$pid" "$cpid" "$OUT/$3-$2-qd$4-r$1.split"
+  wait "$cpid" || true
   a=$(cpu_ticks "$pid")
   enters_wait; gap_wait
+  split_end "$pid" "$cpid" "$OUT/$3-$2-qd$4-r$1.split" "$1	$2	$3	$4"
   python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" "$(enters "$OUT/$3-$2-qd$4-r$1.perf")" \
     "$(gap "$OUT/$3-$2-qd$4-r$1.gap")" <<'PY' >>"$RES"
 import json, sys
@@ -266,10 +300,10 @@ done
 # The machine's load (1/5/15-minute averages) before and after: shared
 # machines make absolute numbers noisy, the paired ratios less so.
 echo "load average before: $LOAD0  after: $(cut -d' ' -f1-3 /proc/loadavg)  ($(nproc) CPUs)"
-python3 - "$RES" "$RUNTIME" "$IDLE_U" "$IDLE_T" $VNAMES <<'PY'
+python3 - "$RES" "$RUNTIME" "$IDLE_U" "$IDLE_T" "${SPLIT:+$OUT/split.tsv}" $VNAMES <<'PY'
 import csv, statistics, sys
 res, runtime, iu, it = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
-variants = tuple(sys.argv[5:])
+split, variants = sys.argv[5], tuple(sys.argv[6:])
 rows = list(csv.DictReader(open(res), delimiter="\t"))
 cells = {}
 for r in rows:
@@ -332,6 +366,16 @@ if gaps:
         print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
             f"{statistics.median(gaps[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in gaps else "-"
             for t in ts))
+# SPLIT=1: where a write's round trip goes, median of the rounds' medians.
+if split:
+    srows = list(csv.DictReader(open(split), delimiter="\t"))
+    phases = [c for c in (srows[0].keys() if srows else []) if c not in ("round", "rw", "target", "qd")]
+    if srows:
+        print("write round trip split (us, median of rounds; bench/lib/qd1split.py): " + " ".join(phases))
+    for k in sorted({(r["rw"], r["qd"], r["target"]) for r in srows}):
+        vals = [r for r in srows if (r["rw"], r["qd"], r["target"]) == k]
+        print(f"{k[0]:<9} {k[1]:>2} {k[2]:<6} | " + " ".join(
+            f"{statistics.median(float(r[p]) for r in vals):6.2f}" for p in phases))
 # Latency from ustor's initiator (the write rows): mean and p99 in us.
 lat = [k for k in keys if k[0] != "randread"]
 if lat:
