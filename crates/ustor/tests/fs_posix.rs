@@ -9,6 +9,9 @@
 //! second mount runs with the kernel's writeback cache (`--writeback`):
 //! what it writes is on the server by its close, and buffered fio with 4
 //! jobs verifies through it while the first mount reads the same bytes.
+//! Both run classic /dev/fuse; a third mount runs on FUSE over io_uring
+//! (`--fuse-mode uring`) and passes the table and fio verify, its exit
+//! report showing the ring answered the requests.
 
 mod common;
 mod posix;
@@ -82,9 +85,12 @@ impl Rig {
         assert_eq!(ex[0]["listen"], "127.0.0.1:4800", "{ex}");
         let mp2 = dir.join("mnt2");
         let mounts = vec![
-            (mount(&mp, &secret, &[]), mp.clone()),
+            (mount(&mp, &secret, &["--fuse-mode", "classic"]), mp.clone()),
             // The second mount with the kernel's writeback cache.
-            (mount(&mp2, &secret, &["--writeback"]), mp2),
+            (
+                mount(&mp2, &secret, &["--writeback", "--fuse-mode", "classic"]),
+                mp2,
+            ),
         ];
         Rig {
             server: Some(server),
@@ -168,8 +174,8 @@ fn parallel_fio_overlaps_and_verifies(r: &Rig) {
 /// Rows whose outcome on the mount differs from tmpfs by design, with why.
 const KNOWN: &[(&str, &str)] = &[];
 
-fn posix_table_matches_tmpfs(r: &Rig) {
-    let on_mount = r.mp.join("posix");
+fn posix_table_matches_tmpfs(mp: &Path) {
+    let on_mount = mp.join("posix");
     std::fs::create_dir(&on_mount).unwrap();
     let reference = Path::new("/dev/shm").join(format!("ustor-posix-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&reference);
@@ -299,7 +305,7 @@ fn mount_on_default_port_parallel_posix_table_and_mmap() {
     eprintln!("mounted after {:?}", t.elapsed());
     parallel_fio_overlaps_and_verifies(&r);
     eprintln!("fio done after {:?}", t.elapsed());
-    posix_table_matches_tmpfs(&r);
+    posix_table_matches_tmpfs(&r.mp);
     eprintln!("table done after {:?}", t.elapsed());
     mmap_round_trip(&r);
     eprintln!("mmap done after {:?}", t.elapsed());
@@ -309,4 +315,77 @@ fn mount_on_default_port_parallel_posix_table_and_mmap() {
     eprintln!("writeback done after {:?}", t.elapsed());
     let st = r.stats();
     assert_eq!(st["copied_bytes"], 0, "{st}");
+    uring_mount_passes_the_table_and_fio(&r);
+    eprintln!("uring done after {:?}", t.elapsed());
+}
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Puts enable_uring back as it was, also when the test fails.
+struct Restore(String);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(ENABLE_URING, &self.0);
+    }
+}
+
+/// Unmounts (lazily) when a failed assertion leaves the mount behind; the
+/// mount process then ends by itself.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+fn uring_usable() -> Result<(), String> {
+    std::fs::read_to_string(ENABLE_URING)
+        .map(drop)
+        .map_err(|e| format!("{ENABLE_URING}: {e}"))
+}
+
+/// A third mount on FUSE over io_uring (`--fuse-mode uring`, with
+/// enable_uring set to Y for the test): the POSIX table gives tmpfs's
+/// results and fio verifies its blocks through it; when it is unmounted
+/// the mount reports that it ran on the ring and that the ring, not
+/// /dev/fuse, answered the requests.
+fn uring_mount_passes_the_table_and_fio(r: &Rig) {
+    testkit::require!(
+        uring_usable(),
+        "Linux 6.14+ with CONFIG_FUSE_IO_URING (FUSE over io_uring)"
+    );
+    let before = std::fs::read_to_string(ENABLE_URING).unwrap();
+    std::fs::write(ENABLE_URING, "Y").unwrap();
+    let _restore = Restore(before.trim().to_string());
+    let mp = r.dir.join("mnt-uring");
+    let g = Unmount(mp.clone());
+    let mut m = mount(&mp, &r.dir.join("secret"), &["--fuse-mode", "uring"]);
+    posix_table_matches_tmpfs(&mp);
+    let dir = mp.join("fio");
+    std::fs::create_dir(&dir).unwrap();
+    fio(&dir, "4k", "randwrite", "256k");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let st = Command::new("umount").arg(&mp).status().unwrap();
+    assert!(st.success());
+    drop(g);
+    let code = testkit::wait_for("the uring mount to exit", Duration::from_secs(20), || {
+        m.try_wait().unwrap()
+    });
+    let out = m.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(code.success(), "{code:?}: {text}");
+    assert!(text.contains("mounted, fuse mode uring"), "{text}");
+    let ring: u64 = text
+        .split("ended; fuse mode uring, ")
+        .nth(1)
+        .and_then(|t| t.split(" queues, ").nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ring count in: {text}"));
+    // The table alone makes hundreds of requests: most went to the ring.
+    assert!(ring > 100, "the ring answered only {ring}: {text}");
 }
