@@ -12,7 +12,11 @@
 # against the one-copy export (the ablation without FUSE in the path);
 # ustor_lib_zc the same against an export with send_zc (read replies of
 # 16 KiB and more sent with SENDMSG_ZC; on loopback the kernel copies
-# anyway, so this prices the zero-copy send's extra completion). Every server serves from
+# anyway, so this prices the zero-copy send's extra completion). ustor is
+# the mount on classic /dev/fuse, ustor_uring the same export mounted on
+# FUSE over io_uring (`--fuse-mode uring`, one queue per CPU on a thread
+# pinned to it; the script sets /sys/module/fuse/parameters/enable_uring
+# to Y for the run and puts it back). Every server serves from
 # /dev/shm (tmpfs), over TCP on 127.0.0.1.
 #
 # Workloads: QD1 psync O_DIRECT 4 KiB randread/randwrite, 1 KiB randwrite
@@ -22,6 +26,8 @@
 # placement is measured: "pinned" puts every process of the run (servers,
 # FUSE daemons, the load generator) on CPU 0, "unpinned" lets them use all
 # CPUs (a cross-CPU wake-up costs 40-80 us on a VM whose idle vCPUs halt).
+# The uring mount's queue threads (named fuse-ring-N) keep their own CPU in
+# both placements: a request goes to the queue of its caller's CPU.
 # Rounds interleave everything: per round, per placement, per workload,
 # every target in turn (the order rotates each round). Cells are medians
 # over rounds of mean latency, p50, p99 and throughput.
@@ -33,7 +39,7 @@
 # Usage: cargo build --release -p ustor -p ustor-fs-client --example fsbench
 #        bench/fs.sh
 #   env: USTOR=target/release/ustor ROUNDS=3 RUNTIME=3 SIZE_MIB=64
-#        NFILES=300 TARGETS="ustor ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs"
+#        NFILES=300 TARGETS="ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs"
 #        FSBENCH=target/release/examples/fsbench
 #        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
 #        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
@@ -49,7 +55,7 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-3}
 SIZE_MIB=${SIZE_MIB:-64}
 NFILES=${NFILES:-300}
-TARGETS=${TARGETS:-ustor ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs}
+TARGETS=${TARGETS:-ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs}
 WORKS=${WORKS:-randread:4k randwrite:4k randwrite:1k read:1m write:1m meta}
 PLACES=${PLACES:-pinned unpinned}
 SFTP=${SFTP:-/usr/lib/openssh/sftp-server}
@@ -67,8 +73,11 @@ tree() {
     echo "$1"
     for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree "$c"; done
 }
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+URING_WAS=
 cleanup() {
     for m in "${MOUNTS[@]}"; do mountpoint -q "$m" && umount -l "$m" || true; done
+    [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill $(tree "$p") 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$W"
@@ -86,7 +95,13 @@ wait_mount() {
 cc -O2 -o "$W/nfsbench" bench/lib/nfsbench.c -lnfs
 cc -O2 -o "$W/fuse_floor" bench/lib/fuse_floor.c $(pkg-config --cflags --libs fuse3)
 
-if has ustor || has ustor_lib || has ustor_copy || has ustor_lib_copy || has ustor_lib_zc; then
+if has ustor_uring; then
+    [ -e "$URING_PARAM" ] || { echo "ustor_uring: this kernel has no FUSE over io_uring" >&2; exit 1; }
+    URING_WAS=$(cat "$URING_PARAM")
+    echo Y > "$URING_PARAM"
+fi
+
+if has ustor || has ustor_uring || has ustor_lib || has ustor_copy || has ustor_lib_copy || has ustor_lib_zc; then
     UPORT=$(free_port)
     CPORT=$(free_port)
     ZPORT=$(free_port)
@@ -96,7 +111,7 @@ if has ustor || has ustor_lib || has ustor_copy || has ustor_lib_copy || has ust
         echo '{"method":"fs_export","params":{"name":"'$1'","listen":"127.0.0.1:'$2'","secret_file":"'$W/secret'"'$3'}}'
     }
     VOLS=()
-    (has ustor || has ustor_lib) && VOLS+=("$(vol vol $UPORT "")")
+    (has ustor || has ustor_uring || has ustor_lib) && VOLS+=("$(vol vol $UPORT "")")
     (has ustor_copy || has ustor_lib_copy) && VOLS+=("$(vol copy $CPORT ',"copy_writes":true')")
     has ustor_lib_zc && VOLS+=("$(vol zc $ZPORT ',"send_zc":true')")
     {
@@ -108,11 +123,12 @@ if has ustor || has ustor_lib || has ustor_copy || has ustor_lib_copy || has ust
     "$USTOR" serve --cores 0 --no-pin -r "$W/rpc.sock" -c "$W/cfg.json" --log-level warn >"$W/serve.log" 2>&1 &
     PIDS+=($!)
     for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
-    for t in ustor:vol:$UPORT ustor_copy:copy:$CPORT; do
-        IFS=: read -r tn vn port <<< "$t"
+    for t in ustor:vol:$UPORT:classic ustor_copy:copy:$CPORT:classic ustor_uring:vol:$UPORT:uring; do
+        IFS=: read -r tn vn port mode <<< "$t"
         has "$tn" || continue
         mkdir -p "$W/m-$tn"
-        "$USTOR" fs mount "127.0.0.1:$port/$vn" "$W/m-$tn" --secret-file "$W/secret" >"$W/mount-$tn.log" 2>&1 &
+        "$USTOR" fs mount "127.0.0.1:$port/$vn" "$W/m-$tn" --secret-file "$W/secret" \
+            --fuse-mode "$mode" >"$W/mount-$tn.log" 2>&1 &
         PIDS+=($!)
         MOUNTS+=("$W/m-$tn")
         wait_mount "$W/m-$tn" || { cat "$W/mount-$tn.log" "$W/serve.log"; exit 1; }
@@ -176,10 +192,16 @@ fi
 has tmpfs && mkdir -p "$W/m-tmpfs"
 
 # Every process of the run and all of its threads onto $1's CPUs.
+# The uring mount's queue threads stay on their CPUs.
 place() {
-    local p q
+    local p q t
     for p in "${PIDS[@]}"; do
-        for q in $(tree "$p"); do taskset -a -p -c "$1" "$q" >/dev/null 2>&1 || true; done
+        for q in $(tree "$p"); do
+            for t in /proc/"$q"/task/*; do
+                [[ $(cat "$t/comm" 2>/dev/null) == fuse-ring-* ]] && continue
+                taskset -p -c "$1" "${t##*/}" >/dev/null 2>&1 || true
+            done
+        done
     done
 }
 
@@ -330,6 +352,13 @@ for p, w in order:
         z, b = med["ustor_lib_zc"], med["ustor_lib"]
         print("  send_zc/plain ustor_lib     latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
               % (z[1] / b[1], z[2] / b[2], z[3] / b[3], z[4] / b[4]))
+    if "ustor_uring" in med:
+        u = med["ustor_uring"]
+        for t in ("ustor", "floor", "ganesha"):
+            if t in med:
+                m = med[t]
+                print("  ustor_uring/%-5s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
+                      % (t, u[1] / m[1], u[2] / m[2], u[3] / m[3], u[4] / m[4]))
     if "ustor" in med:
         u = med["ustor"]
         for t, m in med.items():

@@ -351,8 +351,13 @@ fn start_rings<F: RemoteFs>(
     (0..fuse_uring::possible_cpus())
         .map(|q| {
             let (dev, fs, stats) = (dev.clone(), fs.clone(), stats.clone());
-            std::thread::spawn(move || ring_thread(dev, fs, q, stats))
+            // Named so that placement tools (bench/fs.sh) can leave the
+            // queue threads on their CPUs.
+            std::thread::Builder::new()
+                .name(format!("fuse-ring-{q}"))
+                .spawn(move || ring_thread(dev, fs, q, stats))
         })
+        .filter_map(|t| t.map_err(|e| tracing::warn!("fs mount: no ring thread: {e}")).ok())
         .collect()
 }
 
