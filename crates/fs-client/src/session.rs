@@ -357,7 +357,10 @@ fn start_rings<F: RemoteFs>(
                 .name(format!("fuse-ring-{q}"))
                 .spawn(move || ring_thread(dev, fs, q, stats))
         })
-        .filter_map(|t| t.map_err(|e| tracing::warn!("fs mount: no ring thread: {e}")).ok())
+        .filter_map(|t| {
+            t.map_err(|e| tracing::warn!("fs mount: no ring thread: {e}"))
+                .ok()
+        })
         .collect()
 }
 
