@@ -6,10 +6,9 @@
 //! through `vm-memory` (which bounds every access to a mapped region) and is
 //! unit-tested and fuzzed with an anonymous guest memory.
 
-use vm_memory::bitmap::MS;
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, Permissions, VolatileSlice,
-};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions, VolatileSlice};
+
+use crate::guest::GuestMem;
 
 /// virtio-blk feature bits (virtio 1.2, 5.2.3).
 pub mod feature {
@@ -264,8 +263,8 @@ where
 /// The table is translated once (one region lookup per table, not one
 /// per descriptor); a table across regions is read descriptor by
 /// descriptor.
-pub fn read_chain<M: GuestMemoryBackend>(
-    mem: &M,
+pub fn read_chain(
+    mem: &GuestMem,
     table: GuestAddress,
     table_len: u16,
     head: u16,
@@ -312,40 +311,42 @@ pub fn read_chain<M: GuestMemoryBackend>(
 }
 
 /// A descriptor table: translated once when it lies in one region.
-struct Table<'a, M: GuestMemoryBackend + 'a> {
+struct Table<'a> {
     at: GuestAddress,
     len: u16,
-    slice: Option<VolatileSlice<'a, MS<'a, M>>>,
+    slice: Option<VolatileSlice<'a>>,
 }
 
-impl<'a, M: GuestMemoryBackend> Table<'a, M> {
-    fn new(mem: &'a M, at: GuestAddress, len: u16) -> Self {
+impl<'a> Table<'a> {
+    fn new(mem: &'a GuestMem, at: GuestAddress, len: u16) -> Self {
         Table {
             at,
             len,
-            slice: mem.get_slice(at, len as usize * 16).ok(),
+            slice: mem.slice(at, len as usize * 16),
         }
     }
 
-    fn read(&self, mem: &M, i: u16) -> Option<[u8; 16]> {
+    fn read(&self, mem: &GuestMem, i: u16) -> Option<[u8; 16]> {
         let mut raw = [0u8; 16];
         let off = i as usize * 16;
         match &self.slice {
             Some(s) => s.read_slice(&mut raw, off).ok()?,
             None => mem
+                .map()
                 .read_slice(&mut raw, self.at.checked_add(off as u64)?)
                 .ok()?,
         }
         Some(raw)
     }
 }
+
 /// Walks one chain (`descs` in order, already bounded in length and loop
 /// free by the queue's iterator) into a [`Request`]: a 16-byte device-
 /// readable header, data, and a device-writable last byte for the status.
 /// `segs` is reused scratch space (no allocation once warm).
-pub fn parse_chain<M: GuestMemory>(
+pub fn parse_chain(
     descs: &[Desc],
-    mem: &M,
+    mem: &GuestMem,
     mut segs: Vec<Seg>,
 ) -> Result<Request, (ChainError, Vec<Seg>)> {
     segs.clear();
@@ -354,7 +355,7 @@ pub fn parse_chain<M: GuestMemory>(
         _ => return Err((ChainError::NoStatus, segs)),
     };
     let status = GuestAddress(last.addr.wrapping_add(last.len as u64 - 1));
-    if !mem.check_range(status, 1, Permissions::Write) {
+    if mem.slice(status, 1).is_none() {
         return Err((ChainError::NoStatus, segs));
     }
     let bad = |why: &'static str, segs| Err((ChainError::Malformed(status, why), segs));
@@ -374,10 +375,7 @@ pub fn parse_chain<M: GuestMemory>(
                 return bad("header in a device-writable descriptor", segs);
             }
             let take = (hdr.len() - got).min(len as usize);
-            if mem
-                .read_slice(&mut hdr[got..got + take], GuestAddress(addr))
-                .is_err()
-            {
+            if !read_guest(mem, &mut hdr[got..got + take], GuestAddress(addr)) {
                 return bad("header outside guest memory", segs);
             }
             got += take;
@@ -416,7 +414,7 @@ pub fn parse_chain<M: GuestMemory>(
         if !matches!(kind, Kind::Flush | Kind::Other(_)) && s.write != device_writes {
             return bad("data descriptor with the wrong direction", segs);
         }
-        if !mem.check_range(s.addr, s.len as usize, Permissions::ReadWrite) {
+        if !in_guest(mem, s.addr, s.len as usize) {
             return bad("data outside guest memory", segs);
         }
         data_len = match data_len.checked_add(s.len) {
@@ -431,6 +429,21 @@ pub fn parse_chain<M: GuestMemory>(
         data_len,
         status,
     })
+}
+
+/// Reads `buf` from guest memory at `at`: one translation, or through
+/// the map when it crosses regions.
+fn read_guest(mem: &GuestMem, buf: &mut [u8], at: GuestAddress) -> bool {
+    match mem.slice(at, buf.len()) {
+        Some(s) => s.read_slice(buf, 0).is_ok(),
+        None => mem.map().read_slice(buf, at).is_ok(),
+    }
+}
+
+/// Whether `[at, at + len)` is guest memory (in one region, or across
+/// adjacent ones).
+fn in_guest(mem: &GuestMem, at: GuestAddress, len: usize) -> bool {
+    mem.slice(at, len).is_some() || mem.map().check_range(at, len, Permissions::ReadWrite)
 }
 
 /// One discard / write-zeroes range (`struct virtio_blk_discard_write_zeroes`).

@@ -32,6 +32,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::blk::{self, Kind};
+use crate::guest::GuestMem;
 use crate::packed::PackedRing;
 use crate::virtq::{SplitRing, Virtq};
 
@@ -66,6 +67,7 @@ pub fn ring_chains(data: &[u8]) -> Outcome {
     let n = data.len().min(MEM_BYTES);
     mem.write_slice(&data[..n], GuestAddress(0))
         .expect("harness write");
+    let mem = GuestMem::from_map(mem);
     let size = 1u16 << (data.get(SIZE_AT).copied().unwrap_or(8) % 9);
     let event_idx = data.get(EVENT_IDX_AT).is_some_and(|b| b & 1 != 0);
     let Some(q) = split_queue(&mem, size, event_idx) else {
@@ -105,7 +107,7 @@ fn split_queue(mem: &GuestMemoryMmap, size: u16, event_idx: bool) -> Option<Queu
 /// Our split take path ([`Virtq::pop`]) gives the chains `virtio-queue`'s
 /// iterator gives, descriptor for descriptor (nothing is written, so both
 /// see the same memory); panics where they differ.
-fn same_chains_as_virtio_queue(mem: &GuestMemoryMmap, mut theirs: Queue, size: u16) {
+fn same_chains_as_virtio_queue(mem: &GuestMem, mut theirs: Queue, size: u16) {
     let Some(q) = split_queue(mem, size, false) else {
         return;
     };
@@ -113,7 +115,7 @@ fn same_chains_as_virtio_queue(mem: &GuestMemoryMmap, mut theirs: Queue, size: u
     let (mut a, mut b) = (blk::chain_buf(), blk::chain_buf());
     for _ in 0..=size {
         let t = ours.pop(mem, &mut a).map(|t| (t.head, t.descs));
-        let r = theirs.pop_descriptor_chain(mem).map(|c| {
+        let r = theirs.pop_descriptor_chain(mem.map()).map(|c| {
             let head = c.head_index();
             (head, blk::collect_chain(c, &mut b))
         });
@@ -142,6 +144,8 @@ pub fn packed_chains(data: &[u8]) -> Outcome {
     let n = data.len().min(MEM_BYTES);
     mem.write_slice(&data[..n], GuestAddress(0))
         .expect("harness write");
+    let gm = GuestMem::from_map(mem);
+    let mem = gm.map();
     let byte = |at: usize| data.get(at).copied().unwrap_or(0);
     let size = byte(SIZE_AT) as u16 + 1;
     let mut base = 1 << 15 | 1 << 31;
@@ -159,40 +163,40 @@ pub fn packed_chains(data: &[u8]) -> Outcome {
     let mut segs = Vec::new();
     let mut held: Vec<(u16, u32)> = Vec::new();
     for step in 0..2 * size as usize {
-        let Some(t) = r.pop(&mem, &mut descs) else {
+        let Some(t) = r.pop(mem, &mut descs) else {
             break;
         };
         assert!(t.descs <= descs.len() && t.head < size);
-        let len = judge_chain(&descs[..t.descs], &mem, &mut segs, &mut out);
+        let len = judge_chain(&descs[..t.descs], &gm, &mut segs, &mut out);
         held.push((t.head, len));
         // Return some now, in an order the bytes pick (out of order).
         if byte(step % MEM_BYTES) & 1 == 1 {
             let (id, len) = held.swap_remove(step % held.len());
-            let _ = r.add_used(&mem, id, len);
-            let _ = r.needs_notification(&mem);
+            let _ = r.add_used(mem, id, len);
+            let _ = r.needs_notification(mem);
         }
     }
     for (id, len) in held.into_iter().rev() {
-        let _ = r.add_used(&mem, id, len);
-        let _ = r.needs_notification(&mem);
+        let _ = r.add_used(mem, id, len);
+        let _ = r.needs_notification(mem);
     }
     assert_eq!(r.in_flight(), 0);
-    let _ = r.enable_notification(&mem);
+    let _ = r.enable_notification(mem);
     out
 }
 
 /// Parses one chain as the data path does, checks what it accepted and
 /// counts the outcome; the used length the device would give it (1 when a
 /// status byte is written, 0 when there is nowhere to write one).
-fn judge_chain<M: GuestMemory>(
+fn judge_chain(
     descs: &[blk::Desc],
-    mem: &M,
+    mem: &GuestMem,
     segs: &mut Vec<blk::Seg>,
     out: &mut Outcome,
 ) -> u32 {
     match blk::parse_chain(descs, mem, std::mem::take(segs)) {
         Ok(mut req) => {
-            check_request(mem, &req);
+            check_request(mem.map(), &req);
             out.accepted += 1;
             *segs = std::mem::take(&mut req.segs);
             1

@@ -13,7 +13,8 @@
 //! Modules: [`blk`] (virtio-blk: features, config space, chain walker),
 //! [`virtq`] (split and packed rings behind one interface), [`packed`]
 //! (the packed ring's device side),
-//! [`memory`] (memory table), [`coalesce`] (call-eventfd coalescing),
+//! [`memory`] (memory table), [`guest`] (the request path's view of it),
+//! [`coalesce`] (call-eventfd coalescing),
 //! [`workers`] (a queue's request workers), [`inflight`] (inflight
 //! tracking for restarts), [`device`] (the served bdev, its counters and
 //! bdev events), [`notify`] (the backend channel for config changes), [`backend`]
@@ -28,6 +29,7 @@ pub mod coalesce;
 pub mod controller;
 pub mod device;
 pub mod fuzzing;
+pub mod guest;
 pub mod inflight;
 pub mod memory;
 pub mod notify;

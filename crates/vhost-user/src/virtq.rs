@@ -23,9 +23,10 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
 
 use crate::blk::{self, Desc};
+use crate::guest::GuestMem;
 use crate::packed::{PackedRing, Taken};
 use crate::vring::VringStart;
 
@@ -64,13 +65,13 @@ impl SplitRing {
         }
     }
 
-    fn pop(&mut self, mem: &GuestMemoryMmap, out: &mut [Desc]) -> Option<Taken> {
+    fn pop(&mut self, mem: &GuestMem, out: &mut [Desc]) -> Option<Taken> {
         let size = self.q.size();
         let next = Wrapping(self.q.next_avail());
         let avail = self.q.avail_ring();
         if next == self.avail_seen {
-            let idx = mem.load::<u16>(GuestAddress(avail + 2), Ordering::Acquire);
-            let idx = Wrapping(u16::from_le(idx.ok()?));
+            let idx = load_u16(mem, avail + 2, Ordering::Acquire)?;
+            let idx = Wrapping(idx);
             if (idx - next).0 > size {
                 // More available than the ring holds: the driver is
                 // broken (virtio-queue refuses it the same way).
@@ -83,14 +84,14 @@ impl SplitRing {
             }
         }
         let at = GuestAddress(avail + 4 + 2 * (next.0 % size) as u64);
-        let head = u16::from_le(mem.read_obj::<u16>(at).ok()?);
+        let head = u16::from_le(mem.slice(at, 2)?.read_obj::<u16>(0).ok()?);
         self.q.set_next_avail((next + Wrapping(1)).0);
         let table = GuestAddress(self.q.desc_table());
         let descs = blk::read_chain(mem, table, size, head, out);
         Some(Taken { head, descs })
     }
 
-    fn push_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+    fn push_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> bool {
         let size = self.q.size();
         if head >= size {
             return false;
@@ -99,7 +100,10 @@ impl SplitRing {
         // struct vring_used: flags u16, idx u16, then 8-byte elements.
         let at = self.q.used_ring() + 4 + (next % size) as u64 * 8;
         let elem = (head as u64) | ((len as u64) << 32);
-        if mem.write_obj(elem.to_le(), GuestAddress(at)).is_err() {
+        let Some(s) = mem.slice(GuestAddress(at), 8) else {
+            return false;
+        };
+        if s.write_obj(elem.to_le(), 0).is_err() {
             return false;
         }
         self.q.set_next_used(next.wrapping_add(1));
@@ -108,20 +112,21 @@ impl SplitRing {
 
     /// Stores the used index (release: the entries before it are seen
     /// first); false if the used ring is not writable.
-    fn store_idx(&mut self, mem: &GuestMemoryMmap) -> bool {
+    fn store_idx(&mut self, mem: &GuestMem) -> bool {
         let next = Wrapping(self.q.next_used());
         if next == self.stored {
             return true;
         }
         self.stored = next;
         let at = GuestAddress(self.q.used_ring() + 2);
-        mem.store(next.0.to_le(), at, Ordering::Release).is_ok()
+        mem.slice(at, 2)
+            .is_some_and(|s| s.store(next.0.to_le(), 0, Ordering::Release).is_ok())
     }
 
     /// Whether the driver wants a notification for what was stored since
     /// the last decision: its used_event (EVENT_IDX) or its
     /// NO_INTERRUPT flag. When unsure, yes.
-    fn needs_notification(&mut self, mem: &GuestMemoryMmap) -> bool {
+    fn needs_notification(&mut self, mem: &GuestMem) -> bool {
         // The index store is visible before the driver's field is read
         // (the driver re-checks the ring after writing it).
         fence(Ordering::SeqCst);
@@ -132,23 +137,29 @@ impl SplitRing {
         }
         let avail = self.q.avail_ring();
         if self.q.event_idx_enabled() {
-            let at = GuestAddress(avail + 4 + 2 * self.q.size() as u64);
-            return match mem.load::<u16>(at, Ordering::Relaxed) {
-                Ok(e) => new - Wrapping(u16::from_le(e)) - Wrapping(1) < new - old,
-                Err(_) => true,
+            return match load_u16(mem, avail + 4 + 2 * self.q.size() as u64, Ordering::Relaxed) {
+                Some(e) => new - Wrapping(e) - Wrapping(1) < new - old,
+                None => true,
             };
         }
-        match mem.load::<u16>(GuestAddress(avail), Ordering::Relaxed) {
-            Ok(f) => u16::from_le(f) & AVAIL_F_NO_INTERRUPT == 0,
-            Err(_) => true,
+        match load_u16(mem, avail, Ordering::Relaxed) {
+            Some(f) => f & AVAIL_F_NO_INTERRUPT == 0,
+            None => true,
         }
     }
+}
+
+/// A little-endian u16 of the ring at guest address `at` (aligned, in
+/// one region), read atomically.
+fn load_u16(mem: &GuestMem, at: u64, order: Ordering) -> Option<u16> {
+    let s = mem.slice(GuestAddress(at), 2)?;
+    s.load::<u16>(0, order).ok().map(u16::from_le)
 }
 
 /// What opening a ring gives: the ring, the memory map, and the used
 /// index guest memory has (split rings; where the inflight region's
 /// recovery starts).
-pub type Opened = (Virtq, Arc<GuestMemoryMmap>, u16);
+pub type Opened = (Virtq, Arc<GuestMem>, u16);
 
 impl Virtq {
     /// The ring `s` describes, checked to lie in guest memory; a split
@@ -169,7 +180,7 @@ impl Virtq {
             )
             .map_err(|e| format!("queue {}: {e}", s.index))?;
             let used = r.indices().1;
-            return Ok((Virtq::Packed(r), mem, used));
+            return Ok((Virtq::Packed(r), Arc::new(GuestMem::new(mem)), used));
         }
         let mut q = Queue::new(s.size).map_err(|e| format!("{e:?}"))?;
         q.set_size(s.size);
@@ -186,6 +197,7 @@ impl Virtq {
             .map_err(|e| format!("{e:?}"))?;
         q.set_next_used(used.0);
         q.set_next_avail(s.base as u16);
+        let mem = Arc::new(GuestMem::new(mem));
         Ok((Virtq::Split(SplitRing::new(q, used.0)), mem, used.0))
     }
 
@@ -211,10 +223,10 @@ impl Virtq {
 
     /// Takes the next available chain, its descriptors copied into `out`
     /// (a longer chain fills it; the caller refuses it as too long).
-    pub fn pop(&mut self, mem: &GuestMemoryMmap, out: &mut [Desc]) -> Option<Taken> {
+    pub fn pop(&mut self, mem: &GuestMem, out: &mut [Desc]) -> Option<Taken> {
         match self {
             Virtq::Split(r) => r.pop(mem, out),
-            Virtq::Packed(r) => r.pop(mem, out),
+            Virtq::Packed(r) => r.pop(mem.map(), out),
         }
     }
 
@@ -222,49 +234,49 @@ impl Virtq {
     /// ID) used with `len` bytes written, visible at once; false: the ring
     /// is not writable. The notification decision is the caller's
     /// ([`Self::needs_notification`]).
-    pub fn add_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+    pub fn add_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> bool {
         self.push_used(mem, head, len)
     }
 
     /// Writes `head`'s used entry, visible to the driver at once (a split
     /// ring's entry then its index, a packed ring's descriptor with its
     /// flags last). False: the ring is not writable.
-    pub fn push_used(&mut self, mem: &GuestMemoryMmap, head: u16, len: u32) -> bool {
+    pub fn push_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> bool {
         match self {
             Virtq::Split(r) => r.push_used(mem, head, len) && r.store_idx(mem),
-            Virtq::Packed(r) => r.add_used(mem, head, len).is_ok(),
+            Virtq::Packed(r) => r.add_used(mem.map(), head, len).is_ok(),
         }
     }
 
     /// After entries were pushed: whether the driver wants a notification
     /// for them (one decision for the batch).
-    pub fn publish(&mut self, mem: &GuestMemoryMmap) -> bool {
+    pub fn publish(&mut self, mem: &GuestMem) -> bool {
         self.needs_notification(mem)
     }
 
     /// After [`Self::add_used`]: whether the driver asked to be notified
     /// for what was returned since the last decision (when unsure, yes).
-    pub fn needs_notification(&mut self, mem: &GuestMemoryMmap) -> bool {
+    pub fn needs_notification(&mut self, mem: &GuestMem) -> bool {
         match self {
             Virtq::Split(r) => r.needs_notification(mem),
-            Virtq::Packed(r) => r.needs_notification(mem),
+            Virtq::Packed(r) => r.needs_notification(mem.map()),
         }
     }
 
     /// Asks for kicks; true if a chain is already available.
-    pub fn enable_notification(&mut self, mem: &GuestMemoryMmap) -> bool {
+    pub fn enable_notification(&mut self, mem: &GuestMem) -> bool {
         match self {
-            Virtq::Split(r) => r.q.enable_notification(mem).unwrap_or(false),
-            Virtq::Packed(r) => r.enable_notification(mem),
+            Virtq::Split(r) => r.q.enable_notification(mem.map()).unwrap_or(false),
+            Virtq::Packed(r) => r.enable_notification(mem.map()),
         }
     }
 
-    pub fn disable_notification(&mut self, mem: &GuestMemoryMmap) {
+    pub fn disable_notification(&mut self, mem: &GuestMem) {
         match self {
             Virtq::Split(r) => {
-                let _ = r.q.disable_notification(mem);
+                let _ = r.q.disable_notification(mem.map());
             }
-            Virtq::Packed(r) => r.disable_notification(mem),
+            Virtq::Packed(r) => r.disable_notification(mem.map()),
         }
     }
 

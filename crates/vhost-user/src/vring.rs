@@ -37,13 +37,12 @@ use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel};
 use ustor_runtime::{ticks, IoBuf};
-use vm_memory::{
-    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
-};
+use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
 use crate::device::{BlkDevice, QueueStats};
+use crate::guest::GuestMem;
 use crate::inflight::packed::{PackedChain, PackedTrack};
 use crate::inflight::QueueInflight;
 use crate::packed;
@@ -102,7 +101,7 @@ struct Vring {
     /// The memory map requests use, and a generation bumped when the
     /// frontend changes it (workers keep the map they last used until
     /// they see a new generation: no reference count touched per I/O).
-    mem: RefCell<Arc<GuestMemoryMmap>>,
+    mem: RefCell<Arc<GuestMem>>,
     mem_gen: Cell<u64>,
     coal: RefCell<Coalescer>,
     /// The queue task sleeps on the kick eventfd (or drains): completions
@@ -259,7 +258,7 @@ fn recover(
     s: &VringStart,
     inflight: Option<QueueInflight>,
     q: &mut Virtq,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     used: u16,
 ) -> (Option<Track>, u64, Resubmit) {
     let Some(t) = inflight else {
@@ -281,7 +280,7 @@ fn recover(
             let p = PackedTrack::new(t);
             let (_, u) = r.indices();
             let used = (u & 0x7fff, u & 0x8000 != 0);
-            let rec = match p.recover(mem, GuestAddress(s.desc), used) {
+            let rec = match p.recover(mem.map(), GuestAddress(s.desc), used) {
                 Ok(rec) => rec,
                 Err(e) => {
                     tracing::warn!("vhost: queue {}: {e}; running untracked", s.index);
@@ -317,10 +316,10 @@ fn recover(
 /// idle workers are woken so they drop the old one.
 fn refresh_mem(v: &Vring, atomic: &GuestMemoryAtomic<GuestMemoryMmap>) {
     let g = atomic.memory();
-    if std::ptr::eq(&*g, Arc::as_ptr(&v.mem.borrow())) {
+    if v.mem.borrow().is(&g) {
         return;
     }
-    *v.mem.borrow_mut() = g.into_inner();
+    *v.mem.borrow_mut() = Arc::new(GuestMem::new(g.into_inner()));
     v.mem_gen.set(v.mem_gen.get() + 1);
     v.workers.wake_all();
 }
@@ -366,11 +365,11 @@ fn take_available(v: &Rc<Vring>) -> usize {
 
 /// Copies the ring descriptors of the packed chain just taken into the
 /// region.
-fn track_packed_take(v: &Vring, p: &PackedTrack, mem: &GuestMemoryMmap) {
+fn track_packed_take(v: &Vring, p: &PackedTrack, mem: &GuestMem) {
     let q = v.queue.borrow();
     if let Virtq::Packed(r) = &*q {
         let (first, n) = r.last_taken();
-        p.taken(n, |k| r.raw_desc(mem, first.wrapping_add(k)));
+        p.taken(n, |k| r.raw_desc(mem.map(), first.wrapping_add(k)));
     }
 }
 
@@ -385,14 +384,14 @@ fn resubmit(v: &Rc<Vring>) {
             QueueStats::add(&v.stats().resubmitted, heads.len() as u64);
             for head in heads {
                 let table = GuestAddress(v.desc_table);
-                let k = blk::read_chain(&**mem, table, size, head, &mut descs);
+                let k = blk::read_chain(&mem, table, size, head, &mut descs);
                 start_request(v, &mem, head, &descs[..k]);
             }
         }
         Resubmit::Packed(chains) => {
             QueueStats::add(&v.stats().resubmitted, chains.len() as u64);
             for c in chains {
-                let k = packed::chain_descs(&**mem, &c.descs, &mut descs);
+                let k = packed::chain_descs(mem.map(), &c.descs, &mut descs);
                 start_request(v, &mem, c.id, &descs[..k]);
             }
         }
@@ -400,7 +399,7 @@ fn resubmit(v: &Rc<Vring>) {
 }
 
 /// Validates one chain and hands it to a worker, or answers it at once.
-fn start_request(v: &Rc<Vring>, mem: &GuestMemoryMmap, head: u16, descs: &[blk::Desc]) {
+fn start_request(v: &Rc<Vring>, mem: &GuestMem, head: u16, descs: &[blk::Desc]) {
     {
         let segs = v.seg_pool.borrow_mut().pop().unwrap_or_default();
         QueueStats::bump(&v.stats().requests);
@@ -417,7 +416,7 @@ fn start_request(v: &Rc<Vring>, mem: &GuestMemoryMmap, head: u16, descs: &[blk::
                 QueueStats::bump(&v.stats().errors);
                 tracing::debug!("vhost-blk: queue request {head}: {e}");
                 if let Some(at) = e.status_addr() {
-                    let _ = mem.write_obj(status::IOERR, at);
+                    write_status(mem, at, status::IOERR);
                     complete(v, mem, head, 1);
                 } else {
                     complete(v, mem, head, 0);
@@ -435,7 +434,7 @@ struct Scratch {
 
 /// One worker: takes jobs until the queue stops.
 async fn worker(v: Rc<Vring>, id: usize) {
-    let mut mem: Option<(u64, Arc<GuestMemoryMmap>)> = None;
+    let mut mem: Option<(u64, Arc<GuestMem>)> = None;
     let mut scratch = Scratch {
         bufs: Vec::with_capacity(blk::SEG_MAX),
         ranges: Vec::with_capacity(blk::MAX_RANGES as usize),
@@ -469,9 +468,9 @@ async fn worker(v: Rc<Vring>, id: usize) {
 }
 
 /// Runs one request and returns it used.
-async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut Scratch) {
+async fn execute(v: &Vring, mem: &GuestMem, mut job: Job, scratch: &mut Scratch) {
     let (st, written) = run_request(v, mem, &job.req, scratch).await;
-    let len = if mem.write_obj(st, job.req.status).is_ok() {
+    let len = if write_status(mem, job.req.status, st) {
         written + 1
     } else {
         0
@@ -486,9 +485,14 @@ async fn execute(v: &Vring, mem: &GuestMemoryMmap, mut job: Job, scratch: &mut S
     complete(v, mem, job.head, len);
 }
 
+/// Writes a request's status byte; false if it is not guest memory.
+fn write_status(mem: &GuestMem, at: GuestAddress, st: u8) -> bool {
+    mem.slice(at, 1).is_some_and(|s| s.write_obj(st, 0).is_ok())
+}
+
 /// Adds `head` to the used ring; the notification decision comes with the
 /// queue task's next pass, or now when the task is not polling.
-fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
+fn complete(v: &Vring, mem: &GuestMem, head: u16, len: u32) {
     QueueStats::bump(&v.stats().completed);
     let mut q = v.queue.borrow_mut();
     match (&v.track, &*q) {
@@ -523,7 +527,7 @@ fn complete(v: &Vring, mem: &GuestMemoryMmap, head: u16, len: u32) {
 /// One notification decision for the entries pushed since the last:
 /// signals the driver if it asked (now, or later when coalescing holds
 /// the signal back).
-fn publish(v: &Vring, mem: &GuestMemoryMmap) {
+fn publish(v: &Vring, mem: &GuestMem) {
     if v.unpublished.replace(0) == 0 {
         return;
     }
@@ -546,12 +550,7 @@ fn signal_call(v: &Vring) {
 }
 
 /// (status, bytes the device wrote into the data segments).
-async fn run_request(
-    v: &Vring,
-    mem: &GuestMemoryMmap,
-    req: &Request,
-    scratch: &mut Scratch,
-) -> (u8, u32) {
+async fn run_request(v: &Vring, mem: &GuestMem, req: &Request, scratch: &mut Scratch) -> (u8, u32) {
     let dev = &v.dev;
     if dev.removed() && req.kind != Kind::GetId {
         return (status::IOERR, 0);
@@ -575,7 +574,7 @@ async fn run_request(
             (bdev_status(r), if write { 0 } else { req.data_len })
         }
         Kind::Flush => (bdev_status(v.ch.flush(0, dev.num_blocks()).await), 0),
-        Kind::GetId => match blk::write_id(req, mem, &dev.serial) {
+        Kind::GetId => match blk::write_id(req, mem.map(), &dev.serial) {
             Ok(n) => (status::OK, n),
             Err(_) => (status::IOERR, 0),
         },
@@ -584,7 +583,7 @@ async fn run_request(
     }
 }
 
-async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request, list: &mut Vec<blk::Range>) -> u8 {
+async fn ranges(v: &Vring, mem: &GuestMem, req: &Request, list: &mut Vec<blk::Range>) -> u8 {
     let dev = &v.dev;
     let discard = req.kind == Kind::Discard;
     if dev.read_only
@@ -597,7 +596,7 @@ async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request, list: &mut Vec<
             status::UNSUPP
         };
     }
-    if blk::read_ranges(req, mem, list).is_err() {
+    if blk::read_ranges(req, mem.map(), list).is_err() {
         return status::IOERR;
     }
     for r in list.iter() {
@@ -621,7 +620,7 @@ async fn ranges(v: &Vring, mem: &GuestMemoryMmap, req: &Request, list: &mut Vec<
 /// the worker's reused list (handed to the bdev and back).
 async fn rw(
     ch: &IoChannel,
-    mem: &GuestMemoryMmap,
+    mem: &GuestMem,
     write: bool,
     off: u64,
     blocks: u64,
@@ -662,8 +661,8 @@ async fn rw(
 /// A buffer over guest memory (checked to lie in one mapped region). The
 /// caller (a worker) holds an `Arc` of the memory map until the I/O is
 /// done, so the mapping outlives the buffer.
-fn guest_buf(mem: &GuestMemoryMmap, s: Seg) -> Option<IoBuf> {
-    let slice = mem.get_slice(s.addr, s.len as usize).ok()?;
+fn guest_buf(mem: &GuestMem, s: Seg) -> Option<IoBuf> {
+    let slice = mem.slice(s.addr, s.len as usize)?;
     let ptr = NonNull::new(slice.ptr_guard_mut().as_ptr())?;
     // SAFETY: get_slice checked that [addr, addr+len) lies inside one
     // mapped region; the mapping stays alive while the worker's

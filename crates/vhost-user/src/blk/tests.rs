@@ -6,8 +6,8 @@ use vm_memory::{GuestAddress as GA, GuestMemoryMmap};
 
 const MEM: u64 = 1 << 20;
 
-fn mem() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GA(0), MEM as usize)]).unwrap()
+fn mem() -> GuestMem {
+    GuestMem::from_map(GuestMemoryMmap::from_ranges(&[(GA(0), MEM as usize)]).unwrap())
 }
 
 fn header(mem: &GuestMemoryMmap, at: u64, typ: u32, sector: u64) {
@@ -155,7 +155,7 @@ fn ranges_and_id() {
     )
     .unwrap();
     let mut out = Vec::new();
-    read_ranges(&r, &m, &mut out).unwrap();
+    read_ranges(&r, m.map(), &mut out).unwrap();
     assert_eq!(
         out,
         vec![
@@ -172,7 +172,10 @@ fn ranges_and_id() {
         ]
     );
     m.write_slice(&2u32.to_le_bytes(), GA(4096 + 28)).unwrap();
-    assert!(read_ranges(&r, &m, &mut out).is_err(), "reserved flag bits");
+    assert!(
+        read_ranges(&r, m.map(), &mut out).is_err(),
+        "reserved flag bits"
+    );
     header(&m, 0, req_type::GET_ID, 0);
     let r = parse_chain(
         &[d(0, 16, false), d(4096, 20, true), d(8192, 1, true)],
@@ -180,7 +183,7 @@ fn ranges_and_id() {
         Vec::new(),
     )
     .unwrap();
-    assert_eq!(write_id(&r, &m, "Malloc0").unwrap(), 20);
+    assert_eq!(write_id(&r, m.map(), "Malloc0").unwrap(), 20);
     let mut id = [0u8; 20];
     m.read_slice(&mut id, GA(4096)).unwrap();
     assert_eq!(&id[..8], b"Malloc0\0");

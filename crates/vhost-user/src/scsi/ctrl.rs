@@ -71,19 +71,19 @@ fn take_control(ring: &Rc<Ring>) -> usize {
 async fn control(ring: &Ring, chain: &Chain) -> u32 {
     let req = {
         let mem = ring.mem.borrow();
-        wire::ctrl_req(chain, &**mem)
+        wire::ctrl_req(chain, mem.map())
     };
     match req {
         CtrlReq::Tmf { subtype, lun, tag } => {
             let response = tmf(&ring.dev, subtype, &lun, tag).await;
             let mem = ring.mem.borrow();
-            chain.write(&**mem, 0, &[response]);
+            chain.write(mem.map(), 0, &[response]);
             wire::TMF_RESP_LEN as u32
         }
         CtrlReq::An { .. } => {
             // No asynchronous events are offered: event_actual 0.
             let mem = ring.mem.borrow();
-            chain.write(&**mem, 0, &[0, 0, 0, 0, resp::OK]);
+            chain.write(mem.map(), 0, &[0, 0, 0, 0, resp::OK]);
             wire::AN_RESP_LEN as u32
         }
         CtrlReq::Bad => 0,
@@ -218,7 +218,7 @@ fn deliver(ring: &Ring, chain: &mut Chain) -> usize {
             dev.unpop_event(ev, missed);
             continue;
         }
-        chain.write(&**mem, 0, &ev.encode(missed));
+        chain.write(mem.map(), 0, &ev.encode(missed));
         ring.complete(&mem, chain.head, EVENT_LEN as u32);
         n += 1;
     }

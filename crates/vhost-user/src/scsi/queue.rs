@@ -27,6 +27,7 @@ use super::device::{ScsiDevice, TargetSlot};
 use super::ring::Ring;
 use super::tasks::TaskTable;
 use super::wire::{self, resp, Chain, CmdResp, CDB_SIZE, CMD_REQ_LEN, CMD_RESP_LEN, MAX_TARGETS};
+use crate::guest::GuestMem;
 use crate::vring::VringStart;
 use crate::workers::Pool;
 
@@ -189,14 +190,14 @@ fn take_available(q: &Rc<ReqQueue>) -> usize {
 fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     let mem = q.ring.mem.borrow();
     let hdr = well_formed
-        .then(|| wire::cmd_header(&chain, &**mem))
+        .then(|| wire::cmd_header(&chain, mem.map()))
         .flatten();
     let Some(hdr) = hdr else {
         // A short header or a buffer outside guest memory: answered
         // S_FAILURE when the response area is whole, else returned empty.
         tracing::debug!("vhost-scsi: malformed command chain {}", chain.head);
         let len = if chain.wr_len >= CMD_RESP_LEN {
-            chain.write(&**mem, 0, &CmdResp::transport(resp::FAILURE).encode());
+            chain.write(mem.map(), 0, &CmdResp::transport(resp::FAILURE).encode());
             CMD_RESP_LEN as u32
         } else {
             0
@@ -210,7 +211,7 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     });
     let (Some(a), Some(table)) = (addr, table) else {
         let b = CmdResp::transport(resp::BAD_TARGET).encode();
-        chain.write(&**mem, 0, &b);
+        chain.write(mem.map(), 0, &b);
         return finish(q, &mem, chain, CMD_RESP_LEN as u32);
     };
     // In the task set before it is counted: whoever sees the count (a
@@ -230,7 +231,7 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
 }
 
 /// Returns a chain used and keeps it for reuse.
-fn finish(q: &ReqQueue, mem: &GuestMemoryMmap, chain: Chain, len: u32) {
+fn finish(q: &ReqQueue, mem: &GuestMem, chain: Chain, len: u32) {
     q.ring.complete(mem, chain.head, len);
     // After the used ring: a TMF waiting for this command answers only
     // once the driver can see the command's own answer.
@@ -241,7 +242,7 @@ fn finish(q: &ReqQueue, mem: &GuestMemoryMmap, chain: Chain, len: u32) {
 
 /// One worker: takes commands until the queue stops.
 async fn worker(q: Rc<ReqQueue>, id: usize) {
-    let mut mem: Option<(u64, Arc<GuestMemoryMmap>)> = None;
+    let mut mem: Option<(u64, Arc<GuestMem>)> = None;
     loop {
         let job = poll_fn(|cx| {
             if let Some(job) = q.jobs.borrow_mut().pop_front() {

@@ -23,6 +23,7 @@ use super::device::ScsiDevice;
 use super::wire::{Chain, ChainError, CHAIN_MAX};
 use crate::blk::{self, Desc};
 use crate::coalesce::Coalescer;
+use crate::guest::GuestMem;
 use crate::inflight::QueueInflight;
 use crate::virtq::Virtq;
 use crate::vring::{self, VringStart};
@@ -40,7 +41,7 @@ pub(crate) struct Ring {
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
     /// The map requests use and a generation bumped when it changes (a
     /// worker keeps its own `Arc` until the generation moves).
-    pub mem: RefCell<Arc<GuestMemoryMmap>>,
+    pub mem: RefCell<Arc<GuestMem>>,
     pub mem_gen: Cell<u64>,
     stop: Arc<AtomicBool>,
     done: mpsc::Sender<(u16, u16)>,
@@ -135,10 +136,10 @@ impl Ring {
     /// Picks up a memory map the frontend changed; true if it did.
     pub fn refresh_mem(&self) -> bool {
         let g = self.atomic.memory();
-        if std::ptr::eq(&*g, Arc::as_ptr(&self.mem.borrow())) {
+        if self.mem.borrow().is(&g) {
             return false;
         }
-        *self.mem.borrow_mut() = g.into_inner();
+        *self.mem.borrow_mut() = Arc::new(GuestMem::new(g.into_inner()));
         self.mem_gen.set(self.mem_gen.get() + 1);
         true
     }
@@ -158,9 +159,9 @@ impl Ring {
             // have been reused); rare, so the list is allocated here.
             let mut descs = vec![Desc::default(); CHAIN_MAX + 1];
             let table = vm_memory::GuestAddress(self.desc_table);
-            let k = blk::read_chain(&**mem, table, self.size, head, &mut descs);
+            let k = blk::read_chain(&mem, table, self.size, head, &mut descs);
             let d = descs[..k].iter().map(|d| (d.addr, d.len, d.write));
-            return Some(chain.fill(head, d, &**mem));
+            return Some(chain.fill(head, d, mem.map()));
         }
         let mut descs = self.descs.borrow_mut();
         let t = self.queue.borrow_mut().pop(&mem, &mut descs)?;
@@ -169,12 +170,12 @@ impl Ring {
             self.counter.set(self.counter.get() + 1);
         }
         let d = descs[..t.descs].iter().map(|d| (d.addr, d.len, d.write));
-        Some(chain.fill(t.head, d, &**mem))
+        Some(chain.fill(t.head, d, mem.map()))
     }
 
     /// Returns `head` used with `len` bytes written, and signals the
     /// driver if it asked.
-    pub fn complete(&self, mem: &GuestMemoryMmap, head: u16, len: u32) {
+    pub fn complete(&self, mem: &GuestMem, head: u16, len: u32) {
         let mut q = self.queue.borrow_mut();
         if let Some(t) = &self.track {
             t.batch_add(head);
