@@ -18,6 +18,8 @@
 //!   its guess) and which chains to serve again, after the ring has
 //!   wrapped; each held write is answered once, and the data is in the
 //!   file.
+//! - vhost-user-scsi on packed rings, SIGKILL: the same for a scsi
+//!   controller's request ring (the region's packed layout).
 
 mod common;
 #[path = "../../vhost-user/tests/common/frontend.rs"]
@@ -105,10 +107,16 @@ fn vhost_scsi_sigkill_resubmits_from_the_inflight_region() {
     });
     // The listing's session is this frontend, from the device's state.
     let session = |s: &Server| s.ok("vhost_get_controllers", json!({"name": "vs"}));
+    // Each ring's task reports itself running when it starts on its
+    // reactor, which may be after the writes are in flight.
     testkit::wait_until(
-        "the session counts the writes",
+        "the session counts the writes and three rings",
         Duration::from_secs(10),
-        || session(&s)[0]["sessions"][0]["inflight_task_cnt"] == N as u64,
+        || {
+            let c = session(&s);
+            let ses = &c[0]["sessions"][0];
+            ses["inflight_task_cnt"] == N as u64 && ses["max_queues"] == 3
+        },
     );
     let c = session(&s);
     let ses = &c[0]["sessions"][0];
@@ -295,6 +303,92 @@ fn vhost_blk_packed_sigkill_resubmits_from_the_inflight_region() {
     assert_eq!(q["ring"], "packed", "{c}");
     assert_eq!(q["resubmitted"], N as u64, "{c}");
     assert_eq!(q["errors"], 0, "{c}");
+    for k in 0..DONE + 2 * N {
+        let seed = match k {
+            k if k < DONE => 100 + k,
+            k if k < DONE + N => 200 + k - DONE,
+            k => 300 + k - DONE - N,
+        } as u64;
+        let got = file_bytes(&img, 8 * 512 * k as u64, 4096);
+        assert_eq!(got, pattern(seed, 4096), "block {k} in the file");
+    }
+    drop(f);
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn vhost_scsi_packed_sigkill_resubmits_from_the_inflight_region() {
+    use scsi::*;
+    let dir = tmpdir("vhost-restart-scsi-packed");
+    let sockets = dir.join("vhost");
+    std::fs::create_dir_all(&sockets).unwrap();
+    let vhost = json!({"subsystem": "vhost_scsi", "config": [
+        {"method": "vhost_create_scsi_controller", "params": {"ctrlr": "vs", "packed_ring": true}},
+        {"method": "vhost_scsi_controller_add_target",
+         "params": {"ctrlr": "vs", "scsi_target_num": 0, "bdev_name": "Held"}},
+    ]});
+    let (img, config) = disk(&dir, vhost);
+    let args = ["-S", sockets.to_str().unwrap(), "--cores", "0,1"];
+    let s = Server::start(&dir, &config, &args);
+    let sock = sockets.join("vs");
+    let mut f = Fe::connect_packed_tracked(&sock, 3);
+    assert!(f.inflight.is_some(), "no inflight region offered");
+    ready(&mut f, REQ0, 0);
+    let write = |f: &mut Fe, slot: usize, k: usize, seed: u64| {
+        let buf = DATA_BASE + k as u64 * 4096;
+        f.mem.write(buf, &pattern(seed, 4096));
+        let c = rw10(true, 8 * k as u32, 8);
+        cmd(f, REQ0, slot, 0, k as u64, &c, &[(buf, 4096)], &[]);
+    };
+
+    // 50 writes of three slots answered one by one: the 128-slot ring
+    // wraps, so the sides are not where a fresh ring's are.
+    const DONE: usize = 50;
+    for k in 0..DONE {
+        write(&mut f, k % 16, k, 100 + k as u64);
+        assert_eq!(f.wait_n(REQ0, 1).len(), 1);
+        assert!(resp(&f, REQ0, k % 16).good(), "write {k}");
+    }
+    // Eight more held at the bdev for ten minutes.
+    const N: usize = 8;
+    hold_writes(&s, 600_000_000);
+    for k in 0..N {
+        write(&mut f, 16 + k, DONE + k, 200 + k as u64);
+    }
+    testkit::wait_until("writes marked in flight", Duration::from_secs(10), || {
+        f.inflight_marked(REQ0) == N
+    });
+    s.kill();
+    assert!(f.used(REQ0).is_empty(), "answered before the kill");
+
+    // The new process (no latency in its config) serves them again.
+    let s = Server::start(&dir, &config, &args);
+    f.reconnect(&sock);
+    assert_eq!(f.wait_n(REQ0, N).len(), N, "each held write answered once");
+    for k in 0..N {
+        let r = resp(&f, REQ0, 16 + k);
+        assert!(r.good(), "write {k} after the restart: {r:?}");
+    }
+    assert_eq!(f.inflight_marked(REQ0), 0);
+    // The ring goes on where it was: eight more writes.
+    for k in 0..N {
+        write(&mut f, 32 + k, DONE + N + k, 300 + k as u64);
+    }
+    assert_eq!(f.wait_n(REQ0, N).len(), N);
+    assert!(
+        (0..N).all(|k| resp(&f, REQ0, 32 + k).good()),
+        "a write failed"
+    );
+    assert!(f.used(REQ0).is_empty(), "something answered twice");
+    // Each ring's task reports itself when it starts on its reactor
+    // (the event ring's may come after the request ring's work).
+    let session = || s.ok("vhost_get_controllers", json!({"name": "vs"}))[0]["sessions"][0].clone();
+    testkit::wait_until("three packed rings run", Duration::from_secs(10), || {
+        session()["packed_rings"] == 3
+    });
+    assert_eq!(session()["resubmitted"], N as u64, "{}", session());
     for k in 0..DONE + 2 * N {
         let seed = match k {
             k if k < DONE => 100 + k,

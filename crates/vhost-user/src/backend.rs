@@ -53,9 +53,6 @@ pub trait VhostDevice: Send + Sync + Sized + 'static {
     /// Serves one ring on the calling reactor until it is stopped, then
     /// reports its indices through `start.done`.
     fn run_queue(start: VringStart<Self>) -> impl Future<Output = ()> + 'static;
-    /// Packed rings are tracked in the inflight region (its packed
-    /// layout); otherwise they run untracked.
-    const TRACKS_PACKED: bool = false;
 }
 
 impl VhostDevice for BlkDevice {
@@ -98,7 +95,6 @@ impl VhostDevice for BlkDevice {
     fn run_queue(start: VringStart<Self>) -> impl Future<Output = ()> + 'static {
         vring::run(start)
     }
-    const TRACKS_PACKED: bool = true;
 }
 
 /// Longest queue the frontend may ask for.
@@ -213,10 +209,9 @@ impl<D: VhostDevice> Backend<D> {
                 .as_ref()
                 // A ring beyond the region (or of another size) runs
                 // untracked rather than trusting the frontend; a packed
-                // ring needs a region with room for the packed layout
-                // and a device that tracks it (blk; see docs/vhost.md).
+                // ring needs a region with room for the packed layout.
                 .filter(|r| r.queue_size() == v.size && (i as u16) < r.num_queues())
-                .filter(|r| !self.packed() || (D::TRACKS_PACKED && r.fits_packed()))
+                .filter(|r| !self.packed() || r.fits_packed())
                 .map(|r| r.queue(i as u16)),
         };
         let reactor = self.reactors[i % self.reactors.len()];
@@ -454,7 +449,7 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         }
         // The frontend may ask before it sets features (QEMU does): a
         // device that offers packed rings gets room for their layout.
-        let packed = D::TRACKS_PACKED && self.dev.features() & feature::RING_PACKED != 0;
+        let packed = self.dev.features() & feature::RING_PACKED != 0;
         let (region, file) = InflightRegion::create(nq, qs, packed).map_err(|e| {
             tracing::warn!("vhost: {e}");
             internal("inflight region")

@@ -19,9 +19,11 @@
 //! Packed rings have the spec's packed layout ([`packed`]); a device that
 //! offers packed rings gets a region laid out at the packed stride (each
 //! queue's part large enough for either layout), and a region handed back
-//! tells its stride by its size.
+//! tells its stride by its size. [`ring`] is a ring's side of it (blk
+//! and scsi rings of either layout).
 
 pub mod packed;
+pub mod ring;
 
 use std::fs::File;
 use std::os::fd::FromRawFd;

@@ -43,7 +43,7 @@ use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
 use crate::device::{BlkDevice, QueueStats};
 use crate::guest::GuestMem;
-use crate::inflight::packed::{PackedChain, PackedTrack};
+use crate::inflight::ring::{self, Resubmit, Track};
 use crate::inflight::QueueInflight;
 use crate::packed;
 use crate::virtq::Virtq;
@@ -116,18 +116,6 @@ struct Vring {
     /// Requests to resubmit first (taken by a backend that was killed).
     resubmit: RefCell<Resubmit>,
     desc_table: u64,
-}
-
-/// The inflight region's layout for this ring.
-enum Track {
-    Split(QueueInflight),
-    Packed(PackedTrack),
-}
-
-/// What a killed backend had taken: split heads, or packed chains.
-enum Resubmit {
-    Split(Vec<u16>),
-    Packed(Vec<PackedChain>),
 }
 
 impl Vring {
@@ -222,7 +210,7 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
     }
     let (mut q, mem, used) = Virtq::open(&s)?;
     let inflight = s.inflight.take();
-    let (track, counter, again) = recover(&s, inflight, &mut q, &mem, used);
+    let rec = ring::recover(s.index, s.desc, inflight, &mut q, mem.map(), used);
     set_nonblocking(&s.kick);
     let depth = s.size as usize;
     Ok(Vring {
@@ -242,74 +230,11 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         parked: Cell::new(false),
         unpublished: Cell::new(0),
         broken: Cell::new(false),
-        track,
-        counter: Cell::new(counter),
-        resubmit: RefCell::new(again),
+        track: rec.track,
+        counter: Cell::new(rec.counter),
+        resubmit: RefCell::new(rec.again),
         desc_table: s.desc,
     })
-}
-
-/// Reconciles the ring with the inflight region, if the frontend set one:
-/// after a kill the frontend's base is its guess (a split ring's used
-/// index; a packed ring's whatever it last knew), the region knows what
-/// was taken. Returns the tracking, the next order counter and what to
-/// serve again.
-fn recover(
-    s: &VringStart,
-    inflight: Option<QueueInflight>,
-    q: &mut Virtq,
-    mem: &GuestMem,
-    used: u16,
-) -> (Option<Track>, u64, Resubmit) {
-    let Some(t) = inflight else {
-        return (None, 1, Resubmit::Split(Vec::new()));
-    };
-    let (n, track, counter, again) = match q {
-        Virtq::Split(_) => {
-            let rec = t.recover(used);
-            q.set_next_avail(rec.next_avail);
-            let n = rec.resubmit.len();
-            (
-                n,
-                Track::Split(t),
-                rec.counter,
-                Resubmit::Split(rec.resubmit),
-            )
-        }
-        Virtq::Packed(r) => {
-            let p = PackedTrack::new(t);
-            let (_, u) = r.indices();
-            let used = (u & 0x7fff, u & 0x8000 != 0);
-            let rec = match p.recover(mem.map(), GuestAddress(s.desc), used) {
-                Ok(rec) => rec,
-                Err(e) => {
-                    tracing::warn!("vhost: queue {}: {e}; running untracked", s.index);
-                    return (None, 1, Resubmit::Split(Vec::new()));
-                }
-            };
-            let ids: Vec<(u16, u16)> = rec
-                .resubmit
-                .iter()
-                .map(|c| (c.id, c.descs.len() as u16))
-                .collect();
-            if !r.restore(rec.avail, rec.used, &ids) {
-                tracing::warn!(
-                    "vhost: queue {}: inflight region refused; untracked",
-                    s.index
-                );
-                return (None, 1, Resubmit::Split(Vec::new()));
-            }
-            let n = rec.resubmit.len();
-            (n, Track::Packed(p), 1, Resubmit::Packed(rec.resubmit))
-        }
-    };
-    if n > 0 {
-        tracing::info!(
-            "vhost: queue {}: resubmitting {n} requests in flight at the last stop",
-            s.index
-        );
-    }
-    (Some(track), counter, again)
 }
 
 /// Picks up a memory map the frontend changed (ADD_MEM_REG, REM_MEM_REG);
@@ -349,28 +274,13 @@ fn take_available(v: &Rc<Vring>) -> usize {
             break;
         };
         n += 1;
-        match &v.track {
-            Some(Track::Split(tr)) => {
-                tr.taken(t.head, v.counter.get());
-                v.counter.set(v.counter.get() + 1);
-            }
-            Some(Track::Packed(p)) => track_packed_take(v, p, &mem),
-            None => {}
+        if let Some(tr) = &v.track {
+            tr.taken(&v.queue.borrow(), mem.map(), t.head, &v.counter);
         }
         start_request(v, &mem, t.head, &descs[..t.descs]);
     }
     v.coal.borrow_mut().taken(n as u64);
     n
-}
-
-/// Copies the ring descriptors of the packed chain just taken into the
-/// region.
-fn track_packed_take(v: &Vring, p: &PackedTrack, mem: &GuestMem) {
-    let q = v.queue.borrow();
-    if let Virtq::Packed(r) = &*q {
-        let (first, n) = r.last_taken();
-        p.taken(n, |k| r.raw_desc(mem.map(), first.wrapping_add(k)));
-    }
 }
 
 /// Requests a killed backend had taken: run again before any new one.
@@ -495,27 +405,16 @@ fn write_status(mem: &GuestMem, at: GuestAddress, st: u8) -> bool {
 fn complete(v: &Vring, mem: &GuestMem, head: u16, len: u32) {
     QueueStats::bump(&v.stats().completed);
     let mut q = v.queue.borrow_mut();
-    match (&v.track, &*q) {
-        // A batch of one: the used index moves with each entry.
-        (Some(Track::Split(t)), _) => t.batch_add(head),
-        (Some(Track::Packed(t)), Virtq::Packed(r)) => {
-            // The used side moves in the region before the descriptor
-            // is written (a kill in between is rolled back).
-            if let Some(after) = r.used_after(head) {
-                t.used(head, after);
-            }
-        }
-        _ => {}
+    if let Some(t) = &v.track {
+        t.before_used(&q, head);
     }
     if !q.push_used(mem, head, len) {
         // The used ring is not writable: the driver broke the device.
         v.broken.set(true);
         return;
     }
-    match &v.track {
-        Some(Track::Split(t)) => t.batch_done(q.indices().1),
-        Some(Track::Packed(t)) => t.used_done(head),
-        None => {}
+    if let Some(t) = &v.track {
+        t.after_used(&q, head);
     }
     drop(q);
     v.unpublished.set(v.unpublished.get() + 1);

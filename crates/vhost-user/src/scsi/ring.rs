@@ -24,7 +24,8 @@ use super::wire::{Chain, ChainError, CHAIN_MAX};
 use crate::blk::{self, Desc};
 use crate::coalesce::Coalescer;
 use crate::guest::GuestMem;
-use crate::inflight::QueueInflight;
+use crate::inflight::ring::{self, Resubmit, Track};
+use crate::packed;
 use crate::virtq::Virtq;
 use crate::vring::{self, VringStart};
 
@@ -50,10 +51,11 @@ pub(crate) struct Ring {
     /// The used ring could not be written: the driver broke the device.
     broken: Cell<bool>,
     /// Inflight tracking (restart without loss) and the order of takes.
-    track: Option<QueueInflight>,
+    track: Option<Track>,
     counter: Cell<u64>,
-    /// Heads a killed backend had taken: served again before new ones.
-    resubmit: RefCell<Vec<u16>>,
+    /// What a killed backend had taken: served again before new ones
+    /// (from the end of the list).
+    resubmit: RefCell<Resubmit>,
     desc_table: u64,
     size: u16,
     /// Call-eventfd coalescing (request queues only).
@@ -68,28 +70,18 @@ pub(crate) struct Ring {
 impl Ring {
     /// Sets up the ring `s` describes; on failure the task waits to be
     /// stopped (so the control side gets its answer) and returns `None`.
-    pub async fn open(s: VringStart<ScsiDevice>) -> Option<Rc<Ring>> {
+    pub async fn open(mut s: VringStart<ScsiDevice>) -> Option<Rc<Ring>> {
         match Virtq::open(&s) {
             Ok((mut q, mem, used)) => {
-                let (mut counter, mut again) = (1, Vec::new());
-                if let Some(t) = &s.inflight {
-                    // After a kill the frontend's base is its guess: the
-                    // region knows what was taken (oldest first).
-                    let rec = t.recover(used);
-                    q.set_next_avail(rec.next_avail);
-                    counter = rec.counter;
-                    again = rec.resubmit;
-                    again.reverse();
+                let inflight = s.inflight.take();
+                let mut rec = ring::recover(s.index, s.desc, inflight, &mut q, mem.map(), used);
+                // Served from the end of the list: oldest last.
+                match &mut rec.again {
+                    Resubmit::Split(v) => v.reverse(),
+                    Resubmit::Packed(v) => v.reverse(),
                 }
                 vring::set_nonblocking(&s.kick);
-                if !again.is_empty() {
-                    tracing::info!(
-                        "vhost-scsi: ring {}: resubmitting {} requests in flight at the last stop",
-                        s.index,
-                        again.len()
-                    );
-                    s.dev.add_resubmitted(again.len() as u64);
-                }
+                s.dev.add_resubmitted(rec.again.len() as u64);
                 s.dev.set_ring_state(s.index as usize, q.is_packed());
                 Some(Rc::new(Ring {
                     index: s.index as usize,
@@ -105,9 +97,9 @@ impl Ring {
                     done: s.done,
                     inflight: Cell::new(0),
                     broken: Cell::new(false),
-                    track: s.inflight,
-                    counter: Cell::new(counter),
-                    resubmit: RefCell::new(again),
+                    track: rec.track,
+                    counter: Cell::new(rec.counter),
+                    resubmit: RefCell::new(rec.again),
                     desc_table: s.desc,
                     size: s.size,
                     coal: (s.index >= 2)
@@ -153,24 +145,37 @@ impl Ring {
             return None;
         }
         let mem = self.mem.borrow();
-        let again = self.resubmit.borrow_mut().pop();
-        if let Some(head) = again {
-            // Read from the descriptor table by head (its avail slot may
-            // have been reused); rare, so the list is allocated here.
-            let mut descs = vec![Desc::default(); CHAIN_MAX + 1];
-            let table = vm_memory::GuestAddress(self.desc_table);
-            let k = blk::read_chain(&mem, table, self.size, head, &mut descs);
-            let d = descs[..k].iter().map(|d| (d.addr, d.len, d.write));
-            return Some(chain.fill(head, d, mem.map()));
+        if let Some(r) = self.pop_again(&mem, chain) {
+            return Some(r);
         }
         let mut descs = self.descs.borrow_mut();
         let t = self.queue.borrow_mut().pop(&mem, &mut descs)?;
         if let Some(tr) = &self.track {
-            tr.taken(t.head, self.counter.get());
-            self.counter.set(self.counter.get() + 1);
+            tr.taken(&self.queue.borrow(), mem.map(), t.head, &self.counter);
         }
         let d = descs[..t.descs].iter().map(|d| (d.addr, d.len, d.write));
         Some(chain.fill(t.head, d, mem.map()))
+    }
+
+    /// The next chain a killed backend had taken, if any: read again by
+    /// head from the descriptor table (its avail slot may have been
+    /// reused), or from the descriptors the region copied (packed).
+    /// Rare, so the list is allocated here.
+    fn pop_again(&self, mem: &GuestMem, chain: &mut Chain) -> Option<Result<(), ChainError>> {
+        let mut descs = vec![Desc::default(); CHAIN_MAX + 1];
+        let (head, k) = match &mut *self.resubmit.borrow_mut() {
+            Resubmit::Split(heads) => {
+                let head = heads.pop()?;
+                let table = vm_memory::GuestAddress(self.desc_table);
+                (head, blk::read_chain(mem, table, self.size, head, &mut descs))
+            }
+            Resubmit::Packed(chains) => {
+                let c = chains.pop()?;
+                (c.id, packed::chain_descs(mem.map(), &c.descs, &mut descs))
+            }
+        };
+        let d = descs[..k].iter().map(|d| (d.addr, d.len, d.write));
+        Some(chain.fill(head, d, mem.map()))
     }
 
     /// Returns `head` used with `len` bytes written, and signals the
@@ -178,14 +183,14 @@ impl Ring {
     pub fn complete(&self, mem: &GuestMem, head: u16, len: u32) {
         let mut q = self.queue.borrow_mut();
         if let Some(t) = &self.track {
-            t.batch_add(head);
+            t.before_used(&q, head);
         }
         if !q.add_used(mem, head, len) {
             self.broken.set(true);
             return;
         }
         if let Some(t) = &self.track {
-            t.batch_done(q.indices().1);
+            t.after_used(&q, head);
         }
         if q.needs_notification(mem) {
             drop(q);
