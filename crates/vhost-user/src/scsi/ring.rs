@@ -167,7 +167,10 @@ impl Ring {
             Resubmit::Split(heads) => {
                 let head = heads.pop()?;
                 let table = vm_memory::GuestAddress(self.desc_table);
-                (head, blk::read_chain(mem, table, self.size, head, &mut descs))
+                (
+                    head,
+                    blk::read_chain(mem, table, self.size, head, &mut descs),
+                )
             }
             Resubmit::Packed(chains) => {
                 let c = chains.pop()?;
