@@ -374,8 +374,10 @@ if split:
         print("write round trip split (us, median of rounds; bench/lib/qd1split.py): " + " ".join(phases))
     for k in sorted({(r["rw"], r["qd"], r["target"]) for r in srows}):
         vals = [r for r in srows if (r["rw"], r["qd"], r["target"]) == k]
+        # A round whose trace had no complete request reads nan: left out.
+        meds = [[float(r[p]) for r in vals if float(r[p]) == float(r[p])] for p in phases]
         print(f"{k[0]:<9} {k[1]:>2} {k[2]:<6} | " + " ".join(
-            f"{statistics.median(float(r[p]) for r in vals):6.2f}" for p in phases))
+            f"{statistics.median(m):6.2f}" if m else "   nan" for m in meds))
 # Latency from ustor's initiator (the write rows): mean and p99 in us.
 lat = [k for k in keys if k[0] != "randread"]
 if lat:
