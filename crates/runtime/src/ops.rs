@@ -120,6 +120,9 @@ impl<T: 'static, O> Drop for Op<T, O> {
             let s = &r.ring.slots[slot as usize];
             match s.state.get() {
                 OpState::InFlight => {
+                    // Its SQE may not be submitted yet, and whoever dropped
+                    // it may close the descriptor next (see `Ring::flush`).
+                    r.ring.flush();
                     s.state.set(OpState::Orphaned);
                     *s.waker.borrow_mut() = None;
                     if let Some(res) = res {

@@ -370,6 +370,9 @@ impl Reactor {
     }
 
     fn shutdown_ring(&self) {
+        // SQEs queued in the last pass go in while their tasks still own
+        // the descriptors they name (clearing the tasks closes them).
+        self.ring.flush();
         // Tasks go first: their in-flight ops become orphans the ring drains.
         self.exec.clear();
         // Then per-reactor state of upper layers (bdev channels), while the

@@ -222,6 +222,29 @@ impl Ring {
         }
     }
 
+    /// Hands every queued SQE to the kernel now, without waiting or reaping.
+    ///
+    /// An SQE names its socket or file by descriptor number, and the kernel
+    /// resolves the number only when the SQE is submitted. An op whose
+    /// future is dropped (a timeout, a task torn down) may still sit in the
+    /// SQ while its owner closes the descriptor; if another thread then
+    /// gets the same number (an accept, an open), the later submission
+    /// would run the op on that file: a receive would take another
+    /// connection's bytes. Flushing before the descriptor can close binds
+    /// the op to its own file; it then ends with a cancel or the file.
+    pub(crate) fn flush(&self) {
+        let mut ring = self.ring.borrow_mut();
+        if ring.submission().is_empty() {
+            return;
+        }
+        if let Err(e) = ring.submit() {
+            if e.raw_os_error() != Some(libc::EINTR) && e.raw_os_error() != Some(libc::EBUSY) {
+                tracing::error!("io_uring submit failed: {e}");
+            }
+        }
+        self.submits.set(self.submits.get() + 1);
+    }
+
     /// Submits queued SQEs and runs pending task work when there is any, then
     /// dispatches every completion. Returns the number of completions.
     pub(crate) fn submit_and_reap(&self, _block: bool) -> usize {
