@@ -89,7 +89,6 @@ pub struct Image {
     /// The direct data path's layout, while it is on (see [`crate::direct`]).
     pub(crate) direct: OnceLock<Layout>,
     pub(crate) direct_on: AtomicBool,
-    pool: CString,
     /// The eventfd librbd bumps in [`CompletionMode::Event`].
     events: OnceLock<std::os::fd::OwnedFd>,
 }
@@ -215,7 +214,6 @@ impl Image {
             closed: AtomicBool::new(false),
             health: Health::default(),
             name: format!("{pool}/{name}"),
-            pool: pc.clone(),
             events: OnceLock::new(),
             direct: OnceLock::new(),
             direct_on: AtomicBool::new(false),
@@ -279,13 +277,20 @@ impl Image {
         if !self.health.failing.load(Ordering::Acquire) {
             return "ok";
         }
-        // SAFETY: a connected cluster handle and a C string.
-        let r = unsafe { ffi::rados_pool_lookup(self.cluster.handle(), self.pool.as_ptr()) };
-        if r == -(libc::ENOENT as i64) {
+        if self.pool_gone() {
             "pool deleted"
         } else {
             "failing"
         }
+    }
+
+    /// The pool is gone from the client's OSD map (a local lookup that
+    /// never waits: librados' completion threads call it).
+    pub(crate) fn pool_gone(&self) -> bool {
+        let mut req = 0;
+        // SAFETY: a valid ioctx; writes `req`.
+        let r = unsafe { ffi::rados_ioctx_pool_requires_alignment2(self.ioctx, &mut req) };
+        r == -libc::ENOENT
     }
 
     fn health_json(&self) -> Value {

@@ -410,9 +410,12 @@ unsafe fn piece_done(p: *mut Piece, r: isize) {
     if !(*p).write_op.is_null() {
         ffi::rados_release_write_op((*p).write_op);
     }
+    let enoent = r == -libc::ENOENT as isize;
+    // ENOENT is also what a deleted pool answers (librbd fails the I/O).
     let err = match (*req).kind {
+        _ if enoent && (*(*req).image).pool_gone() => libc::ENOENT,
         // A missing object is a hole: zeros.
-        IoType::Read if r == -libc::ENOENT as isize => {
+        IoType::Read if enoent => {
             segs.iter().for_each(|s| zero(s, 0));
             0
         }
@@ -422,7 +425,7 @@ unsafe fn piece_done(p: *mut Piece, r: isize) {
         }
         IoType::Read if r >= 0 => segs.iter().map(read_seg).find(|&e| e != 0).unwrap_or(0),
         // Nothing to remove or zero in a missing object.
-        IoType::Unmap | IoType::WriteZeroes if r == -libc::ENOENT as isize => 0,
+        IoType::Unmap | IoType::WriteZeroes if enoent => 0,
         _ if r < 0 => -r as i32,
         _ => 0,
     };

@@ -105,6 +105,10 @@ api! {
     rados fn rados_pool_lookup(cluster: rados_t, pool: *const c_char) -> i64;
 
     // The direct data path (crate::direct): objects of an image, without librbd.
+    /// -ENOENT when the pool is not in the client's OSD map. Answers from
+    /// the map the client has (`rados_pool_lookup` may wait for a newer
+    /// one, which deadlocks on librados' completion thread).
+    rados fn rados_ioctx_pool_requires_alignment2(io: rados_ioctx_t, req: *mut c_int) -> c_int;
     rados fn rados_aio_create_completion2(arg: *mut c_void, cb: rados_callback_t, c: *mut rados_completion_t) -> c_int;
     /// Bytes read (reads) or 0, or a negative errno.
     rados fn rados_aio_get_return_value(c: rados_completion_t) -> c_int;

@@ -42,6 +42,7 @@ extern "C" fn stop_cluster() {
 }
 
 fn rbd(conf: &str, args: &[&str]) -> Vec<u8> {
+    let t = std::time::Instant::now();
     let out = Command::new("timeout")
         .args(["30", "rbd", "-c", conf])
         .args(args)
@@ -52,6 +53,7 @@ fn rbd(conf: &str, args: &[&str]) -> Vec<u8> {
         "rbd {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    eprintln!("rbd {args:?}: {:.1} s", t.elapsed().as_secs_f64());
     out.stdout
 }
 
