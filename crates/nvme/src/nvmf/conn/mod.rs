@@ -161,8 +161,14 @@ pub(crate) async fn serve(acc: Accepted, shared: Arc<Shared>, listen: ListenAddr
     conn.hpda.set(ic.hpda);
     let live: Weak<dyn stats::LiveQueue> = Rc::downgrade(&conn) as Weak<dyn stats::LiveQueue>;
     stats::with(|c| c.live.borrow_mut().push(live));
-    driver::run(fd, Qp(conn.clone()), proto::driver_config()).await;
+    // The driver's connection owns the socket: held here until `finish`
+    // has unregistered the queue, so a controller's `shutdown_queues` (an
+    // RPC thread, another reactor) never reaches a descriptor number that
+    // was closed and handed to someone else meanwhile.
+    let driven = driver::start(fd, Qp(conn.clone()), proto::driver_config());
+    driver::serve(driven.clone()).await;
     conn.finish();
+    drop(driven);
 }
 
 impl stats::LiveQueue for Conn {
