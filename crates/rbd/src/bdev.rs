@@ -687,7 +687,6 @@ impl RbdModule {
         if o.completion == CompletionMode::Event {
             image.enable_events()?;
         }
-        image.choose_path(&name, &o);
         let size = image.size()?;
         let num_blocks = size / bs as u64;
         if num_blocks == 0 {
@@ -704,6 +703,7 @@ impl RbdModule {
             .and_then(|c| c.get("rbd_cache"))
             .or_else(|| image.cluster.opts.config_param.as_ref()?.get("rbd_cache"))
             .is_some_and(|v| v == "true");
+        image.choose_path(&name, &o, write_cache);
         let info = BdevInfo {
             name: name.clone(),
             uuid,

@@ -129,11 +129,14 @@ impl Layout {
 impl Image {
     /// Turns the direct data path on when the image allows it; says in
     /// the log which path the image runs.
-    pub(crate) fn choose_path(&self, bdev: &str, o: &RbdOpts) {
+    pub(crate) fn choose_path(&self, bdev: &str, o: &RbdOpts, rbd_cache: bool) {
         let why = match (o.rbd_direct, o.read_only, Layout::probe(self.handle())) {
             (false, ..) => "rbd_direct is off".to_string(),
             // librbd refuses writes to a read-only image; rados would not.
             (_, true, _) => "read-only".to_string(),
+            // Compare-and-write goes through librbd: its cache would not
+            // see the direct path's writes.
+            _ if rbd_cache => "rbd_cache is on".to_string(),
             (_, _, Err(why)) => why,
             (_, _, Ok(l)) => {
                 let size = l.object_size;
