@@ -36,12 +36,13 @@
 # receive's return to the next send (bench/lib/sysgap.py): the target's
 # own time per request at QD1, outside the kernel's TCP work. The tracing
 # slows every target, so GAPS runs are not IOPS runs.
-# SPLIT=1 splits each write row's round trip between ustor's initiator and
-# the target into phases (client send, target wake-up, target work, target
-# send, client wake-up, client work: bench/lib/qd1split.py), from one
-# second of both processes' send and receive syscalls and context
-# switches, and prints the median of each phase per target. Like GAPS,
-# it slows the I/O it traces.
+# SPLIT=1 splits each QD1 round trip of a one-session row (iscsi-perf's
+# reads, ustor's initiator's writes) between the client and the target
+# into phases (client send, target wake-up, target work, target send,
+# client wake-up, client work: bench/lib/qd1split.py), from one second of
+# both processes' send and receive syscalls and context switches, and
+# prints the median of each phase per target. Like GAPS, it slows the I/O
+# it traces.
 #
 # Usage: bench/iscsi.sh  (env: ROUNDS=3 RUNTIME=4 SIZE_MIB=256 CORES=0
 #                         REACTORS=<one per CORES entry>
@@ -203,8 +204,10 @@ gap() { # file
   [ -n "$GAP_PID" ] || { echo nan; return; }
   perf script --ns -F tid,time,event -i "$1" 2>/dev/null | python3 bench/lib/sysgap.py
 }
-# SPLIT=1: one second of a write row's client and target syscalls, from
-# one second into the run; `split_end LABEL` appends its phase medians.
+# SPLIT=1: one second of a QD1 row's client and target syscalls, from one
+# second into the run; `split_end` appends its phase medians. A client
+# given as `child:PID` is the child of PID (iscsi-perf under timeout),
+# looked up once it runs.
 SPLIT_PID=
 SPLIT_EVENTS=(-e syscalls:sys_enter_sendmsg -e syscalls:sys_exit_sendmsg
   -e syscalls:sys_enter_writev -e syscalls:sys_exit_writev
@@ -213,17 +216,23 @@ SPLIT_EVENTS=(-e syscalls:sys_enter_sendmsg -e syscalls:sys_exit_sendmsg
   -e syscalls:sys_exit_readv --filter 'ret > 0' -e syscalls:sys_exit_recvfrom --filter 'ret > 0'
   -e syscalls:sys_exit_recvmsg --filter 'ret > 0' -e syscalls:sys_exit_io_uring_enter
   -e sched:sched_switch)
-split_start() { # target-pid client-pid file
+split_start() { # target-pid client-pid|child:pid file
   SPLIT_PID=
   [ -n "${SPLIT:-}" ] || return 0
-  (sleep 1; perf record -q "${SPLIT_EVENTS[@]}" -p "$1,$2" -o "$3" -- sleep 1 >/dev/null 2>&1) &
+  (
+    sleep 1
+    c=$2
+    [ "${c#child:}" = "$c" ] || c=$(pgrep -P "${c#child:}" | head -n 1)
+    echo "$c" >"$3.client"
+    perf record -q "${SPLIT_EVENTS[@]}" -p "$1,$c" -o "$3" -- sleep 1 >/dev/null 2>&1
+  ) &
   SPLIT_PID=$!
 }
-split_end() { # target-pid client-pid file label
+split_end() { # target-pid file label
   [ -n "$SPLIT_PID" ] || return 0
   wait "$SPLIT_PID" || true
-  perf script --ns -F pid,tid,time,event,trace -i "$3" 2>/dev/null \
-    | python3 bench/lib/qd1split.py "$1" "$2" "$4" >>"$OUT/split.tsv" || true
+  perf script --ns -F pid,tid,time,event,trace -i "$2" 2>/dev/null \
+    | python3 bench/lib/qd1split.py "$1" "$(cat "$2.client")" "$3" >>"$OUT/split.tsv" || true
 }
 run_one() { # round target qd sessions
   local pid=${PID[$2]} b a i pids=() pf="$OUT/$2-qd$3-s$4-r$1.perf"
@@ -234,9 +243,12 @@ run_one() { # round target qd sessions
     timeout -s INT "$RUNTIME" taskset -c "$CLIENT_CORES" iscsi-perf -i "iqn.2007-10.com.github:bench-$i" \
       -m "$3" -b 8 -r "${URL[$2]}" >"$OUT/$2-qd$3-s$4-$i-r$1.txt" 2>&1 & pids+=($!)
   done
+  SPLIT_PID=
+  [ "$3" != 1 ] || [ "$4" != 1 ] || split_start "$pid" "child:${pids[0]}" "$pf.split"
   for p in "${pids[@]}"; do wait "$p" || true; done
   a=$(cpu_ticks "$pid")
   enters_wait; gap_wait
+  split_end "$pid" "$pf.split" "$1	randread	$2	$3"
   python3 - "$@" "$((a - b))" "$HZ" "$OUT" "$(enters "$pf")" "$(gap "$pf.gap")" <<'PY' >>"$RES"
 import glob, re, sys
 rnd, tgt, qd, s, ticks, hz, out, enters, gap = sys.argv[1:]
@@ -266,11 +278,12 @@ JSON
   taskset -c "$CLIENT_CORES" "$USTOR" bench -c "$cfg" -b lun -w "$2" --bs 4K -q "$4" \
     -t "$RUNTIME" --cores 0 --no-pin --json >"$json" 2>"$OUT/$3-$2-qd$4-r$1.err" &
   local cpid=$!
-  split_start "$pid" "$cpid" "$OUT/$3-$2-qd$4-r$1.split"
+  SPLIT_PID=
+  [ "$4" != 1 ] || split_start "$pid" "$cpid" "$OUT/$3-$2-qd$4-r$1.split"
   wait "$cpid" || true
   a=$(cpu_ticks "$pid")
   enters_wait; gap_wait
-  split_end "$pid" "$cpid" "$OUT/$3-$2-qd$4-r$1.split" "$1	$2	$3	$4"
+  split_end "$pid" "$OUT/$3-$2-qd$4-r$1.split" "$1	$2	$3	$4"
   python3 - "$json" "$@" "$((a - b))" "$HZ" "$RUNTIME" "$(enters "$OUT/$3-$2-qd$4-r$1.perf")" \
     "$(gap "$OUT/$3-$2-qd$4-r$1.gap")" <<'PY' >>"$RES"
 import json, sys
@@ -366,12 +379,12 @@ if gaps:
         print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
             f"{statistics.median(gaps[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in gaps else "-"
             for t in ts))
-# SPLIT=1: where a write's round trip goes, median of the rounds' medians.
+# SPLIT=1: where a QD1 round trip goes, median of the rounds' medians.
 if split:
     srows = list(csv.DictReader(open(split), delimiter="\t"))
     phases = [c for c in (srows[0].keys() if srows else []) if c not in ("round", "rw", "target", "qd")]
     if srows:
-        print("write round trip split (us, median of rounds; bench/lib/qd1split.py): " + " ".join(phases))
+        print("QD1 round trip split (us, median of rounds; bench/lib/qd1split.py): " + " ".join(phases))
     for k in sorted({(r["rw"], r["qd"], r["target"]) for r in srows}):
         vals = [r for r in srows if (r["rw"], r["qd"], r["target"]) == k]
         # A round whose trace had no complete request reads nan: left out.

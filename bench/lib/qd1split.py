@@ -3,7 +3,7 @@
 syscall entries and exits (sendmsg, sendto, write, writev), receive
 syscall exits (read, readv, recvfrom, recvmsg: only those that returned
 data, so record them with `--filter 'ret > 0'`; io_uring_enter: all) and
-sched_switch (bench/iscsi.sh SPLIT=1). argv: target PID, client PID, and
+sched_switch (bench/iscsi.sh SPLIT=1, reads and writes). argv: target PID, client PID, and
 optionally a label: then one tab-separated line, the label and each
 phase's median (the header comes with `--header`).
 
