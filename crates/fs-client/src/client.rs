@@ -18,7 +18,7 @@ use ustor_fs::proto::{
 };
 use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE, NAME_MAX};
 
-use crate::conn::{Conn, Done, Frame};
+use crate::conn::{Conn, Done, Frame, SyncConn};
 use crate::{wire, ClientError, Result};
 
 /// Where and how to connect.
@@ -52,6 +52,9 @@ impl Config {
 pub struct Client {
     cfg: Config,
     conn: Mutex<Option<Arc<Conn>>>,
+    /// A client made by [`Client::solo`]: its blocking calls go over this
+    /// connection of its own, read by the calling thread.
+    solo: Option<Mutex<Option<SyncConn>>>,
     tag: AtomicU64,
     reconnects: AtomicU64,
 }
@@ -111,12 +114,45 @@ impl Client {
         let c = Self {
             cfg,
             conn: Mutex::new(None),
+            solo: None,
             tag: AtomicU64::new(2),
             reconnects: AtomicU64::new(0),
         };
         let conn = c.dial()?;
         *c.conn.lock().expect("conn") = Some(Arc::new(conn));
         Ok(c)
+    }
+
+    /// Another client of the same export for one thread at a time, with
+    /// a connection of its own and no reader thread: each call writes its
+    /// request and reads the reply on the calling thread, so a reply wakes
+    /// that thread only (FUSE over io_uring: the queue thread, which then
+    /// answers the kernel on its caller's CPU). Its `*_then` calls run
+    /// their completion inline. It redials as [`Client`] does.
+    pub fn solo(&self) -> Result<Client> {
+        let c = Self {
+            cfg: self.cfg.clone(),
+            conn: Mutex::new(None),
+            solo: Some(Mutex::new(None)),
+            tag: AtomicU64::new(2),
+            reconnects: AtomicU64::new(0),
+        };
+        let conn = c.dial_sync()?;
+        *c.solo.as_ref().expect("solo").lock().expect("solo") = Some(conn);
+        Ok(c)
+    }
+
+    fn dial_sync(&self) -> Result<SyncConn> {
+        let mut last = ClientError::Disconnected("no address".into());
+        for a in resolve(&self.cfg.addr)? {
+            let e = self.cfg.export.as_bytes();
+            match SyncConn::open(&a, e, &self.cfg.secret, self.cfg.timeout) {
+                Ok(c) => return Ok(c),
+                Err(err @ (ClientError::Auth | ClientError::Errno(_))) => return Err(err),
+                Err(err) => last = err,
+            }
+        }
+        Err(last)
     }
 
     pub fn config(&self) -> &Config {
@@ -149,15 +185,20 @@ impl Client {
             return Ok(c.clone());
         }
         *g = None;
+        let c = Arc::new(self.redial(|| self.dial())?);
+        *g = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Dials with backoff, up to `reconnect_for`.
+    fn redial<T>(&self, dial: impl Fn() -> Result<T>) -> Result<T> {
         let deadline = Instant::now() + self.cfg.reconnect_for;
         let mut pause = Duration::from_millis(20);
         loop {
-            match self.dial() {
+            match dial() {
                 Ok(c) => {
                     self.reconnects.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(addr = %self.cfg.addr, "file service: reconnected");
-                    let c = Arc::new(c);
-                    *g = Some(c.clone());
                     return Ok(c);
                 }
                 Err(e @ ClientError::Auth) => return Err(e),
@@ -167,6 +208,36 @@ impl Client {
             }
             pause = (pause * 2).min(Duration::from_millis(500));
         }
+    }
+
+    /// One request and its reply over a solo client's own connection
+    /// (redialled when it broke; an idempotent request is sent once more).
+    fn solo_call(
+        &self,
+        s: &Mutex<Option<SyncConn>>,
+        ino: u64,
+        req: &Request<'_>,
+        payload: &[u8],
+    ) -> Result<Frame> {
+        check_names(req)?;
+        let mut g = s.lock().unwrap_or_else(|e| e.into_inner());
+        let mut once = || -> Result<Frame> {
+            let c = match g.as_mut() {
+                Some(c) => c,
+                None => g.insert(self.redial(|| self.dial_sync())?),
+            };
+            let tag = self.next_tag();
+            let r = c.call(tag, &proto::encode_request(tag, ino, req), payload);
+            if r.is_err() {
+                *g = None;
+            }
+            r
+        };
+        match once() {
+            Err(ClientError::Disconnected(_)) if idempotent(req) => once(),
+            r => r,
+        }
+        .and_then(errno)
     }
 
     fn next_tag(&self) -> u64 {
@@ -303,6 +374,9 @@ impl Client {
         done: impl FnOnce(Result<Vec<u8>>) + Send + 'static,
     ) {
         let len = len.min(MAX_WRITE);
+        if self.solo.is_some() {
+            return done(self.read(ino, off, len));
+        }
         let req = Request::Read {
             off,
             len: len as u32,
@@ -319,6 +393,9 @@ impl Client {
         name: &[u8],
         done: impl FnOnce(Result<Attr>) + Send + 'static,
     ) {
+        if self.solo.is_some() {
+            return done(self.lookup(dir, name));
+        }
         let (c, n) = (self.clone(), name.to_vec());
         let again = move || c.lookup(dir, &n);
         let req = Request::Lookup { name };
@@ -331,6 +408,9 @@ impl Client {
         ino: u64,
         done: impl FnOnce(Result<Attr>) + Send + 'static,
     ) {
+        if self.solo.is_some() {
+            return done(self.getattr(ino));
+        }
         let c = self.clone();
         let again = move || c.getattr(ino);
         let req = Request::Getattr;
@@ -352,6 +432,9 @@ impl Client {
     ) {
         if data.len() > MAX_WRITE {
             return done(Err(ClientError::Invalid("write over MAX_WRITE")));
+        }
+        if self.solo.is_some() {
+            return done(self.write(ino, off, data));
         }
         let req = Request::Write {
             off,
@@ -386,6 +469,9 @@ impl Client {
     /// One request and its reply; an idempotent request is sent once more
     /// on a new connection if the first one broke.
     fn call(&self, ino: u64, req: &Request<'_>, payload: &[u8]) -> Result<Frame> {
+        if let Some(s) = &self.solo {
+            return self.solo_call(s, ino, req, payload);
+        }
         let r = self.submit(ino, req, payload).and_then(|p| self.wait(p));
         match r {
             Err(ClientError::Disconnected(_)) if idempotent(req) => {

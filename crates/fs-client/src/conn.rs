@@ -116,6 +116,58 @@ fn handshake(s: &mut TcpStream, export: &[u8], secret: &[u8]) -> Result<()> {
     }
 }
 
+/// A connection with no reader thread, used by one thread at a time: the
+/// caller writes a request and reads its reply itself, so the reply wakes
+/// the thread that goes on with it and no other (a FUSE-over-io_uring
+/// queue thread, which then commits on its caller's CPU).
+pub(crate) struct SyncConn {
+    s: TcpStream,
+    timeout: Duration,
+}
+
+impl SyncConn {
+    /// Connects and authenticates.
+    pub fn open(
+        addr: &SocketAddr,
+        export: &[u8],
+        secret: &[u8],
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut s = TcpStream::connect_timeout(addr, timeout).map_err(io_err)?;
+        s.set_nodelay(true).map_err(io_err)?;
+        // Every wait, the handshake's and each reply's, is bounded.
+        s.set_read_timeout(Some(timeout)).map_err(io_err)?;
+        handshake(&mut s, export, secret)?;
+        Ok(Self { s, timeout })
+    }
+
+    /// One request (`head`, then `payload` sent from the caller's buffer)
+    /// and its reply. After an error the connection is not to be used
+    /// again (a reply may be half read).
+    pub fn call(&mut self, tag: u64, head: &[u8], payload: &[u8]) -> Result<Frame> {
+        write_all_vectored(&mut self.s, head, payload).map_err(io_err)?;
+        let timeout = self.timeout;
+        let err = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                ClientError::Timeout(timeout)
+            }
+            _ => io_err(e),
+        };
+        let mut hb = [0u8; HEADER_LEN];
+        self.s.read_exact(&mut hb).map_err(err)?;
+        let h = proto::decode_header(&hb).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut body = vec![0u8; h.len as usize];
+        self.s.read_exact(&mut body).map_err(err)?;
+        if h.tag != tag {
+            return Err(ClientError::Protocol(format!(
+                "reply to request {} while {tag} waits",
+                h.tag
+            )));
+        }
+        Ok(Frame { errno: h.ino, body })
+    }
+}
+
 impl Conn {
     /// Connects, authenticates and starts the reader thread.
     pub fn open(

@@ -195,6 +195,17 @@ impl<F: RemoteFs> FuseFs<F> {
         self
     }
 
+    /// The same file system (its state shared) over another client of
+    /// the export ([`RemoteFs::for_queue`]).
+    pub fn with_remote(&self, fs: Arc<F>) -> Self {
+        Self { fs, ..self.clone() }
+    }
+
+    /// The client requests go to.
+    pub fn remote(&self) -> &Arc<F> {
+        &self.fs
+    }
+
     /// The INIT flags this file system asks for (the session adds the
     /// ring's and keeps what the kernel offers).
     pub fn init_flags(&self) -> u64 {

@@ -44,6 +44,13 @@ pub trait RemoteFs: Send + Sync + 'static {
     /// the server sends one.
     fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>>;
 
+    /// The client one FUSE-over-io_uring queue thread uses: one whose
+    /// reply wakes the calling thread (so the kernel is answered on its
+    /// caller's CPU) when the transport can give one, else this one.
+    fn for_queue(self: &Arc<Self>) -> Arc<Self> {
+        self.clone()
+    }
+
     /// [`RemoteFs::lookup`], its result handed to `done`.
     fn lookup_then(
         self: &Arc<Self>,
@@ -131,6 +138,18 @@ impl RemoteFs for Client {
     }
     fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
         Client::write(self, ino, off, data)
+    }
+
+    /// A [`Client::solo`]: a connection of its own, read by the queue
+    /// thread.
+    fn for_queue(self: &Arc<Self>) -> Arc<Self> {
+        match self.solo() {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                tracing::warn!("fs mount: queue shares the connection: {e}");
+                self.clone()
+            }
+        }
     }
 
     // Pipelined: answered on the connection's reader thread.

@@ -350,7 +350,8 @@ fn start_rings<F: RemoteFs>(
 ) -> Vec<JoinHandle<io::Error>> {
     (0..fuse_uring::possible_cpus())
         .map(|q| {
-            let (dev, fs, stats) = (dev.clone(), fs.clone(), stats.clone());
+            let (dev, stats) = (dev.clone(), stats.clone());
+            let fs = fs.with_remote(fs.remote().for_queue());
             // Named so that placement tools (bench/fs.sh) can leave the
             // queue threads on their CPUs.
             std::thread::Builder::new()
