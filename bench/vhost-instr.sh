@@ -56,7 +56,7 @@ pid=
 ios=$(echo "$load" | sed -n 's/.*ios=\([0-9]*\).*/\1/p')
 echo "# bench/vhost-instr.sh $RW QD$QD ${SECS}s: $load"
 echo "# ustor $(git rev-parse --short HEAD 2>/dev/null); instructions per request (inclusive)"
-callgrind_annotate --inclusive=yes "$tmp/cg.out" 2>/dev/null | awk -v r="$ios" '
+callgrind_annotate --inclusive=yes --threshold=100 "$tmp/cg.out" 2>/dev/null | awk -v r="$ios" '
     /PROGRAM TOTALS/ { gsub(",", "", $1); printf "%8.0f  total\n", $1 / r; next }
     /vring::take_available \[|vring::start_request \[|blk::parse_chain \[|blk::read_chain \[|virtq::Virtq::pop \[|DescriptorChain<M> as core::iter::traits::iterator::Iterator>::next \[|vring::complete \[|vring::publish \[|Virtq::push_used \[|QueueT>::add_used \[|QueueT>::pop_descriptor_chain \[|to_region_addr \[|Executor::run_ready \[/ {
         gsub(",", "", $1); n = split($0, a, ":"); f = a[n]; sub(/ \[.*/, "", f)
