@@ -8,6 +8,9 @@
 //! the region); a wrong secret is refused; a malformed frame is counted
 //! and the session goes on; `fs_get_stats` shows the 4 KiB and 1 MiB
 //! payloads placed by the kernel in the region, the 1 KiB one copied.
+//! A client that takes a placement grant and vanishes does not hold the
+//! export: another client is served once the grant's deadline passed, the
+//! vanished write's blocks are back, and placement works again.
 
 mod common;
 
@@ -134,6 +137,32 @@ fn client_malformed(ns: &str, ifname: String) {
     })
 }
 
+/// In namespace `ns`: one client takes a grant for a 1 MiB write over
+/// `f1m` and vanishes; a second one then reads `f1m` (unchanged), finds
+/// the free space as before, and writes a placed 4 KiB file.
+fn client_vanishes(ns: &str, ifname: String) {
+    VethNs::within(ns, move || {
+        let cfg = XdpConfig::new(&ifname, "x", SECRET.as_bytes());
+        let c = XdpClient::connect(cfg.clone()).expect("connect");
+        let a = c.lookup(ROOT_INO, b"f1m").expect("lookup");
+        let free = c.statfs().expect("statfs").bfree;
+        assert!(c.take_grant(a.ino, 0, 1 << 20).expect("grant"), "placed");
+        drop(c);
+        let t = std::time::Instant::now();
+        let c = XdpClient::connect(cfg).expect("connect while a grant is held");
+        let back = c.read(a.ino, 0, 1 << 20).expect("read");
+        let waited = t.elapsed();
+        assert_eq!(sha256(&back), sha256(&pseudo_random(1 << 20, 3)));
+        // The deadline is 1 s; the rest is the client's 200 ms resends.
+        assert!(waited < Duration::from_secs(5), "served after {waited:?}");
+        assert_eq!(c.statfs().expect("statfs").bfree, free, "blocks back");
+        let data = pseudo_random(4096, 4);
+        let n = c.create(ROOT_INO, b"after", 0o644, 0, 0).expect("create");
+        c.write(n.ino, 0, &data).expect("write after the rebuild");
+        assert_eq!(sha256(&c.read(n.ino, 0, 4096).expect("read")), sha256(&data));
+    })
+}
+
 /// In namespace `ns`: reads the files and returns their digests.
 fn client_reads(ns: &str, ifname: String) -> Vec<(String, String)> {
     VethNs::within(ns, move || {
@@ -185,6 +214,12 @@ fn files_cross_two_namespaces_over_af_xdp() {
         "1 KiB payload copied: {st}"
     );
     assert!(x["frames_rx"].as_u64().unwrap() >= 700 && x["frames_tx"].as_u64().unwrap() >= 700);
+    let placed = x["placed_bytes"].as_u64().unwrap();
+    client_vanishes(&ns.b, ns.if_b.clone());
+    let st = stats(&s);
+    let x = &st["xdp"];
+    assert_eq!(x["grants_expired"], 1, "{st}");
+    assert!(x["placed_bytes"].as_u64().unwrap() >= placed + 4096, "{st}");
     let (code, _) = s.stop();
     assert_eq!(code, 0, "ustor serve stops cleanly");
 

@@ -7,16 +7,21 @@
 //! kernel straight into the blocks `Fs::begin_write` planned
 //! ([`crate::xdp_wire`] says how). The task polls the receive ring while
 //! frames come; after [`SPIN`] empty passes it sleeps on the socket's fd
-//! through the reactor's io_uring (a poll, at most 1 ms), unless the export asked for
-//! busy polling. Requests run in [`session`].
+//! through the reactor's io_uring (a poll), unless the export asked for
+//! busy polling. Nothing else wakes an idle export but a [`Notify`]
+//! (`stop`, a request finished on the offload pool) and the engine's own
+//! deadlines (a grant's, idle sessions'). Requests run in [`session`].
 
 mod session;
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use ustor_net::xdp::{self, AttachMode, Desc, XdpProgram, XskConfig, XskSocket};
@@ -51,6 +56,10 @@ pub(crate) struct Counters {
     /// Frames dropped: malformed, of no session, out of step.
     pub drops: AtomicU64,
     pub sessions: AtomicU64,
+    /// Placements whose client went silent: the socket was rebuilt.
+    pub grants_expired: AtomicU64,
+    /// Sessions dropped after [`session::SESSION_IDLE`] with no frame.
+    pub sessions_expired: AtomicU64,
 }
 
 /// `fs_get_stats`'s `xdp` object.
@@ -63,6 +72,10 @@ pub struct XdpStatsInfo {
     pub retransmits: u64,
     pub drops: u64,
     pub sessions: u64,
+    #[serde(default)]
+    pub grants_expired: u64,
+    #[serde(default)]
+    pub sessions_expired: u64,
 }
 
 impl Counters {
@@ -76,6 +89,8 @@ impl Counters {
             retransmits: l(&self.retransmits),
             drops: l(&self.drops),
             sessions: l(&self.sessions),
+            grants_expired: l(&self.grants_expired),
+            sessions_expired: l(&self.sessions_expired),
         }
     }
 }
@@ -84,17 +99,49 @@ pub(crate) fn bump(a: &AtomicU64, n: u64) {
     a.fetch_add(n, Ordering::Relaxed);
 }
 
-/// A running xdp export; dropping it stops the task (within [`IDLE_WAIT`]) and
-/// detaches the program.
+/// A running xdp export; dropping it stops the task and detaches the
+/// program.
 pub(crate) struct XdpExport {
     pub ifname: String,
     pub counters: Arc<Counters>,
     stop: Arc<AtomicBool>,
+    notify: Arc<Notify>,
 }
 
 impl Drop for XdpExport {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
+        self.notify.wake();
+    }
+}
+
+/// Wakes the export's task from another thread (the control thread's
+/// `stop`, the offload pool's finished requests).
+#[derive(Default)]
+pub(crate) struct Notify {
+    flag: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl Notify {
+    pub(crate) fn wake(&self) {
+        self.flag.store(true, Ordering::Release);
+        let w = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.flag.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        // A wake between the check and the store found no waker.
+        if self.flag.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -217,20 +264,32 @@ pub(crate) fn start(
     prog.register(p.queue, xsk.as_raw_fd()).map_err(xdp_err)?;
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let engine = session::Engine::new(xsk, prog, umem, svc, mac, counters.clone(), p.max_sessions);
-    let (busy, st) = (p.busy_poll, stop.clone());
+    let notify = Arc::new(Notify::default());
+    let inbox = Arc::new(session::Inbox::new(notify.clone()));
+    let engine = session::Engine::new(
+        xsk,
+        prog,
+        umem,
+        svc,
+        mac,
+        counters.clone(),
+        p.max_sessions,
+        inbox,
+    );
+    let (busy, st, nt) = (p.busy_poll, stop.clone(), notify.clone());
     // The engine holds raw pointers (not Send): hand it over in a box the
     // reactor thread alone unpacks.
     let cell = SendCell(engine);
     rt.spawn_on(reactor, move || {
         let cell = cell;
-        run(cell.0, busy, st)
+        run(cell.0, busy, st, nt)
     })
     .map_err(|e| FsServerError::Invalid(format!("reactor: {e:?}")))?;
     Ok(XdpExport {
         ifname: p.ifname.clone(),
         counters,
         stop,
+        notify,
     })
 }
 
@@ -239,11 +298,8 @@ struct SendCell(session::Engine);
 // never shared; its raw pointers are into mappings it owns.
 unsafe impl Send for SendCell {}
 
-/// How long an idle export sleeps on its fd before looking at `stop`.
-const IDLE_WAIT: Duration = Duration::from_millis(100);
-
 /// The reactor task: poll while busy, sleep on the fd when idle.
-async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>) {
+async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>, notify: Arc<Notify>) {
     let mut idle = 0u32;
     while !stop.load(Ordering::Acquire) {
         if e.step() {
@@ -255,17 +311,28 @@ async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>) {
         if busy_poll || idle < SPIN {
             ustor_runtime::yield_now().await;
         } else {
-            let fd = e.fd();
-            // The timeout bounds what a missed wake-up would cost (none
-            // was shown) and lets the task see `stop`; long enough that an
-            // idle export does not keep its reactor awake.
-            let _ = ustor_net::timeout(
-                IDLE_WAIT,
-                ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32),
-            )
-            .await;
+            idle_wait(&e, &notify).await;
         }
     }
+}
+
+/// Sleeps until a frame comes (a poll on the socket's fd), `notify` is
+/// woken, or the engine's next deadline.
+async fn idle_wait(e: &session::Engine, notify: &Notify) {
+    let mut fd = pin!(ustor_runtime::ops::poll_ready(e.fd(), libc::POLLIN as u32));
+    let mut timer = e
+        .next_wake()
+        .map(|t| ustor_runtime::sleep(t.saturating_duration_since(Instant::now())));
+    std::future::poll_fn(|cx| {
+        let fired = timer
+            .as_mut()
+            .is_some_and(|t| Pin::new(t).poll(cx).is_ready());
+        if fired || fd.as_mut().poll(cx).is_ready() || notify.poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// The engine's descriptor of a frame it sends from buffer `addr`.

@@ -248,7 +248,8 @@ impl XskSocket {
                 ptr: ptr.cast(),
                 len,
             },
-        )
+        )?
+        .bind_waiting()
     }
 
     /// A socket whose UMEM is the caller's memory `[ptr, ptr + len)` (the
@@ -266,7 +267,7 @@ impl XskSocket {
         if ptr as usize % 4096 != 0 {
             return Err(XdpError::Config("UMEM must be page-aligned"));
         }
-        Self::setup(cfg, Area::Borrowed { ptr, len })
+        Self::setup(cfg, Area::Borrowed { ptr, len })?.bind_waiting()
     }
 
     fn setup(cfg: XskConfig, area: Area) -> Result<XskSocket, XdpError> {
@@ -307,40 +308,6 @@ impl XskSocket {
         let comp = Ring::map(raw, &off.cr, n, libc::XDP_UMEM_PGOFF_COMPLETION_RING, false)?;
         let rx = Ring::map(raw, &off.rx, n, libc::XDP_PGOFF_RX_RING as u64, false)?;
         let tx = Ring::map(raw, &off.tx, n, libc::XDP_PGOFF_TX_RING as u32 as u64, true)?;
-        let sa = libc::sockaddr_xdp {
-            sxdp_family: libc::AF_XDP as u16,
-            sxdp_flags: if cfg.copy {
-                libc::XDP_COPY
-            } else {
-                libc::XDP_ZEROCOPY
-            } | libc::XDP_USE_NEED_WAKEUP,
-            sxdp_ifindex: cfg.ifindex,
-            sxdp_queue_id: cfg.queue,
-            sxdp_shared_umem_fd: 0,
-        };
-        // A socket closed on this queue just now frees the queue from a
-        // kernel work item (the buffer pool's deferred release): until it
-        // runs, bind says EBUSY. Wait for it, a bounded time.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            // SAFETY: `sa` is a valid sockaddr_xdp and its size is passed.
-            let r = unsafe {
-                libc::bind(
-                    raw,
-                    (&sa as *const libc::sockaddr_xdp).cast(),
-                    std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-                )
-            };
-            if r == 0 {
-                break;
-            }
-            let e = XdpError::sys("bind(AF_XDP)");
-            let busy = matches!(&e, XdpError::Sys { source, .. } if source.raw_os_error() == Some(libc::EBUSY));
-            if !busy || std::time::Instant::now() > deadline {
-                return Err(e);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
         Ok(XskSocket {
             fill,
             comp,
@@ -350,6 +317,72 @@ impl XskSocket {
             area,
             cfg,
         })
+    }
+
+    /// Like [`XskSocket::with_area`], but not yet bound: the caller binds
+    /// with [`XskSocket::try_bind`] (a server rebuilding its socket on the
+    /// reactor retries that from a timer instead of sleeping).
+    ///
+    /// # Safety
+    /// As for [`XskSocket::with_area`].
+    pub unsafe fn with_area_unbound(
+        cfg: XskConfig,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<XskSocket, XdpError> {
+        if ptr as usize % 4096 != 0 {
+            return Err(XdpError::Config("UMEM must be page-aligned"));
+        }
+        Self::setup(cfg, Area::Borrowed { ptr, len })
+    }
+
+    /// Binds to the configured interface queue; `Ok(false)` while the
+    /// queue is still held by a socket closed just now (EBUSY: the kernel
+    /// frees it from a work item, the buffer pool's deferred release).
+    pub fn try_bind(&self) -> Result<bool, XdpError> {
+        let sa = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: if self.cfg.copy {
+                libc::XDP_COPY
+            } else {
+                libc::XDP_ZEROCOPY
+            } | libc::XDP_USE_NEED_WAKEUP,
+            sxdp_ifindex: self.cfg.ifindex,
+            sxdp_queue_id: self.cfg.queue,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `sa` is a valid sockaddr_xdp and its size is passed.
+        let r = unsafe {
+            libc::bind(
+                self.fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_xdp).cast(),
+                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = XdpError::sys("bind(AF_XDP)");
+        match &e {
+            XdpError::Sys { source, .. } if source.raw_os_error() == Some(libc::EBUSY) => Ok(false),
+            _ => Err(e),
+        }
+    }
+
+    /// Binds, waiting a bounded time (2 s) for a queue a closed socket
+    /// still holds.
+    fn bind_waiting(self) -> Result<XskSocket, XdpError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while !self.try_bind()? {
+            if std::time::Instant::now() > deadline {
+                return Err(XdpError::Sys {
+                    what: "bind(AF_XDP)",
+                    source: io::Error::from_raw_os_error(libc::EBUSY),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(self)
     }
 
     pub fn config(&self) -> &XskConfig {
