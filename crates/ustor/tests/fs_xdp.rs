@@ -159,7 +159,10 @@ fn client_vanishes(ns: &str, ifname: String) {
         let data = pseudo_random(4096, 4);
         let n = c.create(ROOT_INO, b"after", 0o644, 0, 0).expect("create");
         c.write(n.ino, 0, &data).expect("write after the rebuild");
-        assert_eq!(sha256(&c.read(n.ino, 0, 4096).expect("read")), sha256(&data));
+        assert_eq!(
+            sha256(&c.read(n.ino, 0, 4096).expect("read")),
+            sha256(&data)
+        );
     })
 }
 

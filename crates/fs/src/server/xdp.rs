@@ -14,9 +14,9 @@
 
 mod session;
 
+use std::future::Future;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -64,13 +64,16 @@ const MAX_HELD: usize = 1024;
 
 type Key = ([u8; 6], u16);
 
+/// An answered request id, with its reply when kept.
+type Answered = (u64, Option<(Kind, Vec<u8>)>);
+
 struct Session {
     authed: bool,
     cn: [u8; NONCE_LEN],
     sn: Option<[u8; NONCE_LEN]>,
     asm: Assembly,
     /// Answered ids, oldest first, with the reply when kept.
-    done: VecDeque<(u64, Option<(Kind, Vec<u8>)>)>,
+    done: VecDeque<Answered>,
     /// The highest id pushed out of `done`: an id at or below it is old.
     floor: u64,
     write: Option<Pending>,

@@ -39,7 +39,7 @@ pub(crate) enum Outcome {
     /// A write's plan (or errno): its grant goes out next.
     Planned {
         h: Header,
-        plan: Result<WritePlan, i32>,
+        plan: Result<Box<WritePlan>, i32>,
         crc: u32,
     },
     /// Nothing to send.
@@ -108,7 +108,7 @@ impl Engine {
         match o {
             Outcome::Reply(rep) => self.finish(key, rid, rep),
             Outcome::Planned { h, plan, crc } => match plan {
-                Ok(plan) => self.planned(key, rid, h, plan, crc),
+                Ok(plan) => self.planned(key, rid, h, *plan, crc),
                 Err(errno) => self.reply_err(key, rid, h.op, h.tag, errno),
             },
             Outcome::Quiet => {}
@@ -212,7 +212,10 @@ impl Engine {
             }
         }
         let q = self.xsk.config().queue;
-        if let Err(e) = self.prog.register(q, std::os::fd::AsRawFd::as_raw_fd(&self.xsk)) {
+        if let Err(e) = self
+            .prog
+            .register(q, std::os::fd::AsRawFd::as_raw_fd(&self.xsk))
+        {
             tracing::warn!("fs xdp: steering to the new socket: {e}");
         }
         self.down = false;

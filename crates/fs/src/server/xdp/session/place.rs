@@ -72,10 +72,13 @@ impl Engine {
             rid,
             Box::new(move |v, _| {
                 v.st.requests += 1;
-                let plan = v.fs.begin_write(h.ino, off, len as usize).map_err(|e| {
-                    v.st.errors += 1;
-                    e.errno()
-                });
+                let plan =
+                    v.fs.begin_write(h.ino, off, len as usize)
+                        .map(Box::new)
+                        .map_err(|e| {
+                            v.st.errors += 1;
+                            e.errno()
+                        });
                 Outcome::Planned { h, plan, crc }
             }),
         );
@@ -203,7 +206,11 @@ impl Engine {
         } else if current || done {
             // Wrong frames in the slots (another sender's, or lost ones):
             // the next grant asks for fragments, which no frame can spoil.
-            if let Some(p) = self.sessions.get_mut(&pl.key).and_then(|s| s.write.as_mut()) {
+            if let Some(p) = self
+                .sessions
+                .get_mut(&pl.key)
+                .and_then(|s| s.write.as_mut())
+            {
                 p.place = false;
             }
             bump(&self.c.drops, 1);
