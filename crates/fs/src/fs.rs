@@ -35,6 +35,18 @@ pub struct WritePlan {
     fresh: Vec<u64>,
 }
 
+impl WritePlan {
+    /// Whether every block under the payload's segments was allocated by
+    /// this plan: nothing of the file's old data lies there, so a write
+    /// abandoned midway (its blocks freed) cannot have spoilt the file.
+    pub fn all_fresh(&self) -> bool {
+        let bs = crate::BLOCK_SIZE;
+        self.segs.iter().all(|&(o, n)| {
+            (o / bs..=(o + n.max(1) - 1) / bs).all(|b| self.fresh.contains(&(b as u64)))
+        })
+    }
+}
+
 /// A file system on a media region.
 pub struct Fs {
     pub(crate) m: Box<dyn Media>,

@@ -10,7 +10,8 @@
 //! payloads placed by the kernel in the region, the 1 KiB one copied.
 //! A client that takes a placement grant and vanishes does not hold the
 //! export: another client is served once the grant's deadline passed, the
-//! vanished write's blocks are back, and placement works again.
+//! vanished write's blocks are back, and placement works again; an
+//! overwrite of existing blocks is granted in fragments, never placed.
 
 mod common;
 
@@ -110,6 +111,11 @@ fn client_writes(ns: &str, ifname: String) -> Vec<(String, String)> {
             assert_eq!(sha256(&back), sha256(&data), "{name} read back");
             out.push((name.to_string(), sha256(&data)));
         }
+        // An overwrite of existing blocks is never placed (frames of other
+        // senders could land in its slots): it goes in fragments, copied.
+        let a = c.lookup(ROOT_INO, b"f4k").expect("lookup");
+        c.write(a.ino, 0, &pseudo_random(4096, 1))
+            .expect("overwrite");
         out
     })
 }
@@ -145,8 +151,9 @@ fn client_vanishes(ns: &str, ifname: String) {
         let cfg = XdpConfig::new(&ifname, "x", SECRET.as_bytes());
         let c = XdpClient::connect(cfg.clone()).expect("connect");
         let a = c.lookup(ROOT_INO, b"f1m").expect("lookup");
+        let h = c.create(ROOT_INO, b"held", 0o644, 0, 0).expect("create");
         let free = c.statfs().expect("statfs").bfree;
-        assert!(c.take_grant(a.ino, 0, 1 << 20).expect("grant"), "placed");
+        assert!(c.take_grant(h.ino, 0, 1 << 20).expect("grant"), "placed");
         drop(c);
         let t = std::time::Instant::now();
         let c = XdpClient::connect(cfg).expect("connect while a grant is held");
@@ -156,6 +163,7 @@ fn client_vanishes(ns: &str, ifname: String) {
         // The deadline is 1 s; the rest is the client's 200 ms resends.
         assert!(waited < Duration::from_secs(5), "served after {waited:?}");
         assert_eq!(c.statfs().expect("statfs").bfree, free, "blocks back");
+        assert_eq!(c.getattr(h.ino).expect("getattr").size, 0, "write failed");
         let data = pseudo_random(4096, 4);
         let n = c.create(ROOT_INO, b"after", 0o644, 0, 0).expect("create");
         c.write(n.ino, 0, &data).expect("write after the rebuild");
@@ -213,8 +221,8 @@ fn files_cross_two_namespaces_over_af_xdp() {
         "4 KiB and 1 MiB payloads placed in the region: {st}"
     );
     assert!(
-        x["copied_bytes"].as_u64().unwrap() >= 1024,
-        "1 KiB payload copied: {st}"
+        x["copied_bytes"].as_u64().unwrap() >= 1024 + 4096,
+        "1 KiB payload and the 4 KiB overwrite copied: {st}"
     );
     assert!(x["frames_rx"].as_u64().unwrap() >= 700 && x["frames_tx"].as_u64().unwrap() >= 700);
     let placed = x["placed_bytes"].as_u64().unwrap();

@@ -17,7 +17,7 @@ mod session;
 use std::future::Future;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -275,7 +275,7 @@ pub(crate) fn start(
         counters.clone(),
         p.max_sessions,
         inbox,
-    );
+    )?;
     let (busy, st, nt) = (p.busy_poll, stop.clone(), notify.clone());
     // The engine holds raw pointers (not Send): hand it over in a box the
     // reactor thread alone unpacks.
@@ -301,6 +301,9 @@ unsafe impl Send for SendCell {}
 /// The reactor task: poll while busy, sleep on the fd when idle.
 async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>, notify: Arc<Notify>) {
     let mut idle = 0u32;
+    // One poll of the fd at a time, kept across waits that ended by the
+    // timer or a notification (a dropped op would stay in flight).
+    let mut ready = None;
     while !stop.load(Ordering::Acquire) {
         if e.step() {
             idle = 0;
@@ -310,25 +313,29 @@ async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>, not
         idle = idle.saturating_add(1);
         if busy_poll || idle < SPIN {
             ustor_runtime::yield_now().await;
-        } else {
-            idle_wait(&e, &notify).await;
+            continue;
+        }
+        let fd = ready
+            .get_or_insert_with(|| ustor_runtime::ops::poll_ready(e.fd(), libc::POLLIN as u32));
+        if idle_wait(fd, e.next_wake(), &notify).await {
+            ready = None;
         }
     }
 }
 
-/// Sleeps until a frame comes (a poll on the socket's fd), `notify` is
-/// woken, or the engine's next deadline.
-async fn idle_wait(e: &session::Engine, notify: &Notify) {
-    let mut fd = pin!(ustor_runtime::ops::poll_ready(e.fd(), libc::POLLIN as u32));
-    let mut timer = e
-        .next_wake()
-        .map(|t| ustor_runtime::sleep(t.saturating_duration_since(Instant::now())));
+/// Sleeps until a frame comes (the poll `fd` completes: returns true),
+/// `notify` is woken, or `wake`.
+async fn idle_wait<F: Future + Unpin>(fd: &mut F, wake: Option<Instant>, notify: &Notify) -> bool {
+    let mut timer = wake.map(|t| ustor_runtime::sleep(t.saturating_duration_since(Instant::now())));
     std::future::poll_fn(|cx| {
+        if Pin::new(&mut *fd).poll(cx).is_ready() {
+            return Poll::Ready(true);
+        }
         let fired = timer
             .as_mut()
             .is_some_and(|t| Pin::new(t).poll(cx).is_ready());
-        if fired || fd.as_mut().poll(cx).is_ready() || notify.poll(cx).is_ready() {
-            return Poll::Ready(());
+        if fired || notify.poll(cx).is_ready() {
+            return Poll::Ready(false);
         }
         Poll::Pending
     })

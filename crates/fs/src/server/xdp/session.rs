@@ -27,7 +27,7 @@ mod life;
 mod place;
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -160,6 +160,7 @@ pub(crate) struct Engine {
     c: Arc<Counters>,
     rx: Vec<Desc>,
     tx: Vec<Desc>,
+    ep: OwnedFd,
 }
 
 impl Engine {
@@ -173,8 +174,16 @@ impl Engine {
         c: Arc<Counters>,
         max_sessions: usize,
         inbox: Arc<Inbox>,
-    ) -> Engine {
+    ) -> std::io::Result<Engine> {
         let now = Instant::now();
+        // SAFETY: plain epoll_create1; the result is checked.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor we own.
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        watch(&ep, xsk.as_raw_fd())?;
         let mut e = Engine {
             xsk,
             prog,
@@ -200,14 +209,19 @@ impl Engine {
             c,
             rx: Vec::with_capacity(64),
             tx: Vec::with_capacity(64),
+            ep,
         };
         e.reset_buffers();
         e.refill();
-        e
+        Ok(e)
     }
 
+    /// The fd the task sleeps on: an epoll set holding the socket, not the
+    /// socket itself, so a poll left in flight in io_uring holds no
+    /// reference to the socket and a rebuild really closes it (the old
+    /// socket leaves the set as it closes; the new one is added).
     pub(crate) fn fd(&self) -> RawFd {
-        self.xsk.as_raw_fd()
+        self.ep.as_raw_fd()
     }
 
     /// Every scratch buffer back with us (a new socket: nothing posted).
@@ -521,6 +535,20 @@ impl Engine {
         }
         None
     }
+}
+
+/// Adds socket `fd` to epoll set `ep` (readable: frames in the rx ring).
+fn watch(ep: &OwnedFd, fd: RawFd) -> std::io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: both descriptors are open; `ev` is valid for the call.
+    let r = unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// An error reply: the header alone, the errno in its `ino` field.

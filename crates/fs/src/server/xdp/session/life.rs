@@ -188,7 +188,12 @@ impl Engine {
         // Frames already received are lost with the old socket; their
         // senders resend. Once it is closed the kernel writes no more
         // frames into the UMEM (the release waits for the receive path).
+        // Nothing else holds it: the task's io_uring poll is on the epoll
+        // set, and the socket leaves the set as it closes.
         drop(std::mem::replace(&mut self.xsk, new));
+        if let Err(e) = super::watch(&self.ep, std::os::fd::AsRawFd::as_raw_fd(&self.xsk)) {
+            tracing::warn!("fs xdp: watching the new socket: {e}");
+        }
         self.down = true;
         self.tx.clear();
         self.reset_buffers();

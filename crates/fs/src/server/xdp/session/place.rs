@@ -337,12 +337,16 @@ impl Engine {
 }
 
 /// Whether every segment of a plan can be placed and no segment's saved
-/// bytes overlap another segment.
+/// bytes overlap another segment. Only fresh blocks are placed: frames
+/// of other senders can land in a placement's slots (and do, when its
+/// client vanished), and the file's old data must not be under them;
+/// an overwrite of existing blocks goes in fragments.
 fn placeable(plan: &WritePlan) -> bool {
     let segs = &plan.segs;
     // An empty write has nothing to place (and a placement with no slots
     // would never complete).
     !segs.is_empty()
+        && plan.all_fresh()
         && segs.iter().all(|&(_, n)| w::placeable(n))
         && segs.len() <= w::MAX_GRANT_SEGS
         && segs
