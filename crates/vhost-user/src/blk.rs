@@ -6,6 +6,8 @@
 //! through `vm-memory` (which bounds every access to a mapped region) and is
 //! unit-tested and fuzzed with an anonymous guest memory.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions, VolatileSlice};
 
 use crate::guest::GuestMem;
@@ -330,7 +332,16 @@ impl<'a> Table<'a> {
         let mut raw = [0u8; 16];
         let off = i as usize * 16;
         match &self.slice {
-            Some(s) => s.read_slice(&mut raw, off).ok()?,
+            // Two 8-byte loads where the table is aligned (the split
+            // ring's is, virtio 1.2 2.7.5; an indirect table may not
+            // be): cheaper than a byte copy through read_slice.
+            Some(s) => match (s.load::<u64>(off, Relaxed), s.load::<u64>(off + 8, Relaxed)) {
+                (Ok(a), Ok(b)) => {
+                    raw[..8].copy_from_slice(&a.to_ne_bytes());
+                    raw[8..].copy_from_slice(&b.to_ne_bytes());
+                }
+                _ => s.read_slice(&mut raw, off).ok()?,
+            },
             None => mem
                 .map()
                 .read_slice(&mut raw, self.at.checked_add(off as u64)?)

@@ -84,7 +84,8 @@ impl SplitRing {
             }
         }
         let at = GuestAddress(avail + 4 + 2 * (next.0 % size) as u64);
-        let head = u16::from_le(mem.slice(at, 2)?.read_obj::<u16>(0).ok()?);
+        // The avail ring is 2-aligned (checked when the ring opened).
+        let head = load_u16(mem, at.0, Ordering::Relaxed)?;
         self.q.set_next_avail((next + Wrapping(1)).0);
         let table = GuestAddress(self.q.desc_table());
         let descs = blk::read_chain(mem, table, size, head, out);
