@@ -152,17 +152,37 @@ fn reconnects_after_the_server_restarts_and_fails_when_it_stays_down() {
     let c = Client::connect(cfg).unwrap();
     let f = c.create(ROOT_INO, b"f", 0o644, 0, 0).unwrap();
     c.write(f.ino, 0, b"before").unwrap();
+    // A solo client (a FUSE ring queue's: its own connection, read by the
+    // caller) behaves the same.
+    let solo = Arc::new(c.solo().unwrap());
+    assert_eq!(solo.read(f.ino, 0, 100).unwrap(), b"before");
     s.stop();
     drop(s);
     // Down: a call fails (EIO) within the reconnect window, no hang.
-    let t = Instant::now();
-    let e = c.getattr(f.ino).err().unwrap();
-    assert_eq!(e.errno(), libc::EIO, "{e}");
-    assert!(t.elapsed() < Duration::from_secs(10));
+    for c in [&c, &*solo] {
+        let t = Instant::now();
+        let e = c.getattr(f.ino).err().unwrap();
+        assert_eq!(e.errno(), libc::EIO, "{e}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
     // Back on the same port: the next call reconnects and sees the data.
     let _s = TestServer::start(&addr, fs, "exp", b"k");
     assert_eq!(c.read(f.ino, 0, 100).unwrap(), b"before");
     assert!(c.reconnects() >= 1);
+    assert_eq!(solo.read(f.ino, 0, 100).unwrap(), b"before");
+    assert!(solo.reconnects() >= 1);
+    // The solo client's completions run on the calling thread.
+    let (tx, rx) = channel();
+    solo.read_then(f.ino, 0, 6, move |r| {
+        tx.send((r.unwrap(), std::thread::current().id())).unwrap()
+    });
+    let (d, t) = rx
+        .try_recv()
+        .expect("completion ran before read_then returned");
+    assert_eq!(
+        (d.as_slice(), t),
+        (&b"before"[..], std::thread::current().id())
+    );
 }
 
 #[test]
