@@ -4,16 +4,19 @@
 //! answering our R2Ts (MaxBurstLength each), handed to the task by the
 //! session's receive loop; data from the device leaves as Data-In PDUs
 //! (MaxRecvDataSegmentLength each, F at every MaxBurstLength) on the
-//! connection's shared send queue, the last one held back so the status
-//! can ride in it (phase collapse). Many commands of a session run this at
-//! once, each on its own task.
+//! connection's shared send queue, queued at once (the data copied once,
+//! from the device's buffer into the queue) with the last one's place
+//! kept, so the status can be written into its header while it is still
+//! unsent (phase collapse). Many commands of a session run this at once,
+//! each on its own task.
 
-use ustor_iscsi::wire::{Bhs, RESERVED_TAG};
+use ustor_iscsi::wire::RESERVED_TAG;
 use ustor_scsi_target::{DataPath, Direction, XferError};
 
 use crate::exec::Core;
 use crate::pdu;
 use crate::tasks::Task;
+use crate::tx::Mark;
 
 /// The SCSI Command fields the data phase needs.
 #[derive(Clone, Copy, Debug)]
@@ -47,6 +50,15 @@ struct OutState {
     carry: Option<(usize, usize)>,
 }
 
+/// The last Data-In PDU queued for a command, still in the send queue.
+#[derive(Clone, Copy, Debug)]
+pub struct LastIn {
+    pub mark: Mark,
+    pub datasn: u32,
+    pub offset: u32,
+    pub len: usize,
+}
+
 /// The data phase of one command, on its task.
 pub struct WireData<'a> {
     core: &'a Core,
@@ -61,8 +73,8 @@ pub struct WireData<'a> {
     sent: u32,
     /// A Data-Out came with the wrong DataSN: the data phase stops short.
     seq_error: bool,
-    /// The last Data-In PDU, held so the status can ride in it.
-    held: Option<(Bhs, Vec<u8>)>,
+    /// The last Data-In PDU queued, whose header the status may rewrite.
+    last: Option<LastIn>,
 }
 
 impl<'a> WireData<'a> {
@@ -90,13 +102,13 @@ impl<'a> WireData<'a> {
             datasn: 0,
             sent: 0,
             seq_error: false,
-            held: None,
+            last: None,
         }
     }
 
-    /// The held last Data-In, taken for the status to ride in it.
-    pub fn take_held(&mut self) -> Option<(Bhs, Vec<u8>)> {
-        self.held.take()
+    /// The last Data-In queued, for the status to ride in it.
+    pub fn take_last(&mut self) -> Option<LastIn> {
+        self.last.take()
     }
 
     /// Whether a Data-Out broke the DataSN order.
@@ -204,7 +216,8 @@ impl<'a> WireData<'a> {
         Ok(())
     }
 
-    /// Queues the Data-In PDUs for `src` at `offset`; the last is held.
+    /// Queues the Data-In PDUs for `src` at `offset`; the last one's place
+    /// is kept. F marks each burst's end and the end of the expected data.
     fn queue_data_in(&mut self, offset: u32, src: &[u8]) {
         let max = self.core.params.max_send_data.max(512) as usize;
         let burst = self.core.params.max_burst.max(512);
@@ -216,19 +229,21 @@ impl<'a> WireData<'a> {
             let b = pdu::data_in(
                 self.info.lun,
                 self.info.itt,
-                end % burst == 0,
+                end % burst == 0 || end == self.info.edtl,
                 None,
                 self.datasn,
                 off,
                 n,
                 &self.core.tx.seq(),
             );
+            let mark = self.core.tx.queue_marked(&b, &src[at..at + n]);
+            self.last = Some(LastIn {
+                mark,
+                datasn: self.datasn,
+                offset: off,
+                len: n,
+            });
             self.datasn += 1;
-            if at + n < src.len() {
-                self.core.tx.queue(&b, &src[at..at + n]);
-            } else {
-                self.held = Some((b, self.core.copy_buf(&src[at..at + n])));
-            }
             at += n;
         }
         self.sent = self.sent.max(offset + src.len() as u32);
@@ -239,9 +254,6 @@ impl Drop for WireData<'_> {
     fn drop(&mut self) {
         // The buffers go back to the connection for the next commands.
         self.core.give_buf(std::mem::take(&mut self.cur));
-        if let Some((_, d)) = self.held.take() {
-            self.core.give_buf(d);
-        }
     }
 }
 
@@ -300,9 +312,7 @@ impl DataPath for WireData<'_> {
         // it is read, not queued whole); this chunk's last PDU may carry
         // status. The first chunk flushes nothing: other commands'
         // responses queued meanwhile leave with theirs, not one send each.
-        if let Some((b, d)) = self.held.take() {
-            self.core.tx.queue(&b, &d);
-            self.core.give_buf(d);
+        if self.last.take().is_some() {
             self.core
                 .tx
                 .flush()

@@ -6,8 +6,8 @@
 //! the command finishes, whatever the order the commands were sent in.
 //! An aborted task sends nothing; a data phase that breaks the protocol
 //! ends the connection. Commands run on the connection's workers
-//! ([`crate::workers`]); their data buffers (immediate data, Data-Out, the
-//! held last Data-In) come from the connection's free list, so a command
+//! ([`crate::workers`]); their data buffers (immediate data, Data-Out)
+//! come from the connection's free list, so a command
 //! allocates nothing once the connection has warmed up.
 
 use std::cell::{Cell, RefCell};
@@ -17,7 +17,7 @@ use ustor_iscsi::wire::Bhs;
 use ustor_scsi_proto::lun::decode_lun;
 use ustor_scsi_target::{Direction, LunTable, Outcome};
 
-use crate::command::{next_tag, CmdInfo, WireData};
+use crate::command::{next_tag, CmdInfo, LastIn, WireData};
 use crate::live::ConnCounters;
 use crate::negotiate::Params;
 use crate::pdu;
@@ -179,7 +179,7 @@ async fn execute(core: &Core, task: &Task, cmd: &Command) {
             res = Err(e);
         }
     }
-    let (sent, seq_error, held) = (wd.sent(), wd.sequence_error(), wd.take_held());
+    let (sent, seq_error, held) = (wd.sent(), wd.sequence_error(), wd.take_last());
     let Ok(mut outcome) = res else {
         if !task.aborted() {
             // The data phase broke (or the connection did): ERL 0 ends
@@ -221,7 +221,7 @@ async fn respond(
     o: Outcome,
     sent: u32,
     want: Option<u64>,
-    held: Option<(Bhs, Vec<u8>)>,
+    held: Option<LastIn>,
 ) {
     let edtl = info.edtl as u64;
     let resid = match want {
@@ -237,35 +237,34 @@ async fn respond(
     };
     let status = o.status.as_u8();
     let tx = &core.tx;
-    match (held, o.sense) {
-        (Some((last, data)), None) => {
-            let seq = tx.bump();
-            let b = pdu::data_in(
-                info.lun,
-                info.itt,
-                true,
-                Some((status, resid)),
-                last.u32_at(36),
-                last.u32_at(40),
-                data.len(),
-                &seq,
-            );
-            tx.queue(&b, &data);
-            core.give_buf(data);
+    if let Some(l) = held {
+        // Phase collapse: the status goes into the last Data-In's header
+        // while that is still the last PDU queued and unsent, so its
+        // StatSN leaves after every smaller one. Otherwise (a sense to
+        // send, other responses queued behind it, or already taken by a
+        // flush) a SCSI Response follows; the Data-In still gets its F.
+        let data_in = |status, seq: &pdu::Seq| {
+            let (off, n) = (l.offset, l.len);
+            pdu::data_in(info.lun, info.itt, true, status, l.datasn, off, n, seq)
+        };
+        if o.sense.is_none() && tx.rewrite(l.mark, &data_in(Some((status, resid)), &tx.seq()), true)
+        {
+            tx.bump();
+            return finish(core, info).await;
         }
-        (held, _) => {
-            if let Some((mut last, data)) = held {
-                last.0[1] |= 0x80;
-                tx.queue(&last, &data);
-                core.give_buf(data);
-            }
-            let mut sense = [0u8; 2 + ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
-            let n = encode_sense(&o, &mut sense);
-            let mut r = pdu::scsi_response(info.itt, status, resid, &tx.bump());
-            r.set_data_len(n);
-            tx.queue(&r, &sense[..n]);
-        }
+        tx.rewrite(l.mark, &data_in(None, &tx.seq()), false);
     }
+    let mut sense = [0u8; 2 + ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX];
+    let n = encode_sense(&o, &mut sense);
+    let mut r = pdu::scsi_response(info.itt, status, resid, &tx.bump());
+    r.set_data_len(n);
+    tx.queue(&r, &sense[..n]);
+    finish(core, info).await
+}
+
+/// Sends what the command queued (with whatever other commands queued).
+async fn finish(core: &Core, info: &CmdInfo) {
+    let tx = &core.tx;
     if core.sess.tasks.len() > 1 {
         // Other commands may answer in this reactor pass: their responses
         // join this one's send (the tasks woken meanwhile run first).

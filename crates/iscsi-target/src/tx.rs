@@ -32,9 +32,22 @@ struct State {
     spare: Option<IoBuf>,
     flushing: bool,
     failed: bool,
-    /// PDUs queued so far, and how many of them have been sent.
+    /// PDUs queued so far, how many of them a flush has taken, and how
+    /// many have been sent.
     queued: u64,
+    taken: u64,
     sent: u64,
+}
+
+/// Where a queued PDU's header sits, so it can be rewritten while it is
+/// still unsent (the status of a read put into its last Data-In after the
+/// Data-In was queued, the data copied into the queue once).
+#[derive(Clone, Copy, Debug)]
+pub struct Mark {
+    /// The header's offset in the queue buffer.
+    at: usize,
+    /// PDUs queued up to and including this one.
+    n: u64,
 }
 
 /// One connection's shared send queue.
@@ -73,6 +86,7 @@ impl Tx {
                 flushing: false,
                 failed: false,
                 queued: 0,
+                taken: 0,
                 sent: 0,
             }),
             waiters: RefCell::default(),
@@ -108,6 +122,29 @@ impl Tx {
 
     /// Queues one PDU (header digest, padding and data digest added here).
     pub fn queue(&self, b: &Bhs, data: &[u8]) {
+        self.queue_marked(b, data);
+    }
+
+    /// Rewrites the header of the PDU at `m` with `b` (same data length)
+    /// if no flush has taken it yet and, with `only_if_last`, no PDU was
+    /// queued after it (a header that takes a StatSN must not go out
+    /// behind responses numbered after it); whether it was rewritten.
+    pub fn rewrite(&self, m: Mark, b: &Bhs, only_if_last: bool) -> bool {
+        let mut st = self.st.borrow_mut();
+        if st.taken >= m.n || (only_if_last && st.queued != m.n) {
+            return false;
+        }
+        let (at, out) = (m.at, &mut st.out[..]);
+        out[at..at + BHS_LEN].copy_from_slice(&b.0);
+        if self.header_digest {
+            let d = crc32c::crc32c(&b.0).to_le_bytes();
+            out[at + BHS_LEN..at + BHS_LEN + 4].copy_from_slice(&d);
+        }
+        true
+    }
+
+    /// Queues one PDU; where its header sits, for [`Tx::rewrite`].
+    pub fn queue_marked(&self, b: &Bhs, data: &[u8]) -> Mark {
         debug_assert_eq!(b.data_len(), data.len());
         let mut st = self.st.borrow_mut();
         let need = st.out.len() + BHS_LEN + 4 + pad4(data.len()) + 4;
@@ -118,6 +155,7 @@ impl Tx {
             bigger.set_len(len);
             st.out = bigger;
         }
+        let at = st.out.len();
         append(&mut st.out, &b.0);
         if self.header_digest {
             append(&mut st.out, &crc32c::crc32c(&b.0).to_le_bytes());
@@ -133,6 +171,7 @@ impl Tx {
             }
         }
         st.queued += 1;
+        Mark { at, n: st.queued }
     }
 
     /// Ends the connection: the socket is shut down (the receive loop sees
@@ -166,6 +205,7 @@ impl Tx {
                     None
                 } else {
                     st.flushing = true;
+                    st.taken = st.queued;
                     let spare = st.spare.take().expect("idle sender has its spare");
                     Some((std::mem::replace(&mut st.out, spare), st.queued))
                 }
@@ -274,4 +314,66 @@ fn append(out: &mut IoBuf, bytes: &[u8]) {
     let len = out.len();
     out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
     out.set_len(len + bytes.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+    use std::task::{Context, Wake};
+
+    use ustor_iscsi::wire::opcode;
+
+    use super::*;
+    use crate::sess::Window;
+
+    struct Noop;
+
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    fn pdu(itt: u32, len: usize) -> Bhs {
+        let mut b = Bhs::new(opcode::DATA_IN, false, 0);
+        b.set_itt(itt).set_data_len(len);
+        b
+    }
+
+    /// A header rewritten only while unsent (and, for a status, while
+    /// last); the bytes sent carry the new header, its digest and the
+    /// data unchanged.
+    #[test]
+    fn a_queued_header_is_rewritten_only_while_unsent_and_last() {
+        let (a, mut peer) = UnixStream::pair().unwrap();
+        let window = Window::new(1, 4, false);
+        let tx = Tx::new(
+            a.as_raw_fd(),
+            (true, false),
+            Duration::from_secs(5),
+            7,
+            window,
+        );
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        let m1 = tx.queue_marked(&pdu(1, 4096), &data);
+        assert!(tx.rewrite(m1, &pdu(11, 4096), true), "last and unsent");
+        let m2 = tx.queue_marked(&pdu(2, 3), &data[..3]);
+        assert!(!tx.rewrite(m1, &pdu(12, 4096), true), "a PDU follows it");
+        assert!(tx.rewrite(m1, &pdu(13, 4096), false), "unsent");
+        let waker = Waker::from(Arc::new(Noop));
+        let mut cx = Context::from_waker(&waker);
+        let mut f = pin!(tx.flush());
+        assert!(matches!(f.as_mut().poll(&mut cx), Poll::Ready(Ok(()))));
+        assert!(!tx.rewrite(m2, &pdu(14, 3), false), "already sent");
+        let mut got = vec![0u8; 2 * (BHS_LEN + 4) + 4096 + 4];
+        peer.read_exact(&mut got).unwrap();
+        let h1 = Bhs(got[..BHS_LEN].try_into().unwrap());
+        assert_eq!(h1.itt(), 13);
+        let d1 = u32::from_le_bytes(got[BHS_LEN..BHS_LEN + 4].try_into().unwrap());
+        assert_eq!(d1, crc32c::crc32c(&h1.0), "header digest of the rewrite");
+        assert!(got[BHS_LEN + 4..BHS_LEN + 4 + 4096] == data[..]);
+        let at = BHS_LEN + 4 + 4096;
+        assert_eq!(Bhs(got[at..at + BHS_LEN].try_into().unwrap()).itt(), 2);
+    }
 }
