@@ -30,7 +30,7 @@ struct Client {
 
 impl Client {
     fn login(port: u16, digest: bool) -> Client {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let text = encode_text(&[
             ("InitiatorName", "iqn.2026-11.io.ustor:collapse"),
