@@ -18,10 +18,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ustor_fs::proto::{self, Request, HEADER_LEN, NONCE_LEN};
+use ustor_fs::proto::{SET_ATIME, SET_GID, SET_MODE, SET_MTIME, SET_SIZE, SET_UID};
 use ustor_fs::xdp_wire::{
     self as w, Assembly, Ctrl, Frame, Grant, Kind, MAX_CTRL_PAYLOAD, MAX_FRAME, PLACE_HDR,
 };
-use ustor_fs::{Attr, DirEntry, StatFs, MAX_WRITE};
+use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE};
 use ustor_net::xdp::{self, Desc, XskConfig, XskSocket};
 
 use crate::{wire, ClientError, Result};
@@ -481,6 +482,61 @@ impl XdpClient {
         self.call(dir, &Request::Unlink { name }).map(|_| ())
     }
 
+    pub fn setattr(&self, ino: u64, a: &SetAttr) -> Result<Attr> {
+        let bit = |o: bool, b: u32| if o { b } else { 0 };
+        let mask = bit(a.mode.is_some(), SET_MODE)
+            | bit(a.uid.is_some(), SET_UID)
+            | bit(a.gid.is_some(), SET_GID)
+            | bit(a.size.is_some(), SET_SIZE)
+            | bit(a.atime_ns.is_some(), SET_ATIME)
+            | bit(a.mtime_ns.is_some(), SET_MTIME);
+        let req = Request::Setattr {
+            mask,
+            mode: a.mode.unwrap_or(0),
+            uid: a.uid.unwrap_or(0),
+            gid: a.gid.unwrap_or(0),
+            size: a.size.unwrap_or(0),
+            atime_ns: a.atime_ns.unwrap_or(0),
+            mtime_ns: a.mtime_ns.unwrap_or(0),
+        };
+        wire::decode_attr(&self.call(ino, &req)?)
+    }
+
+    pub fn symlink(
+        &self,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attr> {
+        let req = Request::Symlink {
+            uid,
+            gid,
+            name,
+            target,
+        };
+        wire::decode_attr(&self.call(dir, &req)?)
+    }
+
+    /// Links inode `ino` into `dir` as `name`.
+    pub fn link(&self, ino: u64, dir: u64, name: &[u8]) -> Result<Attr> {
+        wire::decode_attr(&self.call(ino, &Request::Link { dir, name })?)
+    }
+
+    pub fn rmdir(&self, dir: u64, name: &[u8]) -> Result<()> {
+        self.call(dir, &Request::Rmdir { name }).map(|_| ())
+    }
+
+    pub fn rename(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8]) -> Result<()> {
+        let req = Request::Rename { ddir, sname, dname };
+        self.call(sdir, &req).map(|_| ())
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.call(ino, &Request::Readlink)
+    }
+
     pub fn readdir(&self, dir: u64, cookie: u64, max: u32) -> Result<Vec<DirEntry>> {
         wire::decode_entries(&self.call(dir, &Request::Readdir { cookie, max })?)
     }
@@ -576,5 +632,57 @@ impl XdpClient {
     pub fn macs(&self) -> ([u8; 6], [u8; 6]) {
         let l = self.link.lock().unwrap_or_else(|e| e.into_inner());
         (l.server, l.mac)
+    }
+}
+
+/// The FUSE mount's calls (`ustor fs mount xdp://...`).
+impl crate::RemoteFs for XdpClient {
+    fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
+        XdpClient::lookup(self, dir, name)
+    }
+    fn getattr(&self, ino: u64) -> Result<Attr> {
+        XdpClient::getattr(self, ino)
+    }
+    fn setattr(&self, ino: u64, a: &SetAttr) -> Result<Attr> {
+        XdpClient::setattr(self, ino, a)
+    }
+    fn create(&self, dir: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        XdpClient::create(self, dir, name, mode, uid, gid)
+    }
+    fn mkdir(&self, dir: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Attr> {
+        XdpClient::mkdir(self, dir, name, mode, uid, gid)
+    }
+    fn symlink(&self, dir: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        XdpClient::symlink(self, dir, name, target, uid, gid)
+    }
+    fn link(&self, ino: u64, dir: u64, name: &[u8]) -> Result<Attr> {
+        XdpClient::link(self, ino, dir, name)
+    }
+    fn unlink(&self, dir: u64, name: &[u8]) -> Result<()> {
+        XdpClient::unlink(self, dir, name)
+    }
+    fn rmdir(&self, dir: u64, name: &[u8]) -> Result<()> {
+        XdpClient::rmdir(self, dir, name)
+    }
+    fn rename(&self, sdir: u64, sname: &[u8], ddir: u64, dname: &[u8]) -> Result<()> {
+        XdpClient::rename(self, sdir, sname, ddir, dname)
+    }
+    fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        XdpClient::readlink(self, ino)
+    }
+    fn readdir(&self, dir: u64, cookie: u64, max: u32) -> Result<Vec<DirEntry>> {
+        XdpClient::readdir(self, dir, cookie, max)
+    }
+    fn statfs(&self) -> Result<StatFs> {
+        XdpClient::statfs(self)
+    }
+    fn fsync(&self, ino: u64) -> Result<()> {
+        XdpClient::fsync(self, ino)
+    }
+    fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        XdpClient::read(self, ino, off, len)
+    }
+    fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
+        XdpClient::write(self, ino, off, data)
     }
 }

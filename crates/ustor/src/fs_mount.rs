@@ -9,6 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod xdp;
+
 use clap::Args;
 use ustor_fs_client::mount::{mount, parse_target, read_secret, MountRequest};
 use ustor_fs_client::session::{FuseMode, Stats};
@@ -71,6 +73,10 @@ fn print_mode(mp: PathBuf) -> Box<dyn FnOnce(&Stats) + Send> {
 }
 
 pub fn run(a: MountArgs) -> i32 {
+    // Raw Ethernet (AF_XDP): fs_mount/xdp.rs.
+    if a.target.starts_with("xdp://") {
+        return xdp::run(a);
+    }
     let (addr, export) = match parse_target(&a.target) {
         Ok(t) => t,
         Err(e) => {

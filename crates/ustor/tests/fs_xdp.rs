@@ -12,6 +12,10 @@
 //! export: another client is served once the grant's deadline passed, the
 //! vanished write's blocks are back, and placement works again; an
 //! overwrite of existing blocks is granted in fragments, never placed.
+//! `ustor fs mount xdp://IFNAME/EXPORT` (run under `nsenter --net`, so the
+//! mount is in this test's mount namespace) serves files written and read
+//! back by SHA-256, a rename, a symbolic and a hard link, chmod, truncate,
+//! mkdir and rmdir.
 
 mod common;
 
@@ -174,6 +178,94 @@ fn client_vanishes(ns: &str, ifname: String) {
     })
 }
 
+fn mounted(mp: &std::path::Path) -> bool {
+    let m = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    m.lines().any(|l| l.split(' ').nth(1) == mp.to_str())
+}
+
+/// A mount process, unmounted (lazily, if still there) and reaped on drop.
+struct Mount(std::process::Child, PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if mounted(&self.1) {
+            let _ = Command::new("umount").arg("-l").arg(&self.1).status();
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Files through `ustor fs mount xdp://...` in namespace `ns`.
+fn through_mount(ns: &str, ifname: &str, dir: &std::path::Path) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mp = dir.join("mnt");
+    std::fs::create_dir_all(&mp).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{ns}"))
+        .arg(BIN)
+        .args(["fs", "mount", &format!("xdp://{ifname}/x")])
+        .arg(&mp)
+        .arg("--secret-file")
+        .arg(&secret)
+        .args(["--fuse-mode", "classic"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn ustor fs mount");
+    let mut m = Mount(child, mp.clone());
+    testkit::wait_until("the xdp export is mounted", Duration::from_secs(20), || {
+        assert!(m.0.try_wait().unwrap().is_none(), "ustor fs mount exited");
+        mounted(&mp)
+    });
+    let data = pseudo_random(300_000, 7);
+    std::fs::write(mp.join("m1"), &data).unwrap();
+    assert_eq!(
+        sha256(&std::fs::read(mp.join("m1")).unwrap()),
+        sha256(&data)
+    );
+    std::fs::rename(mp.join("m1"), mp.join("m2")).unwrap();
+    assert!(!mp.join("m1").exists());
+    std::os::unix::fs::symlink("m2", mp.join("ln")).unwrap();
+    assert_eq!(
+        std::fs::read_link(mp.join("ln")).unwrap().to_str(),
+        Some("m2")
+    );
+    assert_eq!(
+        sha256(&std::fs::read(mp.join("ln")).unwrap()),
+        sha256(&data)
+    );
+    std::fs::hard_link(mp.join("m2"), mp.join("hl")).unwrap();
+    assert_eq!(std::fs::metadata(mp.join("m2")).unwrap().nlink(), 2);
+    std::fs::set_permissions(mp.join("hl"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        std::fs::metadata(mp.join("m2")).unwrap().mode() & 0o777,
+        0o600
+    );
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mp.join("m2"))
+        .unwrap();
+    f.set_len(4096).unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(mp.join("hl")).unwrap(), data[..4096]);
+    std::fs::create_dir(mp.join("d")).unwrap();
+    std::fs::remove_dir(mp.join("d")).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&mp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    for n in ["hl", "ln", "m2"] {
+        assert!(names.iter().any(|x| x == n), "{n} in {names:?}");
+    }
+    let st = Command::new("umount").arg(&mp).status().unwrap();
+    assert!(st.success(), "umount");
+    let code = m.0.wait().unwrap();
+    assert!(code.success(), "ustor fs mount ends cleanly: {code}");
+}
+
 /// In namespace `ns`: reads the files and returns their digests.
 fn client_reads(ns: &str, ifname: String) -> Vec<(String, String)> {
     VethNs::within(ns, move || {
@@ -195,6 +287,16 @@ fn client_reads(ns: &str, ifname: String) -> Vec<(String, String)> {
 #[test]
 fn files_cross_two_namespaces_over_af_xdp() {
     testkit::require!(netns::check(), "iproute2 (run as root)");
+    testkit::require!(testkit::program("nsenter"), "nsenter (util-linux)");
+    testkit::require!(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map(drop)
+            .map_err(|e| format!("/dev/fuse: {e}")),
+        "/dev/fuse"
+    );
     let ns = VethNs::create().expect("namespaces");
     let dir = Dir(tmpdir("fs-xdp"));
     let dir = &dir.0;
@@ -231,6 +333,7 @@ fn files_cross_two_namespaces_over_af_xdp() {
     let x = &st["xdp"];
     assert_eq!(x["grants_expired"], 1, "{st}");
     assert!(x["placed_bytes"].as_u64().unwrap() >= placed + 4096, "{st}");
+    through_mount(&ns.b, &ns.if_b, dir);
     let (code, _) = s.stop();
     assert_eq!(code, 0, "ustor serve stops cleanly");
 
