@@ -11,7 +11,8 @@
 //! - images the direct path must not touch (default features: exclusive
 //!   lock, object map) run on librbd, and a snapshot taken while the image
 //!   is open turns the direct path off before the next write, so the
-//!   snapshot keeps its data.
+//!   snapshot keeps its data;
+//! - a deleted pool's ENOENT fails direct I/O (it is not a hole).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -226,6 +227,79 @@ fn direct_path_against_librbd_rbd_export_and_rbd_import() {
     let Some(f) = fixture() else { return };
     direct_and_librbd_paths_write_the_same_image(&f);
     direct_path_reads_what_rbd_import_wrote_with_holes_as_zeros(&f);
+    a_deleted_pool_fails_direct_io(&f);
+}
+
+/// ENOENT from a deleted pool is an error, not a hole: a read of a written
+/// and of a never-written object and a write all fail, within the op
+/// timeout, and the bdev says `pool deleted`.
+fn a_deleted_pool_fails_direct_io(f: &Fixture) {
+    let c = &f.conf;
+    let ceph = |args: &[&str]| {
+        let out = Command::new("timeout")
+            .args(["30", "ceph", "-c", c])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ceph {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ceph(&["osd", "pool", "create", "gone", "8"]);
+    rbd(c, &["pool", "init", "gone"]);
+    rbd(
+        c,
+        &[
+            "create",
+            "--size",
+            "512K",
+            "--object-size",
+            "64K",
+            "--image-feature",
+            "layering",
+            "gone/g",
+        ],
+    );
+    let o: RbdOpts = serde_json::from_value(json!({"name": "g", "pool_name": "gone",
+        "rbd_name": "g", "block_size": BS, "cluster_name": "c1"}))
+    .unwrap();
+    f.m.create_bdev(&f.reg, o).unwrap();
+    assert_eq!(f.data_path("g"), "direct");
+    f.run("g", vec![Op::Write(0, vec![pattern(11, 4096)])]);
+    ceph(&[
+        "osd",
+        "pool",
+        "delete",
+        "gone",
+        "gone",
+        "--yes-i-really-really-mean-it",
+    ]);
+    let desc = f.reg.open("g", true, |_| {}).unwrap();
+    let t = std::time::Instant::now();
+    let errs =
+        f.rt.handle()
+            .block_on(0, move || async move {
+                let ch = desc.channel().unwrap();
+                let (r0, _) = ch.read(0, 8, IoBuf::heap(4096)).await;
+                let (r1, _) = ch.read(4 * OBJ as u64 / BS, 8, IoBuf::heap(4096)).await;
+                let (r2, _) = ch.write(0, 8, IoBuf::heap(4096)).await;
+                [r0.is_err(), r1.is_err(), r2.is_err()]
+            })
+            .unwrap();
+    assert_eq!(
+        errs, [true; 3],
+        "read written, read hole, write after the pool went"
+    );
+    // rados_osd_op_timeout is 30 s (ustor's default); a deleted pool
+    // answers at once.
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    let e = f.reg.get("g").unwrap();
+    assert_eq!(
+        e.bdev().driver_info()["rbd"]["health"]["state"],
+        "pool deleted"
+    );
 }
 
 fn direct_and_librbd_paths_write_the_same_image(f: &Fixture) {
@@ -253,6 +327,24 @@ fn direct_and_librbd_paths_write_the_same_image(f: &Fixture) {
     // Default features (exclusive-lock, object-map, fast-diff): librbd.
     let full = f.bdev("rf", "full", true);
     assert_eq!(f.data_path(&full), "librbd");
+    // A read-only bdev (rados would take writes librbd refuses), and one
+    // with librbd's cache (compare-and-write would go through it): librbd.
+    f.m.clusters
+        .register(ClusterOpts {
+            name: "cached".into(),
+            config_file: Some(c.clone()),
+            config_param: Some([("rbd_cache".to_string(), "true".to_string())].into()),
+            ..Default::default()
+        })
+        .unwrap();
+    for (name, cluster, ro) in [("ro", "c1", true), ("cached", "cached", false)] {
+        let o = json!({"name": name, "pool_name": "rbd", "rbd_name": "d", "block_size": BS,
+            "cluster_name": cluster, "read_only": ro});
+        f.m.create_bdev(&f.reg, serde_json::from_value(o).unwrap())
+            .unwrap();
+        assert_eq!(f.data_path(name), "librbd", "{name}");
+        f.reg.delete(name).unwrap();
+    }
 
     let ops = vec![
         // Three segments, the middle one across the first object boundary.
