@@ -7,41 +7,16 @@
 //! OSD compares and writes atomically), and what librbd cannot do (more
 //! than one 512-byte sector; a 4 KiB-block bdev) is refused up front.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+mod common;
+
+use std::sync::Arc;
 
 use serde_json::json;
 use ustor_bdev::{BdevError, IoFlags, IoType, Registry};
 use ustor_rbd::{ClusterOpts, RbdOpts};
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 
-static DIR: OnceLock<PathBuf> = OnceLock::new();
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
-}
-
-extern "C" fn stop_cluster() {
-    if let Some(d) = DIR.get() {
-        let _ = Command::new(script()).arg("stop").arg(d).status();
-        let _ = std::fs::remove_dir_all(d);
-    }
-}
-
-fn rbd(conf: &str, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("timeout")
-        .args(["30", "rbd", "-c", conf])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "rbd {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
+use common::{rbd, start_cluster};
 
 fn block(lba: u64, seed: u8) -> Vec<u8> {
     (0..512u64)
@@ -61,29 +36,9 @@ const LBA: u64 = (4 << 20) / 512 + 9;
 
 #[test]
 fn compare_and_write_miscompares_without_writing_and_writes_on_match() {
-    for p in ["ceph-mon", "ceph-osd", "ceph", "rbd"] {
-        if !testkit::need(p) {
-            return;
-        }
-    }
-    let dir = std::env::temp_dir().join(format!("ustor-rbd-caw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(script())
-        .arg("start")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ceph-cluster.sh start: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    DIR.set(dir.clone()).unwrap();
-    // SAFETY: registers a plain function to run at process exit (after the
-    // rbd module's own hook that closes open images: registered later).
-    unsafe { libc::atexit(stop_cluster) };
-    let conf = dir.join("ceph.conf").display().to_string();
+    let Some((dir, conf)) = start_cluster("caw") else {
+        return;
+    };
     rbd(&conf, &["create", "--size", "8M", "rbd/caw"]);
     rbd(&conf, &["create", "--size", "1M", "rbd/caw4k"]);
 

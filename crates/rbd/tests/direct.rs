@@ -14,9 +14,11 @@
 //!   snapshot keeps its data;
 //! - a deleted pool's ENOENT fails direct I/O (it is not a hole).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -24,39 +26,12 @@ use ustor_bdev::Registry;
 use ustor_rbd::{ClusterOpts, RbdModule, RbdOpts};
 use ustor_runtime::{IoBuf, PollMode, Runtime, RuntimeConfig};
 
-static DIR: OnceLock<PathBuf> = OnceLock::new();
+use common::{rbd, start_cluster};
 
 /// 64 KiB objects, 8 of them: small requests cross object boundaries.
 const OBJ: usize = 64 << 10;
 const SIZE: usize = 8 * OBJ;
 const BS: u64 = 512;
-
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
-}
-
-extern "C" fn stop_cluster() {
-    if let Some(d) = DIR.get() {
-        let _ = Command::new(script()).arg("stop").arg(d).status();
-        let _ = std::fs::remove_dir_all(d);
-    }
-}
-
-fn rbd(conf: &str, args: &[&str]) -> Vec<u8> {
-    let t = std::time::Instant::now();
-    let out = Command::new("timeout")
-        .args(["30", "rbd", "-c", conf])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "rbd {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("rbd {args:?}: {:.1} s", t.elapsed().as_secs_f64());
-    out.stdout
-}
 
 /// `rbd export` of `spec` (`pool/image[@snap]`), read into memory.
 fn export(conf: &str, dir: &Path, spec: &str) -> Vec<u8> {
@@ -83,29 +58,7 @@ struct Fixture {
 /// The cluster, runtime and rbd module; `None` (skip, or a panic under
 /// CI=true) without Ceph's programs.
 fn fixture() -> Option<Fixture> {
-    for p in ["ceph-mon", "ceph-osd", "ceph", "rbd"] {
-        if !testkit::need(p) {
-            return None;
-        }
-    }
-    let dir = std::env::temp_dir().join(format!("ustor-rbd-direct-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = Command::new(script())
-        .arg("start")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ceph-cluster.sh start: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    DIR.set(dir.clone()).unwrap();
-    // SAFETY: registers a plain function to run at process exit (after the
-    // rbd module's own hook that closes open images: registered later).
-    unsafe { libc::atexit(stop_cluster) };
-    let conf = dir.join("ceph.conf").display().to_string();
+    let (dir, conf) = start_cluster("direct")?;
     let rt = Runtime::start(RuntimeConfig {
         cores: vec![0],
         pin: false,
