@@ -160,9 +160,10 @@ impl Ring {
     /// The next chain a killed backend had taken, if any: read again by
     /// head from the descriptor table (its avail slot may have been
     /// reused), or from the descriptors the region copied (packed).
-    /// Rare, so the list is allocated here.
+    /// Called before every pop, so it must not allocate (the descriptor
+    /// list is the ring's own).
     fn pop_again(&self, mem: &GuestMem, chain: &mut Chain) -> Option<Result<(), ChainError>> {
-        let mut descs = vec![Desc::default(); CHAIN_MAX + 1];
+        let mut descs = self.descs.borrow_mut();
         let (head, k) = match &mut *self.resubmit.borrow_mut() {
             Resubmit::Split(heads) => {
                 let head = heads.pop()?;
