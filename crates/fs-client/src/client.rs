@@ -13,9 +13,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ustor_fs::proto::{
-    self, Request, MAX_TARGET, SET_ATIME, SET_GID, SET_MODE, SET_MTIME, SET_SIZE, SET_UID,
-};
+use ustor_fs::proto::{self, Request, MAX_TARGET};
 use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE, NAME_MAX};
 
 use crate::conn::{Conn, Done, Frame, SyncConn};
@@ -494,22 +492,7 @@ impl Client {
     }
 
     pub fn setattr(&self, ino: u64, a: &SetAttr) -> Result<Attr> {
-        let bit = |o: bool, b: u32| if o { b } else { 0 };
-        let mask = bit(a.mode.is_some(), SET_MODE)
-            | bit(a.uid.is_some(), SET_UID)
-            | bit(a.gid.is_some(), SET_GID)
-            | bit(a.size.is_some(), SET_SIZE)
-            | bit(a.atime_ns.is_some(), SET_ATIME)
-            | bit(a.mtime_ns.is_some(), SET_MTIME);
-        let req = Request::Setattr {
-            mask,
-            mode: a.mode.unwrap_or(0),
-            uid: a.uid.unwrap_or(0),
-            gid: a.gid.unwrap_or(0),
-            size: a.size.unwrap_or(0),
-            atime_ns: a.atime_ns.unwrap_or(0),
-            mtime_ns: a.mtime_ns.unwrap_or(0),
-        };
+        let req = wire::setattr_request(a);
         self.attr_call(ino, &req)
     }
 

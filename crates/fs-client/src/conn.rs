@@ -116,6 +116,16 @@ fn handshake(s: &mut TcpStream, export: &[u8], secret: &[u8]) -> Result<()> {
     }
 }
 
+/// Connects with TCP_NODELAY and authenticates, every wait bounded by
+/// `timeout` (the handshake must not hang on a server that never answers).
+fn dial(addr: &SocketAddr, export: &[u8], secret: &[u8], timeout: Duration) -> Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(addr, timeout).map_err(io_err)?;
+    s.set_nodelay(true).map_err(io_err)?;
+    s.set_read_timeout(Some(timeout)).map_err(io_err)?;
+    handshake(&mut s, export, secret)?;
+    Ok(s)
+}
+
 /// A connection with no reader thread, used by one thread at a time: the
 /// caller writes a request and reads its reply itself, so the reply wakes
 /// the thread that goes on with it and no other (a FUSE-over-io_uring
@@ -133,11 +143,8 @@ impl SyncConn {
         secret: &[u8],
         timeout: Duration,
     ) -> Result<Self> {
-        let mut s = TcpStream::connect_timeout(addr, timeout).map_err(io_err)?;
-        s.set_nodelay(true).map_err(io_err)?;
         // Every wait, the handshake's and each reply's, is bounded.
-        s.set_read_timeout(Some(timeout)).map_err(io_err)?;
-        handshake(&mut s, export, secret)?;
+        let s = dial(addr, export, secret, timeout)?;
         Ok(Self { s, timeout })
     }
 
@@ -176,11 +183,7 @@ impl Conn {
         secret: &[u8],
         timeout: Duration,
     ) -> Result<Self> {
-        let mut s = TcpStream::connect_timeout(addr, timeout).map_err(io_err)?;
-        s.set_nodelay(true).map_err(io_err)?;
-        // The handshake must not hang on a server that never answers.
-        s.set_read_timeout(Some(timeout)).map_err(io_err)?;
-        handshake(&mut s, export, secret)?;
+        let s = dial(addr, export, secret, timeout)?;
         // The reader wakes every TICK to look for overdue requests.
         s.set_read_timeout(Some(TICK)).map_err(io_err)?;
         let pending = Arc::new(Mutex::new(Pending::default()));

@@ -5,7 +5,8 @@
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use ustor_fs::proto::NONCE_LEN;
-use ustor_fs::{Attr, DirEntry, FileKind, StatFs};
+use ustor_fs::proto::{Request, SET_ATIME, SET_GID, SET_MODE, SET_MTIME, SET_SIZE, SET_UID};
+use ustor_fs::{Attr, DirEntry, FileKind, SetAttr, StatFs};
 
 use crate::{ClientError, Result};
 
@@ -61,6 +62,27 @@ fn attr_from(r: &mut Rd<'_>) -> Result<Attr> {
 }
 
 /// Decodes an attribute reply.
+/// The Setattr request for the fields `a` sets (a mask bit per field),
+/// whatever transport carries it.
+pub fn setattr_request(a: &SetAttr) -> Request<'static> {
+    let bit = |o: bool, b: u32| if o { b } else { 0 };
+    let mask = bit(a.mode.is_some(), SET_MODE)
+        | bit(a.uid.is_some(), SET_UID)
+        | bit(a.gid.is_some(), SET_GID)
+        | bit(a.size.is_some(), SET_SIZE)
+        | bit(a.atime_ns.is_some(), SET_ATIME)
+        | bit(a.mtime_ns.is_some(), SET_MTIME);
+    Request::Setattr {
+        mask,
+        mode: a.mode.unwrap_or(0),
+        uid: a.uid.unwrap_or(0),
+        gid: a.gid.unwrap_or(0),
+        size: a.size.unwrap_or(0),
+        atime_ns: a.atime_ns.unwrap_or(0),
+        mtime_ns: a.mtime_ns.unwrap_or(0),
+    }
+}
+
 pub fn decode_attr(b: &[u8]) -> Result<Attr> {
     let mut r = Rd(b);
     let a = attr_from(&mut r)?;
