@@ -406,6 +406,7 @@ impl Bdev for RbdBdev {
         Ok(Box::new(RbdChannel {
             image: self.image.clone(),
             completer: rc.completer(),
+            reqs: direct::Reqs::new(rc.completer()),
             rc,
             bs: self.info.block_size as u64,
             stop,
@@ -512,6 +513,8 @@ struct RbdChannel {
     image: Arc<Image>,
     rc: Rc<RemoteCompletions>,
     completer: Completer,
+    /// The direct path's requests, reused.
+    reqs: Arc<direct::Reqs>,
     bs: u64,
     /// Event mode: tells this channel's reaper task to end.
     stop: Rc<Cell<bool>>,
@@ -520,6 +523,7 @@ struct RbdChannel {
 impl Drop for RbdChannel {
     fn drop(&mut self) {
         self.stop.set(true);
+        self.reqs.drain();
         if let Some(fd) = self.image.event_fd() {
             events::kick(fd);
         }
@@ -575,8 +579,7 @@ impl BdevChannel for RbdChannel {
             Err(io) => return io.complete(Err(BdevError::Io(libc::EAGAIN))),
         };
         if let Some(l) = self.image.direct().filter(|_| direct::takes(d.kind)) {
-            let c = self.completer.clone();
-            return direct::submit(&self.image, l, &d, off, len, c, io);
+            return direct::submit(&self.image, l, &d, off, len, &self.reqs, io);
         }
         let want = if d.kind == IoType::Read { len } else { 0 };
         // librbd allocates its own completion per I/O as well; this box is

@@ -27,6 +27,9 @@
 
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_queue::ArrayQueue;
 
 use libc::{c_char, c_int, c_void};
 use ustor_bdev::remote::{Completer, RemoteIo};
@@ -116,12 +119,19 @@ impl Layout {
         })
     }
 
-    /// Object `objno`'s name, NUL-terminated, in `buf`.
+    /// Object `objno`'s name, NUL-terminated, in `buf` (by hand: it is
+    /// made for every piece, and `write!` costs more than the rest of the
+    /// mapping).
     fn oid<'a>(&self, objno: u64, buf: &'a mut [u8; OID_MAX]) -> &'a CStr {
-        use std::io::Write;
-        let mut w = &mut buf[..];
-        // Cannot fail: `probe` checked the prefix's length.
-        let _ = write!(w, "{}.{objno:016x}\0", self.prefix);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        // `probe` checked that prefix, dot, 16 digits and NUL fit.
+        let p = self.prefix.as_bytes();
+        buf[..p.len()].copy_from_slice(p);
+        buf[p.len()] = b'.';
+        for (i, b) in buf[p.len() + 1..p.len() + 17].iter_mut().enumerate() {
+            *b = HEX[(objno >> (60 - 4 * i) & 0xf) as usize];
+        }
+        buf[p.len() + 17] = 0;
         CStr::from_bytes_until_nul(buf).unwrap_or_default()
     }
 }
@@ -202,7 +212,7 @@ struct Seg {
 
 /// One rados op of a request: its completion's argument.
 struct Piece {
-    req: *const Req,
+    req: *mut Req,
     objno: u64,
     obj_off: u64,
     len: u64,
@@ -212,10 +222,13 @@ struct Piece {
     write_op: ffi::rados_write_op_t,
 }
 
-/// A request in flight: freed by the last of its pieces to complete.
-struct Req {
-    completer: Completer,
-    io: RemoteIo,
+/// A request in flight, or idle in its channel's [`Reqs`]: given back by
+/// the last of its pieces to complete.
+pub(crate) struct Req {
+    /// Where it goes back to (cloned once, when the box is made).
+    pool: Arc<Reqs>,
+    /// The I/O, while in flight.
+    io: Option<RemoteIo>,
     kind: IoType,
     left: AtomicUsize,
     /// The first error (a positive errno), 0 while none.
@@ -228,6 +241,63 @@ struct Req {
     pieces: Vec<Piece>,
 }
 
+// SAFETY: a request moves between the reactor that submits it and the
+// librados thread that completes it, one at a time (the pool's queue hands
+// it over). Its raw pointers (the I/O's buffers, the image) are valid while
+// it is in flight and never read while it is idle.
+unsafe impl Send for Req {}
+
+/// Most idle requests a channel keeps (more in flight at once are made
+/// and freed per I/O).
+const POOL: usize = 1024;
+
+/// A channel's requests, reused: a request's box and its segment and piece
+/// lists are made the first time they are needed and kept with their
+/// capacity, so once warm the per-I/O path does not allocate. Taken on the
+/// reactor, given back by the librados thread that completes the request
+/// (a lock-free queue: one push and one pop per I/O), which also completes
+/// the I/O through `completer` (one clone per channel, not per I/O).
+pub(crate) struct Reqs {
+    free: ArrayQueue<Box<Req>>,
+    completer: Completer,
+}
+
+impl Reqs {
+    pub(crate) fn new(completer: Completer) -> Arc<Reqs> {
+        Arc::new(Reqs {
+            free: ArrayQueue::new(POOL),
+            completer,
+        })
+    }
+
+    /// An idle request, its lists empty.
+    fn take(self: &Arc<Self>) -> Box<Req> {
+        let Some(mut r) = self.free.pop() else {
+            return Box::new(Req {
+                pool: self.clone(),
+                io: None,
+                kind: IoType::Read,
+                left: AtomicUsize::new(0),
+                err: AtomicI32::new(0),
+                image: std::ptr::null(),
+                segs: Vec::new(),
+                seg_at: std::ptr::null_mut(),
+                pieces: Vec::new(),
+            });
+        };
+        r.segs.clear();
+        r.pieces.clear();
+        r
+    }
+
+    /// Drops the idle requests: each holds an `Arc` of the pool (the
+    /// channel calls this when it goes; a request still in flight then
+    /// comes back into a pool nobody takes from, and stays there).
+    pub(crate) fn drain(&self) {
+        while self.free.pop().is_some() {}
+    }
+}
+
 /// Starts `d` (at image byte `off`, `len` bytes) on the direct path.
 /// Flush completes at once: without librbd's cache there is nothing to
 /// write back, and a write completes when the OSDs have it.
@@ -237,23 +307,17 @@ pub(crate) fn submit(
     d: &IoDesc,
     off: u64,
     len: u64,
-    c: Completer,
+    pool: &Arc<Reqs>,
     io: RemoteIo,
 ) {
     if d.kind == IoType::Flush {
-        return c.complete(io, Ok(()));
+        return pool.completer.complete(io, Ok(()));
     }
-    let mut req = Box::new(Req {
-        completer: c,
-        io,
-        kind: d.kind,
-        left: AtomicUsize::new(0),
-        err: AtomicI32::new(0),
-        image: img,
-        segs: Vec::new(),
-        seg_at: std::ptr::null_mut(),
-        pieces: Vec::new(),
-    });
+    let mut req = pool.take();
+    req.io = Some(io);
+    req.kind = d.kind;
+    req.err.store(0, Ordering::Relaxed);
+    req.image = img;
     // SAFETY: the I/O's segments stay valid until it completes.
     let iov = unsafe { d.iovecs() };
     let data = matches!(d.kind, IoType::Read | IoType::Write);
@@ -264,7 +328,7 @@ pub(crate) fn submit(
         }
         let segs = start..req.segs.len();
         req.pieces.push(Piece {
-            req: std::ptr::null(),
+            req: std::ptr::null_mut(),
             objno: e.objno,
             obj_off: e.obj_off,
             len: e.len,
@@ -291,7 +355,7 @@ pub(crate) fn submit(
             // Refused at once: this piece and the ones not issued yet are
             // done, with this error.
             for j in i..n {
-                // SAFETY: as above; the last call frees `req`.
+                // SAFETY: as above; the last call gives `req` back.
                 unsafe {
                     (*pieces.add(j)).req = req;
                     piece_done(pieces.add(j), r as isize);
@@ -438,7 +502,7 @@ unsafe fn piece_done(p: *mut Piece, r: isize) {
             .compare_exchange(0, err, Ordering::AcqRel, Ordering::Relaxed);
     }
     if (*req).left.fetch_sub(1, Ordering::AcqRel) == 1 {
-        complete(*Box::from_raw(req.cast_mut()));
+        complete(Box::from_raw(req));
     }
 }
 
@@ -460,7 +524,9 @@ fn zero(s: &Seg, from: usize) {
     }
 }
 
-fn complete(req: Req) {
+/// Completes the I/O of a request whose pieces are all done, and gives the
+/// request back to its pool.
+fn complete(mut req: Box<Req>) {
     // SAFETY: see `Req::image`.
     let img = unsafe { &*req.image };
     let err = req.err.load(Ordering::Acquire);
@@ -471,8 +537,20 @@ fn complete(req: Req) {
         img.health.failed(err, &img.name);
         Err(errno_err(err))
     };
-    let Req { completer, io, .. } = req;
-    completer.complete(io, status);
+    let io = req.io.take();
+    // SAFETY: the pool outlives this call: the channel holds it until its
+    // I/O (this one included) has completed, and a request in the pool
+    // holds it too (a channel gone early leaves its pool to the requests
+    // still in flight). The request goes back before the I/O completes;
+    // once back it may be reused at once, so only `pool` is used after.
+    let pool = unsafe { &*Arc::as_ptr(&req.pool) };
+    let full = pool.free.push(req).err();
+    if let Some(io) = io {
+        pool.completer.complete(io, status);
+    }
+    // More than POOL were in flight a moment ago: this one is freed, after
+    // the I/O completed (its `Arc` may be the pool's last).
+    drop(full);
 }
 
 /// Whether [`submit`] takes an I/O of this kind (compare-and-write goes
@@ -549,6 +627,10 @@ mod tests {
         assert_eq!(
             l.oid(0x2a, &mut b).to_str().unwrap(),
             "rbd_data.1234abcd.000000000000002a"
+        );
+        assert_eq!(
+            l.oid(0x0123_4567_89ab_cdef, &mut b).to_str().unwrap(),
+            "rbd_data.1234abcd.0123456789abcdef"
         );
     }
 }
