@@ -17,6 +17,21 @@
 //! change (watch callback) probes again and turns the path off for good
 //! when the image stops qualifying (a snapshot taken, a feature enabled).
 //!
+//! Why exclusive-lock + object-map images (Ceph's defaults) stay on
+//! librbd even while this process holds the lock: holding it is possible
+//! (`rbd_lock_acquire` turns off librbd's hand-over to other clients), but
+//! librbd keeps the object map in memory and trusts it. Its reads (and
+//! compare-and-write, discard, shrink) skip an object the map says does
+//! not exist, and a write to such an object first updates the map object
+//! (`rbd_object_map.<id>`, a cls call) and then librbd's copy. A write made
+//! here would have to update the map object itself before the data, and
+//! librbd's copy in this process would then be stale: its next read of
+//! that object would return zeros, a shrink would leave the object behind.
+//! librbd reloads its copy only when it acquires the lock again, and
+//! marking the map invalid (what makes librbd assume every object exists)
+//! would cost the operator fast-diff until `rbd object-map rebuild`. Not
+//! done: see bench/RESULTS-rbd.md for what a correct version would need.
+//!
 //! Mapping: byte `off` of the image lies in object `off / object_size`,
 //! named `<block_name_prefix>.<object number, 16 hex digits>`. A request
 //! becomes one rados op per object it touches; it completes when the last
