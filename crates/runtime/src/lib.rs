@@ -53,7 +53,9 @@ pub use doorbell::Doorbell;
 pub use executor::{spawn, yield_now, JoinHandle};
 pub use msg::{Runtime, RuntimeHandle, SendError};
 pub use poller::{register_poller, register_timed_poller, unregister_poller, PollStatus, PollerId};
-pub use reactor::{is_reactor_thread, on_reactor_exit, poll_mode, reactor_id, request_stop};
+pub use reactor::{
+    is_reactor_thread, on_reactor_exit, pass_ticks, poll_mode, reactor_id, request_stop,
+};
 pub use stats::ReactorStats;
 pub use timer::{sleep, sleep_until};
 pub use uring::{register_cqe_handler, submit_sqe, unregister_cqe_handler, CqeHandler, HandlerId};

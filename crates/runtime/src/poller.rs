@@ -35,6 +35,11 @@ struct Entry {
 pub(crate) struct Pollers {
     entries: RefCell<Vec<Entry>>,
     timed: Cell<usize>,
+    /// Live pollers that run every pass.
+    active: Cell<usize>,
+    /// At most the earliest `next` of a live timed poller (`u64::MAX`:
+    /// none), so a pass with no active poller and none due skips the list.
+    first_due: Cell<u64>,
 }
 
 impl Pollers {
@@ -42,6 +47,8 @@ impl Pollers {
         Pollers {
             entries: RefCell::new(Vec::with_capacity(64)),
             timed: Cell::new(0),
+            active: Cell::new(0),
+            first_due: Cell::new(u64::MAX),
         }
     }
 
@@ -54,6 +61,9 @@ impl Pollers {
         };
         if period != 0 {
             self.timed.set(self.timed.get() + 1);
+            self.first_due.set(self.first_due.get().min(next));
+        } else {
+            self.active.set(self.active.get() + 1);
         }
         if let Some(i) = e.iter().position(|x| !x.live && x.f.is_none()) {
             let gen = e[i].gen.wrapping_add(1);
@@ -88,6 +98,8 @@ impl Pollers {
                 x.live = false;
                 if x.period != 0 {
                     self.timed.set(self.timed.get() - 1);
+                } else {
+                    self.active.set(self.active.get() - 1);
                 }
                 // If the poller is running right now its closure is out of the
                 // slab; `run` drops it when it returns.
@@ -100,17 +112,28 @@ impl Pollers {
 
     /// Runs active pollers and due timed pollers; returns how many were busy.
     pub(crate) fn run(&self, now: u64) -> usize {
+        if self.active.get() == 0 && now < self.first_due.get() {
+            return 0;
+        }
+        // Pollers added while this runs lower `first_due` themselves.
+        self.first_due.set(u64::MAX);
+        let mut first = u64::MAX;
         let n = self.entries.borrow().len();
         let mut busy = 0;
         for i in 0..n {
             let f = {
                 let mut e = self.entries.borrow_mut();
                 let x = &mut e[i];
-                if !x.live || (x.period != 0 && now < x.next) {
+                if !x.live {
                     continue;
                 }
                 if x.period != 0 {
+                    if now < x.next {
+                        first = first.min(x.next);
+                        continue;
+                    }
                     x.next = now + x.period;
+                    first = first.min(x.next);
                 }
                 x.f.take()
             };
@@ -123,6 +146,7 @@ impl Pollers {
                 e[i].f = Some(f);
             }
         }
+        self.first_due.set(self.first_due.get().min(first));
         busy
     }
 
@@ -152,6 +176,8 @@ impl Pollers {
         let drained: Vec<Entry> = self.entries.borrow_mut().drain(..).collect();
         drop(drained);
         self.timed.set(0);
+        self.active.set(0);
+        self.first_due.set(u64::MAX);
     }
 }
 

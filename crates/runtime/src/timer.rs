@@ -77,6 +77,9 @@ pub(crate) struct Timers {
     /// Heap entries whose timer was cancelled.
     stale: Cell<usize>,
     seq: Cell<u64>,
+    /// At most the earliest deadline in the heap (`u64::MAX`: empty), so
+    /// a pass with nothing due skips the heap.
+    first: Cell<u64>,
 }
 
 impl Timers {
@@ -88,6 +91,7 @@ impl Timers {
             free: RefCell::new(Vec::with_capacity(4096)),
             stale: Cell::new(0),
             seq: Cell::new(0),
+            first: Cell::new(u64::MAX),
         }
     }
 
@@ -108,6 +112,7 @@ impl Timers {
         let gen = s.gen;
         let seq = self.seq.get();
         self.seq.set(seq + 1);
+        self.first.set(self.first.get().min(deadline));
         self.heap.borrow_mut().push(Entry {
             deadline,
             seq,
@@ -188,6 +193,9 @@ impl Timers {
 
     /// Wakes every timer due at `now`; returns how many fired.
     pub(crate) fn fire(&self, now: u64) -> usize {
+        if now < self.first.get() {
+            return 0;
+        }
         let mut n = 0;
         while let Some(w) = self.pop_due(now) {
             if let Some(w) = w {
@@ -195,6 +203,8 @@ impl Timers {
             }
             n += 1;
         }
+        let first = self.heap.borrow().peek().map_or(u64::MAX, |e| e.deadline);
+        self.first.set(first);
         n
     }
 

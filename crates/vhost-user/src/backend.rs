@@ -201,6 +201,7 @@ impl<D: VhostDevice> Backend<D> {
             kick: kick.clone(),
             call: v.call.clone(),
             mem: self.mem.atomic(),
+            mem_gen: self.mem.generation(),
             dev: self.dev.clone(),
             stop: stop.clone(),
             done: tx,

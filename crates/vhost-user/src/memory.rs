@@ -11,6 +11,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vm_memory::{
@@ -56,6 +57,10 @@ pub enum MemError {
 pub struct MemTable {
     regions: Vec<(RegionDesc, Arc<GuestRegionMmap>)>,
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// Bumped (release) after each replacement of the map: a queue loads
+    /// this plain counter every pass and reads the map itself (an
+    /// `arc-swap` load and an `Arc` clone) only when it moved.
+    gen: Arc<AtomicU64>,
 }
 
 impl Default for MemTable {
@@ -63,6 +68,7 @@ impl Default for MemTable {
         MemTable {
             regions: Vec::new(),
             atomic: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            gen: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -71,6 +77,11 @@ impl MemTable {
     /// What the queues read the guest's memory through.
     pub fn atomic(&self) -> GuestMemoryAtomic<GuestMemoryMmap> {
         self.atomic.clone()
+    }
+
+    /// The counter bumped after each change of [`Self::atomic`]'s map.
+    pub fn generation(&self) -> Arc<AtomicU64> {
+        self.gen.clone()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -156,6 +167,7 @@ impl MemTable {
             .lock()
             .map_err(|_| MemError::Map("poisoned".into()))?
             .replace(mem);
+        self.gen.fetch_add(1, Ordering::Release);
         Ok(())
     }
 }

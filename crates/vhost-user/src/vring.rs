@@ -30,7 +30,7 @@ use std::future::poll_fn;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::task::Poll;
 use std::time::Duration;
@@ -69,6 +69,8 @@ pub struct VringStart<D = BlkDevice> {
     pub kick: Arc<File>,
     pub call: Option<Arc<File>>,
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// Bumped after each change of `mem`'s map ([`crate::memory::MemTable::generation`]).
+    pub mem_gen: Arc<AtomicU64>,
     pub dev: Arc<D>,
     pub stop: Arc<AtomicBool>,
     /// Where the task reports where it stopped once stopped
@@ -103,6 +105,9 @@ struct Vring {
     /// they see a new generation: no reference count touched per I/O).
     mem: RefCell<Arc<GuestMem>>,
     mem_gen: Cell<u64>,
+    /// The frontend's map generation last looked at (`u64::MAX`: never).
+    map_seen: Cell<u64>,
+    map_gen: Arc<AtomicU64>,
     coal: RefCell<Coalescer>,
     /// The queue task sleeps on the kick eventfd (or drains): completions
     /// decide and signal at once (nothing would decide later).
@@ -148,12 +153,15 @@ pub async fn run(s: VringStart) {
     v.stats().running.store(true, Ordering::Relaxed);
     resubmit(&v);
     let poll_window = ticks::from_duration(v.dev.poll_window);
-    let mut last_work = ticks::now();
+    let mut last_work = ustor_runtime::pass_ticks();
     while !stop.load(Ordering::Acquire) {
         refresh_mem(&v, &mem_atomic);
-        publish(&v, &v.mem.borrow());
+        // The reactor's clock of this pass, not the TSC: the poll window
+        // and the coalescing intervals are microseconds or more, and a
+        // TSC read costs tens of ns here (one per pass saved).
+        let now = ustor_runtime::pass_ticks();
+        publish(&v, &v.mem.borrow(), now);
         let n = take_available(&v);
-        let now = ticks::now();
         coalesce_tick(&v, now);
         if n > 0 {
             last_work = now;
@@ -162,7 +170,7 @@ pub async fn run(s: VringStart) {
         }
         // A held-back signal keeps the queue polling until it is due
         // (a sleeping queue could not send it).
-        if now.wrapping_sub(last_work) < poll_window || v.coal.borrow().pending() {
+        if now.saturating_sub(last_work) < poll_window || v.coal.borrow().pending() {
             ustor_runtime::yield_now().await;
             continue;
         }
@@ -175,7 +183,7 @@ pub async fn run(s: VringStart) {
         };
         if !more {
             // Completions from here on publish at once.
-            publish(&v, &v.mem.borrow());
+            publish(&v, &v.mem.borrow(), ticks::now());
             v.parked.set(true);
             let _ = ustor_runtime::ops::poll_ready(kick.as_raw_fd(), libc::POLLIN as u32).await;
             v.parked.set(false);
@@ -189,7 +197,7 @@ pub async fn run(s: VringStart) {
     }
     // Drain: the indices are reported only once every request taken has
     // been returned used, so a restarted ring repeats nothing.
-    publish(&v, &v.mem.borrow());
+    publish(&v, &v.mem.borrow(), ticks::now());
     v.parked.set(true);
     while v.inflight.get() > 0 {
         ustor_runtime::sleep(Duration::from_micros(100)).await;
@@ -226,7 +234,9 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         closing: Cell::new(false),
         mem: RefCell::new(mem),
         mem_gen: Cell::new(0),
-        coal: RefCell::new(Coalescer::new(ticks::hz(), ticks::now())),
+        map_seen: Cell::new(u64::MAX),
+        map_gen: s.mem_gen,
+        coal: RefCell::new(Coalescer::new(ticks::hz(), ustor_runtime::pass_ticks())),
         parked: Cell::new(false),
         unpublished: Cell::new(0),
         broken: Cell::new(false),
@@ -240,6 +250,12 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
 /// Picks up a memory map the frontend changed (ADD_MEM_REG, REM_MEM_REG);
 /// idle workers are woken so they drop the old one.
 fn refresh_mem(v: &Vring, atomic: &GuestMemoryAtomic<GuestMemoryMmap>) {
+    // Acquire: a generation seen moved means the new map is what
+    // `memory()` returns (the control side bumps it after the swap).
+    let gen = v.map_gen.load(Ordering::Acquire);
+    if gen == v.map_seen.replace(gen) {
+        return;
+    }
     let g = atomic.memory();
     if v.mem.borrow().is(&g) {
         return;
@@ -419,21 +435,21 @@ fn complete(v: &Vring, mem: &GuestMem, head: u16, len: u32) {
     drop(q);
     v.unpublished.set(v.unpublished.get() + 1);
     if v.parked.get() {
-        publish(v, mem);
+        publish(v, mem, ustor_runtime::pass_ticks());
     }
 }
 
 /// One notification decision for the entries pushed since the last:
 /// signals the driver if it asked (now, or later when coalescing holds
 /// the signal back).
-fn publish(v: &Vring, mem: &GuestMem) {
+fn publish(v: &Vring, mem: &GuestMem, now: u64) {
     if v.unpublished.replace(0) == 0 {
         return;
     }
     if !v.queue.borrow_mut().publish(mem) {
         return;
     }
-    let now_ok = v.parked.get() || v.coal.borrow_mut().used(ticks::now());
+    let now_ok = v.parked.get() || v.coal.borrow_mut().used(now);
     if now_ok {
         signal_call(v);
     } else {
