@@ -4,13 +4,14 @@
 //! answering our R2Ts (MaxBurstLength each), handed to the task by the
 //! session's receive loop; data from the device leaves as Data-In PDUs
 //! (MaxRecvDataSegmentLength each, F at every MaxBurstLength) on the
-//! connection's shared send queue, queued at once (the data copied once,
-//! from the device's buffer into the queue) with the last one's place
-//! kept, so the status can be written into its header while it is still
+//! connection's shared send queue, queued at once with the last one's
+//! place kept (a READ's data is sent from the buffer the device read into,
+//! not copied; other commands' data is copied into the queue), so the status can be written into its header while it is still
 //! unsent (phase collapse). Many commands of a session run this at once,
 //! each on its own task.
 
-use ustor_iscsi::wire::RESERVED_TAG;
+use ustor_iscsi::wire::{Bhs, RESERVED_TAG};
+use ustor_runtime::IoBuf;
 use ustor_scsi_target::{DataPath, Direction, XferError};
 
 use crate::exec::Core;
@@ -64,8 +65,9 @@ pub struct WireData<'a> {
     core: &'a Core,
     task: &'a Task,
     pub info: CmdInfo,
-    /// Immediate data not yet taken.
-    imm: &'a [u8],
+    /// Immediate data, and how much of it has been taken.
+    imm: Option<IoBuf>,
+    imm_at: usize,
     out: OutState,
     /// The data segment of the Data-Out being taken.
     cur: Vec<u8>,
@@ -75,10 +77,12 @@ pub struct WireData<'a> {
     seq_error: bool,
     /// The last Data-In PDU queued, whose header the status may rewrite.
     last: Option<LastIn>,
+    /// DataSN, offset and length of the last Data-In header made.
+    piece: (u32, u32, usize),
 }
 
 impl<'a> WireData<'a> {
-    pub fn new(core: &'a Core, task: &'a Task, info: CmdInfo, imm: &'a [u8]) -> WireData<'a> {
+    pub fn new(core: &'a Core, task: &'a Task, info: CmdInfo, imm: Option<IoBuf>) -> WireData<'a> {
         let params = &core.params;
         let unsolicited_end = if info.unsolicited {
             params.first_burst.min(info.edtl)
@@ -96,13 +100,15 @@ impl<'a> WireData<'a> {
             core,
             task,
             info,
-            imm: &imm[..(info.immediate as usize).min(imm.len())],
+            imm,
+            imm_at: 0,
             out,
             cur: Vec::new(),
             datasn: 0,
             sent: 0,
             seq_error: false,
             last: None,
+            piece: (0, 0, 0),
         }
     }
 
@@ -123,10 +129,10 @@ impl<'a> WireData<'a> {
 
     /// Copies what the current Data-Out (or immediate data) still holds.
     fn take_carry(&mut self, dst: &mut [u8]) -> usize {
-        if !self.imm.is_empty() {
-            let n = self.imm.len().min(dst.len());
-            dst[..n].copy_from_slice(&self.imm[..n]);
-            self.imm = &self.imm[n..];
+        if let Some(imm) = self.imm.as_ref().filter(|b| b.len() > self.imm_at) {
+            let n = (imm.len() - self.imm_at).min(dst.len());
+            dst[..n].copy_from_slice(&imm[self.imm_at..self.imm_at + n]);
+            self.imm_at += n;
             self.out.have += n as u32;
             return n;
         }
@@ -207,7 +213,7 @@ impl<'a> WireData<'a> {
     /// owes for bursts it was told (or allowed) to send.
     pub async fn drain(&mut self) -> Result<(), XferError> {
         self.out.carry = None;
-        self.imm = &[];
+        self.imm = None;
         while self.out.burst_open {
             self.next_data_out().await?;
             self.out.have += self.out.carry.map_or(0, |(a, b)| (b - a) as u32);
@@ -216,37 +222,84 @@ impl<'a> WireData<'a> {
         Ok(())
     }
 
-    /// Queues the Data-In PDUs for `src` at `offset`; the last one's place
-    /// is kept. F marks each burst's end and the end of the expected data.
-    fn queue_data_in(&mut self, offset: u32, src: &[u8]) {
-        let max = self.core.params.max_send_data.max(512) as usize;
+    /// The header of the Data-In carrying `n` bytes at `off` (DataSN
+    /// advanced). F marks each burst's end and the end of the expected data.
+    fn data_in_header(&mut self, off: u32, n: usize) -> Bhs {
         let burst = self.core.params.max_burst.max(512);
+        let end = off + n as u32;
+        let b = pdu::data_in(
+            self.info.lun,
+            self.info.itt,
+            end % burst == 0 || end == self.info.edtl,
+            None,
+            self.datasn,
+            off,
+            n,
+            &self.core.tx.seq(),
+        );
+        self.piece = (self.datasn, off, n);
+        self.datasn += 1;
+        b
+    }
+
+    /// Bytes of data in one Data-In PDU.
+    fn max_piece(&self) -> usize {
+        self.core.params.max_send_data.max(512) as usize
+    }
+
+    /// Queues the Data-In PDUs for `src` at `offset` (copied into the
+    /// queue); the last one's place is kept.
+    fn queue_data_in(&mut self, offset: u32, src: &[u8]) {
+        let max = self.max_piece();
         let mut at = 0;
         while at < src.len() {
             let n = (src.len() - at).min(max);
-            let off = offset + at as u32;
-            let end = off + n as u32;
-            let b = pdu::data_in(
-                self.info.lun,
-                self.info.itt,
-                end % burst == 0 || end == self.info.edtl,
-                None,
-                self.datasn,
-                off,
-                n,
-                &self.core.tx.seq(),
-            );
+            let b = self.data_in_header(offset + at as u32, n);
             let mark = self.core.tx.queue_marked(&b, &src[at..at + n]);
-            self.last = Some(LastIn {
-                mark,
-                datasn: self.datasn,
-                offset: off,
-                len: n,
-            });
-            self.datasn += 1;
+            self.set_mark(Some(mark));
             at += n;
         }
         self.sent = self.sent.max(offset + src.len() as u32);
+    }
+
+    /// Queues the Data-In PDUs for the first `n` bytes of `buf` at
+    /// `offset`, sent from `buf` itself; the last one's place is kept.
+    fn queue_data_in_held(&mut self, offset: u32, buf: IoBuf, n: usize) {
+        let (core, max) = (self.core, self.max_piece());
+        let mark = core.tx.queue_held(buf, n, max, |at, len| {
+            self.data_in_header(offset + at as u32, len)
+        });
+        self.set_mark(mark);
+        self.sent = self.sent.max(offset + n as u32);
+    }
+
+    /// Keeps the place of the last PDU queued (its header made last).
+    fn set_mark(&mut self, mark: Option<Mark>) {
+        let (datasn, offset, len) = self.piece;
+        self.last = mark.map(|mark| LastIn {
+            mark,
+            datasn,
+            offset,
+            len,
+        });
+    }
+
+    /// Before more Data-In: this command's earlier chunks leave now (a
+    /// long read is sent as it is read, not queued whole). The first
+    /// chunk flushes nothing: other commands' responses queued meanwhile
+    /// leave with its, not one send each.
+    async fn before_data_in(&mut self) -> Result<(), XferError> {
+        if self.task.aborted() {
+            return Err(XferError::Disconnected);
+        }
+        if self.last.take().is_some() {
+            self.core
+                .tx
+                .flush()
+                .await
+                .map_err(|_| XferError::Disconnected)?;
+        }
+        Ok(())
     }
 }
 
@@ -301,25 +354,49 @@ impl DataPath for WireData<'_> {
         Ok(got)
     }
 
+    fn data_out_buf(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
+        let whole = self.imm_at == 0 && self.imm.as_ref().is_some_and(|b| b.len() == len);
+        if !whole || offset != self.out.have {
+            return None;
+        }
+        self.out.have += len as u32;
+        self.imm.take()
+    }
+
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {
         let n = src
             .len()
             .min(self.info.edtl.saturating_sub(offset) as usize);
-        if self.task.aborted() {
-            return Err(XferError::Disconnected);
-        }
-        // This command's earlier chunks leave now (a long read is sent as
-        // it is read, not queued whole); this chunk's last PDU may carry
-        // status. The first chunk flushes nothing: other commands'
-        // responses queued meanwhile leave with theirs, not one send each.
-        if self.last.take().is_some() {
-            self.core
-                .tx
-                .flush()
-                .await
-                .map_err(|_| XferError::Disconnected)?;
-        }
+        self.before_data_in().await?;
         self.queue_data_in(offset, &src[..n]);
         Ok(n)
+    }
+
+    async fn data_in_buf(
+        &mut self,
+        offset: u32,
+        buf: IoBuf,
+    ) -> (Result<usize, XferError>, Option<IoBuf>) {
+        let n = buf
+            .len()
+            .min(self.info.edtl.saturating_sub(offset) as usize);
+        if let Err(e) = self.before_data_in().await {
+            return (Err(e), Some(buf));
+        }
+        if n == 0 {
+            return (Ok(0), Some(buf));
+        }
+        self.queue_data_in_held(offset, buf, n);
+        if offset + (n as u32) < self.info.edtl {
+            // More data may follow: this chunk leaves now, so its buffer
+            // is not held while the core waits for the next one (a
+            // command holds at most one buffer, and only until the send
+            // of its status).
+            self.last = None;
+            if self.core.tx.flush().await.is_err() {
+                return (Err(XferError::Disconnected), None);
+            }
+        }
+        (Ok(n), None)
     }
 }

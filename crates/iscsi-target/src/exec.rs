@@ -6,14 +6,16 @@
 //! the command finishes, whatever the order the commands were sent in.
 //! An aborted task sends nothing; a data phase that breaks the protocol
 //! ends the connection. Commands run on the connection's workers
-//! ([`crate::workers`]); their data buffers (immediate data, Data-Out)
-//! come from the connection's free list, so a command
-//! allocates nothing once the connection has warmed up.
+//! ([`crate::workers`]); immediate data lands in a pool buffer that the
+//! core writes to the device as it is (no second copy), Data-Out buffers
+//! come from the connection's free list, so a command allocates nothing
+//! once the connection has warmed up.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use ustor_iscsi::wire::Bhs;
+use ustor_runtime::IoBuf;
 use ustor_scsi_proto::lun::decode_lun;
 use ustor_scsi_target::{Direction, LunTable, Outcome};
 
@@ -109,13 +111,14 @@ impl Core {
 pub struct Command {
     pub info: CmdInfo,
     pub cdb: [u8; 16],
-    pub data: Vec<u8>,
+    /// Immediate data (a pool buffer: the device may take it as it is).
+    pub data: Option<IoBuf>,
 }
 
 impl Command {
-    /// The command of `b` with its data segment (copied into one of
-    /// `core`'s buffers); `None` for a bidirectional command (not offered).
-    pub fn parse(b: &Bhs, data: &[u8], core: &Core) -> Option<Command> {
+    /// The command of `b` with its data segment (copied into a pool
+    /// buffer); `None` for a bidirectional command (not offered).
+    pub fn parse(b: &Bhs, data: &[u8]) -> Option<Command> {
         let f = b.flags();
         let (read, write) = (f & 0x40 != 0, f & 0x20 != 0);
         if read && write {
@@ -140,22 +143,24 @@ impl Command {
         };
         let mut cdb = [0u8; 16];
         cdb.copy_from_slice(&b.0[32..48]);
-        let data = if write && !data.is_empty() {
-            core.copy_buf(&data[..(info.immediate as usize)])
-        } else {
-            Vec::new()
-        };
+        let n = info.immediate as usize;
+        let data = (n > 0).then(|| {
+            // An exhausted pool costs an allocation, not a wait.
+            let mut buf = IoBuf::try_alloc(n).unwrap_or_else(|| IoBuf::heap(n));
+            buf.copy_from_slice(&data[..n]);
+            buf
+        });
         Some(Command { info, cdb, data })
     }
 }
 
 /// The body of one command's task: runs it and answers it, then leaves
 /// the task set (the task and the command's buffer kept for reuse).
-pub async fn run(core: &Core, task: Rc<Task>, cmd: Command) {
+pub async fn run(core: &Core, task: Rc<Task>, mut cmd: Command) {
     let (tasks, window) = (&core.sess.tasks, &core.sess.window);
     tasks.may_start(&task, window.gate.as_ref()).await;
     if !task.aborted() {
-        execute(core, &task, &cmd).await;
+        execute(core, &task, &mut cmd).await;
     }
     tasks.remove(&task);
     if let (Some(g), Some(seq)) = (&window.gate, task.gate_seq) {
@@ -166,13 +171,12 @@ pub async fn run(core: &Core, task: Rc<Task>, cmd: Command) {
         window.credit();
     }
     tasks.recycle(task);
-    core.give_buf(cmd.data);
 }
 
-async fn execute(core: &Core, task: &Task, cmd: &Command) {
+async fn execute(core: &Core, task: &Task, cmd: &mut Command) {
     let info = cmd.info;
     let lun = decode_lun(info.lun);
-    let mut wd = WireData::new(core, task, info, &cmd.data);
+    let mut wd = WireData::new(core, task, info, cmd.data.take());
     let mut res = core.sess.table.execute(lun, &cmd.cdb, &mut wd).await;
     if res.is_ok() && info.dir == Direction::ToDevice {
         if let Err(e) = wd.drain().await {

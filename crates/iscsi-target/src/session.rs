@@ -336,7 +336,7 @@ impl<'a, D: Discovery> Session<'a, D> {
     /// Starts the command as a task of its own.
     async fn scsi(&mut self, b: &Bhs) -> Result<(), ConnError> {
         let seq = self.gate_seq.take();
-        let Some(cmd) = exec::Command::parse(b, self.wire.data(), &self.core) else {
+        let Some(cmd) = exec::Command::parse(b, self.wire.data()) else {
             if let (Some(g), Some(seq)) = (&self.core.sess.window.gate, seq) {
                 g.leave(seq);
             }

@@ -1,10 +1,13 @@
 //! The send side of a session's connection, shared by the receive loop and
-//! every running task: PDUs are queued into one buffer (StatSN stamped in
-//! queue order) and leave with one `send` per flush, one flush at a time
-//! (a direct non-blocking send; the ring only for what a full socket left);
-//! a task whose PDUs ride in a flush under way waits for it. A flush that
-//! does not finish within the send timeout shuts the socket down, so a
-//! client that stops reading cannot hold a session (or a drain) forever.
+//! every running task: PDUs are queued into one batch (StatSN stamped in
+//! queue order) and leave with one `sendmsg` per flush, one flush at a
+//! time (a direct non-blocking send; the ring only for what a full socket
+//! left); a task whose PDUs ride in a flush under way waits for it. A
+//! read's Data-In payload is not copied into the batch: it is sent from
+//! the buffer the device read into ([`Tx::queue_held`]), which the batch
+//! keeps until its send ends. A flush that does not finish within the
+//! send timeout shuts the socket down, so a client that stops reading
+//! cannot hold a session (or a drain) forever.
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
@@ -16,7 +19,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use ustor_iscsi::wire::{pad4, Bhs, BHS_LEN};
-use ustor_runtime::ops::send;
+use ustor_runtime::ops::{sendmsg, IoVecs, MAX_IOV};
 use ustor_runtime::IoBuf;
 
 use crate::io::ConnError;
@@ -26,10 +29,120 @@ use crate::sess::Window;
 /// First size of each send buffer; they grow to the largest flush.
 const FIRST_OUT: usize = 8 << 10;
 
-struct State {
+/// Iovecs one direct `sendmsg` takes at most (the ring's take
+/// [`MAX_IOV`]).
+const NOW_IOV: usize = 256;
+
+/// A payload sent from a buffer of its own, placed before `out`'s byte at
+/// `at`.
+#[derive(Clone, Copy)]
+struct Ext {
+    at: usize,
+    ptr: *const u8,
+    len: usize,
+}
+
+/// One send's worth of queued PDUs: headers, digests, padding and small
+/// data segments in `out`; payloads sent in place ([`Ext`]) from the
+/// buffers in `held`, which the batch owns until it is sent.
+struct Batch {
     out: IoBuf,
-    /// The other buffer (none while a flush sends it).
-    spare: Option<IoBuf>,
+    ext: Vec<Ext>,
+    held: Vec<IoBuf>,
+    /// Bytes of the batch already sent.
+    skip: usize,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        let mut out = IoBuf::heap(FIRST_OUT);
+        out.set_len(0);
+        Batch {
+            out,
+            ext: Vec::new(),
+            held: Vec::new(),
+            skip: 0,
+        }
+    }
+
+    /// Room for `more` bytes in `out`.
+    fn reserve(&mut self, more: usize) {
+        let len = self.out.len();
+        if len + more > self.out.capacity() {
+            let mut bigger = IoBuf::heap((len + more).next_power_of_two());
+            bigger.spare_mut()[..len].copy_from_slice(&self.out);
+            bigger.set_len(len);
+            self.out = bigger;
+        }
+    }
+
+    fn append(&mut self, bytes: &[u8]) {
+        let len = self.out.len();
+        self.out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
+        self.out.set_len(len + bytes.len());
+    }
+
+    fn total(&self) -> usize {
+        self.out.len() + self.ext.iter().map(|e| e.len).sum::<usize>()
+    }
+
+    /// The batch's bytes in order, as (start, length) segments.
+    fn segments(&self) -> impl Iterator<Item = (*const u8, usize)> + '_ {
+        let base = self.out.as_ptr();
+        let tail = self.ext.last().map_or(0, |e| e.at);
+        let mut from = 0;
+        self.ext
+            .iter()
+            .flat_map(move |e| {
+                let s = (base.wrapping_add(from), e.at - from);
+                from = e.at;
+                [s, (e.ptr, e.len)]
+            })
+            .chain(std::iter::once((
+                base.wrapping_add(tail),
+                self.out.len() - tail,
+            )))
+    }
+
+    /// Iovecs for the bytes not sent yet (as many as `out` holds).
+    fn fill_iov(&self, out: &mut [libc::iovec]) -> usize {
+        let (mut skip, mut n) = (self.skip, 0);
+        for (p, len) in self.segments() {
+            if len <= skip {
+                skip -= len;
+                continue;
+            }
+            if n == out.len() {
+                break;
+            }
+            out[n] = libc::iovec {
+                iov_base: p.wrapping_add(skip) as *mut libc::c_void,
+                iov_len: len - skip,
+            };
+            (skip, n) = (0, n + 1);
+        }
+        n
+    }
+
+    /// Empties the batch for reuse (the held buffers are freed).
+    fn clear(&mut self) {
+        self.out.set_len(0);
+        self.ext.clear();
+        self.held.clear();
+        self.skip = 0;
+    }
+}
+
+impl IoVecs for Batch {
+    fn iovecs(&self, out: &mut [libc::iovec; MAX_IOV]) -> usize {
+        self.fill_iov(out)
+    }
+}
+
+struct State {
+    cur: Batch,
+    /// The other batch (none while a flush sends it).
+    spare: Option<Batch>,
     flushing: bool,
     failed: bool,
     /// PDUs queued so far, how many of them a flush has taken, and how
@@ -41,7 +154,7 @@ struct State {
 
 /// Where a queued PDU's header sits, so it can be rewritten while it is
 /// still unsent (the status of a read put into its last Data-In after the
-/// Data-In was queued, the data copied into the queue once).
+/// Data-In was queued).
 #[derive(Clone, Copy, Debug)]
 pub struct Mark {
     /// The header's offset in the queue buffer.
@@ -73,16 +186,11 @@ impl Tx {
         statsn: u32,
         window: Arc<Window>,
     ) -> Tx {
-        let buf = || {
-            let mut b = IoBuf::heap(FIRST_OUT);
-            b.set_len(0);
-            b
-        };
         Tx {
             fd,
             st: RefCell::new(State {
-                out: buf(),
-                spare: Some(buf()),
+                cur: Batch::new(),
+                spare: Some(Batch::new()),
                 flushing: false,
                 failed: false,
                 queued: 0,
@@ -134,7 +242,7 @@ impl Tx {
         if st.taken >= m.n || (only_if_last && st.queued != m.n) {
             return false;
         }
-        let (at, out) = (m.at, &mut st.out[..]);
+        let (at, out) = (m.at, &mut st.cur.out[..]);
         out[at..at + BHS_LEN].copy_from_slice(&b.0);
         if self.header_digest {
             let d = crc32c::crc32c(&b.0).to_le_bytes();
@@ -147,31 +255,77 @@ impl Tx {
     pub fn queue_marked(&self, b: &Bhs, data: &[u8]) -> Mark {
         debug_assert_eq!(b.data_len(), data.len());
         let mut st = self.st.borrow_mut();
-        let need = st.out.len() + BHS_LEN + 4 + pad4(data.len()) + 4;
-        if need > st.out.capacity() {
-            let len = st.out.len();
-            let mut bigger = IoBuf::heap(need.next_power_of_two());
-            bigger.spare_mut()[..len].copy_from_slice(&st.out);
-            bigger.set_len(len);
-            st.out = bigger;
-        }
-        let at = st.out.len();
-        append(&mut st.out, &b.0);
-        if self.header_digest {
-            append(&mut st.out, &crc32c::crc32c(&b.0).to_le_bytes());
-        }
+        let q = &mut st.cur;
+        q.reserve(BHS_LEN + 4 + pad4(data.len()) + 4);
+        let at = self.header(q, b);
         if !data.is_empty() {
-            append(&mut st.out, data);
-            let pad = [0u8; 3];
-            let p = pad4(data.len()) - data.len();
-            append(&mut st.out, &pad[..p]);
-            if self.data_digest {
-                let d = crc32c::crc32c_append(crc32c::crc32c(data), &pad[..p]);
-                append(&mut st.out, &d.to_le_bytes());
-            }
+            q.append(data);
+            self.trailer(q, data);
         }
         st.queued += 1;
         Mark { at, n: st.queued }
+    }
+
+    /// Queues PDUs whose data segments are the first `len` bytes of `buf`
+    /// in pieces of at most `max`, sent from `buf` itself (no copy);
+    /// `header(at, n)` makes the header of the piece at `at`. `buf` is
+    /// kept until the flush that sends them ends. Where the last header
+    /// sits (`None` for no data).
+    pub fn queue_held(
+        &self,
+        buf: IoBuf,
+        len: usize,
+        max: usize,
+        mut header: impl FnMut(usize, usize) -> Bhs,
+    ) -> Option<Mark> {
+        assert!(len <= buf.len() && max > 0, "Data-In beyond its buffer");
+        let mut st = self.st.borrow_mut();
+        let mut mark = None;
+        let mut start = 0;
+        // Budget: each round queues a non-empty piece.
+        while start < len {
+            let n = (len - start).min(max);
+            let b = header(start, n);
+            debug_assert_eq!(b.data_len(), n);
+            let q = &mut st.cur;
+            q.reserve(BHS_LEN + 4 + 3 + 4);
+            let at = self.header(q, &b);
+            let at_data = q.out.len();
+            q.ext.push(Ext {
+                at: at_data,
+                ptr: buf.as_ptr().wrapping_add(start),
+                len: n,
+            });
+            self.trailer(q, &buf[start..start + n]);
+            st.queued += 1;
+            mark = Some(Mark { at, n: st.queued });
+            start += n;
+        }
+        if mark.is_some() {
+            st.cur.held.push(buf);
+        }
+        mark
+    }
+
+    /// Appends a header (and its digest); where it starts.
+    fn header(&self, q: &mut Batch, b: &Bhs) -> usize {
+        let at = q.out.len();
+        q.append(&b.0);
+        if self.header_digest {
+            q.append(&crc32c::crc32c(&b.0).to_le_bytes());
+        }
+        at
+    }
+
+    /// Appends the padding and data digest of a data segment `data`.
+    fn trailer(&self, q: &mut Batch, data: &[u8]) {
+        let pad = [0u8; 3];
+        let p = pad4(data.len()) - data.len();
+        q.append(&pad[..p]);
+        if self.data_digest {
+            let d = crc32c::crc32c_append(crc32c::crc32c(data), &pad[..p]);
+            q.append(&d.to_le_bytes());
+        }
     }
 
     /// Ends the connection: the socket is shut down (the receive loop sees
@@ -207,7 +361,7 @@ impl Tx {
                     st.flushing = true;
                     st.taken = st.queued;
                     let spare = st.spare.take().expect("idle sender has its spare");
-                    Some((std::mem::replace(&mut st.out, spare), st.queued))
+                    Some((std::mem::replace(&mut st.cur, spare), st.queued))
                 }
             };
             let Some((buf, upto)) = buf else {
@@ -215,7 +369,7 @@ impl Tx {
                 continue;
             };
             let (res, mut buf) = self.send_timed(buf).await;
-            buf.set_len(0);
+            buf.clear();
             {
                 let mut st = self.st.borrow_mut();
                 st.spare = Some(buf);
@@ -242,23 +396,21 @@ impl Tx {
         .await
     }
 
-    /// Sends `buf`: a direct non-blocking send first (a socket with room,
+    /// Sends `b`: direct non-blocking sends first (a socket with room,
     /// the common case, takes it without waiting a reactor pass for a ring
-    /// completion), the ring for what it left; past the timeout the socket
-    /// is shut down, which ends the send (the buffer is never abandoned to
-    /// the kernel).
-    async fn send_timed(&self, buf: IoBuf) -> (Result<(), ConnError>, IoBuf) {
-        let at = match send_now(self.fd, &buf) {
-            Ok(n) if n == buf.len() => return (Ok(()), buf),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return (Err(ConnError::Io(e)), buf),
-        };
-        let mut s = pin!(send_rest(self.fd, buf, at));
+    /// completion), the ring for what they left; past the timeout the
+    /// socket is shut down, which ends the send (the buffers are never
+    /// abandoned to the kernel).
+    async fn send_timed(&self, mut b: Batch) -> (Result<(), ConnError>, Batch) {
+        match send_now(self.fd, &mut b) {
+            Ok(true) => return (Ok(()), b),
+            Ok(false) => {}
+            Err(e) => return (Err(ConnError::Io(e)), b),
+        }
+        let mut s = pin!(send_rest(self.fd, b));
         let mut t = pin!(ustor_runtime::sleep(self.timeout.get()));
         let mut late = false;
-        let (res, buf) = poll_fn(|cx| {
+        let (res, b) = poll_fn(|cx| {
             if let Poll::Ready(v) = s.as_mut().poll(cx) {
                 return Poll::Ready(v);
             }
@@ -274,46 +426,58 @@ impl Tx {
             Err(_) if late => Err(ConnError::SendTimeout(self.timeout.get().as_secs())),
             r => r.map_err(ConnError::Io),
         };
-        (res, buf)
+        (res, b)
     }
 }
 
-/// One non-blocking send of all of `buf`; the bytes the socket took.
-fn send_now(fd: RawFd, buf: &IoBuf) -> io::Result<usize> {
-    let iov = [libc::iovec {
-        iov_base: buf.as_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    }];
-    // SAFETY: the iovec describes `buf`'s bytes, borrowed for the call.
-    unsafe { ustor_runtime::ops::sendmsg_now(fd, &iov) }
+/// Non-blocking sends of `b` while the socket takes all it is given;
+/// whether all of `b` went.
+fn send_now(fd: RawFd, b: &mut Batch) -> io::Result<bool> {
+    let total = b.total();
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; NOW_IOV];
+    // Budget: each round sends every byte its iovecs hold, or returns.
+    while b.skip < total {
+        let n = b.fill_iov(&mut iov);
+        let want: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+        // SAFETY: the iovecs describe `b.out` and the buffers `b.held`
+        // owns, borrowed for the call.
+        let sent = match unsafe { ustor_runtime::ops::sendmsg_now(fd, &iov[..n]) } {
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        b.skip += sent;
+        if sent < want {
+            return Ok(b.skip >= total);
+        }
+    }
+    Ok(true)
 }
 
-/// Sends `buf[at..]` through the ring (which waits for room).
-async fn send_rest(fd: RawFd, mut buf: IoBuf, mut at: usize) -> (io::Result<()>, IoBuf) {
-    let end = buf.len();
+/// Sends the rest of `b` through the ring (which waits for room).
+async fn send_rest(fd: RawFd, mut b: Batch) -> (io::Result<()>, Batch) {
+    let total = b.total();
     // Budget: each round sends a byte or returns.
-    while at < end {
-        let (res, b) = send(fd, buf, at, end).await;
-        buf = b;
+    while b.skip < total {
+        let (res, back) = sendmsg(fd, b).await;
+        b = back;
         match res {
-            Ok(0) => return (Err(io::ErrorKind::UnexpectedEof.into()), buf),
-            Ok(n) => at += n,
+            Ok(0) => return (Err(io::ErrorKind::UnexpectedEof.into()), b),
+            Ok(n) => b.skip += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if let Err(e) = ustor_net::recv::writable(fd).await {
-                    return (Err(e), buf);
+                    return (Err(e), b);
                 }
             }
-            Err(e) => return (Err(e), buf),
+            Err(e) => return (Err(e), b),
         }
     }
-    (Ok(()), buf)
-}
-
-fn append(out: &mut IoBuf, bytes: &[u8]) {
-    let len = out.len();
-    out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
-    out.set_len(len + bytes.len());
+    (Ok(()), b)
 }
 
 #[cfg(test)]

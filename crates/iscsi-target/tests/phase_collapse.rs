@@ -4,8 +4,10 @@
 //! with F on the last, and the data is what was written. Reads of 4 KiB
 //! (one Data-In) and 32 KiB (four, MaxRecvDataSegmentLength 8192), with
 //! and without header digests (the status is written into a Data-In
-//! header already queued, so its digest is checked too). Raw-socket
-//! client.
+//! header already queued, so its digest is checked too) and data digests
+//! (computed over the read's buffer, which is sent in place); reads of
+//! several MiB (several of the core's chunks, each sent from its own
+//! buffer). Raw-socket client.
 
 mod common;
 
@@ -24,12 +26,13 @@ const QD: u32 = 64;
 struct Client {
     s: TcpStream,
     digest: bool,
+    data_digest: bool,
     cmdsn: u32,
     itt: u32,
 }
 
 impl Client {
-    fn login(port: u16, digest: bool) -> Client {
+    fn login(port: u16, digest: bool, data_digest: bool) -> Client {
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let text = encode_text(&[
@@ -37,12 +40,14 @@ impl Client {
             ("TargetName", NODE),
             ("SessionType", "Normal"),
             ("HeaderDigest", if digest { "CRC32C" } else { "None" }),
+            ("DataDigest", if data_digest { "CRC32C" } else { "None" }),
             ("MaxRecvDataSegmentLength", "8192"),
         ]);
         let b = build::login([0x80, 0, 0, 0, 0, 7], 0, 1, 1, 0, 1, 3, true);
         let mut c = Client {
             s,
             digest: false,
+            data_digest: false,
             cmdsn: 1,
             itt: 1,
         };
@@ -56,7 +61,14 @@ impl Client {
             "HeaderDigest=None"
         };
         assert!(String::from_utf8_lossy(&d).contains(want), "login answer");
+        let want = if data_digest {
+            "DataDigest=CRC32C"
+        } else {
+            "DataDigest=None"
+        };
+        assert!(String::from_utf8_lossy(&d).contains(want), "login answer");
         c.digest = digest;
+        c.data_digest = data_digest;
         c
     }
 
@@ -68,6 +80,10 @@ impl Client {
         }
         v.extend_from_slice(data);
         v.resize(v.len() + pad4(data.len()) - data.len(), 0);
+        if self.data_digest && !data.is_empty() {
+            let seg = &v[v.len() - pad4(data.len())..];
+            v.extend_from_slice(&crc32c::crc32c(seg).to_le_bytes());
+        }
         v
     }
 
@@ -88,6 +104,11 @@ impl Client {
         }
         let mut d = vec![0u8; pad4(b.data_len())];
         self.s.read_exact(&mut d).unwrap();
+        if self.data_digest && !d.is_empty() {
+            let mut g = [0u8; 4];
+            self.s.read_exact(&mut g).unwrap();
+            assert_eq!(u32::from_le_bytes(g), crc32c::crc32c(&d), "data digest");
+        }
         d.truncate(b.data_len());
         (b, d)
     }
@@ -158,13 +179,10 @@ fn collect(c: &mut Client, itts: &[u32], statsn: &mut Option<u32>, seen: &mut Se
     }
 }
 
-fn reads_keep_order_and_data(digest: bool) {
-    let f = start_with(BLOCKS as u64 * 512, 512, |p| p.header_digest = digest);
-    let mut c = Client::login(f.port, digest);
-    let disk = pattern(19, BLOCKS as usize * 512);
-    let mut statsn = None;
-    let mut seen = Seen::default();
-    for chunk in (0..BLOCKS / 8).collect::<Vec<_>>().chunks(QD as usize) {
+/// Writes `disk` from LBA 0 in 4 KiB commands, QD at a time.
+fn write_disk(c: &mut Client, disk: &[u8], statsn: &mut Option<u32>, seen: &mut Seen) {
+    let blocks = (disk.len() / 512) as u32;
+    for chunk in (0..blocks / 8).collect::<Vec<_>>().chunks(QD as usize) {
         let mut burst = Vec::new();
         let mut itts = Vec::new();
         for &i in chunk {
@@ -174,8 +192,20 @@ fn reads_keep_order_and_data(digest: bool) {
             itts.push(itt);
         }
         c.s.write_all(&burst).unwrap();
-        collect(&mut c, &itts, &mut statsn, &mut seen);
+        collect(c, &itts, statsn, seen);
     }
+}
+
+fn reads_keep_order_and_data(digest: bool, data_digest: bool) {
+    let f = start_with(BLOCKS as u64 * 512, 512, |p| {
+        p.header_digest = digest;
+        p.data_digest = data_digest;
+    });
+    let mut c = Client::login(f.port, digest, data_digest);
+    let disk = pattern(19, BLOCKS as usize * 512);
+    let mut statsn = None;
+    let mut seen = Seen::default();
+    write_disk(&mut c, &disk, &mut statsn, &mut seen);
     for round in 0..8u32 {
         // QD reads at once, 4 KiB and 32 KiB, at scattered places.
         let mut burst = Vec::new();
@@ -205,10 +235,45 @@ fn reads_keep_order_and_data(digest: bool) {
 
 #[test]
 fn qd64_reads_keep_statsn_order_and_data() {
-    reads_keep_order_and_data(false);
+    reads_keep_order_and_data(false, false);
 }
 
 #[test]
 fn qd64_reads_with_header_digest() {
-    reads_keep_order_and_data(true);
+    reads_keep_order_and_data(true, false);
+}
+
+#[test]
+fn qd64_reads_with_data_digest() {
+    reads_keep_order_and_data(true, true);
+}
+
+/// Reads of 3 MiB (three of the core's 1 MiB chunks, each sent from the
+/// buffer it was read into; twelve bursts of MaxBurstLength), two at once
+/// with a 4 KiB one, with both digests.
+#[test]
+fn multi_chunk_reads_with_digests() {
+    const BIG: u32 = 8192;
+    let f = start_with(BIG as u64 * 512, 512, |p| {
+        p.header_digest = true;
+        p.data_digest = true;
+    });
+    let mut c = Client::login(f.port, true, true);
+    let disk = pattern(23, BIG as usize * 512);
+    let (mut statsn, mut seen) = (None, Seen::default());
+    write_disk(&mut c, &disk, &mut statsn, &mut seen);
+    let mut burst = Vec::new();
+    let mut want = HashMap::new();
+    for (lba, blocks) in [(0u32, 6144u16), (8, 8), (2040, 6144)] {
+        let (itt, v) = c.cmd(false, lba, blocks, &[]);
+        let at = lba as usize * 512;
+        want.insert(itt, &disk[at..at + usize::from(blocks) * 512]);
+        burst.extend(v);
+    }
+    c.s.write_all(&burst).unwrap();
+    let itts: Vec<u32> = want.keys().copied().collect();
+    collect(&mut c, &itts, &mut statsn, &mut seen);
+    for (itt, w) in want {
+        assert!(seen.data.remove(&itt).unwrap() == w, "data of {itt:#x}");
+    }
 }

@@ -10,6 +10,8 @@
 
 use std::future::Future;
 
+use ustor_runtime::IoBuf;
+
 /// Direction of a command's data phase, as the transport declared it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Direction {
@@ -49,6 +51,15 @@ pub trait DataPath {
         dst: &mut [u8],
     ) -> impl Future<Output = Result<usize, XferError>>;
 
+    /// The `len` data-out bytes at `offset`, when the transport holds
+    /// exactly those in a buffer of their own (an iSCSI command's
+    /// immediate data): handed over, not copied. `None` (the default):
+    /// [`DataPath::data_out`] copies them.
+    fn data_out_buf(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
+        let _ = (offset, len);
+        None
+    }
+
     /// Sends `src` as data-in at `offset`; returns how many bytes fit in
     /// the initiator's buffer.
     fn data_in(
@@ -56,6 +67,20 @@ pub trait DataPath {
         offset: u32,
         src: &[u8],
     ) -> impl Future<Output = Result<usize, XferError>>;
+
+    /// [`DataPath::data_in`] of all of `buf`, handed over: a transport that
+    /// sends from the buffer itself (no copy) keeps it until sent and
+    /// gives back `None`; the default sends a copy and gives it back.
+    fn data_in_buf(
+        &mut self,
+        offset: u32,
+        buf: IoBuf,
+    ) -> impl Future<Output = (Result<usize, XferError>, Option<IoBuf>)> {
+        async move {
+            let r = self.data_in(offset, &buf).await;
+            (r, Some(buf))
+        }
+    }
 
     /// The transport reports residuals (iSCSI): a READ whose transfer
     /// length differs from [`DataPath::expected_len`] moves what both

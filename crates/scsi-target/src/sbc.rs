@@ -139,18 +139,25 @@ async fn read<D: DataPath>(
         Err(o) => return Ok(o),
     };
     let bs = lu.block_size() as u64;
-    let mut buf = chunk_buf(lu, blocks).await;
+    let mut spare = None;
     let (mut done, mut sent) = (0u64, 0u32);
     while done < blocks {
         let n = chunk_blocks(lu).min(blocks - done);
+        // A transport that sends from the buffer keeps it: the next chunk
+        // reads into a new one.
+        let mut buf = match spare.take() {
+            Some(b) => b,
+            None => chunk_buf(lu, blocks - done).await,
+        };
         buf.set_len((n * bs) as usize);
-        let (r, b) = lu.ch.read(lba + done, n, buf).await;
-        buf = b;
+        let (r, buf) = lu.ch.read(lba + done, n, buf).await;
         if let Err(e) = r {
             return Ok(Outcome::from_bdev(e, false, exp.saturating_sub(sent)));
         }
-        let n_in = data.data_in((done * bs) as u32, &buf).await?;
-        sent = sent.saturating_add(n_in.min(buf.len()) as u32);
+        let len = buf.len();
+        let (r, back) = data.data_in_buf((done * bs) as u32, buf).await;
+        sent = sent.saturating_add(r?.min(len) as u32);
+        spare = back;
         done += n;
     }
     Ok(Outcome::good(exp.saturating_sub(sent)))
@@ -169,19 +176,29 @@ async fn write<D: DataPath>(
     };
     let exp = data.expected_len();
     let bs = lu.block_size() as u64;
-    let mut buf = chunk_buf(lu, blocks).await;
+    let mut spare: Option<IoBuf> = None;
     let mut done = 0u64;
     while done < blocks {
         let n = chunk_blocks(lu).min(blocks - done);
-        buf.set_len((n * bs) as usize);
-        let off = (done * bs) as u32;
-        if data.data_out(off, &mut buf).await? != buf.len() {
-            return Ok(Outcome::invalid_field(exp.saturating_sub(off)));
-        }
+        let (off, len) = ((done * bs) as u32, (n * bs) as usize);
+        let buf = match data.data_out_buf(off, len) {
+            Some(b) => b,
+            None => {
+                let mut b = match spare.take() {
+                    Some(b) if b.capacity() >= len => b,
+                    _ => chunk_buf(lu, blocks - done).await,
+                };
+                b.set_len(len);
+                if data.data_out(off, &mut b).await? != len {
+                    return Ok(Outcome::invalid_field(exp.saturating_sub(off)));
+                }
+                b
+            }
+        };
         let g = lu.shared.gate.write().await;
         let (r, b) = lu.ch.write_flagged(lba + done, n, buf, flags).await;
         drop(g);
-        buf = b;
+        spare = Some(b);
         if let Err(e) = r {
             return Ok(Outcome::from_bdev(e, true, exp.saturating_sub(off)));
         }
