@@ -8,6 +8,7 @@ use crate::layout::{bit, check_superblock, read_u64, set_bit, Geometry, BLOCK_SI
 use crate::media::Media;
 use crate::tx::{replay, Tx};
 use crate::FsError;
+use std::collections::HashMap;
 
 /// Largest write one plan covers (its pointer updates fit the redo log).
 pub const MAX_WRITE: usize = 1 << 20;
@@ -65,6 +66,13 @@ pub struct Fs {
     /// Payload bytes copied out of the region to redo a write whose inode
     /// changed while its payload was received (`Stats::copied_bytes`).
     pub conflict_copied: u64,
+    /// Blocks each recently written inode owns (its `st_blocks`), so a
+    /// write's reply (the file's attributes) does not walk the whole block
+    /// map: counting a 64 MiB file's 16,400 pointers per 4 KiB write took
+    /// 29% of the server's samples. Kept by [`Fs::finish_write`] (plus the
+    /// blocks it linked); any other transaction clears it (they are rare
+    /// and may free blocks).
+    pub(crate) owned: HashMap<u64, u64>,
 }
 
 /// Every block an inode owns, indirect blocks included. Errors on a pointer
@@ -149,6 +157,7 @@ impl Fs {
             pins: 0,
             deferred: Vec::new(),
             conflict_copied: 0,
+            owned: HashMap::new(),
         };
         fs.recover()?;
         Ok(fs)
@@ -456,10 +465,34 @@ impl Fs {
             plan.tx.commit(&mut *self.m, &self.g)
         })();
         if r.is_err() {
+            self.owned.remove(&plan.ino);
             self.free_blocks(&plan.fresh);
+        } else {
+            self.count_linked(plan.ino, &plan.inode, plan.fresh.len() as u64);
         }
         self.unpin();
         r
+    }
+
+    /// After a write committed: its inode owns `linked` more blocks (every
+    /// fresh block of the plan is linked by its transaction), or, when the
+    /// count was not kept, as many as its block map now holds.
+    fn count_linked(&mut self, ino: u64, i: &Inode, linked: u64) {
+        if let Some(n) = self.owned.get_mut(&ino) {
+            *n += linked;
+            return;
+        }
+        if let Ok(v) = owned_blocks(self.m.bytes(), &self.g, i) {
+            self.owned.insert(ino, v.len() as u64);
+        }
+    }
+
+    /// The blocks inode `ino` owns, indirect blocks included.
+    pub(crate) fn owned_count(&self, ino: u64, i: &Inode) -> u64 {
+        match self.owned.get(&ino) {
+            Some(&n) => n,
+            None => owned_blocks(self.m.bytes(), &self.g, i).map_or(0, |v| v.len() as u64),
+        }
     }
 
     /// Drops a planned write (the client vanished): its new blocks go back.

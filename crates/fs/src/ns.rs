@@ -47,8 +47,7 @@ fn dirent(ino: u64, name: &[u8]) -> [u8; DIRENT_SIZE] {
 
 impl Fs {
     fn attr(&self, ino: u64, i: &Inode) -> Attr {
-        let blocks =
-            crate::fs::owned_blocks(self.m.bytes(), &self.g, i).map_or(0, |v| v.len() as u64);
+        let blocks = self.owned_count(ino, i);
         Attr {
             ino,
             mode: i.mode,
@@ -127,6 +126,8 @@ impl Fs {
     }
 
     fn commit(&mut self, tx: Tx, fresh: &[u64], freed: &[u64]) -> Result<(), FsError> {
+        // It may link or free any inode's blocks (see `Fs::owned`).
+        self.owned.clear();
         if let Err(e) = tx.commit(&mut *self.m, &self.g) {
             self.free_blocks(fresh);
             return Err(e);
