@@ -245,19 +245,11 @@ impl Wire {
     }
 
     fn reserve(&mut self, more: usize) {
-        let len = self.out.len();
-        if len + more > self.out.capacity() {
-            let mut bigger = IoBuf::heap((len + more).next_power_of_two());
-            bigger.spare_mut()[..len].copy_from_slice(&self.out);
-            bigger.set_len(len);
-            self.out = bigger;
-        }
+        crate::tx::reserve(&mut self.out, more);
     }
 
     fn append(&mut self, bytes: &[u8]) {
-        let len = self.out.len();
-        self.out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
-        self.out.set_len(len + bytes.len());
+        crate::tx::append(&mut self.out, bytes);
     }
 
     /// Queues one PDU (header, digests and padding added here).

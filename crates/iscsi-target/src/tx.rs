@@ -33,6 +33,26 @@ const FIRST_OUT: usize = 8 << 10;
 /// [`MAX_IOV`]).
 const NOW_IOV: usize = 256;
 
+/// Room for `more` bytes after `out`'s contents (a bigger buffer, the
+/// contents moved, when it has none); the send queue's batches and the
+/// login phase's buffer both grow this way.
+pub(crate) fn reserve(out: &mut IoBuf, more: usize) {
+    let len = out.len();
+    if len + more > out.capacity() {
+        let mut bigger = IoBuf::heap((len + more).next_power_of_two());
+        bigger.spare_mut()[..len].copy_from_slice(out);
+        bigger.set_len(len);
+        *out = bigger;
+    }
+}
+
+/// Appends `bytes` to `out` (room made by [`reserve`]).
+pub(crate) fn append(out: &mut IoBuf, bytes: &[u8]) {
+    let len = out.len();
+    out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
+    out.set_len(len + bytes.len());
+}
+
 /// A payload sent from a buffer of its own, placed before `out`'s byte at
 /// `at`.
 #[derive(Clone, Copy)]
@@ -67,19 +87,11 @@ impl Batch {
 
     /// Room for `more` bytes in `out`.
     fn reserve(&mut self, more: usize) {
-        let len = self.out.len();
-        if len + more > self.out.capacity() {
-            let mut bigger = IoBuf::heap((len + more).next_power_of_two());
-            bigger.spare_mut()[..len].copy_from_slice(&self.out);
-            bigger.set_len(len);
-            self.out = bigger;
-        }
+        reserve(&mut self.out, more);
     }
 
     fn append(&mut self, bytes: &[u8]) {
-        let len = self.out.len();
-        self.out.spare_mut()[len..len + bytes.len()].copy_from_slice(bytes);
-        self.out.set_len(len + bytes.len());
+        append(&mut self.out, bytes);
     }
 
     fn total(&self) -> usize {
