@@ -208,22 +208,12 @@ fn reads_keep_order_and_data(digest: bool, data_digest: bool) {
     write_disk(&mut c, &disk, &mut statsn, &mut seen);
     for round in 0..8u32 {
         // QD reads at once, 4 KiB and 32 KiB, at scattered places.
-        let mut burst = Vec::new();
-        let mut want = HashMap::new();
-        for k in 0..QD {
+        let reads = (0..QD).map(|k| {
             let blocks: u16 = if (k + round) % 3 == 0 { 64 } else { 8 };
             let lba = (k * 37 + round * 101) * 8 % (BLOCKS - u32::from(blocks));
-            let (itt, v) = c.cmd(false, lba, blocks, &[]);
-            let at = lba as usize * 512;
-            want.insert(itt, &disk[at..at + usize::from(blocks) * 512]);
-            burst.extend(v);
-        }
-        c.s.write_all(&burst).unwrap();
-        let itts: Vec<u32> = want.keys().copied().collect();
-        collect(&mut c, &itts, &mut statsn, &mut seen);
-        for (itt, w) in want {
-            assert!(seen.data.remove(&itt).unwrap() == w, "data of {itt:#x}");
-        }
+            (lba, blocks)
+        });
+        read_burst(&mut c, reads, &disk, &mut statsn, &mut seen);
     }
     // The path under test ran: most statuses rode in the last Data-In.
     assert!(
@@ -262,9 +252,22 @@ fn multi_chunk_reads_with_digests() {
     let disk = pattern(23, BIG as usize * 512);
     let (mut statsn, mut seen) = (None, Seen::default());
     write_disk(&mut c, &disk, &mut statsn, &mut seen);
+    let reads = [(0u32, 6144u16), (8, 8), (2040, 6144)];
+    read_burst(&mut c, reads.into_iter(), &disk, &mut statsn, &mut seen);
+}
+
+/// Sends the reads `(lba, blocks)` in one write, collects every answer
+/// and checks each read's data against `disk`.
+fn read_burst(
+    c: &mut Client,
+    reads: impl Iterator<Item = (u32, u16)>,
+    disk: &[u8],
+    statsn: &mut Option<u32>,
+    seen: &mut Seen,
+) {
     let mut burst = Vec::new();
     let mut want = HashMap::new();
-    for (lba, blocks) in [(0u32, 6144u16), (8, 8), (2040, 6144)] {
+    for (lba, blocks) in reads {
         let (itt, v) = c.cmd(false, lba, blocks, &[]);
         let at = lba as usize * 512;
         want.insert(itt, &disk[at..at + usize::from(blocks) * 512]);
@@ -272,7 +275,7 @@ fn multi_chunk_reads_with_digests() {
     }
     c.s.write_all(&burst).unwrap();
     let itts: Vec<u32> = want.keys().copied().collect();
-    collect(&mut c, &itts, &mut statsn, &mut seen);
+    collect(c, &itts, statsn, seen);
     for (itt, w) in want {
         assert!(seen.data.remove(&itt).unwrap() == w, "data of {itt:#x}");
     }
