@@ -91,6 +91,11 @@ pub(crate) struct Ring {
     files: RefCell<Vec<bool>>,
     /// Whether the kernel has IORING_OP_SENDMSG_ZC (probed once).
     pub(crate) send_zc: bool,
+    /// The CQ's head and tail, read without borrowing the ring: an idle
+    /// pass sees an empty CQ with two loads, not a CQ borrow and its head
+    /// store. Points into the ring's mapping, which lives as long as
+    /// `ring` (the same struct).
+    cq: io_uring::cqueue::CompletionStatus,
 }
 
 /// Registered buffers count against RLIMIT_MEMLOCK for a process without
@@ -161,7 +166,12 @@ impl Ring {
             })
             .collect();
         let free = (0..n as u32).rev().collect();
+        // SAFETY: the status points into the ring's mapping; it is kept in
+        // the same `Ring` as the ring and never handed out, so it does not
+        // outlive it.
+        let cq = unsafe { ring.completion_shared().status() };
         Ok(Ring {
+            cq,
             ring: RefCell::new(ring),
             handlers: RefCell::new(Vec::with_capacity(64)),
             slots: slots.into_boxed_slice(),
@@ -248,10 +258,17 @@ impl Ring {
     /// Submits queued SQEs and runs pending task work when there is any, then
     /// dispatches every completion. Returns the number of completions.
     pub(crate) fn submit_and_reap(&self, _block: bool) -> usize {
-        {
+        // `inflight` counts every SQE pushed until its last CQE is reaped:
+        // at zero nothing is queued and no op can have task work, so the
+        // pass skips the SQ (a busy reactor whose work is all in memory,
+        // such as a vhost queue, is there every pass).
+        if self.inflight.get() > 0 {
             let mut ring = self.ring.borrow_mut();
-            let pending = ring.submission().len();
-            let taskrun = ring.submission().taskrun();
+            // One borrow of the SQ for both looks (each borrow loads its
+            // head and stores its tail back).
+            let sq = ring.submission();
+            let (pending, taskrun) = (sq.len(), sq.taskrun());
+            drop(sq);
             if pending > 0 || taskrun {
                 // With DEFER_TASKRUN completions are posted only by an enter
                 // with GETEVENTS; TASKRUN_FLAG tells us when there is such
@@ -274,6 +291,9 @@ impl Ring {
                 }
                 self.submits.set(self.submits.get() + 1);
             }
+        }
+        if self.cq.is_empty() {
+            return 0;
         }
         self.reap()
     }
@@ -380,7 +400,7 @@ impl Ring {
 
     /// Whether completions wait in the CQ (reaping them needs no syscall).
     pub(crate) fn has_completions(&self) -> bool {
-        !self.ring.borrow_mut().completion().is_empty()
+        !self.cq.is_empty()
     }
 
     /// Blocks until at least one completion or `timeout_ns`.
