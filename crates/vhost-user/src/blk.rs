@@ -6,11 +6,9 @@
 //! through `vm-memory` (which bounds every access to a mapped region) and is
 //! unit-tested and fuzzed with an anonymous guest memory.
 
-use std::sync::atomic::Ordering::Relaxed;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions, VolatileSlice};
-
-use crate::guest::GuestMem;
+use crate::guest::{GuestMem, HostRange};
 
 /// virtio-blk feature bits (virtio 1.2, 5.2.3).
 pub mod feature {
@@ -316,7 +314,7 @@ pub fn read_chain(
 struct Table<'a> {
     at: GuestAddress,
     len: u16,
-    slice: Option<VolatileSlice<'a>>,
+    range: Option<HostRange<'a>>,
 }
 
 impl<'a> Table<'a> {
@@ -324,30 +322,24 @@ impl<'a> Table<'a> {
         Table {
             at,
             len,
-            slice: mem.slice(at, len as usize * 16),
+            range: mem.range(at, len as usize * 16),
         }
     }
 
     fn read(&self, mem: &GuestMem, i: u16) -> Option<[u8; 16]> {
         let mut raw = [0u8; 16];
         let off = i as usize * 16;
-        match &self.slice {
-            // Two 8-byte loads where the table is aligned (the split
-            // ring's is, virtio 1.2 2.7.5; an indirect table may not
-            // be): cheaper than a byte copy through read_slice.
-            Some(s) => match (s.load::<u64>(off, Relaxed), s.load::<u64>(off + 8, Relaxed)) {
-                (Ok(a), Ok(b)) => {
-                    raw[..8].copy_from_slice(&a.to_ne_bytes());
-                    raw[8..].copy_from_slice(&b.to_ne_bytes());
-                }
-                _ => s.read_slice(&mut raw, off).ok()?,
-            },
-            None => mem
-                .map()
-                .read_slice(&mut raw, self.at.checked_add(off as u64)?)
-                .ok()?,
+        // Two 8-byte loads where the table is aligned (the split ring's
+        // is, virtio 1.2 2.7.5; an indirect table may not be), else a
+        // byte copy.
+        if let Some(r) = &self.range {
+            if let (Some(a), Some(b)) = (r.load_u64(off), r.load_u64(off + 8)) {
+                raw[..8].copy_from_slice(&a.to_le_bytes());
+                raw[8..].copy_from_slice(&b.to_le_bytes());
+                return Some(raw);
+            }
         }
-        Some(raw)
+        read_guest(mem, &mut raw, self.at.checked_add(off as u64)?).then_some(raw)
     }
 }
 
@@ -445,6 +437,16 @@ pub fn parse_chain(
 /// Reads `buf` from guest memory at `at`: one translation, or through
 /// the map when it crosses regions.
 fn read_guest(mem: &GuestMem, buf: &mut [u8], at: GuestAddress) -> bool {
+    // The common header: 16 bytes, 8-aligned, in one region.
+    if buf.len() == 16 {
+        if let Some(r) = mem.range(at, 16) {
+            if let (Some(a), Some(b)) = (r.load_u64(0), r.load_u64(8)) {
+                buf[..8].copy_from_slice(&a.to_le_bytes());
+                buf[8..].copy_from_slice(&b.to_le_bytes());
+                return true;
+            }
+        }
+    }
     match mem.slice(at, buf.len()) {
         Some(s) => s.read_slice(buf, 0).is_ok(),
         None => mem.map().read_slice(buf, at).is_ok(),

@@ -6,7 +6,12 @@
 //! a call, and a request made eight: the descriptor table, the status
 //! byte's check, the header, each segment's check and the worker's slice
 //! of it, the status write, the used entry and the used index) was a fifth
-//! of a request's cost.
+//! of a request's cost. The split ring's fixed-size fields (the avail
+//! and used indices, descriptors, the request header, used elements, the
+//! status byte) are then read and written with aligned atomic loads and
+//! stores through a [`HostRange`], not through `vm-memory`'s volatile
+//! slices, whose per-access checks and byte copies cost more than the
+//! access.
 //!
 //! A view holds its map's `Arc`, so every slice it gives stays mapped for
 //! as long as the view lives; a map the frontend changed
@@ -16,6 +21,8 @@
 //! `virtio-queue`'s notification calls) goes through the map itself
 //! ([`GuestMem::map`]).
 
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use vm_memory::{
@@ -57,22 +64,140 @@ impl GuestMem {
     /// condition as `vm-memory`'s `get_slice`).
     #[inline]
     pub fn slice(&self, addr: GuestAddress, len: usize) -> Option<VolatileSlice<'_>> {
+        let host = self.host(addr, len)?;
+        // SAFETY: [host, host + len) lies inside a region whose mapping
+        // stays alive while self.map does, which is at least the slice's
+        // lifetime (it borrows self). Guest memory is shared with the
+        // guest and only ever accessed volatilely (VolatileSlice's
+        // methods), as vm-memory's slices are.
+        Some(unsafe { VolatileSlice::new(host as *mut u8, len) })
+    }
+
+    /// A little-endian u16 at `addr` (2-aligned, in one region), loaded
+    /// atomically with `order`: the ring's indices and event fields. The
+    /// same access as `vm-memory`'s `load` on a slice, without building
+    /// the slice and its checks (an empty ring's poll is this one load).
+    #[inline]
+    pub fn load_u16(&self, addr: GuestAddress, order: Ordering) -> Option<u16> {
+        self.range(addr, 2)?.load_u16(0, order)
+    }
+
+    /// A little-endian u16 stored at `addr` (2-aligned, in one region)
+    /// atomically with `order`: the used ring's index. False: not guest
+    /// memory or unaligned.
+    #[inline]
+    pub fn store_u16(&self, addr: GuestAddress, v: u16, order: Ordering) -> bool {
+        self.range(addr, 2)
+            .is_some_and(|r| r.store_u16(0, v, order))
+    }
+
+    /// `[addr, addr + len)` translated once, when it lies inside one
+    /// region: the loads and stores of a descriptor table, a request
+    /// header or a used element through it cost a bounds check each.
+    #[inline]
+    pub fn range(&self, addr: GuestAddress, len: usize) -> Option<HostRange<'_>> {
+        let base = self.host(addr, len)?;
+        Some(HostRange {
+            base,
+            len,
+            _mem: PhantomData,
+        })
+    }
+
+    /// The host address of `[addr, addr + len)` when it lies inside one
+    /// region.
+    #[inline]
+    fn host(&self, addr: GuestAddress, len: usize) -> Option<usize> {
         for &(start, size, host) in self.regions.iter() {
             let off = addr.0.wrapping_sub(start);
             if off < size {
                 if len as u64 > size - off {
                     return None;
                 }
-                // SAFETY: [off, off + len) lies inside the region, whose
-                // mapping (host .. host + size) stays alive while
-                // self.map does, which is at least the slice's lifetime
-                // (it borrows self). Guest memory is shared with the
-                // guest and only ever accessed volatilely
-                // (VolatileSlice's methods), as vm-memory's slices are.
-                return Some(unsafe { VolatileSlice::new((host + off as usize) as *mut u8, len) });
+                return Some(host + off as usize);
             }
         }
         None
+    }
+}
+
+/// A range of guest memory inside one mapped region ([`GuestMem::range`]),
+/// read and written by offset with aligned atomic accesses (the guest
+/// writes the same memory concurrently; no Rust reference to it is ever
+/// made). It borrows the view, so the mapping outlives it.
+#[derive(Clone, Copy)]
+pub struct HostRange<'a> {
+    base: usize,
+    len: usize,
+    _mem: PhantomData<&'a GuestMem>,
+}
+
+impl HostRange<'_> {
+    /// The host address of `[off, off + size)` when it lies in the range
+    /// and is `size`-aligned.
+    #[inline]
+    fn at(&self, off: usize, size: usize) -> Option<usize> {
+        if off > self.len || self.len - off < size {
+            return None;
+        }
+        let p = self.base + off;
+        (p % size == 0).then_some(p)
+    }
+
+    /// The little-endian u64 at `off` (relaxed); `None` outside the range
+    /// or unaligned.
+    #[inline]
+    pub fn load_u64(&self, off: usize) -> Option<u64> {
+        let p = self.at(off, 8)?;
+        // SAFETY: [p, p + 8) lies in the range, inside a mapping the
+        // borrowed view keeps alive, and is 8-aligned.
+        let v = unsafe { (*(p as *const AtomicU64)).load(Ordering::Relaxed) };
+        Some(u64::from_le(v))
+    }
+
+    /// The little-endian u16 at `off`, loaded with `order`; `None`
+    /// outside the range or unaligned.
+    #[inline]
+    pub fn load_u16(&self, off: usize, order: Ordering) -> Option<u16> {
+        let p = self.at(off, 2)?;
+        // SAFETY: as in `load_u64`, 2-aligned.
+        let v = unsafe { (*(p as *const AtomicU16)).load(order) };
+        Some(u16::from_le(v))
+    }
+
+    /// Stores a little-endian u32 at `off` (relaxed); false outside the
+    /// range or unaligned.
+    #[inline]
+    pub fn store_u32(&self, off: usize, v: u32) -> bool {
+        let Some(p) = self.at(off, 4) else {
+            return false;
+        };
+        // SAFETY: as in `load_u64`, 4-aligned.
+        unsafe { (*(p as *const AtomicU32)).store(v.to_le(), Ordering::Relaxed) };
+        true
+    }
+
+    /// Stores a little-endian u16 at `off` with `order`; false outside the
+    /// range or unaligned.
+    #[inline]
+    pub fn store_u16(&self, off: usize, v: u16, order: Ordering) -> bool {
+        let Some(p) = self.at(off, 2) else {
+            return false;
+        };
+        // SAFETY: as in `load_u64`, 2-aligned.
+        unsafe { (*(p as *const AtomicU16)).store(v.to_le(), order) };
+        true
+    }
+
+    /// Stores a byte at `off` (relaxed); false outside the range.
+    #[inline]
+    pub fn store_u8(&self, off: usize, v: u8) -> bool {
+        let Some(p) = self.at(off, 1) else {
+            return false;
+        };
+        // SAFETY: as in `load_u64` (a byte is always aligned).
+        unsafe { (*(p as *const AtomicU8)).store(v, Ordering::Relaxed) };
+        true
     }
 }
 
@@ -120,5 +245,46 @@ mod tests {
         m.write_obj(0xabcdu16, GuestAddress(0x10_0010)).unwrap();
         let s = m.slice(GuestAddress(0x10_0010), 2).unwrap();
         assert_eq!(Bytes::<usize>::read_obj::<u16>(&s, 0).unwrap(), 0xabcd);
+        let at = |a| m.load_u16(GuestAddress(a), Ordering::Acquire);
+        assert_eq!(at(0x10_0010), Some(0xabcd));
+        // Unaligned, straddling the end of a region, outside every one.
+        assert_eq!(at(0x10_0011), None);
+        assert_eq!(at(0xfff), None);
+        assert_eq!(at(0x10_1fff), None);
+        assert_eq!(at(0x3000), None);
+        assert_eq!(at(0x10_1ffe), Some(0));
+    }
+
+    #[test]
+    fn ranges_check_bounds_and_alignment() {
+        let map = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x1000),
+            (GuestAddress(0x10_0000), 0x2000),
+        ])
+        .unwrap();
+        let m = GuestMem::from_map(map);
+        // Across a region's end, or outside every region.
+        assert!(m.range(GuestAddress(0xff8), 16).is_none());
+        assert!(m.range(GuestAddress(0x2000), 1).is_none());
+        let r = m.range(GuestAddress(0x10_0000), 16).unwrap();
+        assert!(r.store_u32(4, 0x1234_5678));
+        assert_eq!(r.load_u64(0), Some(0x1234_5678_0000_0000));
+        assert!(r.store_u16(14, 0xbeef, Ordering::Release));
+        assert!(r.store_u8(15, 7));
+        let v: u16 = m.read_obj(GuestAddress(0x10_000e)).unwrap();
+        assert_eq!(v, 0x07ef);
+        // Unaligned, or past the range's end.
+        assert!(!r.store_u32(2, 1));
+        assert!(!r.store_u16(15, 1, Ordering::Relaxed));
+        assert!(!r.store_u8(16, 1));
+        assert_eq!(r.load_u64(4), None);
+        assert_eq!(r.load_u64(16), None);
+        assert_eq!(r.load_u16(usize::MAX, Ordering::Relaxed), None);
+        assert!(m.store_u16(GuestAddress(0x10_0100), 0xabcd, Ordering::Release));
+        assert_eq!(
+            m.load_u16(GuestAddress(0x10_0100), Ordering::Acquire),
+            Some(0xabcd)
+        );
+        assert!(!m.store_u16(GuestAddress(0x10_0101), 1, Ordering::Release));
     }
 }

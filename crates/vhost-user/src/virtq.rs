@@ -23,7 +23,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+use vm_memory::{GuestAddress, GuestAddressSpace};
 
 use crate::blk::{self, Desc};
 use crate::guest::GuestMem;
@@ -100,11 +100,13 @@ impl SplitRing {
         let next = self.q.next_used();
         // struct vring_used: flags u16, idx u16, then 8-byte elements.
         let at = self.q.used_ring() + 4 + (next % size) as u64 * 8;
-        let elem = (head as u64) | ((len as u64) << 32);
-        let Some(s) = mem.slice(GuestAddress(at), 8) else {
+        // The element's id and len as two u32 stores (the ring is
+        // 4-aligned, checked when it opened); the index store that
+        // follows (release) publishes them.
+        let Some(r) = mem.range(GuestAddress(at), 8) else {
             return false;
         };
-        if s.write_obj(elem.to_le(), 0).is_err() {
+        if !(r.store_u32(0, head as u32) && r.store_u32(4, len)) {
             return false;
         }
         self.q.set_next_used(next.wrapping_add(1));
@@ -120,8 +122,7 @@ impl SplitRing {
         }
         self.stored = next;
         let at = GuestAddress(self.q.used_ring() + 2);
-        mem.slice(at, 2)
-            .is_some_and(|s| s.store(next.0.to_le(), 0, Ordering::Release).is_ok())
+        mem.store_u16(at, next.0, Ordering::Release)
     }
 
     /// Whether the driver wants a notification for what was stored since
@@ -153,8 +154,7 @@ impl SplitRing {
 /// A little-endian u16 of the ring at guest address `at` (aligned, in
 /// one region), read atomically.
 fn load_u16(mem: &GuestMem, at: u64, order: Ordering) -> Option<u16> {
-    let s = mem.slice(GuestAddress(at), 2)?;
-    s.load::<u16>(0, order).ok().map(u16::from_le)
+    mem.load_u16(GuestAddress(at), order)
 }
 
 /// What opening a ring gives: the ring, the memory map, and the used

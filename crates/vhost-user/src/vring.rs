@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel};
 use ustor_runtime::{ticks, IoBuf};
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
@@ -121,6 +121,9 @@ struct Vring {
     /// Requests to resubmit first (taken by a backend that was killed).
     resubmit: RefCell<Resubmit>,
     desc_table: u64,
+    /// Where a taken chain's descriptors are copied: kept here, not on
+    /// the queue task's stack, so a pass does not zero ~2 KiB of it.
+    descs: RefCell<Box<blk::ChainBuf>>,
 }
 
 impl Vring {
@@ -244,6 +247,7 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         counter: Cell::new(rec.counter),
         resubmit: RefCell::new(rec.again),
         desc_table: s.desc,
+        descs: RefCell::new(Box::new(blk::chain_buf())),
     })
 }
 
@@ -282,11 +286,11 @@ fn take_available(v: &Rc<Vring>) -> usize {
         return 0;
     }
     let mem = v.mem.borrow();
-    let mut descs = blk::chain_buf();
+    let mut descs = v.descs.borrow_mut();
     let mut n = 0;
     let budget = v.queue.borrow().size() as usize;
     while n < budget {
-        let Some(t) = v.queue.borrow_mut().pop(&mem, &mut descs) else {
+        let Some(t) = v.queue.borrow_mut().pop(&mem, &mut descs[..]) else {
             break;
         };
         n += 1;
@@ -413,7 +417,7 @@ async fn execute(v: &Vring, mem: &GuestMem, mut job: Job, scratch: &mut Scratch)
 
 /// Writes a request's status byte; false if it is not guest memory.
 fn write_status(mem: &GuestMem, at: GuestAddress, st: u8) -> bool {
-    mem.slice(at, 1).is_some_and(|s| s.write_obj(st, 0).is_ok())
+    mem.range(at, 1).is_some_and(|r| r.store_u8(0, st))
 }
 
 /// Adds `head` to the used ring; the notification decision comes with the
