@@ -19,6 +19,7 @@ RW=${1:-randread}
 QD=${2:-32}
 SECS=${3:-4}
 cd "$(dirname "$0")/.."
+. bench/lib/vhost-null.sh
 USTOR=${USTOR:-target/release/ustor}
 BLKIO_LOAD=${BLKIO_LOAD:-target/release/examples/blkio_load}
 BCORE=${BCORE:-0}
@@ -35,12 +36,7 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$tmp/s"
-cat >"$tmp/c.json" <<J
-{"subsystems": [
-  {"subsystem": "bdev", "config": [{"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": 2097152, "block_size": 512}}]},
-  {"subsystem": "vhost_blk", "config": [{"method": "vhost_create_blk_controller", "params": {"ctrlr": "vb0", "dev_name": "Null0"}}]}
-]}
-J
+vhost_null_config "$tmp/c.json"
 nice -n -20 taskset -c "$BCORE" valgrind --tool=callgrind --instr-atstart=no \
     --callgrind-out-file="$tmp/cg.out" "$USTOR" serve --cores "$BCORE" --poll-mode poll \
     -S "$tmp/s" -r "$tmp/rpc" -c "$tmp/c.json" --log-level warn >"$tmp/log" 2>&1 &

@@ -5,6 +5,8 @@
 #   ustor  `ustor serve` (adaptive reactor: polls while busy, sleeps on
 #          the kick eventfd when idle) with a null bdev,
 #   ustor-poll  the same with `--poll-mode poll` (never sleeps, as SPDK),
+#   ustor-alt   a second ustor binary, USTOR_ALT (adaptive), so two
+#          builds alternate in one run (not in the default list),
 #   spdk   SPDK's vhost target (polling reactor) with a null bdev,
 #   qsd    qemu-storage-daemon's vhost-user-blk export of a null-co node
 #          (not in the default list: QEMU 7.2's export answers GET_CONFIG
@@ -37,6 +39,8 @@
 #   BCORE=0 FCORE=1 NICE=-20   BACKENDS="ustor ustor-poll spdk" (qsd: see above)
 #   RWS="randread randwrite"   QDS="1 32 128"   SIZE_MIB=1024
 #   NOBUILD=1 USTOR=path       skip cargo build / use this ustor binary
+#   USTOR_ALT=path             the binary backend ustor-alt runs (e.g. the
+#                              build before a change; BACKENDS="ustor ustor-alt spdk")
 #   FRONTEND=bdevperf|blkio    blkio: crates/vhost-user/examples/blkio_load.rs
 #                              (libblkio's virtio-blk-vhost-user driver, one
 #                              busy-polled queue) instead of bdevperf; every
@@ -57,6 +61,7 @@ QDS=${QDS:-"1 32 128"}
 SIZE_MIB=${SIZE_MIB:-1024}
 
 cd "$(dirname "$0")/.."
+. bench/lib/vhost-null.sh
 root=$(pwd)
 stamp=$(date +%Y%m%d-%H%M%S)
 out=$root/bench/results/vhost-$stamp.txt
@@ -82,6 +87,9 @@ if [ -z "${USTOR:-}" ]; then
     USTOR=$root/target/release/ustor
 fi
 [ -x "$USTOR" ] || die "no ustor binary at $USTOR"
+case " $BACKENDS " in
+*" ustor-alt "*) [ -x "${USTOR_ALT:-}" ] || die "backend ustor-alt needs USTOR_ALT=path" ;;
+esac
 FRONTEND=${FRONTEND:-bdevperf}
 case $FRONTEND in
 bdevperf) ;;
@@ -116,22 +124,18 @@ wait_sock() { # path
     die "no socket $1"
 }
 
-start_ustor() { # [name] [poll mode]
-    local n=${1:-ustor} mode=${2:-adaptive}
+start_ustor() { # [name] [poll mode] [binary]
+    local n=${1:-ustor} mode=${2:-adaptive} bin=${3:-$USTOR}
     mkdir -p "$tmp/$n"
-    cat >"$tmp/$n.json" <<EOF
-{"subsystems": [
-  {"subsystem": "bdev", "config": [{"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": $blocks, "block_size": 512}}]},
-  {"subsystem": "vhost_blk", "config": [{"method": "vhost_create_blk_controller", "params": {"ctrlr": "vb0", "dev_name": "Null0"}}]}
-]}
-EOF
-    "${RUN[@]}" taskset -c "$BCORE" "$USTOR" serve --cores "$BCORE" --poll-mode "$mode" -S "$tmp/$n" \
+    vhost_null_config "$tmp/$n.json" "$blocks"
+    "${RUN[@]}" taskset -c "$BCORE" "$bin" serve --cores "$BCORE" --poll-mode "$mode" -S "$tmp/$n" \
         -r "$tmp/$n.rpc" -c "$tmp/$n.json" --log-level warn >"$tmp/$n.log" 2>&1 &
     PID[$n]=$!
     SOCK[$n]=$tmp/$n/vb0
     wait_sock "${SOCK[$n]}"
 }
 start_ustor-poll() { start_ustor ustor-poll poll; }
+start_ustor-alt() { start_ustor ustor-alt adaptive "$USTOR_ALT"; }
 
 start_spdk() {
     mkdir -p "$tmp/spdk"
@@ -161,6 +165,18 @@ cpu_ns() {
     cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'
 }
 
+# A ustor backend's reactor sleeps so far (framework_get_reactors); "-"
+# for the other backends. Read around each point: a reactor that sleeps
+# under a saturating frontend shows thousands there, one that polls while
+# I/O flows only the few of the frontend's start and end.
+sleeps() { # backend
+    case $1 in
+    ustor*) python3 "$RPC_PY" -s "$tmp/$1.rpc" framework_get_reactors 2>/dev/null |
+        python3 -c 'import json,sys; print(sum(r["sleeps"] for r in json.load(sys.stdin)["reactors"]))' 2>/dev/null || echo - ;;
+    *) echo - ;;
+    esac
+}
+
 frontend_json() { # socket
     cat <<EOF
 {"subsystems": [{"subsystem": "bdev", "config": [
@@ -180,11 +196,12 @@ only() { # backend
     done
 }
 
-# One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns".
+# One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns reactor_sleeps".
 run_point() { # backend rw qd
-    local cfg=$tmp/fe-$1.json before after t0 t1 res
+    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1
     only "$1"
     frontend_json "${SOCK[$1]}" >"$cfg"
+    s0=$(sleeps "$1")
     before=$(cpu_ns "${PID[$1]}")
     t0=$(date +%s%N)
     if [ "$FRONTEND" = blkio ]; then
@@ -197,6 +214,7 @@ run_point() { # backend rw qd
     fi
     t1=$(date +%s%N)
     after=$(cpu_ns "${PID[$1]}")
+    s1=$(sleeps "$1")
     if [ "$FRONTEND" = blkio ]; then
         res=$(sed -n 's/^iops=\([0-9.]*\) lat_us=\([0-9.]*\) .*/\1 \2/p' "$tmp/bdevperf.out")
     else
@@ -206,7 +224,8 @@ run_point() { # backend rw qd
         tail -5 "$tmp/bdevperf.out" >&2
         res="0 0"
     fi
-    echo "$res $((after - before)) $((t1 - t0))"
+    if [ "$s0" = - ] || [ "$s1" = - ]; then s1=-; else s1=$((s1 - s0)); fi
+    echo "$res $((after - before)) $((t1 - t0)) $s1"
 }
 
 pct() { awk -v ns="$1" -v s="$IDLE_S" 'BEGIN { printf "%.2f", ns / s / 1e7 }'; }
@@ -252,6 +271,8 @@ for be in $BACKENDS; do "start_$be"; done
     echo "# bench/vhost.sh $stamp: $(nproc) CPUs, $(uname -r), backend core $BCORE, frontend core $FCORE,"
     echo "# ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NICE=$NICE; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo "# ustor $("$USTOR" --version 2>/dev/null | head -1), $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+    [ -z "${USTOR_ALT:-}" ] || echo "# ustor-alt: $(basename "$USTOR_ALT") ($("$USTOR_ALT" --version 2>/dev/null | head -1))"
+    echo "# uptime: $(uptime)"
     echo "# SPDK $(python3 "$RPC_PY" -s "$tmp/spdk.rpc" spdk_get_version 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])' 2>/dev/null || echo '?'), $(qemu-storage-daemon --version | head -1)"
 } | tee "$out"
 for be in $BACKENDS; do
@@ -262,8 +283,8 @@ for r in $(seq "$ROUNDS"); do
     for rw in $RWS; do
         for qd in $QDS; do
             for be in $BACKENDS; do
-                read -r iops lat cpu wall < <(run_point "$be" "$rw" "$qd")
-                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME" | tee -a "$out"
+                read -r iops lat cpu wall slp < <(run_point "$be" "$rw" "$qd")
+                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp" | tee -a "$out"
             done
         done
     done
@@ -287,13 +308,17 @@ for p in pts:
     # I/O it is divided by the I/Os of the measured seconds only, so it
     # slightly overstates every backend alike.
     cells.setdefault((p["rw"], p["qd"], p["backend"]), []).append(
-        (iops, float(p["lat_us"]), cpu_s * 1e9 / max(iops * rt, 1), 100 * cpu_s / wall_s, p["round"]))
+        (iops, float(p["lat_us"]), cpu_s * 1e9 / max(iops * rt, 1), 100 * cpu_s / wall_s, p["round"],
+         p.get("sleeps", "-")))
 print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core)")
-print(f"{'rw':10} {'qd':>4} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%':>6}  IOPS min-max")
+print("(sleeps: the ustor reactor's sleeps over the point, start-up and end included, median)")
+print(f"{'rw':10} {'qd':>4} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%':>6} {'sleeps':>7}  IOPS min-max")
 for (rw, qd, be), v in cells.items():
     m = lambda i: st.median(x[i] for x in v)
     lo, hi = min(x[0] for x in v), max(x[0] for x in v)
-    print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):6.1f}  {lo:.0f}-{hi:.0f}")
+    sl = [int(x[5]) for x in v if x[5].lstrip("-").isdigit()]
+    sl = f"{st.median(sl):.0f}" if sl else "-"
+    print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):6.1f} {sl:>7}  {lo:.0f}-{hi:.0f}")
 if "ustor" in backends:
     print("\nustor/peer IOPS ratio per round (median [min-max]); latency ratio of medians")
     for (rw, qd, be), v in cells.items():
@@ -306,6 +331,16 @@ if "ustor" in backends:
               continue
           lat = st.median(x[1] for x in u.values()) / max(st.median(x[1] for x in v), 1e-9)
           print(f"{rw:10} {qd:>4} {us:10} vs {be:6} IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
+if "ustor" in backends and "ustor-alt" in backends:
+    print("\nustor / ustor-alt (USTOR over USTOR_ALT) IOPS ratio per round (median [min-max]); latency ratio of medians")
+    for (rw, qd, be), v in cells.items():
+        if be != "ustor-alt":
+            continue
+        u = {x[4]: x for x in cells.get((rw, qd, "ustor"), [])}
+        rs = [u[x[4]][0] / x[0] for x in v if x[4] in u and x[0] > 0]
+        if rs:
+            lat = st.median(x[1] for x in u.values()) / max(st.median(x[1] for x in v), 1e-9)
+            print(f"{rw:10} {qd:>4} ustor vs ustor-alt IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
 print("\nbackend CPU with no I/O (% of a core): no frontend / a connected idle frontend")
 for be, (a, b) in idle.items():
     print(f"{be:8} {a:>4}% / {b:>4}%")
