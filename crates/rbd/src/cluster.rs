@@ -10,6 +10,19 @@
 //! threads that appeared are counted and checked (and pinned, should one
 //! have escaped). Default cores: those without a reactor; when every core
 //! runs a reactor, all of them, with a warning in the log.
+//!
+//! Scheduling policy (`sched_batch`, ustor's own, off by default): the
+//! connection's threads may run `SCHED_BATCH`, which never preempts on
+//! wake-up. With every client thread on one otherwise idle core and an
+//! interrupt-mode reactor, each hand-off of an I/O (reactor → messenger →
+//! completion thread → reactor) then runs when the waker sleeps instead
+//! of preempting it (which costs a switch back and, often, a futex wait
+//! on the librados lock the preempted thread held): 0.6 involuntary
+//! switches per QD1 I/O instead of 3.2, 0.77x the client CPU per I/O. Not
+//! the default: a batch thread also cannot preempt anything else on its
+//! core; on a loaded machine (load average 11-14 on 2 cores) it cost
+//! 0.55-0.69x the IOPS at three of four points, and behind a polling
+//! reactor 0.4x (bench/RESULTS-rbd.md).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
@@ -39,6 +52,10 @@ pub struct ClusterOpts {
     /// Cores for this connection's threads (`0x3`, `[0-1]`, `0,2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub core_mask: Option<String>,
+    /// ustor's own: run the connection's threads `SCHED_BATCH` (default
+    /// false; see the module doc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sched_batch: Option<bool>,
 }
 
 /// Ceph options ustor sets before the user's (`config_param` overrides).
@@ -62,6 +79,8 @@ pub struct Cluster {
     handle: ffi::rados_t,
     /// Where its threads run.
     pub cores: Vec<usize>,
+    /// Its threads run `SCHED_BATCH`.
+    pub batch: bool,
     /// Threads that appeared while connecting and opening images.
     threads: Mutex<usize>,
 }
@@ -104,6 +123,7 @@ impl Cluster {
     /// reactor's). `reactor_cores`: cores the default placement avoids.
     pub fn connect(opts: ClusterOpts, reactor_cores: &[usize]) -> Result<Arc<Cluster>, RbdError> {
         let cores = placement(opts.core_mask.as_deref(), reactor_cores)?;
+        let batch = opts.sched_batch.unwrap_or(false);
         // Before any handle exists: a host without librbd gets a clear
         // error and nothing half-created.
         ffi::load().map_err(RbdError::Library)?;
@@ -146,20 +166,22 @@ impl Cluster {
         if let Some(k) = &opts.key_file {
             set("keyring", k)?;
         }
-        let (r, threads) = on_cores(&cores, || {
+        let (r, threads) = on_cores(&cores, batch, || {
             // SAFETY: a configured, unconnected handle.
             unsafe { ffi::rados_connect(h.0) }
         });
         check(r, || format!("connecting to cluster `{}`", opts.name))?;
         let handle = std::mem::replace(&mut h.0, std::ptr::null_mut());
+        let policy = if batch { "SCHED_BATCH" } else { "SCHED_OTHER" };
         tracing::info!(
-            "rbd cluster {}: connected, {threads} librados threads on cores {cores:?}",
+            "rbd cluster {}: connected, {threads} librados threads on cores {cores:?}, {policy}",
             opts.name
         );
         Ok(Arc::new(Cluster {
             opts,
             handle,
             cores,
+            batch,
             threads: Mutex::new(threads),
         }))
     }
@@ -167,7 +189,7 @@ impl Cluster {
     /// Runs `f` (which makes librados/librbd threads) with the calling
     /// thread on this connection's cores; counts the threads it made.
     pub fn placed<R>(&self, f: impl FnOnce() -> R) -> R {
-        let (r, n) = on_cores(&self.cores, f);
+        let (r, n) = on_cores(&self.cores, self.batch, f);
         *self.threads.lock().unwrap_or_else(|p| p.into_inner()) += n;
         r
     }
@@ -192,6 +214,7 @@ impl Cluster {
             "key_file": o.key_file,
             "core_mask": o.core_mask,
             "cores": self.cores,
+            "sched_batch": self.batch,
             "threads": self.threads(),
         })
     }
@@ -274,8 +297,9 @@ fn tasks() -> HashSet<i32> {
 
 /// Runs `f` with the calling thread's affinity narrowed to `cores`, so the
 /// threads it creates inherit them; returns `f`'s result and how many
-/// threads appeared (each checked, and pinned if it is elsewhere).
-fn on_cores<R>(cores: &[usize], f: impl FnOnce() -> R) -> (R, usize) {
+/// threads appeared (each checked, and pinned if it is elsewhere; with
+/// `batch`, made `SCHED_BATCH`: the threads they make later inherit it).
+fn on_cores<R>(cores: &[usize], batch: bool, f: impl FnOnce() -> R) -> (R, usize) {
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: get/set this thread's affinity with sets of the right size.
     let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -293,12 +317,29 @@ fn on_cores<R>(cores: &[usize], f: impl FnOnce() -> R) -> (R, usize) {
             tracing::warn!("rbd: thread {tid} escaped its placement; pinning it");
             unsafe { libc::sched_setaffinity(tid, size, &want) };
         }
+        if batch {
+            set_batch(tid);
+        }
     }
     if saved {
         // SAFETY: restores the set read above.
         unsafe { libc::sched_setaffinity(0, size, &old) };
     }
     (r, new.len())
+}
+
+/// Makes thread `tid` `SCHED_BATCH` (no privilege needed); a thread that
+/// already ended is no error.
+fn set_batch(tid: i32) {
+    let p = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscall on a thread of this process with a valid param.
+    let r = unsafe { libc::sched_setscheduler(tid, libc::SCHED_BATCH, &p) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            tracing::warn!("rbd: thread {tid} stays SCHED_OTHER: {e}");
+        }
+    }
 }
 
 /// The registered clusters of one ustor instance.

@@ -536,13 +536,33 @@ fn clusters_info_placement_resize_and_save_config() {
     assert_eq!(info["core_mask"], "0x1", "{info}");
     assert_eq!(info["cores"], json!([0]), "{info}");
     assert!(info["threads"].as_u64().unwrap() > 0, "{info}");
-    // Every thread librados made runs on core 0 only.
+    // Every thread librados made runs on core 0 only, as SCHED_OTHER
+    // (`sched_batch` is off by default).
+    assert_eq!(info["sched_batch"], false, "{info}");
     let pid = s.child.id();
-    let pinned = ceph_threads_affinity(pid);
+    let pinned = ceph_threads(pid);
     assert!(!pinned.is_empty(), "no librados threads found");
-    for (name, mask) in &pinned {
-        assert_eq!(mask, "0", "thread {name} runs on {mask}");
+    for t in &pinned {
+        assert_eq!(t.cpus, "0", "thread {} runs on {}", t.name, t.cpus);
+        assert_eq!(t.policy, 0, "thread {} has policy {}", t.name, t.policy);
     }
+    // `sched_batch: true`: the new connection's threads run SCHED_BATCH.
+    let before: Vec<String> = pinned.into_iter().map(|t| t.tid).collect();
+    s.ok(
+        "bdev_rbd_register_cluster",
+        json!({"name": "c2", "config_file": c.conf(), "core_mask": "0x1", "sched_batch": true}),
+    );
+    let info2 = s.ok("bdev_rbd_get_clusters_info", json!({"name": "c2"}));
+    assert_eq!(info2["sched_batch"], true, "{info2}");
+    let batch: Vec<_> = ceph_threads(pid)
+        .into_iter()
+        .filter(|t| !before.contains(&t.tid))
+        .collect();
+    assert!(!batch.is_empty(), "c2 made no threads");
+    for t in &batch {
+        assert_eq!(t.policy, 3, "c2 thread {} has policy {}", t.name, t.policy);
+    }
+    s.ok("bdev_rbd_unregister_cluster", json!({"name": "c2"}));
     // In use: the cluster stays.
     let e = err_msg(s.call("bdev_rbd_unregister_cluster", json!({"name": "c1"})));
     assert!(e.contains("used by 1 bdev"), "{e}");
@@ -607,9 +627,20 @@ fn clusters_info_placement_resize_and_save_config() {
     s2.stop();
 }
 
-/// (name, cpus) of the threads of `pid` that librados/librbd made (their
-/// names: msgr-worker-*, ms_dispatch, io_context_pool, fn_anonymous, ...).
-fn ceph_threads_affinity(pid: u32) -> Vec<(String, String)> {
+/// A thread of the server that librados/librbd made.
+struct CephThread {
+    tid: String,
+    name: String,
+    /// `Cpus_allowed_list`.
+    cpus: String,
+    /// Scheduling policy (`/proc/.../stat` field 41: 0 SCHED_OTHER, 3
+    /// SCHED_BATCH).
+    policy: u32,
+}
+
+/// The threads of `pid` that librados/librbd made (their names:
+/// msgr-worker-*, ms_dispatch, io_context_pool, fn_anonymous, ...).
+fn ceph_threads(pid: u32) -> Vec<CephThread> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -641,7 +672,19 @@ fn ceph_threads_affinity(pid: u32) -> Vec<(String, String)> {
             .unwrap_or("")
             .trim()
             .to_string();
-        v.push((name, cpus));
+        // Fields after the command's closing parenthesis start at field 3.
+        let stat = std::fs::read_to_string(base.join("stat")).unwrap_or_default();
+        let policy = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(41 - 3)?.parse().ok())
+            .unwrap_or(u32::MAX);
+        let tid = e.file_name().to_string_lossy().into_owned();
+        v.push(CephThread {
+            tid,
+            name,
+            cpus,
+            policy,
+        });
     }
     v
 }
