@@ -32,6 +32,9 @@ use crate::workers::Workers;
 const KEPT_BUFS: usize = 256;
 /// Smallest data buffer made (the RFC's default data segment).
 const MIN_BUF: usize = 8192;
+/// At most this many reactor rounds a response waits for others to join
+/// its send.
+const FLUSH_YIELDS: u32 = 8;
 
 /// One connection of a session, what the tasks that came on it share
 /// (on the session's reactor): its send queue and parameters, and the
@@ -271,8 +274,11 @@ async fn finish(core: &Core, info: &CmdInfo) {
     let tx = &core.tx;
     if core.sess.tasks.len() > 1 {
         // Other commands may answer in this reactor pass: their responses
-        // join this one's send (the tasks woken meanwhile run first).
-        ustor_runtime::yield_now().await;
+        // join this one's send. Every task ready on the reactor runs first
+        // (commands just received, other connections' commands), so a busy
+        // connection sends once per pass, as a poll loop flushes each socket
+        // once per iteration.
+        ustor_runtime::yield_while_busy(FLUSH_YIELDS).await;
     }
     if let Err(e) = tx.flush().await {
         tracing::debug!("iscsi: response to ITT {:#x} not sent: {e}", info.itt);

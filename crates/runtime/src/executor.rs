@@ -223,6 +223,32 @@ pub struct YieldNow {
     yielded: bool,
 }
 
+/// Yields while other tasks of this reactor are ready, at most `max`
+/// times: a task about to send a batch that the tasks running in this
+/// pass may still add to lets them run first, so the batch leaves once
+/// per pass (as a poll loop flushes each socket once per iteration), not
+/// once per task. Ready at once off a reactor or with nothing else ready.
+pub fn yield_while_busy(max: u32) -> YieldWhileBusy {
+    YieldWhileBusy { left: max }
+}
+
+pub struct YieldWhileBusy {
+    left: u32,
+}
+
+impl Future for YieldWhileBusy {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let busy = reactor::try_with(|r| r.exec.has_ready()).unwrap_or(false);
+        if self.left == 0 || !busy {
+            return Poll::Ready(());
+        }
+        self.left -= 1;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 impl Future for YieldNow {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {

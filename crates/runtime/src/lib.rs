@@ -50,7 +50,7 @@ pub mod zc;
 pub use buf::{BufPoolConfig, IoBuf};
 pub use config::{parse_cores, ConfigError, PollMode, RuntimeConfig};
 pub use doorbell::Doorbell;
-pub use executor::{spawn, yield_now, JoinHandle};
+pub use executor::{spawn, yield_now, yield_while_busy, JoinHandle};
 pub use msg::{Runtime, RuntimeHandle, SendError};
 pub use poller::{register_poller, register_timed_poller, unregister_poller, PollStatus, PollerId};
 pub use reactor::{

@@ -445,3 +445,38 @@ fn dropped_timeouts_give_their_timers_back() {
         h.stats().unwrap()[0].timers == 0
     });
 }
+
+/// `yield_while_busy` lets every other ready task run first (and run on:
+/// one that yields stays ready), at most `max` times; `yield_now` once.
+#[test]
+fn yield_while_busy_waits_for_the_other_ready_tasks() {
+    let r = rt(1, PollMode::Adaptive);
+    let h = r.handle();
+    for (max, want) in [(8, "a0 b1 b2 b3 a1"), (1, "a0 b1 a1 b2 b3")] {
+        let (tx, rx) = mpsc::channel();
+        h.send(0, move || {
+            let log = std::rc::Rc::new(std::cell::RefCell::new(Vec::<&str>::new()));
+            let (la, lb) = (log.clone(), log.clone());
+            ustor_runtime::spawn(async move {
+                la.borrow_mut().push("a0");
+                ustor_runtime::yield_while_busy(max).await;
+                la.borrow_mut().push("a1");
+            });
+            let b = ustor_runtime::spawn(async move {
+                for s in ["b1", "b2", "b3"] {
+                    lb.borrow_mut().push(s);
+                    ustor_runtime::yield_now().await;
+                }
+            });
+            ustor_runtime::spawn(async move {
+                b.await;
+                // A ends before the log is read (it is ready or done).
+                ustor_runtime::yield_while_busy(8).await;
+                tx.send(log.borrow().join(" ")).unwrap();
+            });
+        })
+        .unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(got, want, "max {max}");
+    }
+}
