@@ -54,12 +54,13 @@
 #                         GAPS=1 SPLIT=1 PREFAULT=1)
 set -euo pipefail
 
-# Autogroup scheduling (Linux's default) shares the CPUs between sessions
-# first and applies nice only within one, so `nice -n -20` alone left the
-# targets a share of their core against another session's compiler (SPDK:
-# 1.8 K IOPS at four QD1 sessions, 33-46 K in a group of its own, same
-# minute). The benchmark runs in a session, so an autogroup, of its own
-# with the nice it was started with.
+# Autogroup scheduling (Linux's default) shares the CPUs between Unix
+# sessions (setsid) first and applies nice only within one, so `nice -n
+# -20` alone left the targets a share of their core against a compiler
+# started from another terminal (SPDK: 1.8 K IOPS at four QD1 iSCSI
+# sessions, 33-46 K in a group of its own, same minute). The benchmark
+# runs in a Unix session, so an autogroup, of its own with the nice it was
+# started with.
 if [ -z "${BENCH_OWN_GROUP:-}" ] && [ -w /proc/self/autogroup ]; then
   export BENCH_OWN_GROUP=1
   exec setsid -w "$0" "$@"
