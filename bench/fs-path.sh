@@ -9,10 +9,12 @@
 # CPU 0 (PIN=0-1 to let them spread). Latency and CPU time per request (of
 # each process, from /proc/PID/task/*/schedstat) come from the untraced
 # pass. COPY=1 exports with copy_writes (the one-copy ablation); BS sets
-# the request size.
+# the request size; MODE=uring mounts on FUSE over io_uring (the queue
+# threads, fuse-ring-N, stay on their own CPUs as in bench/fs.sh).
 #
 # Usage: bench/fs-path.sh
-#   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 RWS="randread randwrite"
+#   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 MODE=classic
+#        RWS="randread randwrite"
 # Needs root (FUSE), fio, strace, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,12 +25,20 @@ PIN=${PIN:-0}
 BS=${BS:-4k}
 COPY=${COPY:-0}
 RWS=${RWS:-randread randwrite}
+MODE=${MODE:-classic}
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+URING_WAS=
+if [ "$MODE" = uring ]; then
+    URING_WAS=$(cat "$URING_PARAM")
+    echo Y > "$URING_PARAM"
+fi
 copy=""
 [ "$COPY" = 1 ] && copy=',"copy_writes":true'
 W=$(mktemp -d /dev/shm/ustor-fs-path.XXXXXX)
 PIDS=()
 cleanup() {
     mountpoint -q "$W/m" && umount -l "$W/m" || true
+    [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$W"
@@ -48,7 +58,7 @@ PIDS+=($SERVE)
 for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
 mkdir -p "$W/m"
 taskset -c "$PIN" "$USTOR" fs mount "127.0.0.1:$port/vol" "$W/m" --secret-file "$W/secret" \
-    >"$W/mount.log" 2>&1 &
+    --fuse-mode "$MODE" >"$W/mount.log" 2>&1 &
 MOUNT=$!
 PIDS+=($MOUNT)
 for _ in $(seq 100); do mountpoint -q "$W/m" && break; sleep 0.1; done
@@ -70,7 +80,7 @@ cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%d", s}
 
 run_fio() { # rw -> "mean_us p50_us"
     taskset -c "$PIN" fio --name=p --directory="$W/m" --filename=f --size=16m --ioengine=psync \
-        --iodepth=1 --direct=1 --rw="$1" --bs="$BS" --number_ios="$N" --lat_percentiles=1 \
+        --iodepth=1 --direct=1 --rw="$1" --bs="$BS" --io_size=1t --number_ios="$N" --lat_percentiles=1 \
         --percentile_list=50 --output-format=json 2>/dev/null | python3 -c '
 import json, sys
 j = json.load(sys.stdin)["jobs"][0]
@@ -80,7 +90,7 @@ print("%.1f %.1f" % (l["mean"] / 1e3, l["percentile"]["50.000000"] / 1e3))'
 }
 
 echo "# bench/fs-path.sh $(date -u +%FT%TZ), $(uname -r), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# USTOR=$USTOR N=$N PIN=$PIN BS=$BS COPY=$COPY"
+echo "# USTOR=$USTOR N=$N PIN=$PIN BS=$BS COPY=$COPY MODE=$MODE"
 for rw in $RWS; do
     run_fio "$rw" >/dev/null # warm
     s0=$( { switches $SERVE | sed 's/^/serve:/'; switches $MOUNT | sed 's/^/mount:/'; } | sort)

@@ -6,7 +6,10 @@
 # with the one-copy ablation (ustor_copy: fs_export's copy_writes, a
 # write received into a buffer and copied), bounded below by the
 # FUSE floor (bench/lib/fuse_floor.c: one file in memory behind FUSE) and
-# local tmpfs. ustor_lib is ustor's client library with no kernel
+# local tmpfs. floor_tcp is the same floor with the file in a trivial peer
+# process behind one loopback TCP connection (FLOOR_TCP=1: each request's
+# payload forwarded, its reply awaited): the least any networked FUSE file
+# system pays here, so ustor/floor_tcp is the part of the gap that is ours. ustor_lib is ustor's client library with no kernel
 # crossing (crates/fs-client/examples/fsbench.rs, the same loop as
 # nfsbench), the like-for-like peer of libnfs; ustor_lib_copy is the same
 # against the one-copy export (the ablation without FUSE in the path);
@@ -39,7 +42,7 @@
 # Usage: cargo build --release -p ustor -p ustor-fs-client --example fsbench
 #        bench/fs.sh
 #   env: USTOR=target/release/ustor ROUNDS=3 RUNTIME=3 SIZE_MIB=64
-#        NFILES=300 TARGETS="ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs"
+#        NFILES=300 TARGETS="ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor floor_tcp tmpfs"
 #        FSBENCH=target/release/examples/fsbench
 #        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
 #        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
@@ -55,7 +58,7 @@ ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-3}
 SIZE_MIB=${SIZE_MIB:-64}
 NFILES=${NFILES:-300}
-TARGETS=${TARGETS:-ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor tmpfs}
+TARGETS=${TARGETS:-ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor floor_tcp tmpfs}
 WORKS=${WORKS:-randread:4k randwrite:4k randwrite:1k read:1m write:1m meta}
 PLACES=${PLACES:-pinned unpinned}
 SFTP=${SFTP:-/usr/lib/openssh/sftp-server}
@@ -182,13 +185,17 @@ if has sshfs || has sshfs_sync; then
     done
 fi
 
-if has floor; then
-    mkdir -p "$W/m-floor"
-    "$W/fuse_floor" "$SIZE_MIB" "$W/m-floor" -f -s &
+for t in floor floor_tcp; do
+    has $t || continue
+    mkdir -p "$W/m-$t"
+    tcp=""
+    [ $t = floor_tcp ] && tcp=1
+    # floor_tcp forks its peer: a child of this pid, placed with it.
+    FLOOR_TCP=$tcp "$W/fuse_floor" "$SIZE_MIB" "$W/m-$t" -f -s &
     PIDS+=($!)
-    MOUNTS+=("$W/m-floor")
-    wait_mount "$W/m-floor"
-fi
+    MOUNTS+=("$W/m-$t")
+    wait_mount "$W/m-$t"
+done
 has tmpfs && mkdir -p "$W/m-tmpfs"
 
 # Every process of the run and all of its threads onto $1's CPUs.
@@ -258,7 +265,7 @@ cell() { # cpus target work -> columns
     if [ "$w" = meta ]; then
         case $t in
             ganesha) taskset -c "$cpus" "$W/nfsbench" "$NFS_URL" /meta meta "$NFILES" ;;
-            floor | ustor_lib | ustor_lib_copy | ustor_lib_zc) echo "-" ;;
+            floor | floor_tcp | ustor_lib | ustor_lib_copy | ustor_lib_zc) echo "-" ;;
             *) meta_run "$cpus" "$W/m-$t" ;;
         esac
     elif [ "$t" = ganesha ]; then
@@ -281,7 +288,7 @@ for t in $TARGETS; do
         ustor_lib) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat lay "$SIZE_MIB" ;;
         ustor_lib_copy) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$CPORT" copy libbench.dat lay "$SIZE_MIB" ;;
         ustor_lib_zc) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$ZPORT" zc libbench.dat lay "$SIZE_MIB" ;;
-        floor) ;;
+        floor | floor_tcp) ;;
         *) fio --name=lay --directory="$W/m-$t" --filename=bench.dat --size=${SIZE_MIB}m \
                --rw=write --bs=1m >/dev/null ;;
     esac
@@ -354,11 +361,15 @@ for p, w in order:
               % (z[1] / b[1], z[2] / b[2], z[3] / b[3], z[4] / b[4]))
     if "ustor_uring" in med:
         u = med["ustor_uring"]
-        for t in ("ustor", "floor", "ganesha"):
+        for t in ("ustor", "floor", "floor_tcp", "ganesha"):
             if t in med:
                 m = med[t]
-                print("  ustor_uring/%-5s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
+                print("  ustor_uring/%-9s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
                       % (t, u[1] / m[1], u[2] / m[2], u[3] / m[3], u[4] / m[4]))
+    if "floor_tcp" in med and "floor" in med:
+        z, b = med["floor_tcp"], med["floor"]
+        print("  floor_tcp/floor (one TCP round trip) latency mean %.2fx p50 %.2fx, +%.1f us p50"
+              % (z[1] / b[1], z[2] / b[2], z[2] - b[2]))
     if "ustor" in med:
         u = med["ustor"]
         for t, m in med.items():
