@@ -133,7 +133,16 @@ fn dial(addr: &SocketAddr, export: &[u8], secret: &[u8], timeout: Duration) -> R
 pub(crate) struct SyncConn {
     s: TcpStream,
     timeout: Duration,
+    /// The first bytes of a reply: its header and a small body arrive
+    /// with one receive (one system call instead of two per request).
+    rx: Box<[u8]>,
+    /// Received bytes of `rx` not yet taken.
+    lo: usize,
+    hi: usize,
 }
+
+/// Room for a reply's header and a 4 KiB read's padding and data.
+const SYNC_RX: usize = 8 << 10;
 
 impl SyncConn {
     /// Connects and authenticates.
@@ -145,33 +154,97 @@ impl SyncConn {
     ) -> Result<Self> {
         // Every wait, the handshake's and each reply's, is bounded.
         let s = dial(addr, export, secret, timeout)?;
-        Ok(Self { s, timeout })
+        Ok(Self {
+            s,
+            timeout,
+            rx: vec![0u8; SYNC_RX].into_boxed_slice(),
+            lo: 0,
+            hi: 0,
+        })
     }
 
     /// One request (`head`, then `payload` sent from the caller's buffer)
     /// and its reply. After an error the connection is not to be used
     /// again (a reply may be half read).
     pub fn call(&mut self, tag: u64, head: &[u8], payload: &[u8]) -> Result<Frame> {
-        write_all_vectored(&mut self.s, head, payload).map_err(io_err)?;
-        let timeout = self.timeout;
-        let err = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                ClientError::Timeout(timeout)
-            }
-            _ => io_err(e),
-        };
-        let mut hb = [0u8; HEADER_LEN];
-        self.s.read_exact(&mut hb).map_err(err)?;
-        let h = proto::decode_header(&hb).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (h, _) = self.send_then_header(tag, head, payload)?;
         let mut body = vec![0u8; h.len as usize];
-        self.s.read_exact(&mut body).map_err(err)?;
+        self.body(&mut body)?;
+        Ok(Frame { errno: h.ino, body })
+    }
+
+    /// Like [`SyncConn::call`] for a request without a payload whose reply
+    /// body is received straight into `out` (a FUSE ring entry's buffer:
+    /// no copy on our side); returns the errno and the body's length. A
+    /// read reply's padding ([`proto::FLAG_ALIGN`]) is skipped. A body
+    /// longer than `out` breaks the connection (the server sends no more
+    /// than was asked).
+    pub fn call_into(&mut self, tag: u64, head: &[u8], out: &mut [u8]) -> Result<(u64, usize)> {
+        let (h, flags) = self.send_then_header(tag, head, &[])?;
+        let mut n = h.len as usize;
+        if h.op == proto::Op::Read && flags > 0 {
+            let mut pad = [0u8; proto::READ_DATA_AT];
+            let p = flags as usize;
+            if p > n || p > pad.len() {
+                return Err(ClientError::Protocol(format!("read reply padded by {p}")));
+            }
+            self.body(&mut pad[..p])?;
+            n -= p;
+        }
+        if n > out.len() {
+            return Err(ClientError::Protocol(format!(
+                "reply of {n} bytes to a read of {}",
+                out.len()
+            )));
+        }
+        self.body(&mut out[..n])?;
+        Ok((h.ino, n))
+    }
+
+    /// Sends a request and receives its reply's header and flags byte.
+    fn send_then_header(&mut self, tag: u64, head: &[u8], payload: &[u8]) -> Result<(Header, u8)> {
+        if self.lo != self.hi {
+            // One request at a time: nothing may follow a reply.
+            return Err(ClientError::Protocol("bytes past a reply".into()));
+        }
+        write_all_vectored(&mut self.s, head, payload).map_err(io_err)?;
+        (self.lo, self.hi) = (0, 0);
+        while self.hi < HEADER_LEN {
+            match self.s.read(&mut self.rx[self.hi..]) {
+                Ok(0) => return Err(eof()),
+                Ok(k) => self.hi += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        let hb: [u8; HEADER_LEN] = self.rx[..HEADER_LEN].try_into().expect("header");
+        self.lo = HEADER_LEN;
+        let h = proto::decode_header(&hb).map_err(|e| ClientError::Protocol(e.to_string()))?;
         if h.tag != tag {
             return Err(ClientError::Protocol(format!(
                 "reply to request {} while {tag} waits",
                 h.tag
             )));
         }
-        Ok(Frame { errno: h.ino, body })
+        Ok((h, proto::header_flags(&hb)))
+    }
+
+    /// The next `body.len()` bytes of the reply: what the first receive
+    /// brought, then the rest straight from the socket.
+    fn body(&mut self, body: &mut [u8]) -> Result<()> {
+        let k = body.len().min(self.hi - self.lo);
+        body[..k].copy_from_slice(&self.rx[self.lo..self.lo + k]);
+        self.lo += k;
+        self.s.read_exact(&mut body[k..]).map_err(|e| self.err(e))
+    }
+
+    fn err(&self, e: std::io::Error) -> ClientError {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                ClientError::Timeout(self.timeout)
+            }
+            _ => io_err(e),
+        }
     }
 }
 

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::ll::{self, InHeader, Op};
+use crate::pagebuf::PageBuf;
 
 /// `fuse_uring_req_header`: in_out (128), op_in (128), ring_ent_in_out (32).
 pub const REQ_HEADER_LEN: usize = 288;
@@ -40,6 +41,15 @@ const CMD_COMMIT_AND_FETCH: u32 = 2;
 
 /// What a handler answers: an errno (0: success) and the reply body.
 pub type Answer = (i32, Vec<u8>);
+
+/// A reply body for [`Queues::serve_placed`].
+pub enum Body {
+    /// Bytes to copy into the entry.
+    Bytes(Vec<u8>),
+    /// This many bytes already written into the entry's payload buffer
+    /// (a READ's data, received there straight from the socket).
+    Placed(usize),
+}
 
 /// Whether the kernel offers FUSE over io_uring now (the module parameter
 /// reads Y).
@@ -68,7 +78,9 @@ pub fn possible_cpus() -> usize {
 struct Entry {
     qid: u16,
     head: Box<[u8; REQ_HEADER_LEN]>,
-    payload: Vec<u8>,
+    /// Page-aligned: the kernel copies a write's pages into it and
+    /// a read's reply out of it ([`crate::pagebuf`]).
+    payload: PageBuf,
     iov: Box<[libc::iovec; 2]>,
 }
 
@@ -97,7 +109,7 @@ impl Queues {
                 let mut e = Entry {
                     qid: q,
                     head: Box::new([0; REQ_HEADER_LEN]),
-                    payload: vec![0; payload],
+                    payload: PageBuf::zeroed(payload),
                     iov: Box::new(
                         [libc::iovec {
                             iov_base: std::ptr::null_mut(),
@@ -156,6 +168,21 @@ impl Queues {
         &mut self,
         mut handle: impl FnMut(&InHeader, Result<Op<'_>, ll::WireError>) -> Option<Answer>,
     ) -> io::Error {
+        self.serve_placed(|h, op, _| handle(h, op).map(|(e, b)| (e, Body::Bytes(b))))
+    }
+
+    /// [`Queues::serve`] whose handler is also given, for a READ, the
+    /// entry's payload buffer (empty for every other op) to write the
+    /// reply's data into ([`Body::Placed`]): no copy of ours between the
+    /// socket and the kernel.
+    pub fn serve_placed(
+        &mut self,
+        mut handle: impl FnMut(
+            &InHeader,
+            Result<Op<'_>, ll::WireError>,
+            &mut [u8],
+        ) -> Option<(i32, Body)>,
+    ) -> io::Error {
         // Budget: each round waits for completions and re-arms their
         // entries, or ends on an error.
         loop {
@@ -188,7 +215,11 @@ impl Queues {
     fn answer(
         &mut self,
         i: usize,
-        handle: &mut impl FnMut(&InHeader, Result<Op<'_>, ll::WireError>) -> Option<Answer>,
+        handle: &mut impl FnMut(
+            &InHeader,
+            Result<Op<'_>, ll::WireError>,
+            &mut [u8],
+        ) -> Option<(i32, Body)>,
     ) -> u64 {
         let e = &mut self.ents[i];
         let commit_id = u64::from_le_bytes(
@@ -201,30 +232,32 @@ impl Queues {
                 .try_into()
                 .expect("4"),
         ) as usize;
-        let (errno, body) = match ll::in_header(&e.head[..]) {
+        let cap = e.payload.len();
+        let (errno, n) = match ll::in_header(&e.head[..]) {
             Ok(h) => {
-                let op = ll::decode_op(
-                    h.opcode,
-                    &e.head[OP_IN..ENT_IN_OUT],
-                    &e.payload[..psz.min(e.payload.len())],
-                );
-                let unique = h.unique;
-                let a = handle(&h, op).unwrap_or((0, Vec::new()));
-                e.head[..ll::OUT_HEADER_LEN].copy_from_slice(&ll::out_header(
-                    unique,
-                    a.0,
-                    a.1.len(),
-                ));
-                a
+                let op_in = &e.head[OP_IN..ENT_IN_OUT];
+                // A READ brings no payload and may answer into the buffer.
+                let a = if h.opcode == ll::opcode::READ {
+                    handle(&h, ll::decode_op(h.opcode, op_in, &[]), &mut e.payload)
+                } else {
+                    let op = ll::decode_op(h.opcode, op_in, &e.payload[..psz.min(cap)]);
+                    handle(&h, op, &mut [])
+                };
+                let (errno, n) = match a.unwrap_or((0, Body::Bytes(Vec::new()))) {
+                    (0, Body::Bytes(b)) => {
+                        let n = b.len().min(cap);
+                        e.payload[..n].copy_from_slice(&b[..n]);
+                        (0, n)
+                    }
+                    (0, Body::Placed(n)) => (0, n.min(cap)),
+                    (errno, _) => (errno, 0),
+                };
+                e.head[..ll::OUT_HEADER_LEN].copy_from_slice(&ll::out_header(h.unique, errno, n));
+                (errno, n)
             }
-            Err(err) => (err.errno(), Vec::new()),
+            Err(err) => (err.errno(), 0),
         };
-        let n = if errno == 0 {
-            body.len().min(e.payload.len())
-        } else {
-            0
-        };
-        e.payload[..n].copy_from_slice(&body[..n]);
+        debug_assert!(errno == 0 || n == 0);
         e.head[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(n as u32).to_le_bytes());
         commit_id
     }

@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod fuse_uring;
 pub mod ll;
 pub mod mount;
+pub mod pagebuf;
 pub mod remote;
 pub mod session;
 pub mod wire;

@@ -44,6 +44,15 @@ pub trait RemoteFs: Send + Sync + 'static {
     /// the server sends one.
     fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>>;
 
+    /// Up to `out.len()` bytes at `off` into `out`; how many. A transport
+    /// that can receive straight into `out` (a FUSE ring entry) does.
+    fn read_into(&self, ino: u64, off: u64, out: &mut [u8]) -> Result<usize> {
+        let d = self.read(ino, off, out.len())?;
+        let n = d.len().min(out.len());
+        out[..n].copy_from_slice(&d[..n]);
+        Ok(n)
+    }
+
     /// The client one FUSE-over-io_uring queue thread uses: one whose
     /// reply wakes the calling thread (so the kernel is answered on its
     /// caller's CPU) when the transport can give one, else this one.
@@ -138,6 +147,9 @@ impl RemoteFs for Client {
     }
     fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
         Client::write(self, ino, off, data)
+    }
+    fn read_into(&self, ino: u64, off: u64, out: &mut [u8]) -> Result<usize> {
+        Client::read_into(self, ino, off, out)
     }
 
     /// A [`Client::solo`]: a connection of its own, read by the queue

@@ -20,13 +20,15 @@ use common::*;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use ustor_fs::proto::{encode_request, Op, Request, HEADER_LEN, NONCE_LEN};
+use ustor_fs::proto::{self, encode_request, Op, Request, HEADER_LEN, NONCE_LEN};
 use ustor_fs::ROOT_INO;
 
 const SECRET: &str = "correct horse battery staple";
 
 struct Frame {
     op: u8,
+    /// Header byte 5: a read reply's padding.
+    flags: u8,
     tag: u64,
     errno: u64,
     body: Vec<u8>,
@@ -40,6 +42,7 @@ fn read_frame(s: &mut TcpStream) -> std::io::Result<Frame> {
     s.read_exact(&mut body)?;
     Ok(Frame {
         op: h[4],
+        flags: h[5],
         tag: u64::from_le_bytes(h[8..16].try_into().unwrap()),
         errno: u64::from_le_bytes(h[16..24].try_into().unwrap()),
         body,
@@ -185,6 +188,26 @@ fn tcp_server_zero_copy_auth_and_rpcs() {
     assert_eq!(st["bytes_written"], written as u64, "{st}");
     assert_eq!(st["bytes_read"], total, "{st}");
     assert_eq!(st["auth_failures"], 1, "{st}");
+
+    // A read asking for aligned data (FLAG_ALIGN): the reply pads the
+    // data to start READ_DATA_AT bytes into the frame, and says by how
+    // much; a read without the flag is not padded.
+    let req = Request::Read {
+        off: 4096,
+        len: chunk as u32,
+    };
+    let mut f = encode_request(30, ino, &req);
+    f[5] = proto::FLAG_ALIGN;
+    s.write_all(&f).unwrap();
+    let r = read_frame(&mut s).unwrap();
+    let pad = proto::READ_DATA_AT - HEADER_LEN;
+    assert_eq!((r.errno, r.flags as usize), (0, pad));
+    assert_eq!(r.body.len(), pad + chunk);
+    assert!(r.body[..pad].iter().all(|&b| b == 0));
+    assert_eq!(sha256(&r.body[pad..]), sha256(&want[4096..4096 + chunk]));
+    s.write_all(&encode_request(31, ino, &req)).unwrap();
+    let r = read_frame(&mut s).unwrap();
+    assert_eq!((r.errno, r.flags, r.body.len()), (0, 0, chunk));
 
     // Malformed frames: answered with their errno, then the connection
     // closes. Oversize body, unknown op, a name of length 0.

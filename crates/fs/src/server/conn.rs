@@ -115,6 +115,7 @@ pub(crate) async fn serve(conn: Accepted, svc: Arc<ExportSvc>) {
                 st: RefCell::new(St::Idle),
                 close_after: Cell::new(false),
                 in_flight: Cell::new(0),
+                align: Cell::new(false),
                 committing: RefCell::new(Vec::new()),
             };
             driver::run(fd, proto, driver_config()).await;
@@ -247,6 +248,9 @@ pub(crate) struct FsProto {
     close_after: Cell<bool>,
     /// Requests received whose replies are not yet encoded for the socket.
     in_flight: Cell<u64>,
+    /// The frame being received is a Read asking for aligned data
+    /// ([`proto::FLAG_ALIGN`]).
+    align: Cell<bool>,
     /// Inodes whose write on this connection is committing on the pool
     /// (once each per write in flight).
     committing: RefCell<Vec<u64>>,
@@ -272,7 +276,7 @@ fn run_job(svc: &ExportSvc, job: Job) -> FsReply {
                     let mut g = svc.vol.lock();
                     let inner = &mut *g;
                     let r = serve::handle(&mut inner.fs, svc.read_only, &mut inner.st, h.ino, &req);
-                    reply(&mut inner.st, &h, r)
+                    reply(&mut inner.st, &h, r, 0)
                 }
                 // Decoded once already on the reactor: cannot happen.
                 Err(_) => FsReply::Bytes(serve::encode_reply(h.tag, h.op, &Err(FsError::Invalid))),
@@ -286,13 +290,17 @@ fn run_job(svc: &ExportSvc, job: Job) -> FsReply {
 
 /// Encodes a request's result; a read's data is sent later, from the
 /// region segments (counted here as the kernel's copy).
-fn reply(st: &mut serve::Stats, h: &Header, r: Result<Reply, FsError>) -> FsReply {
+/// `pad` zero bytes go between a read reply's header and its data
+/// ([`proto::FLAG_ALIGN`]).
+fn reply(st: &mut serve::Stats, h: &Header, r: Result<Reply, FsError>, pad: usize) -> FsReply {
     match r {
         Ok(Reply::Data(segs)) => {
             let total: usize = segs.iter().map(serve::seg_len).sum();
             st.kernel_copied_bytes += total as u64;
             let mut head = serve::encode_reply(h.tag, h.op, &Ok(Reply::Data(Vec::new())));
-            head[..4].copy_from_slice(&(total as u32).to_le_bytes());
+            head[..4].copy_from_slice(&((total + pad) as u32).to_le_bytes());
+            head[5] = pad as u8;
+            head.resize(HEADER_LEN + pad, 0);
             FsReply::Data {
                 head: Some(head),
                 segs,
@@ -367,6 +375,8 @@ impl FsProto {
             Ok(h) => h,
             Err(e) => return self.refuse(&raw, &e),
         };
+        self.align
+            .set(h.op == Op::Read && proto::header_flags(&raw) & proto::FLAG_ALIGN != 0);
         let pre = proto::body_prefix(&h);
         if pre > STAGING_LEN {
             // Only a write's payload may be that long (received in place);
@@ -416,7 +426,7 @@ impl FsProto {
                     h.ino,
                     &req,
                 );
-                let rep = reply(&mut inner.st, &h, r);
+                let rep = reply(&mut inner.st, &h, r, 0);
                 drop(g);
                 st.consume(pre);
                 return Recv::Reply(rep);
@@ -458,7 +468,12 @@ impl FsProto {
         };
         let inner = &mut *g;
         let r = serve::handle(&mut inner.fs, self.svc.read_only, &mut inner.st, h.ino, req);
-        let rep = reply(&mut inner.st, &h, r);
+        let pad = if is_read && self.align.get() {
+            proto::READ_DATA_AT - HEADER_LEN
+        } else {
+            0
+        };
+        let rep = reply(&mut inner.st, &h, r, pad);
         drop(g);
         if self.svc.vol.may_fault && !self.in_memory(&rep) {
             self.svc.reads_offloaded.fetch_add(1, Ordering::Relaxed);

@@ -88,6 +88,7 @@ pub fn replay_session(fs: crate::Fs, secret: &[u8], read_only: bool, data: &[u8]
         st: RefCell::new(St::Idle),
         close_after: Cell::new(false),
         in_flight: Cell::new(0),
+        align: Cell::new(false),
         committing: RefCell::new(Vec::new()),
     };
     let mut st = Staging::new(STAGING_LEN, ustor_net::Rewind::Lazy);
