@@ -7,11 +7,10 @@
 //! byte's check, the header, each segment's check and the worker's slice
 //! of it, the status write, the used entry and the used index) was a fifth
 //! of a request's cost. The split ring's fixed-size fields (the avail
-//! and used indices, descriptors, the request header, used elements, the
-//! status byte) are then read and written with aligned atomic loads and
-//! stores through a [`HostRange`], not through `vm-memory`'s volatile
-//! slices, whose per-access checks and byte copies cost more than the
-//! access.
+//! and used indices, descriptors, used elements, the status byte) are
+//! then read and written with aligned atomic loads and stores through a
+//! [`HostRange`], not through `vm-memory`'s volatile slices, whose
+//! per-access checks and byte copies cost more than the access.
 //!
 //! A view holds its map's `Arc`, so every slice it gives stays mapped for
 //! as long as the view lives; a map the frontend changed
@@ -92,8 +91,8 @@ impl GuestMem {
     }
 
     /// `[addr, addr + len)` translated once, when it lies inside one
-    /// region: the loads and stores of a descriptor table, a request
-    /// header or a used element through it cost a bounds check each.
+    /// region: the loads and stores of a descriptor table or a used
+    /// element through it cost a bounds check each.
     #[inline]
     pub fn range(&self, addr: GuestAddress, len: usize) -> Option<HostRange<'_>> {
         let base = self.host(addr, len)?;
