@@ -12,7 +12,7 @@ use crate::executor::Executor;
 use crate::msg::{ReactorShared, RuntimeShared};
 use crate::nap::{NapPlanner, MIN_NAP_NS};
 use crate::poller::Pollers;
-use crate::spin::{Contention, SpinBudget, MIN_SPIN_NS};
+use crate::spin::{Contention, SpinBudget, MIN_SPIN_NS, YIELD_EVERY_NS};
 use crate::stats::Counters;
 use crate::ticks;
 use crate::timer::Timers;
@@ -162,9 +162,10 @@ impl Reactor {
                 ticks::from_duration(std::time::Duration::from_nanos(MIN_NAP_NS)),
                 ticks::from_duration(std::time::Duration::from_micros(1)),
             )),
-            contention: std::cell::RefCell::new(Contention::new(ticks::from_duration(
-                std::time::Duration::from_millis(5),
-            ))),
+            contention: std::cell::RefCell::new(Contention::new(
+                ticks::from_duration(std::time::Duration::from_millis(5)),
+                ticks::from_duration(std::time::Duration::from_nanos(YIELD_EVERY_NS)),
+            )),
             stop_requested: Cell::new(false),
             exit_hooks: std::cell::RefCell::new(Vec::new()),
             pass_ticks: Cell::new(ticks::now()),
@@ -323,6 +324,9 @@ impl Reactor {
                 contended = self.contention.borrow_mut().oversubscribed(end);
                 let spin = self.spin.borrow().ticks();
                 let sleep = contended || end - st.last_busy >= spin;
+                if !sleep {
+                    self.contention.borrow_mut().share_cpu(end);
+                }
                 if !sleep && !st.nap_planned && !self.exec.has_ready() {
                     st.nap_planned = true;
                     let plan = self.nap.borrow_mut().plan(end - st.idle_since, spin);

@@ -27,18 +27,35 @@
 //! milliseconds, and while it exceeds the CPUs an adaptive reactor sleeps as
 //! soon as a pass finds no work, as in interrupt mode.
 //!
-//! That count is machine-wide, and it ignores where threads may run. A
-//! reactor pinned to CPUs of its own (a target on core 0, its clients on
-//! the other cores) took four single-request clients on the other core for
-//! contention: it slept at every request and paid a wake-up each (measured:
-//! iSCSI, four QD1 sessions, 24-26 K IOPS against 32-38 K spinning). So a
-//! reactor that may run on fewer CPUs than are online also asks whether
-//! its own CPUs are wanted: whether its thread waited on the run queue
-//! (`/proc/thread-self/schedstat`, read in the same sample) for more than
-//! [`WANTED_SHARE`] of the period, which is what a thread that shares its
-//! CPU with a spinning reactor makes it do. Once wanted, the CPUs count as
-//! wanted for [`WANTED_HOLD`] periods, so a reactor that sleeps at once
-//! (and so rarely waits) does not go back to spinning on the next sample.
+//! That count is machine-wide, and it ignores where threads may run, both
+//! ways. A reactor pinned to CPUs of its own (a target on core 0, its
+//! clients on the other cores) took four single-request clients on the
+//! other core for contention: it slept at every request and paid a wake-up
+//! each (measured: iSCSI, four QD1 sessions, 24-26 K IOPS against 32-38 K
+//! spinning). And a reactor pinned to the one CPU its client also runs on
+//! (the file service's pinned benchmark: two runnable threads on a 2-CPU
+//! machine) was never contended by the count, so it spun while the thread
+//! it waited for sat runnable on its CPU. So a reactor that may run on
+//! fewer CPUs than are online is judged by its own CPUs only: whether its
+//! thread waited on the run queue (`/proc/thread-self/schedstat`) for more
+//! than 1/[`WANTED_SHARE`] of the time since the last sample, which is what
+//! a thread that shares its CPU with a spinning reactor makes it do. Once
+//! wanted, the CPUs count as wanted for [`WANTED_HOLD`] periods, so a
+//! reactor that sleeps at once (and so rarely waits) does not go back to
+//! spinning on the next sample. A reactor allowed every CPU, or one whose
+//! wait cannot be read, is judged by the count.
+//!
+//! That wait only grows when the scheduler takes the CPU from the reactor;
+//! a woken thread on the same CPU does not preempt a spinning reactor at
+//! once, so the reactor may never wait and never learn. So a pinned
+//! reactor that spins also hands its CPU over every [`YIELD_EVERY_NS`]
+//! (`sched_yield`: returns at once when nothing else is runnable there,
+//! costs one system call). Whether the thread is pinned is re-read at every
+//! sample (`taskset -p` changes it from outside). Measured on an idle
+//! 2-CPU machine, the file service's 4 KiB QD1 reads with every process on
+//! CPU 0 (bench/fs.sh "pinned"): mean 506 µs, p99 1.19 ms before (most
+//! requests fine, many waiting out a spin of up to 1 ms); 73 µs, p99 129 µs
+//! after.
 
 /// The spin never shrinks below this (or below `idle_period` if smaller):
 /// it covers the short waits inside one request (a device or socket round
@@ -83,6 +100,9 @@ impl SpinBudget {
     }
 }
 
+/// A pinned reactor spinning idle yields its CPU this often (ns).
+pub(crate) const YIELD_EVERY_NS: u64 = 10_000;
+
 /// A reactor's CPUs count as wanted when its thread waited on the run
 /// queue for more than 1/this of the time since the last sample (2 %:
 /// 100 µs of a 5 ms period).
@@ -90,11 +110,12 @@ const WANTED_SHARE: u64 = 50;
 /// Periods the CPUs stay wanted after a sample found them wanted.
 const WANTED_HOLD: u64 = 64;
 
-/// Whether the machine has more runnable threads than CPUs, from the
-/// fourth field of `/proc/loadavg` ("running/total"), re-read at most once
-/// per period through a descriptor kept open (no allocation); for a
-/// reactor pinned to some of the CPUs, only while its own CPUs are wanted
-/// too ([`OwnCpus`]). Made on the reactor's thread (after its pinning).
+/// Whether a reactor's CPUs are wanted by other threads: for a reactor
+/// pinned to some of the CPUs, its own run-queue wait ([`OwnCpus`]);
+/// otherwise whether the machine has more runnable threads than CPUs, from
+/// the fourth field of `/proc/loadavg` ("running/total"). Re-read at most
+/// once per period through descriptors kept open (no allocation). Made on
+/// the reactor's thread (after its pinning).
 pub(crate) struct Contention {
     fd: Option<std::fs::File>,
     cpus: u32,
@@ -103,6 +124,9 @@ pub(crate) struct Contention {
     over: bool,
     /// `None`: the thread may run on every CPU (the count alone decides).
     own: Option<OwnCpus>,
+    /// Ticks between yields of a pinned reactor's idle spin, and the next.
+    yield_every: u64,
+    yield_at: u64,
 }
 
 /// The run-queue wait of a reactor thread that may run on fewer CPUs than
@@ -115,29 +139,36 @@ struct OwnCpus {
     at: u64,
     /// The CPUs count as wanted until this tick.
     wanted_until: u64,
+    /// The thread may run on fewer CPUs than are online (re-read at every
+    /// sample: a thread's affinity can be changed from outside, as
+    /// `taskset -p` does).
+    pinned: bool,
+}
+
+/// How many CPUs the calling thread may run on.
+fn allowed_cpus() -> Option<u32> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
+    // writes at most size_of::<cpu_set_t>() bytes into it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        Some(libc::CPU_COUNT(&set) as u32)
+    }
 }
 
 impl OwnCpus {
-    /// For the calling thread, if it may run on fewer CPUs than `cpus`.
+    /// For the calling thread (`None` when its wait cannot be read);
+    /// pinned if it may run on fewer CPUs than `cpus`.
     fn of_this_thread(cpus: u32) -> Option<OwnCpus> {
-        // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
-        // writes at most size_of::<cpu_set_t>() bytes into it.
-        let allowed = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-                return None;
-            }
-            libc::CPU_COUNT(&set) as u32
-        };
-        if allowed >= cpus {
-            return None;
-        }
         let fd = std::fs::File::open("/proc/thread-self/schedstat").ok()?;
         let mut own = OwnCpus {
             fd,
             waited: 0,
             at: crate::ticks::now(),
             wanted_until: 0,
+            pinned: allowed_cpus().is_some_and(|n| n < cpus),
         };
         own.waited = own.sample()?;
         Some(own)
@@ -168,7 +199,7 @@ impl OwnCpus {
 }
 
 impl Contention {
-    pub(crate) fn new(period_ticks: u64) -> Contention {
+    pub(crate) fn new(period_ticks: u64, yield_ticks: u64) -> Contention {
         // SAFETY: sysconf has no memory effects.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
         Contention {
@@ -178,23 +209,40 @@ impl Contention {
             next: 0,
             over: false,
             own: OwnCpus::of_this_thread(cpus),
+            yield_every: yield_ticks,
+            yield_at: 0,
         }
     }
 
-    /// More threads runnable than CPUs (as of the last sample).
+    /// Called on every pass of an idle spin: a pinned reactor hands its CPU
+    /// to any thread waiting for it there, at most once per `yield_ticks`
+    /// (see the module doc). An unpinned one never does: the scheduler can
+    /// run a woken thread on another CPU.
+    #[inline]
+    pub(crate) fn share_cpu(&mut self, now: u64) {
+        if self.own.as_ref().is_some_and(|o| o.pinned) && now >= self.yield_at {
+            self.yield_at = now.saturating_add(self.yield_every);
+            // SAFETY: sched_yield has no memory effects.
+            unsafe { libc::sched_yield() };
+        }
+    }
+
+    /// Its CPUs are wanted by other threads (as of the last sample).
     #[inline]
     pub(crate) fn oversubscribed(&mut self, now: u64) -> bool {
         if now >= self.next {
             self.next = now + self.period;
-            let busy = self.sample().is_some_and(|r| r > self.cpus);
-            // Sampled busy or not: each wait is measured against the time
-            // since the last sample.
             let period = self.period;
-            let wanted = self.own.as_mut().is_none_or(|o| {
-                let (w, since) = (o.sample(), crate::ticks::to_ns(now.saturating_sub(o.at)));
-                o.judge(now, period, w, since)
+            // CPUs of its own: the machine-wide count says nothing about
+            // them (see the module doc); its run-queue wait does.
+            let cpus = self.cpus;
+            let own = self.own.as_mut().and_then(|o| {
+                let (w, since) = (o.sample()?, crate::ticks::to_ns(now.saturating_sub(o.at)));
+                let wanted = o.judge(now, period, Some(w), since);
+                o.pinned = allowed_cpus().is_some_and(|n| n < cpus);
+                o.pinned.then_some(wanted)
             });
-            self.over = busy && wanted;
+            self.over = own.unwrap_or_else(|| self.sample().is_some_and(|r| r > self.cpus));
         }
         self.over
     }
@@ -236,6 +284,7 @@ mod tests {
             waited: 0,
             at: 0,
             wanted_until: 0,
+            pinned: true,
         }
     }
 
@@ -281,9 +330,65 @@ mod tests {
             );
             libc::CPU_COUNT(&s) as u32
         };
-        assert!(OwnCpus::of_this_thread(allowed).is_none());
+        let o = OwnCpus::of_this_thread(allowed).expect("schedstat readable");
+        assert!(!o.pinned);
         let o = OwnCpus::of_this_thread(allowed + 1).expect("schedstat readable");
+        assert!(o.pinned);
         assert!(o.sample().is_some());
+    }
+
+    /// A thread pinned to one CPU that another spinning thread also runs
+    /// on is contended, however few threads the machine runs in all (the
+    /// file service's pinned benchmark: two runnable threads, two CPUs).
+    #[test]
+    fn a_pinned_thread_sharing_its_cpu_is_contended() {
+        fn pin_to_cpu0() {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET
+            // writes inside it; sched_setaffinity reads it.
+            unsafe {
+                let mut s: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut s);
+                assert_eq!(
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &s),
+                    0
+                );
+            }
+        }
+        // SAFETY: sysconf has no memory effects.
+        if unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } < 2 {
+            return; // every thread has every CPU: the count decides
+        }
+        std::thread::spawn(|| {
+            pin_to_cpu0();
+            let period = crate::ticks::from_duration(std::time::Duration::from_millis(1));
+            let mut c = Contention::new(period, period);
+            assert!(
+                c.own.as_ref().is_some_and(|o| o.pinned),
+                "pinned: judged by its own CPU"
+            );
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s2 = stop.clone();
+            let spinner = std::thread::spawn(move || {
+                pin_to_cpu0();
+                while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            // Spin beside it until the scheduler made this thread wait.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut over = false;
+            while !over && std::time::Instant::now() < deadline {
+                over = c.oversubscribed(crate::ticks::now());
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            spinner.join().unwrap();
+            assert!(
+                over,
+                "sharing its one CPU with a spinner never counted as contended"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
@@ -296,7 +401,7 @@ mod tests {
 
     #[test]
     fn samples_this_machine() {
-        let mut c = Contention::new(0);
+        let mut c = Contention::new(0, 0);
         // At least this thread is running; whether that exceeds the CPUs
         // depends on the machine, but a sample must be readable.
         assert!(c.sample().is_some_and(|r| r >= 1));
