@@ -129,8 +129,8 @@ pub(crate) struct Contention {
     yield_at: u64,
 }
 
-/// The run-queue wait of a reactor thread that may run on fewer CPUs than
-/// are online.
+/// A reactor thread's run-queue wait, and whether it is pinned (it then
+/// decides contention instead of the machine-wide count).
 struct OwnCpus {
     /// This thread's `/proc/thread-self/schedstat` (opened on it).
     fd: std::fs::File,
@@ -183,12 +183,9 @@ impl OwnCpus {
     }
 
     /// Whether the CPUs are wanted at `now`, given the thread's wait so far
-    /// (`None`: unreadable, counted as wanted) and the ns since the last
-    /// sample.
-    fn judge(&mut self, now: u64, period: u64, waited: Option<u64>, since_ns: u64) -> bool {
-        let Some(w) = waited else {
-            return true;
-        };
+    /// (ns) and the ns since the last sample. (A wait that cannot be read
+    /// never gets here: the count decides then.)
+    fn judge(&mut self, now: u64, period: u64, w: u64, since_ns: u64) -> bool {
         self.at = now;
         let delta = w.saturating_sub(std::mem::replace(&mut self.waited, w));
         if delta.saturating_mul(WANTED_SHARE) > since_ns {
@@ -238,7 +235,7 @@ impl Contention {
             let cpus = self.cpus;
             let own = self.own.as_mut().and_then(|o| {
                 let (w, since) = (o.sample()?, crate::ticks::to_ns(now.saturating_sub(o.at)));
-                let wanted = o.judge(now, period, Some(w), since);
+                let wanted = o.judge(now, period, w, since);
                 o.pinned = allowed_cpus().is_some_and(|n| n < cpus);
                 o.pinned.then_some(wanted)
             });
@@ -270,7 +267,9 @@ fn parse_running(s: &[u8]) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_running, parse_waited, Contention, OwnCpus, SpinBudget, WANTED_HOLD};
+    use super::{
+        allowed_cpus, parse_running, parse_waited, Contention, OwnCpus, SpinBudget, WANTED_HOLD,
+    };
 
     #[test]
     fn parses_the_run_queue_wait() {
@@ -290,46 +289,28 @@ mod tests {
 
     /// A pinned reactor's CPUs are wanted once its thread waited beyond
     /// the budget in a period, and stay wanted for the hold, however
-    /// little it waits meanwhile; an unreadable wait counts as wanted.
+    /// little it waits meanwhile.
     #[test]
     fn own_cpus_are_wanted_after_a_wait_and_for_the_hold() {
         // 50 µs between samples: 1 µs of wait is the budget.
         let (period, mut o, span) = (100, own(), 50_000);
-        assert!(!o.judge(100, period, Some(500), span), "within the budget");
-        assert!(
-            !o.judge(200, period, Some(1_400), span),
-            "900 ns more: within"
-        );
-        assert!(
-            o.judge(300, period, Some(3_000), span),
-            "1600 ns more: wanted"
-        );
+        assert!(!o.judge(100, period, 500, span), "within the budget");
+        assert!(!o.judge(200, period, 1_400, span), "900 ns more: within");
+        assert!(o.judge(300, period, 3_000, span), "1600 ns more: wanted");
         let end = 300 + period * WANTED_HOLD;
-        assert!(o.judge(end - 1, period, Some(3_000), span), "held");
+        assert!(o.judge(end - 1, period, 3_000, span), "held");
+        assert!(!o.judge(end, period, 3_000, span), "hold over, no wait");
         assert!(
-            !o.judge(end, period, Some(3_000), span),
-            "hold over, no wait"
-        );
-        assert!(
-            !o.judge(end + 1, period, Some(9_000), 1_000_000),
+            !o.judge(end + 1, period, 9_000, 1_000_000),
             "6 µs in 1 ms: within"
         );
-        assert!(o.judge(end + 2, period, None, span), "unreadable");
     }
 
     /// A thread allowed every CPU it is asked about is judged by the count
     /// alone; one allowed fewer watches its own run-queue wait.
     #[test]
     fn a_thread_allowed_fewer_cpus_watches_its_own_wait() {
-        // SAFETY: as in `of_this_thread`.
-        let allowed = unsafe {
-            let mut s: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(
-                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut s),
-                0
-            );
-            libc::CPU_COUNT(&s) as u32
-        };
+        let allowed = allowed_cpus().expect("affinity readable");
         let o = OwnCpus::of_this_thread(allowed).expect("schedstat readable");
         assert!(!o.pinned);
         let o = OwnCpus::of_this_thread(allowed + 1).expect("schedstat readable");
