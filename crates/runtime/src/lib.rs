@@ -45,6 +45,7 @@ pub mod stats;
 pub mod ticks;
 pub mod timer;
 pub mod uring;
+pub mod workq;
 pub mod zc;
 
 pub use buf::{BufPoolConfig, IoBuf};
@@ -59,3 +60,4 @@ pub use reactor::{
 pub use stats::ReactorStats;
 pub use timer::{sleep, sleep_until};
 pub use uring::{register_cqe_handler, submit_sqe, unregister_cqe_handler, CqeHandler, HandlerId};
+pub use workq::WorkQueue;
