@@ -60,9 +60,15 @@ impl<J> WorkQueue<J> {
     /// A queue of at most `max` workers (at least one); `max` jobs fit
     /// without the queue growing.
     pub fn new(max: usize) -> WorkQueue<J> {
+        Self::with_capacity(max, max)
+    }
+
+    /// [`WorkQueue::new`] with room for `jobs` queued jobs (a caller that
+    /// bounds its jobs in flight: the queue never grows on the data path).
+    pub fn with_capacity(max: usize, jobs: usize) -> WorkQueue<J> {
         let max = max.max(1);
         WorkQueue {
-            jobs: RefCell::new(VecDeque::with_capacity(max)),
+            jobs: RefCell::new(VecDeque::with_capacity(jobs.max(max))),
             slots: (0..max)
                 .map(|_| Slot {
                     waker: RefCell::new(None),

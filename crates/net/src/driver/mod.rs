@@ -317,9 +317,8 @@ pub struct Conn<P: Protocol> {
     fd: OwnedFd,
     proto: P,
     cfg: DriverConfig,
-    jobs: RefCell<VecDeque<(P::Job, u64)>>,
     replies: RefCell<VecDeque<Queued<P::Reply>>>,
-    workers: workers::Pool,
+    workers: workers::Pool<P::Job>,
     /// Received and not yet answered on the wire.
     outstanding: Cell<usize>,
     outstanding_bytes: Cell<u64>,
@@ -428,9 +427,8 @@ pub fn start<P: Protocol>(fd: OwnedFd, proto: P, cfg: DriverConfig) -> Rc<Conn<P
     Rc::new(Conn {
         fd,
         proto,
-        jobs: RefCell::new(VecDeque::with_capacity(cfg.max_outstanding)),
         replies: RefCell::new(VecDeque::with_capacity(cfg.max_outstanding)),
-        workers: workers::Pool::new(cfg.max_workers),
+        workers: workers::Pool::with_capacity(cfg.max_workers, cfg.max_outstanding),
         outstanding: Cell::new(0),
         outstanding_bytes: Cell::new(0),
         receiver: RefCell::new(None),
@@ -452,7 +450,7 @@ pub async fn serve<P: Protocol>(conn: Rc<Conn<P>>) {
     receiver::run(&conn, &mut st).await;
     conn.closing.set(true);
     conn.proto.on_close();
-    conn.workers.wake_all();
+    conn.workers.close();
     wake(&conn.sender);
     // The sender returns once every received unit has been answered.
     let mut sender = std::pin::pin!(sender);
