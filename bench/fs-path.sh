@@ -14,6 +14,7 @@
 #
 # Usage: bench/fs-path.sh
 #   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 MODE=classic
+#        SERVE_ARGS= (more `ustor serve` options, e.g. "--poll-mode interrupt")
 #        RWS="randread randwrite"
 # Needs root (FUSE), fio, strace, python3.
 set -euo pipefail
@@ -51,7 +52,7 @@ cat > "$W/cfg.json" <<CFG
  {"method":"fs_create","params":{"name":"vol","path":"$W/region","size":$((128 << 20))}},
  {"method":"fs_export","params":{"name":"vol","listen":"127.0.0.1:$port","secret_file":"$W/secret"$copy}}]}]}
 CFG
-taskset -c "$PIN" "$USTOR" serve --cores 0 --no-pin -r "$W/rpc.sock" -c "$W/cfg.json" \
+taskset -c "$PIN" "$USTOR" serve --cores 0 --no-pin ${SERVE_ARGS:-} -r "$W/rpc.sock" -c "$W/cfg.json" \
     --log-level warn >"$W/serve.log" 2>&1 &
 SERVE=$!
 PIDS+=($SERVE)

@@ -19,7 +19,9 @@
 # the mount on classic /dev/fuse, ustor_uring the same export mounted on
 # FUSE over io_uring (`--fuse-mode uring`, one queue per CPU on a thread
 # pinned to it; the script sets /sys/module/fuse/parameters/enable_uring
-# to Y for the run and puts it back). Every server serves from
+# to Y for the run and puts it back). ustor_alt is ustor_uring from another
+# build (USTOR_ALT=<binary>: its own server, export and mount), so a change
+# and its base alternate in one run. Every server serves from
 # /dev/shm (tmpfs), over TCP on 127.0.0.1.
 #
 # Workloads: QD1 psync O_DIRECT 4 KiB randread/randwrite, 1 KiB randwrite
@@ -43,7 +45,7 @@
 #        bench/fs.sh
 #   env: USTOR=target/release/ustor ROUNDS=3 RUNTIME=3 SIZE_MIB=64
 #        NFILES=300 TARGETS="ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor floor_tcp tmpfs"
-#        FSBENCH=target/release/examples/fsbench
+#        FSBENCH=target/release/examples/fsbench USTOR_ALT=<another ustor build> (target ustor_alt)
 #        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
 #        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
 # Needs root (mount, unshare), fio, sshfs, socat, openssh-sftp-server,
@@ -136,6 +138,31 @@ if has ustor || has ustor_uring || has ustor_lib || has ustor_copy || has ustor_
         MOUNTS+=("$W/m-$tn")
         wait_mount "$W/m-$tn" || { cat "$W/mount-$tn.log" "$W/serve.log"; exit 1; }
     done
+fi
+
+# ustor_alt: another ustor build (USTOR_ALT, e.g. the base of a change)
+# with its own server, export and uring mount, alternated with the others
+# in the same run: base and new measured side by side.
+if has ustor_alt; then
+    [ -n "${USTOR_ALT:-}" ] || { echo "ustor_alt: set USTOR_ALT to a ustor binary" >&2; exit 1; }
+    [ -e "$URING_PARAM" ] || { echo "ustor_alt: this kernel has no FUSE over io_uring" >&2; exit 1; }
+    [ -n "$URING_WAS" ] || { URING_WAS=$(cat "$URING_PARAM"); echo Y > "$URING_PARAM"; }
+    APORT=$(free_port)
+    echo "secret" > "$W/secret"
+    cat > "$W/cfg-alt.json" <<CFG
+{"subsystems":[{"subsystem":"fs","config":[
+ {"method":"fs_create","params":{"name":"alt","path":"$W/region-alt","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
+ {"method":"fs_export","params":{"name":"alt","listen":"127.0.0.1:$APORT","secret_file":"$W/secret"}}]}]}
+CFG
+    "$USTOR_ALT" serve --cores 0 --no-pin -r "$W/rpc-alt.sock" -c "$W/cfg-alt.json" --log-level warn >"$W/serve-alt.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do "$USTOR_ALT" rpc -s "$W/rpc-alt.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
+    mkdir -p "$W/m-ustor_alt"
+    "$USTOR_ALT" fs mount "127.0.0.1:$APORT/alt" "$W/m-ustor_alt" --secret-file "$W/secret" \
+        --fuse-mode uring >"$W/mount-ustor_alt.log" 2>&1 &
+    PIDS+=($!)
+    MOUNTS+=("$W/m-ustor_alt")
+    wait_mount "$W/m-ustor_alt" || { cat "$W/mount-ustor_alt.log" "$W/serve-alt.log"; exit 1; }
 fi
 
 if has ganesha; then
@@ -296,7 +323,7 @@ done
 
 {
     echo "# bench/fs.sh $(date -u +%FT%TZ) on $(uname -r), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# USTOR=$USTOR ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NFILES=$NFILES"
+    echo "# USTOR=$USTOR${USTOR_ALT:+ USTOR_ALT=$USTOR_ALT} ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NFILES=$NFILES"
     echo "# TARGETS=$TARGETS"
     echo "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), $(sshfs --version 2>&1 | grep -i '^sshfs version')"
 } | tee "$OUT"
@@ -361,7 +388,7 @@ for p, w in order:
               % (z[1] / b[1], z[2] / b[2], z[3] / b[3], z[4] / b[4]))
     if "ustor_uring" in med:
         u = med["ustor_uring"]
-        for t in ("ustor", "floor", "floor_tcp", "ganesha"):
+        for t in ("ustor_alt", "ustor", "floor", "floor_tcp", "ganesha"):
             if t in med:
                 m = med[t]
                 print("  ustor_uring/%-9s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"

@@ -7,7 +7,7 @@
  * With FLOOR_TCP=1 in the environment ("floor_tcp"), the file lives in a
  * trivial peer process instead, forked at start and reached over one
  * loopback TCP connection (TCP_NODELAY, blocking sockets): a write sends a
- * 16-byte header and its payload and waits for a 4-byte reply, a read
+ * 16-byte header and its payload (one sendmsg) and waits for a 4-byte reply, a read
  * sends the header and receives the bytes straight into FUSE's buffer.
  * That is the FUSE floor plus one TCP round trip and two process wake-ups
  * and nothing else: the least any networked FUSE file system pays here.
@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -102,10 +103,29 @@ static int peer_call(uint32_t op, char *buf, size_t n, off_t off)
 	struct hdr h = { .op = op, .len = n, .off = off };
 	uint32_t ok;
 
-	if (io_all(peer, &h, sizeof h, 1))
-		return -EIO;
+	/* A write's header and payload leave with one sendmsg, as ustor's do. */
+	struct iovec iov[2] = { { &h, sizeof h }, { buf, op == 'w' ? n : 0 } };
+	struct msghdr m = { .msg_iov = iov, .msg_iovlen = 2 };
+	size_t left = sizeof h + iov[1].iov_len;
+
+	while (left > 0) {
+		ssize_t k = sendmsg(peer, &m, MSG_NOSIGNAL);
+
+		if (k <= 0)
+			return -EIO;
+		left -= k;
+		while (m.msg_iovlen > 0 && (size_t)k >= m.msg_iov->iov_len) {
+			k -= m.msg_iov->iov_len;
+			m.msg_iov++;
+			m.msg_iovlen--;
+		}
+		if (m.msg_iovlen > 0) {
+			m.msg_iov->iov_base = (char *)m.msg_iov->iov_base + k;
+			m.msg_iov->iov_len -= k;
+		}
+	}
 	if (op == 'w')
-		return io_all(peer, buf, n, 1) ? -EIO : io_all(peer, &ok, sizeof ok, 0);
+		return io_all(peer, &ok, sizeof ok, 0);
 	return io_all(peer, buf, n, 0);
 }
 
