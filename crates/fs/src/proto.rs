@@ -3,7 +3,8 @@
 //! body length u32 (bytes after the header), op u8, 3 reserved bytes, tag
 //! u64 (the request id the reply echoes), inode u64 (the object the request
 //! is about; for a reply, the status as an errno, 0 = success). A write's
-//! body is its 8-byte offset followed by the payload: the decoder hands back
+//! body is its offset (u64) and the payload's length (u32), 12 bytes like
+//! a read's whole body, followed by the payload: the decoder hands back
 //! only the payload's length, so a transport receives the payload straight
 //! into the data blocks `Fs::begin_write` planned.
 //!
@@ -239,17 +240,24 @@ pub fn decode_header(b: &[u8; HEADER_LEN]) -> Result<Header, ProtoError> {
     Ok(Header { len, op, tag, ino })
 }
 
+/// A write's body before its payload: the offset (u64) and the payload's
+/// length (u32, the frame's length less this prefix). As long as a read's
+/// whole body, so that a server staging a header and this many bytes
+/// behind it gets either request whole with one receive, and no payload
+/// byte.
+pub const WRITE_PREFIX: usize = 12;
+
 /// How many body bytes to receive before `decode_request`: all of them,
 /// except for a write, whose payload is received into the region.
 pub fn body_prefix(h: &Header) -> usize {
     if h.op == Op::Write {
-        8.min(h.len as usize)
+        WRITE_PREFIX.min(h.len as usize)
     } else {
         h.len as usize
     }
 }
 
-/// Decodes a request body (for a write, only its 8-byte prefix).
+/// Decodes a request body (for a write, only its [`WRITE_PREFIX`]).
 pub fn decode_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, ProtoError> {
     let mut r = Rd {
         b: body,
@@ -326,19 +334,23 @@ pub fn decode_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Pro
             Request::Read { off, len }
         }
         Op::Write => {
-            if h.len < 8 {
+            if (h.len as usize) < WRITE_PREFIX {
                 return Err(ProtoError::Malformed {
                     op: h.op as u8,
                     why: "truncated",
                 });
             }
-            if h.len as usize - 8 > MAX_WRITE {
+            if h.len as usize - WRITE_PREFIX > MAX_WRITE {
                 return Err(ProtoError::Oversize(h.len.into()));
             }
-            Request::Write {
-                off: r.u64()?,
-                len: h.len - 8,
+            let (off, len) = (r.u64()?, r.u32()?);
+            if len as usize != h.len as usize - WRITE_PREFIX {
+                return Err(ProtoError::Malformed {
+                    op: h.op as u8,
+                    why: "payload length",
+                });
             }
+            Request::Write { off, len }
         }
         Op::Statfs => Request::Statfs,
         Op::Fsync => Request::Fsync,
@@ -452,8 +464,9 @@ pub fn encode_request(tag: u64, ino: u64, req: &Request<'_>) -> Vec<u8> {
             b.extend_from_slice(&len.to_le_bytes());
             Op::Read
         }
-        Request::Write { off, .. } => {
+        Request::Write { off, len } => {
             b.extend_from_slice(&off.to_le_bytes());
+            b.extend_from_slice(&len.to_le_bytes());
             Op::Write
         }
         Request::Statfs => Op::Statfs,

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use ustor_fs::proto::{
     body_prefix, decode_header, decode_request, decode_stream, encode_request, ProtoError, Request,
-    HEADER_LEN, MAX_BODY,
+    HEADER_LEN, MAX_BODY, WRITE_PREFIX,
 };
 
 fn name() -> impl Strategy<Value = Vec<u8>> {
@@ -93,4 +93,23 @@ fn oversize_and_unknown_frames_are_refused_from_the_header() {
         },
     );
     assert_eq!(decode_stream(&f), Err(ProtoError::Oversize((1 << 20) + 1)));
+}
+
+/// A read's whole body and a write's prefix are the same length, so a
+/// server that stages a header and `WRITE_PREFIX` bytes behind it gets
+/// either request whole with one receive, and no payload byte; a write
+/// whose stated payload length disagrees with its frame is refused.
+#[test]
+fn read_body_and_write_prefix_fit_one_lookahead() {
+    let r = encode_request(1, 2, &Request::Read { off: 7, len: 4096 });
+    assert_eq!(r.len(), HEADER_LEN + WRITE_PREFIX);
+    let mut w = encode_request(1, 2, &Request::Write { off: 7, len: 4096 });
+    assert_eq!(w.len(), HEADER_LEN + WRITE_PREFIX);
+    let h = decode_header(w[..HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(body_prefix(&h), WRITE_PREFIX);
+    w[HEADER_LEN + 8] ^= 1;
+    assert!(matches!(
+        decode_request(&h, &w[HEADER_LEN..]),
+        Err(ProtoError::Malformed { .. })
+    ));
 }

@@ -5,6 +5,7 @@
 
 use ustor_fs::proto::{
     body_prefix, decode_header, decode_request, encode_request, Op, Request, HEADER_LEN, SET_SIZE,
+    WRITE_PREFIX,
 };
 use ustor_fs::serve::{encode_reply, handle, Reply, Stats};
 use ustor_fs::{Fs, FsError, ReadSeg, BLOCK_SIZE, ROOT_INO};
@@ -60,10 +61,10 @@ fn write_then_read_through_frames_without_copies() {
     let Request::Write { off, len } = req else {
         panic!("a write")
     };
-    assert_eq!(h.len as usize - 8, payload.len());
+    assert_eq!(h.len as usize - WRITE_PREFIX, payload.len());
     // The transport receives the payload straight into the planned ranges.
     let plan = fs.begin_write(h.ino, off, len as usize).unwrap();
-    let mut src = &frame[HEADER_LEN + 8..];
+    let mut src = &frame[HEADER_LEN + WRITE_PREFIX..];
     for &(o, n) in &plan.segs {
         fs.region_mut()[o..o + n].copy_from_slice(&src[..n]);
         src = &src[n..];

@@ -3,7 +3,7 @@
 //! nonce followed by the server's), under the listener's handshake timeout;
 //! then requests on the connection driver with [`FsProto`].
 //!
-//! Zero copy: a write's header and 8-byte prefix are staged with one
+//! Zero copy: a write's header and 12-byte prefix are staged with one
 //! receive and never more ([`LOOKAHEAD`]), its payload is received
 //! straight into the region ranges
 //! `Fs::begin_write` planned; a read's reply leaves with iovecs pointing
@@ -55,11 +55,14 @@ mod replay;
 pub use replay::replay_session;
 
 /// Bytes staged past a header with it: a write's prefix, so a write's
-/// header and prefix come in one receive. Never more: past any frame's
-/// header follow its body (staged anyway, or a write's 8-byte prefix) or
-/// the next frame's header, so a receive of a header plus 8 bytes never
-/// takes a payload byte into staging (which would have to be copied).
-const LOOKAHEAD: usize = 8;
+/// header and prefix come in one receive, and a read's whole body (as
+/// long: [`proto::WRITE_PREFIX`]), so a read needs no second receive (one
+/// ring round trip less per read). Never more: past any frame's header
+/// follow its body (staged anyway, or a write's prefix) or the next
+/// frame's header (24 bytes, longer than this), so a receive of a header
+/// plus this never takes a payload byte into staging (which would have to
+/// be copied).
+const LOOKAHEAD: usize = proto::WRITE_PREFIX;
 
 /// The staging buffer: a frame's body (all but a write's payload) must fit.
 pub(crate) const STAGING_LEN: usize = 64 << 10;
@@ -259,8 +262,9 @@ pub(crate) struct FsProto {
 /// Work for the sync pool.
 pub(crate) enum Job {
     /// A request that changes the file system, fsync, or any request that
-    /// found the volume busy: header and body.
-    Meta(Header, Vec<u8>),
+    /// found the volume busy: header, body, and a read reply's padding
+    /// ([`proto::FLAG_ALIGN`]).
+    Meta(Header, Vec<u8>, usize),
     /// A write whose payload is in place: persisted and committed.
     Commit(Header, Box<WritePlan>),
     /// A planned read whose pages must come in from the device first.
@@ -270,13 +274,13 @@ pub(crate) enum Job {
 /// Runs a job (on a pool thread) and builds its reply.
 fn run_job(svc: &ExportSvc, job: Job) -> FsReply {
     match job {
-        Job::Meta(h, body) => {
+        Job::Meta(h, body, pad) => {
             let rep = match proto::decode_request(&h, &body) {
                 Ok(req) => {
                     let mut g = svc.vol.lock();
                     let inner = &mut *g;
                     let r = serve::handle(&mut inner.fs, svc.read_only, &mut inner.st, h.ino, &req);
-                    reply(&mut inner.st, &h, r, 0)
+                    reply(&mut inner.st, &h, r, pad)
                 }
                 // Decoded once already on the reactor: cannot happen.
                 Err(_) => FsReply::Bytes(serve::encode_reply(h.tag, h.op, &Err(FsError::Invalid))),
@@ -433,7 +437,7 @@ impl FsProto {
             }
             let body = st.peek(pre).to_vec();
             st.consume(pre);
-            return Recv::Dispatch(Job::Meta(h, body));
+            return Recv::Dispatch(Job::Meta(h, body, 0));
         }
         let r = self.answer(h, &req, st.peek(pre));
         st.consume(pre);
@@ -460,19 +464,19 @@ impl FsProto {
     /// memory (the pool brings them in). `raw` is the request's body.
     fn answer(&self, h: Header, req: &Request<'_>, raw: &[u8]) -> Recv<Self> {
         let is_read = matches!(req, Request::Read { .. });
-        let Some(mut g) = self.svc.vol.try_lock() else {
-            if is_read {
-                self.svc.reads_offloaded.fetch_add(1, Ordering::Relaxed);
-            }
-            return Recv::Dispatch(Job::Meta(h, raw.to_vec()));
-        };
-        let inner = &mut *g;
-        let r = serve::handle(&mut inner.fs, self.svc.read_only, &mut inner.st, h.ino, req);
         let pad = if is_read && self.align.get() {
             proto::READ_DATA_AT - HEADER_LEN
         } else {
             0
         };
+        let Some(mut g) = self.svc.vol.try_lock() else {
+            if is_read {
+                self.svc.reads_offloaded.fetch_add(1, Ordering::Relaxed);
+            }
+            return Recv::Dispatch(Job::Meta(h, raw.to_vec(), pad));
+        };
+        let inner = &mut *g;
+        let r = serve::handle(&mut inner.fs, self.svc.read_only, &mut inner.st, h.ino, req);
         let rep = reply(&mut inner.st, &h, r, pad);
         drop(g);
         if self.svc.vol.may_fault && !self.in_memory(&rep) {
