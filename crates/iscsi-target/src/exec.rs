@@ -26,7 +26,7 @@ use crate::pdu;
 use crate::sess::{Leave, Sess};
 use crate::tasks::Task;
 use crate::tx::Tx;
-use crate::workers::Workers;
+use crate::workers::{Flusher, Job};
 
 /// Data buffers a connection keeps for reuse (more are freed).
 const KEPT_BUFS: usize = 256;
@@ -49,7 +49,8 @@ pub struct Core {
     pub(crate) leave: Cell<Leave>,
     next_ttt: Cell<u32>,
     pub(crate) counters: RefCell<Rc<ConnCounters>>,
-    pub(crate) workers: Workers,
+    pub(crate) workers: ustor_runtime::WorkQueue<Job>,
+    pub(crate) flusher: Flusher,
     /// Data buffers for reuse (emptied).
     bufs: RefCell<Vec<Vec<u8>>>,
 }
@@ -65,7 +66,8 @@ impl Core {
             leave: Cell::new(Leave::Failed),
             next_ttt: Cell::new(1),
             counters: RefCell::default(),
-            workers: Workers::default(),
+            workers: crate::workers::queue(),
+            flusher: Flusher::default(),
             bufs: RefCell::default(),
         }
     }
@@ -272,6 +274,11 @@ async fn respond(
 /// Sends what the command queued (with whatever other commands queued).
 async fn finish(core: &Core, info: &CmdInfo) {
     let tx = &core.tx;
+    if core.workers.queued() > 0 {
+        // This worker runs the next command now; the flusher sends this
+        // response with theirs.
+        return crate::workers::flush_later(core);
+    }
     if core.sess.tasks.len() > 1 {
         // Other commands may answer in this reactor pass: their responses
         // join this one's send. Every task ready on the reactor runs first

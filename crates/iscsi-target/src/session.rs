@@ -34,7 +34,6 @@ use crate::live::ConnCounters;
 use crate::pdu::{self, reject, tmf_response};
 use crate::sess::Leave;
 use crate::sessions::Sessions;
-use crate::workers::Workers;
 
 /// Sent in answer to SendTargets: the text of what an initiator may see.
 pub trait Discovery {
@@ -213,7 +212,7 @@ impl<'a, D: Discovery> Session<'a, D> {
             }
         }
         core.sess.tasks.ended(|t| t.conn == serial).await;
-        core.workers.close();
+        crate::workers::close(core);
         core.sess.leave(core);
         r
     }
@@ -354,7 +353,7 @@ impl<'a, D: Discovery> Session<'a, D> {
             .sess
             .tasks
             .add(cmd.info.itt, lun, core.serial, attr, windowed, seq);
-        Workers::queue(&self.core, task, cmd);
+        crate::workers::push(&self.core, task, cmd);
         Ok(())
     }
 

@@ -1,123 +1,120 @@
-//! A connection's command workers: tasks spawned when a command finds every
-//! worker busy and then kept, each taking commands from the connection's
-//! queue and running them ([`crate::exec::run`]) one after another. After
-//! the first commands of a session have sized the pool, starting a command
-//! allocates nothing (a spawn per command would box its future). Parking
-//! follows `ustor_net`'s driver workers: a worker is on the idle list
-//! exactly while it is parked, so a command is never handed to a busy one
-//! (an ORDERED command may wait for one queued behind it).
+//! A connection's command workers: tasks of the connection's
+//! [`WorkQueue`], each taking commands from it and running them
+//! ([`crate::exec::run`]) one after another. A command that arrives while a
+//! worker is awake wakes nobody; one that waits hands the queue to another
+//! worker, so every command in flight runs at once. The pool has no bound:
+//! a command may wait for one queued behind it (an ORDERED command, or a
+//! task management function waiting for a queued task while the running
+//! ones wait for Data-Out), which a bounded pool could leave unstarted.
+//! After the first commands of a session have sized the pool, starting a
+//! command allocates nothing (a spawn per command would box its future).
+//!
+//! Commands that complete inline run back to back in one worker, so a
+//! response must not wait for the next command's turn to be sent: a
+//! command that ends with more queued leaves its response to the
+//! connection's flusher task ([`flush_later`]), which runs once the worker
+//! waits or its batch is done and sends every response queued by then in
+//! one send.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use ustor_runtime::WorkQueue;
+
 use crate::exec::{Command, Core};
 use crate::tasks::Task;
 
-type Job = (Rc<Task>, Command);
+/// A command and its task, queued for a worker.
+pub(crate) type Job = (Rc<Task>, Command);
 
-/// One worker's parking place.
-#[derive(Default)]
-struct Slot {
-    waker: Option<Waker>,
-    parked: bool,
+/// Workers made room for at first (the pool grows past it).
+const ROOM: usize = 64;
+
+/// At most this many reactor rounds the flusher waits for other
+/// responses to join its send.
+const FLUSH_YIELDS: u32 = 8;
+
+/// The command queue of a new connection.
+pub(crate) fn queue() -> WorkQueue<Job> {
+    WorkQueue::unbounded(ROOM)
 }
 
-/// The workers of one connection and their queue.
+/// A connection's deferred flush: whether one is owed, and the flusher
+/// task waiting for one.
 #[derive(Default)]
-pub(crate) struct Workers {
-    jobs: RefCell<VecDeque<Job>>,
-    slots: RefCell<Vec<Slot>>,
-    /// Parked workers, by index into `slots`.
-    idle: RefCell<Vec<usize>>,
-    closing: Cell<bool>,
+pub(crate) struct Flusher {
+    owed: Cell<bool>,
+    started: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
 }
 
-impl Workers {
-    /// Queues a command and hands it to an idle worker, or to a new one.
-    pub(crate) fn queue(core: &Rc<Core>, task: Rc<Task>, cmd: Command) {
-        let w = &core.workers;
-        w.jobs.borrow_mut().push_back((task, cmd));
-        let idle = w.idle.borrow_mut().pop();
-        match idle {
-            Some(i) => w.unpark(i),
-            None => {
-                let id = {
-                    let mut slots = w.slots.borrow_mut();
-                    slots.push(Slot::default());
-                    slots.len() - 1
-                };
-                ustor_runtime::spawn(worker(core.clone(), id));
-            }
-        }
-    }
-
-    /// Ends the workers once the queue is empty (the connection ended and
-    /// its tasks with it).
-    pub(crate) fn close(&self) {
-        self.closing.set(true);
-        // Budget: each round takes one entry off the idle list.
-        loop {
-            let Some(i) = self.idle.borrow_mut().pop() else {
-                break;
-            };
-            self.unpark(i);
-        }
-    }
-
-    fn unpark(&self, i: usize) {
-        let w = {
-            let mut slots = self.slots.borrow_mut();
-            slots[i].parked = false;
-            slots[i].waker.take()
-        };
-        if let Some(w) = w {
+impl Flusher {
+    fn kick(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
             w.wake();
         }
     }
+}
 
-    fn park(&self, i: usize, waker: &Waker) {
-        let mut slots = self.slots.borrow_mut();
-        slots[i].waker = Some(waker.clone());
-        if !std::mem::replace(&mut slots[i].parked, true) {
-            self.idle.borrow_mut().push(i);
-        }
+/// Queues a command for the connection's workers.
+pub(crate) fn push(core: &Rc<Core>, task: Rc<Task>, cmd: Command) {
+    if !core.flusher.started.replace(true) {
+        ustor_runtime::spawn(flusher(core.clone()));
     }
+    core.workers.push((task, cmd), |id| spawn(core.clone(), id));
+}
 
-    /// Worker `i` found work on its own (polled while parked): it leaves
-    /// the idle list.
-    fn unpark_self(&self, i: usize) {
-        let mut slots = self.slots.borrow_mut();
-        if std::mem::replace(&mut slots[i].parked, false) {
-            slots[i].waker = None;
-            let mut idle = self.idle.borrow_mut();
-            if let Some(pos) = idle.iter().position(|&w| w == i) {
-                idle.swap_remove(pos);
-            }
-        }
+/// Has the flusher send what is queued once this worker waits or its
+/// batch is done (more commands are queued behind this one).
+pub(crate) fn flush_later(core: &Core) {
+    if !core.flusher.owed.replace(true) {
+        core.flusher.kick();
     }
+}
+
+/// Ends the workers and the flusher once the queue is empty.
+pub(crate) fn close(core: &Core) {
+    core.workers.close();
+    core.flusher.kick();
+}
+
+fn spawn(core: Rc<Core>, id: usize) {
+    ustor_runtime::spawn(worker(core, id));
 }
 
 async fn worker(core: Rc<Core>, id: usize) {
     // Budget: one command per round; ends when the connection closes.
+    while let Some((task, cmd)) = core.workers.next(id).await {
+        let body = crate::exec::run(&core, task, cmd);
+        core.workers.run(id, body, |i| spawn(core.clone(), i)).await;
+    }
+}
+
+async fn flusher(core: Rc<Core>) {
+    let f = &core.flusher;
+    // Budget: one flush per round; ends when the connection closes.
     loop {
-        let job = poll_fn(|cx| {
-            let w = &core.workers;
-            if let Some(job) = w.jobs.borrow_mut().pop_front() {
-                w.unpark_self(id);
-                return Poll::Ready(Some(job));
+        poll_fn(|cx| {
+            if f.owed.get() || core.workers.is_closing() {
+                return Poll::Ready(());
             }
-            if w.closing.get() {
-                w.unpark_self(id);
-                return Poll::Ready(None);
-            }
-            w.park(id, cx.waker());
+            *f.waker.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         })
         .await;
-        let Some((task, cmd)) = job else { break };
-        crate::exec::run(&core, task, cmd).await;
+        if f.owed.get() {
+            // The rest of the batch (and other connections' commands)
+            // queue their responses first: one send for all of them.
+            ustor_runtime::yield_while_busy(FLUSH_YIELDS).await;
+            f.owed.set(false);
+            if let Err(e) = core.tx.flush().await {
+                tracing::debug!("iscsi: responses not sent: {e}");
+            }
+        }
+        if core.workers.is_closing() && !f.owed.get() {
+            break;
+        }
     }
 }

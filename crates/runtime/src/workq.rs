@@ -2,9 +2,10 @@
 //! every target's request path shares (vhost queues, iSCSI connections,
 //! the connection layer's driver).
 //!
-//! Workers are spawned on demand (at most `max`) and then kept: a worker
-//! parks between jobs, so once the pool is sized the path allocates
-//! nothing (a spawn per job would box a future per I/O).
+//! Workers are spawned on demand (at most `max`, or without a bound:
+//! [`WorkQueue::unbounded`]) and then kept: a worker parks between jobs,
+//! so once the pool is sized the path allocates nothing (a spawn per job
+//! would box a future per I/O).
 //!
 //! **One awake worker at a time.** A job pushed while some worker is
 //! already awake (woken and not yet polled, or running a job that has not
@@ -46,10 +47,22 @@ struct Slot {
     listed: Cell<bool>,
 }
 
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            waker: RefCell::new(None),
+            state: Cell::new(State::Parked),
+            listed: Cell::new(false),
+        }
+    }
+}
+
 /// The jobs and workers of one queue (one reactor: no locks).
 pub struct WorkQueue<J> {
     jobs: RefCell<VecDeque<J>>,
-    slots: Box<[Slot]>,
+    /// One per worker spawned (a bounded queue makes all of them at once).
+    slots: RefCell<Vec<Slot>>,
+    max: usize,
     idle: RefCell<Vec<usize>>,
     spawned: Cell<usize>,
     awake: Cell<usize>,
@@ -67,16 +80,24 @@ impl<J> WorkQueue<J> {
     /// bounds its jobs in flight: the queue never grows on the data path).
     pub fn with_capacity(max: usize, jobs: usize) -> WorkQueue<J> {
         let max = max.max(1);
+        let q = WorkQueue::with_room(max, jobs.max(max));
+        q.slots.borrow_mut().resize_with(max, Slot::new);
+        q
+    }
+
+    /// A queue whose pool grows with the jobs in flight, without a bound
+    /// (room made for `room` at first): for a path where a job may wait on
+    /// one queued behind it, which a bounded pool could leave unstarted.
+    pub fn unbounded(room: usize) -> WorkQueue<J> {
+        WorkQueue::with_room(usize::MAX, room)
+    }
+
+    fn with_room(max: usize, room: usize) -> WorkQueue<J> {
         WorkQueue {
-            jobs: RefCell::new(VecDeque::with_capacity(jobs.max(max))),
-            slots: (0..max)
-                .map(|_| Slot {
-                    waker: RefCell::new(None),
-                    state: Cell::new(State::Parked),
-                    listed: Cell::new(false),
-                })
-                .collect(),
-            idle: RefCell::new(Vec::with_capacity(max)),
+            jobs: RefCell::new(VecDeque::with_capacity(room)),
+            slots: RefCell::new(Vec::with_capacity(room)),
+            max,
+            idle: RefCell::new(Vec::with_capacity(room)),
             spawned: Cell::new(0),
             awake: Cell::new(0),
             closing: Cell::new(false),
@@ -97,11 +118,8 @@ impl<J> WorkQueue<J> {
     /// at once.
     pub fn prespawn(&self, n: usize, mut spawn: impl FnMut(usize)) {
         // Budget: at most `max` rounds.
-        while self.spawned.get() < n.min(self.slots.len()) {
-            let id = self.spawned.get();
-            self.spawned.set(id + 1);
-            self.set_awake(id);
-            spawn(id);
+        while self.spawned.get() < n.min(self.max) {
+            spawn(self.add_worker());
         }
     }
 
@@ -127,7 +145,8 @@ impl<J> WorkQueue<J> {
             if self.closing.get() {
                 return Poll::Ready(None);
             }
-            let slot = &self.slots[id];
+            let slots = self.slots.borrow();
+            let slot = &slots[id];
             let mut w = slot.waker.borrow_mut();
             match &*w {
                 Some(old) if old.will_wake(cx.waker()) => {}
@@ -137,6 +156,7 @@ impl<J> WorkQueue<J> {
             if !slot.listed.replace(true) {
                 self.idle.borrow_mut().push(id);
             }
+            drop(slots);
             Poll::Pending
         })
     }
@@ -149,14 +169,14 @@ impl<J> WorkQueue<J> {
         let mut fut = pin!(fut);
         poll_fn(|cx| match fut.as_mut().poll(cx) {
             Poll::Ready(v) => {
-                if self.slots[id].state.get() == State::Waiting {
+                if self.state(id) == State::Waiting {
                     self.set_awake(id);
                 }
                 Poll::Ready(v)
             }
             Poll::Pending => {
-                if self.slots[id].state.get() == State::Awake {
-                    self.slots[id].state.set(State::Waiting);
+                if self.state(id) == State::Awake {
+                    self.slots.borrow()[id].state.set(State::Waiting);
                     self.awake.set(self.awake.get() - 1);
                     if self.awake.get() == 0 && !self.jobs.borrow().is_empty() {
                         self.start_one(&spawn);
@@ -176,7 +196,7 @@ impl<J> WorkQueue<J> {
             let Some(i) = self.idle.borrow_mut().pop() else {
                 break;
             };
-            self.slots[i].listed.set(false);
+            self.slots.borrow()[i].listed.set(false);
             self.set_awake(i);
             self.wake(i);
         }
@@ -199,26 +219,41 @@ impl<J> WorkQueue<J> {
     fn start_one(&self, spawn: impl FnOnce(usize)) {
         let parked = self.idle.borrow_mut().pop();
         if let Some(i) = parked {
-            self.slots[i].listed.set(false);
+            self.slots.borrow()[i].listed.set(false);
             self.set_awake(i);
             self.wake(i);
-        } else if self.spawned.get() < self.slots.len() {
-            let id = self.spawned.get();
-            self.spawned.set(id + 1);
-            self.set_awake(id);
-            spawn(id);
+        } else if self.spawned.get() < self.max {
+            spawn(self.add_worker());
         }
     }
 
+    /// A new worker's id, counted awake (its slot made if it has none).
+    fn add_worker(&self) -> usize {
+        let id = self.spawned.get();
+        self.spawned.set(id + 1);
+        let mut slots = self.slots.borrow_mut();
+        if slots.len() <= id {
+            slots.push(Slot::new());
+        }
+        drop(slots);
+        self.set_awake(id);
+        id
+    }
+
+    fn state(&self, id: usize) -> State {
+        self.slots.borrow()[id].state.get()
+    }
+
     fn wake(&self, i: usize) {
-        let w = self.slots[i].waker.borrow_mut().take();
+        let w = self.slots.borrow()[i].waker.borrow_mut().take();
         if let Some(w) = w {
             w.wake();
         }
     }
 
     fn set_awake(&self, id: usize) {
-        let slot = &self.slots[id];
+        let slots = self.slots.borrow();
+        let slot = &slots[id];
         if slot.state.replace(State::Awake) != State::Awake {
             self.awake.set(self.awake.get() + 1);
         }
@@ -233,7 +268,7 @@ impl<J> WorkQueue<J> {
     }
 
     fn set_parked(&self, id: usize) {
-        if self.slots[id].state.replace(State::Parked) == State::Awake {
+        if self.slots.borrow()[id].state.replace(State::Parked) == State::Awake {
             self.awake.set(self.awake.get() - 1);
         }
     }

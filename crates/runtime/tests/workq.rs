@@ -54,10 +54,11 @@ async fn worker(c: Rc<Ctx>, id: usize) {
     c.exits.set(c.exits.get() + 1);
 }
 
-/// Runs `f` on the reactor with a fresh queue of `max` workers; returns
+/// Runs `f` on the reactor with a fresh queue of `max` workers (`None`:
+/// unbounded); returns
 /// what it sends back once `done` says the jobs are over.
 fn on_reactor<T: Send + 'static>(
-    max: usize,
+    max: Option<usize>,
     f: impl FnOnce(Rc<Ctx>, mpsc::Sender<T>) + Send + 'static,
 ) -> T {
     let r = rt();
@@ -65,7 +66,7 @@ fn on_reactor<T: Send + 'static>(
     r.handle()
         .send(0, move || {
             let c = Rc::new(Ctx {
-                q: WorkQueue::new(max),
+                q: max.map_or_else(|| WorkQueue::unbounded(2), WorkQueue::new),
                 log: RefCell::new(Vec::new()),
                 exits: Cell::new(0),
             });
@@ -92,7 +93,7 @@ async fn ended(c: &Ctx, n: usize) {
 
 #[test]
 fn inline_jobs_run_in_one_worker() {
-    let (spawned, log) = on_reactor(32, |c, tx| {
+    let (spawned, log) = on_reactor(Some(32), |c, tx| {
         push_all(&c, (0..32).map(|n| Job(n, false)));
         ustor_runtime::spawn(async move {
             ended(&c, 32).await;
@@ -109,7 +110,7 @@ fn inline_jobs_run_in_one_worker() {
 
 #[test]
 fn waiting_jobs_get_a_worker_each_started_together() {
-    let (spawned, log) = on_reactor(32, |c, tx| {
+    let (spawned, log) = on_reactor(Some(32), |c, tx| {
         push_all(&c, (0..8).map(|n| Job(n, true)));
         ustor_runtime::spawn(async move {
             ended(&c, 8).await;
@@ -123,7 +124,7 @@ fn waiting_jobs_get_a_worker_each_started_together() {
 
 #[test]
 fn the_pool_stays_within_its_maximum_and_drains() {
-    let (spawned, ends) = on_reactor(3, |c, tx| {
+    let (spawned, ends) = on_reactor(Some(3), |c, tx| {
         push_all(&c, (0..10).map(|n| Job(n, n % 2 == 0)));
         ustor_runtime::spawn(async move {
             ended(&c, 10).await;
@@ -137,7 +138,7 @@ fn the_pool_stays_within_its_maximum_and_drains() {
 
 #[test]
 fn closing_ends_every_worker() {
-    let (spawned, exits) = on_reactor(8, |c, tx| {
+    let (spawned, exits) = on_reactor(Some(8), |c, tx| {
         push_all(&c, (0..4).map(|n| Job(n, true)));
         ustor_runtime::spawn(async move {
             ended(&c, 4).await;
@@ -150,4 +151,18 @@ fn closing_ends_every_worker() {
     });
     assert_eq!(spawned, 4);
     assert_eq!(exits, 4);
+}
+
+#[test]
+fn an_unbounded_pool_grows_past_its_first_room() {
+    let (spawned, log) = on_reactor(None, |c, tx| {
+        push_all(&c, (0..40).map(|n| Job(n, true)));
+        ustor_runtime::spawn(async move {
+            ended(&c, 40).await;
+            tx.send((c.q.spawned(), c.log.borrow().clone())).unwrap();
+        });
+    });
+    assert_eq!(spawned, 40, "one worker per job in flight");
+    let first_end = log.iter().position(|s| s.starts_with('e')).unwrap();
+    assert_eq!(first_end, 40, "every job started before any ended: {log:?}");
 }
