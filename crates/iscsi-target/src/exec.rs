@@ -32,9 +32,6 @@ use crate::workers::{Flusher, Job};
 const KEPT_BUFS: usize = 256;
 /// Smallest data buffer made (the RFC's default data segment).
 const MIN_BUF: usize = 8192;
-/// At most this many reactor rounds a response waits for others to join
-/// its send.
-const FLUSH_YIELDS: u32 = 8;
 
 /// One connection of a session, what the tasks that came on it share
 /// (on the session's reactor): its send queue and parameters, and the
@@ -271,23 +268,15 @@ async fn respond(
     finish(core, info).await
 }
 
-/// Sends what the command queued (with whatever other commands queued).
+/// Sends what the command queued, at once when it is the session's only
+/// command; otherwise the connection's flusher sends it once the other
+/// commands ready in this reactor pass have queued theirs (one send per
+/// pass, as a poll loop flushes each socket once per iteration).
 async fn finish(core: &Core, info: &CmdInfo) {
-    let tx = &core.tx;
-    if core.workers.queued() > 0 {
-        // This worker runs the next command now; the flusher sends this
-        // response with theirs.
+    if core.sess.tasks.len() > 1 {
         return crate::workers::flush_later(core);
     }
-    if core.sess.tasks.len() > 1 {
-        // Other commands may answer in this reactor pass: their responses
-        // join this one's send. Every task ready on the reactor runs first
-        // (commands just received, other connections' commands), so a busy
-        // connection sends once per pass, as a poll loop flushes each socket
-        // once per iteration.
-        ustor_runtime::yield_while_busy(FLUSH_YIELDS).await;
-    }
-    if let Err(e) = tx.flush().await {
+    if let Err(e) = core.tx.flush().await {
         tracing::debug!("iscsi: response to ITT {:#x} not sent: {e}", info.itt);
     }
 }

@@ -10,11 +10,11 @@
 //! command allocates nothing (a spawn per command would box its future).
 //!
 //! Commands that complete inline run back to back in one worker, so a
-//! response must not wait for the next command's turn to be sent: a
-//! command that ends with more queued leaves its response to the
+//! response must not hold the worker until it is sent: a command that
+//! ends while the session has others leaves its response to the
 //! connection's flusher task ([`flush_later`]), which runs once the worker
-//! waits or its batch is done and sends every response queued by then in
-//! one send.
+//! waits or its batch is done and, after the other tasks ready on the
+//! reactor, sends every response queued by then in one send.
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
@@ -67,7 +67,7 @@ pub(crate) fn push(core: &Rc<Core>, task: Rc<Task>, cmd: Command) {
 }
 
 /// Has the flusher send what is queued once this worker waits or its
-/// batch is done (more commands are queued behind this one).
+/// batch is done.
 pub(crate) fn flush_later(core: &Core) {
     if !core.flusher.owed.replace(true) {
         core.flusher.kick();
