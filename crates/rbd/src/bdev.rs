@@ -24,7 +24,7 @@ use ustor_bdev::{
     Bdev, BdevChannel, BdevEntry, BdevError, BdevInfo, BdevModule, ControlError, IoDesc, IoHandle,
     IoType, Registry,
 };
-use ustor_runtime::RuntimeHandle;
+use ustor_runtime::{PollStatus, PollerId, RuntimeHandle};
 
 use crate::cluster::{check, Cluster, ClusterOpts, Clusters};
 use crate::direct::{self, Layout};
@@ -89,6 +89,9 @@ pub struct Image {
     /// The direct data path's layout, while it is on (see [`crate::direct`]).
     pub(crate) direct: OnceLock<Layout>,
     pub(crate) direct_on: AtomicBool,
+    /// Holds the cluster's Ceph op timeout on (opening, or on librbd's
+    /// path; see [`crate::cluster`]).
+    pub(crate) holds_timeout: AtomicBool,
     /// The eventfd librbd bumps in [`CompletionMode::Event`].
     events: OnceLock<std::os::fd::OwnedFd>,
 }
@@ -156,6 +159,9 @@ unsafe impl Sync for Image {}
 impl Drop for Image {
     fn drop(&mut self) {
         self.close();
+        if self.holds_timeout.swap(false, Ordering::AcqRel) {
+            self.cluster.release_osd_timeout();
+        }
         // SAFETY: from rados_ioctx_create, destroyed once, after the image.
         unsafe { ffi::rados_ioctx_destroy(self.ioctx) };
     }
@@ -217,7 +223,9 @@ impl Image {
             events: OnceLock::new(),
             direct: OnceLock::new(),
             direct_on: AtomicBool::new(false),
+            holds_timeout: AtomicBool::new(true),
         };
+        img.cluster.hold_osd_timeout();
         let r = img.cluster.clone().placed(|| {
             // SAFETY: a valid ioctx and C strings; the handle is written on
             // success and closed by Drop.
@@ -315,9 +323,14 @@ impl Image {
         let _ = self.bdev.set((Arc::downgrade(entry), bs));
         let ctx = Box::into_raw(Box::new(Arc::downgrade(self)));
         let mut h = 0u64;
-        // SAFETY: an open image; `ctx` stays valid until unwatched in Drop
-        // (or freed here when the watch was not set up).
-        let r = unsafe { ffi::rbd_update_watch(self.handle, &mut h, Some(on_update), ctx.cast()) };
+        // Placed: the first watch of a process starts librbd's update
+        // watchers' thread pool (`tp_librbd`), which would otherwise run
+        // wherever the calling thread may.
+        let r = self.cluster.placed(|| {
+            // SAFETY: an open image; `ctx` stays valid until unwatched in
+            // Drop (or freed here when the watch was not set up).
+            unsafe { ffi::rbd_update_watch(self.handle, &mut h, Some(on_update), ctx.cast()) }
+        });
         if r < 0 {
             // SAFETY: librbd did not keep `ctx`.
             drop(unsafe { Box::from_raw(ctx) });
@@ -334,6 +347,9 @@ impl Image {
         // snapshot, a feature): then librbd from the next I/O on.
         if self.direct().is_some() {
             if let Err(why) = Layout::probe(self.handle) {
+                if !self.holds_timeout.swap(true, Ordering::AcqRel) {
+                    self.cluster.hold_osd_timeout();
+                }
                 self.direct_on.store(false, Ordering::Release);
                 tracing::warn!(image = %self.name, "rbd data path: librbd from now on ({why})");
             }
@@ -403,10 +419,22 @@ impl Bdev for RbdBdev {
         if self.image.event_fd().is_some() {
             ustor_runtime::spawn(events::reap(self.image.clone(), rc.clone(), stop.clone()));
         }
+        let reqs = direct::Reqs::new(rc.completer(), self.image.cluster.op_timeout_s);
+        // The direct path's deadlines (librbd's path has Ceph's timeout).
+        let expiry = reqs.period().map(|every| {
+            let r = reqs.clone();
+            ustor_runtime::register_timed_poller("rbd-deadline", every, move || {
+                if r.expire() > 0 {
+                    tracing::warn!("rbd: I/O past its {} s deadline cancelled", r.timeout_s());
+                }
+                PollStatus::Idle
+            })
+        });
         Ok(Box::new(RbdChannel {
             image: self.image.clone(),
             completer: rc.completer(),
-            reqs: direct::Reqs::new(rc.completer()),
+            reqs,
+            expiry,
             rc,
             bs: self.info.block_size as u64,
             stop,
@@ -515,6 +543,8 @@ struct RbdChannel {
     completer: Completer,
     /// The direct path's requests, reused.
     reqs: Arc<direct::Reqs>,
+    /// The poller that fails its direct I/O past the deadline.
+    expiry: Option<PollerId>,
     bs: u64,
     /// Event mode: tells this channel's reaper task to end.
     stop: Rc<Cell<bool>>,
@@ -523,6 +553,9 @@ struct RbdChannel {
 impl Drop for RbdChannel {
     fn drop(&mut self) {
         self.stop.set(true);
+        if let Some(p) = self.expiry.take() {
+            ustor_runtime::unregister_poller(p);
+        }
         self.reqs.drain();
         if let Some(fd) = self.image.event_fd() {
             events::kick(fd);

@@ -5,8 +5,9 @@
 //! Placement: Linux gives a new thread its creator's CPU affinity, and
 //! librados/librbd make their threads from the thread that connects or
 //! opens an image, or from threads made that way. So the control thread
-//! narrows its own affinity to the cluster's cores around `rados_connect`
-//! and `rbd_open`, and every thread of the connection lands there. The
+//! narrows its own affinity to the cluster's cores around `rados_connect`,
+//! `rbd_open` and `rbd_update_watch` (the first watch starts librbd's
+//! `tp_librbd` pool), and every thread of the connection lands there. The
 //! threads that appeared are counted and checked (and pinned, should one
 //! have escaped). Default cores: those without a reactor; when every core
 //! runs a reactor, all of them, with a warning in the log.
@@ -23,6 +24,16 @@
 //! core; on a loaded machine (load average 11-14 on 2 cores) it cost
 //! 0.55-0.69x the IOPS at three of four points, and behind a polling
 //! reactor 0.4x (bench/RESULTS-rbd.md).
+//!
+//! Time limits: Ceph's `rados_osd_op_timeout` arms a timer event in
+//! librados for every op, which cost 0.81-0.87x client CPU per I/O at
+//! three of four points with every thread on one core (bench/RESULTS-rbd.md;
+//! fio runs without it). So ustor bounds the direct path's I/O itself
+//! (`op_timeout_s`, a deadline per request checked by the reactor, see
+//! [`crate::direct`]) and turns Ceph's timeout on only while something of
+//! the connection needs librbd to be bounded: an image being opened, or
+//! one on librbd's data path. Set through `config_param`, Ceph's timeout
+//! is the user's and left alone.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
@@ -56,13 +67,21 @@ pub struct ClusterOpts {
     /// false; see the module doc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sched_batch: Option<bool>,
+    /// ustor's own: seconds before an I/O fails with ETIMEDOUT (default
+    /// [`OP_TIMEOUT_S`]; 0: never). See the module doc.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_timeout_s: Option<u64>,
 }
+
+/// Default seconds before an I/O the cluster does not answer fails.
+pub const OP_TIMEOUT_S: u64 = 30;
 
 /// Ceph options ustor sets before the user's (`config_param` overrides).
 /// Few client threads; no client cache, so a write completes when the OSD
 /// has it (an honest latency, and nothing lost on a crash); no admin socket
 /// per client (several connections of one process would fight over its
-/// path); and time limits, so a lost cluster fails I/O instead of hanging.
+/// path); and time limits for connect and monitor calls, so a lost cluster
+/// fails instead of hanging (I/O: `op_timeout_s`).
 pub const DEFAULTS: &[(&str, &str)] = &[
     ("rbd_cache", "false"),
     ("librados_thread_count", "1"),
@@ -70,8 +89,9 @@ pub const DEFAULTS: &[(&str, &str)] = &[
     ("admin_socket", ""),
     ("client_mount_timeout", "10"),
     ("rados_mon_op_timeout", "30"),
-    ("rados_osd_op_timeout", "30"),
 ];
+
+const OSD_TIMEOUT: &str = "rados_osd_op_timeout";
 
 /// One librados connection.
 pub struct Cluster {
@@ -83,6 +103,11 @@ pub struct Cluster {
     pub batch: bool,
     /// Threads that appeared while connecting and opening images.
     threads: Mutex<usize>,
+    /// Seconds before an I/O fails (0: never).
+    pub op_timeout_s: u64,
+    /// What needs Ceph's op timeout on (images opening or on librbd's
+    /// path); `None` when the user set it.
+    timeout_holds: Option<Mutex<usize>>,
 }
 
 // SAFETY: a connected `rados_t` may be used from any thread (librados
@@ -160,6 +185,10 @@ impl Cluster {
         for (k, v) in DEFAULTS {
             set(k, v)?;
         }
+        let op_timeout_s = opts.op_timeout_s.unwrap_or(OP_TIMEOUT_S);
+        let user_timeout = opts.config_param.iter().flatten().any(|(k, _)| k == OSD_TIMEOUT);
+        // On while connecting; off below once connected (nothing holds it).
+        set(OSD_TIMEOUT, &op_timeout_s.to_string())?;
         for (k, v) in opts.config_param.iter().flatten() {
             set(k, v)?;
         }
@@ -177,13 +206,47 @@ impl Cluster {
             "rbd cluster {}: connected, {threads} librados threads on cores {cores:?}, {policy}",
             opts.name
         );
-        Ok(Arc::new(Cluster {
+        let c = Cluster {
             opts,
             handle,
             cores,
             batch,
             threads: Mutex::new(threads),
-        }))
+            op_timeout_s,
+            timeout_holds: (!user_timeout).then(|| Mutex::new(1)),
+        };
+        c.release_osd_timeout();
+        Ok(Arc::new(c))
+    }
+
+    /// Something of this connection needs librbd's I/O bounded: Ceph's
+    /// op timeout is on until the matching [`Self::release_osd_timeout`].
+    pub(crate) fn hold_osd_timeout(&self) {
+        self.osd_timeout_holds(1);
+    }
+
+    pub(crate) fn release_osd_timeout(&self) {
+        self.osd_timeout_holds(-1);
+    }
+
+    fn osd_timeout_holds(&self, d: isize) {
+        let Some(m) = &self.timeout_holds else { return };
+        let mut n = m.lock().unwrap_or_else(|p| p.into_inner());
+        let was = *n;
+        *n = n.saturating_add_signed(d);
+        if (was == 0) == (*n == 0) {
+            return;
+        }
+        let v = if *n == 0 { 0 } else { self.op_timeout_s };
+        let k = CString::new(OSD_TIMEOUT).expect("no NUL");
+        let vc = CString::new(v.to_string()).expect("digits");
+        // SAFETY: a connected handle and C strings. librados applies the
+        // change at once (the Objecter observes this option): ops sent from
+        // now on get the timer, or not.
+        let r = unsafe { ffi::rados_conf_set(self.handle, k.as_ptr(), vc.as_ptr()) };
+        if r < 0 {
+            tracing::warn!("rbd cluster {}: setting {OSD_TIMEOUT}={v}: errno {}", self.opts.name, -r);
+        }
     }
 
     /// Runs `f` (which makes librados/librbd threads) with the calling
@@ -215,6 +278,7 @@ impl Cluster {
             "core_mask": o.core_mask,
             "cores": self.cores,
             "sched_batch": self.batch,
+            "op_timeout_s": self.op_timeout_s,
             "threads": self.threads(),
         })
     }

@@ -39,16 +39,31 @@
 //! or the part past a short object's end), as librbd reads them.
 //! Discard and write-zeroes remove whole objects and zero partial ones
 //! (no parent, no snapshots: a removed object reads as zeros).
+//!
+//! Time limit: a request carries a deadline (`op_timeout_s` of its
+//! cluster; an rdtsc and a store per I/O, no timer syscall or Ceph timer
+//! event). The channel's reactor looks over its requests once per
+//! [`Reqs::period`] and cancels the rados ops of any past its deadline
+//! (`rados_aio_cancel`: librados drops the op, so a late reply writes
+//! nothing into the I/O's buffers, and completes it with ECANCELED), and
+//! the I/O fails with ETIMEDOUT. A completion and a cancel meet on two
+//! flags (`Req::deadline`, `Req::cancelling`, sequentially consistent):
+//! the completing thread clears the deadline, then waits while a cancel is
+//! under way; the reactor raises `cancelling`, then claims the deadline;
+//! so the completions it cancels are never released under it.
 
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
 use libc::{c_char, c_int, c_void};
 use ustor_bdev::remote::{Completer, RemoteIo};
+use ustor_bdev::io::TABLE_SLOTS;
 use ustor_bdev::{IoDesc, IoType};
+use ustor_runtime::ticks;
 
 use crate::bdev::{errno_err, Image, RbdOpts};
 use crate::ffi;
@@ -167,6 +182,10 @@ impl Image {
                 let size = l.object_size;
                 let _ = self.direct.set(l);
                 self.direct_on.store(true, Ordering::Release);
+                // Bounded by the reactor's deadline instead.
+                if self.holds_timeout.swap(false, Ordering::AcqRel) {
+                    self.cluster.release_osd_timeout();
+                }
                 tracing::info!(bdev, image = %self.name, "rbd data path: direct over librados ({size}-byte objects)");
                 return;
             }
@@ -235,6 +254,9 @@ struct Piece {
     segs: std::ops::Range<usize>,
     read_op: ffi::rados_read_op_t,
     write_op: ffi::rados_write_op_t,
+    /// Its rados completion, released with the request (a cancel may
+    /// still name it after its callback ran).
+    c: ffi::rados_completion_t,
 }
 
 /// A request in flight, or idle in its channel's [`Reqs`]: given back by
@@ -254,6 +276,11 @@ pub(crate) struct Req {
     segs: Vec<Seg>,
     seg_at: *mut Seg,
     pieces: Vec<Piece>,
+    /// The tick it times out at while in flight, `u64::MAX` once its
+    /// cancel is claimed, 0 when done (see the module doc).
+    deadline: AtomicU64,
+    /// The reactor is cancelling its ops.
+    cancelling: AtomicBool,
 }
 
 // SAFETY: a request moves between the reactor that submits it and the
@@ -262,9 +289,10 @@ pub(crate) struct Req {
 // it is in flight and never read while it is idle.
 unsafe impl Send for Req {}
 
-/// Most idle requests a channel keeps (more in flight at once are made
-/// and freed per I/O).
-const POOL: usize = 1024;
+/// Most idle requests a channel keeps: as many as it may have in flight
+/// (its completion table's slots), so none is ever freed while the
+/// channel lives and the deadline check may look at every one made.
+const POOL: usize = TABLE_SLOTS;
 
 /// A channel's requests, reused: a request's box and its segment and piece
 /// lists are made the first time they are needed and kept with their
@@ -275,20 +303,73 @@ const POOL: usize = 1024;
 pub(crate) struct Reqs {
     free: ArrayQueue<Box<Req>>,
     completer: Completer,
+    /// Every request made (the deadline check's list; freed by `drain`).
+    all: Mutex<Vec<usize>>,
+    /// Ticks an I/O may take (0: no limit).
+    timeout: u64,
 }
 
 impl Reqs {
-    pub(crate) fn new(completer: Completer) -> Arc<Reqs> {
+    pub(crate) fn new(completer: Completer, timeout_s: u64) -> Arc<Reqs> {
         Arc::new(Reqs {
             free: ArrayQueue::new(POOL),
             completer,
+            all: Mutex::new(Vec::new()),
+            timeout: ticks::from_duration(Duration::from_secs(timeout_s)),
         })
+    }
+
+    /// How often the reactor should call [`Self::expire`] (`None`: no
+    /// limit): a tenth of the limit, at most a second.
+    pub(crate) fn period(&self) -> Option<Duration> {
+        let tenth = Duration::from_nanos(ticks::to_ns(self.timeout / 10));
+        (self.timeout > 0).then(|| tenth.min(Duration::from_secs(1)))
+    }
+
+    /// The limit, in whole seconds (for the log).
+    pub(crate) fn timeout_s(&self) -> u64 {
+        ticks::to_ns(self.timeout) / 1_000_000_000
+    }
+
+    /// Cancels the ops of every request past its deadline (on the
+    /// channel's reactor, the thread that submits); how many.
+    pub(crate) fn expire(&self) -> usize {
+        let now = ticks::now();
+        let all = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        for &a in all.iter() {
+            // SAFETY: requests are freed only by `drain`, after the channel
+            // (and with it this check) is gone; see POOL.
+            let r = unsafe { &*(a as *const Req) };
+            let d = r.deadline.load(Ordering::SeqCst);
+            if d == 0 || d == u64::MAX || d > now {
+                continue;
+            }
+            r.cancelling.store(true, Ordering::SeqCst);
+            let claimed = r
+                .deadline
+                .compare_exchange(d, u64::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok();
+            if claimed {
+                n += 1;
+                // SAFETY: the request is in flight and its completions are
+                // not released while `cancelling` is up; its pieces and
+                // image were written on this thread before it was issued.
+                let io = unsafe { (*r.image).ioctx() };
+                for p in r.pieces.iter().filter(|p| !p.c.is_null()) {
+                    // SAFETY: as above. A finished op answers ENOENT.
+                    unsafe { ffi::rados_aio_cancel(io, p.c) };
+                }
+            }
+            r.cancelling.store(false, Ordering::SeqCst);
+        }
+        n
     }
 
     /// An idle request, its lists empty.
     fn take(self: &Arc<Self>) -> Box<Req> {
         let Some(mut r) = self.free.pop() else {
-            return Box::new(Req {
+            let r = Box::new(Req {
                 pool: self.clone(),
                 io: None,
                 kind: IoType::Read,
@@ -298,7 +379,12 @@ impl Reqs {
                 segs: Vec::new(),
                 seg_at: std::ptr::null_mut(),
                 pieces: Vec::new(),
+                deadline: AtomicU64::new(0),
+                cancelling: AtomicBool::new(false),
             });
+            let at = &*r as *const Req as usize;
+            self.all.lock().unwrap_or_else(|p| p.into_inner()).push(at);
+            return r;
         };
         r.segs.clear();
         r.pieces.clear();
@@ -310,6 +396,7 @@ impl Reqs {
     /// comes back into a pool nobody takes from, and stays there).
     pub(crate) fn drain(&self) {
         while self.free.pop().is_some() {}
+        self.all.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -332,6 +419,9 @@ pub(crate) fn submit(
     req.io = Some(io);
     req.kind = d.kind;
     req.err.store(0, Ordering::Relaxed);
+    let t = pool.timeout;
+    // Read and claimed on this thread only (`Reqs::expire`).
+    req.deadline.store(if t > 0 { ticks::now() + t } else { 0 }, Ordering::Relaxed);
     req.image = img;
     // SAFETY: the I/O's segments stay valid until it completes.
     let iov = unsafe { d.iovecs() };
@@ -350,6 +440,7 @@ pub(crate) fn submit(
             segs,
             read_op: std::ptr::null_mut(),
             write_op: std::ptr::null_mut(),
+            c: std::ptr::null_mut(),
         });
     }
     let n = req.pieces.len();
@@ -418,6 +509,7 @@ unsafe fn issue(img: &Image, l: &Layout, kind: IoType, seg_at: *mut Seg, p: *mut
     if r < 0 {
         return r;
     }
+    (*p).c = c;
     let segs_mut = seg_at.add((*p).segs.start);
     let segs = std::slice::from_raw_parts(segs_mut, (*p).segs.len());
     let r = match kind {
@@ -465,6 +557,7 @@ unsafe fn issue(img: &Image, l: &Layout, kind: IoType, seg_at: *mut Seg, p: *mut
     };
     if r < 0 {
         ffi::rados_aio_release(c);
+        (*p).c = std::ptr::null_mut();
     }
     r
 }
@@ -472,9 +565,8 @@ unsafe fn issue(img: &Image, l: &Layout, kind: IoType, seg_at: *mut Seg, p: *mut
 /// librados' completion callback (one of its threads).
 unsafe extern "C" fn on_complete(c: ffi::rados_completion_t, arg: *mut c_void) {
     // SAFETY: `arg` is the piece this completion was created for; `c` is
-    // that completion, released once, here.
+    // that completion (released with the request, in `complete`).
     let r = unsafe { ffi::rados_aio_get_return_value(c) };
-    unsafe { ffi::rados_aio_release(c) };
     unsafe { piece_done(arg.cast(), r as isize) };
 }
 
@@ -495,6 +587,8 @@ unsafe fn piece_done(p: *mut Piece, r: isize) {
     let enoent = r == -libc::ENOENT as isize;
     // ENOENT is also what a deleted pool answers (librbd fails the I/O).
     let err = match (*req).kind {
+        // Only the deadline cancels.
+        _ if r == -libc::ECANCELED as isize => libc::ETIMEDOUT,
         _ if enoent && (*(*req).image).pool_gone() => libc::ENOENT,
         // A missing object is a hole: zeros.
         IoType::Read if enoent => {
@@ -542,6 +636,17 @@ fn zero(s: &Seg, from: usize) {
 /// Completes the I/O of a request whose pieces are all done, and gives the
 /// request back to its pool.
 fn complete(mut req: Box<Req>) {
+    // Done: no cancel starts now; wait for one under way (see the module
+    // doc), then the completions can go.
+    req.deadline.store(0, Ordering::SeqCst);
+    while req.cancelling.load(Ordering::SeqCst) {
+        std::hint::spin_loop();
+    }
+    for p in req.pieces.iter_mut().filter(|p| !p.c.is_null()) {
+        // SAFETY: made in `issue` for this piece, released once, here.
+        unsafe { ffi::rados_aio_release(p.c) };
+        p.c = std::ptr::null_mut();
+    }
     // SAFETY: see `Req::image`.
     let img = unsafe { &*req.image };
     let err = req.err.load(Ordering::Acquire);

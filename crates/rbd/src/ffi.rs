@@ -113,6 +113,7 @@ api! {
     /// Bytes read (reads) or 0, or a negative errno.
     rados fn rados_aio_get_return_value(c: rados_completion_t) -> c_int;
     rados fn rados_aio_release(c: rados_completion_t);
+    rados fn rados_aio_cancel(io: rados_ioctx_t, c: rados_completion_t) -> c_int;
     rados fn rados_aio_read(io: rados_ioctx_t, oid: *const c_char, c: rados_completion_t, buf: *mut c_char, len: size_t, off: u64) -> c_int;
     rados fn rados_aio_write(io: rados_ioctx_t, oid: *const c_char, c: rados_completion_t, buf: *const c_char, len: size_t, off: u64) -> c_int;
     rados fn rados_aio_remove(io: rados_ioctx_t, oid: *const c_char, c: rados_completion_t) -> c_int;

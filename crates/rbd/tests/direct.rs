@@ -245,7 +245,7 @@ fn a_deleted_pool_fails_direct_io(f: &Fixture) {
         errs, [true; 3],
         "read written, read hole, write after the pool went"
     );
-    // rados_osd_op_timeout is 30 s (ustor's default); a deleted pool
+    // op_timeout_s is 30 s (ustor's default); a deleted pool
     // answers at once.
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     let e = f.reg.get("g").unwrap();

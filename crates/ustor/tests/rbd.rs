@@ -542,6 +542,11 @@ fn clusters_info_placement_resize_and_save_config() {
     let pid = s.child.id();
     let pinned = ceph_threads(pid);
     assert!(!pinned.is_empty(), "no librados threads found");
+    // librbd's update watchers' pool (started by the header watch) too.
+    assert!(
+        pinned.iter().any(|t| t.name == "tp_librbd"),
+        "no tp_librbd thread"
+    );
     for t in &pinned {
         assert_eq!(t.cpus, "0", "thread {} runs on {}", t.name, t.cpus);
         assert_eq!(t.policy, 0, "thread {} has policy {}", t.name, t.policy);
@@ -658,6 +663,8 @@ fn ceph_threads(pid: u32) -> Vec<CephThread> {
             "fn_anonymous",
             "finisher",
             "taskfin_librbd",
+            "tp_librbd",
+            "ms_local",
             "service",
         ]
         .iter()

@@ -1,8 +1,10 @@
 //! The rbd bdev when its OSD dies, against a one-node bluestore cluster
 //! (one mon, one OSD on a sparse file, no auth) that this test binary
-//! starts once with `scripts/ceph-cluster.sh` and stops at exit. With
-//! `rados_osd_op_timeout` set through `config_param`, I/O in flight when
-//! the OSD is killed fails with an error in bounded time (nothing hangs);
+//! starts once with `scripts/ceph-cluster.sh` and stops at exit. With a
+//! short `op_timeout_s`, I/O in flight when the OSD is killed fails with
+//! an error in bounded time (nothing hangs), on the direct path (ustor's
+//! own deadline) and on librbd's (Ceph's op timeout, which ustor turns on
+//! for such an image);
 //! after the OSD restarts the same ustor process serves I/O again and the
 //! data is intact (bluestore keeps it). The same holds when the whole
 //! cluster (mon and OSD) stops and comes back.
@@ -16,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-/// Seconds librados waits on an OSD op before failing it.
+/// Seconds an I/O may take before it fails (`op_timeout_s`).
 const OSD_OP_TIMEOUT: u64 = 3;
 
 fn script() -> PathBuf {
@@ -83,13 +85,13 @@ impl Ceph {
         out.stdout
     }
 
-    /// The bdev-subsystem calls: the cluster (short OSD op timeout) and
+    /// The bdev-subsystem calls: the cluster (short I/O time limit) and
     /// one rbd bdev `r0` on `image`.
     fn bdev_calls(&self, image: &str) -> Value {
         json!([
             {"method": "bdev_rbd_register_cluster", "params": {"name": "c1",
                 "config_file": self.conf(),
-                "config_param": {"rados_osd_op_timeout": OSD_OP_TIMEOUT.to_string()}}},
+                "op_timeout_s": OSD_OP_TIMEOUT}},
             {"method": "bdev_rbd_create", "params": {"name": "r0", "cluster_name": "c1",
                 "pool_name": "rbd", "rbd_name": image, "block_size": 4096}}
         ])
@@ -125,7 +127,8 @@ fn osd_killed_mid_io_fails_in_bounded_time_and_resumes_after_restart() {
     // 1. In flight: a randwrite bench runs while the OSD is killed. Its
     // I/Os fail after the op timeout (counted as errors) and the run ends
     // on time; without the timeout they would wait for the OSD forever.
-    c.rbd(&["create", "--size", "16M", "rbd/busy"]);
+    // The image takes the direct path (layering only): ustor's deadline.
+    c.rbd(&["create", "--size", "16M", "--image-feature", "layering", "rbd/busy"]);
     let cfg = dir.join("bench.json");
     let conf = json!({"subsystems": [{"subsystem": "bdev", "config": c.bdev_calls("busy")}]});
     std::fs::write(&cfg, conf.to_string()).unwrap();
@@ -188,6 +191,10 @@ fn osd_killed_mid_io_fails_in_bounded_time_and_resumes_after_restart() {
         ]}
     ]});
     let s = Server::start(&dir, &cfg, &[]);
+    // Ceph's default features keep this image on librbd's path: bounded by
+    // Ceph's op timeout, which ustor turned on for it after connecting.
+    let b = s.ok("bdev_get_bdevs", json!({"name": "r0"}));
+    assert_eq!(b[0]["driver_specific"]["rbd"]["data_path"], "librbd", "{b}");
     let url = format!("nbd://127.0.0.1:{}/r0", s.nbd_port());
     let back = dir.join("back.img");
     let back_s = back.display().to_string();
