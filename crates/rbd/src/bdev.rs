@@ -173,6 +173,11 @@ impl Image {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
+        // Unwatch and close send OSD ops of librbd's: bounded by Ceph's
+        // timeout (Drop gives the hold back).
+        if !self.holds_timeout.swap(true, Ordering::AcqRel) {
+            self.cluster.hold_osd_timeout();
+        }
         // SAFETY: handles from rbd_open, closed once (the flag above); no
         // I/O is in flight (Drop: every channel, which holds an Arc, is
         // gone; exit: the reactors have stopped).

@@ -186,7 +186,11 @@ impl Cluster {
             set(k, v)?;
         }
         let op_timeout_s = opts.op_timeout_s.unwrap_or(OP_TIMEOUT_S);
-        let user_timeout = opts.config_param.iter().flatten().any(|(k, _)| k == OSD_TIMEOUT);
+        let user_timeout = opts
+            .config_param
+            .iter()
+            .flatten()
+            .any(|(k, _)| k == OSD_TIMEOUT);
         // On while connecting; off below once connected (nothing holds it).
         set(OSD_TIMEOUT, &op_timeout_s.to_string())?;
         for (k, v) in opts.config_param.iter().flatten() {
@@ -245,7 +249,11 @@ impl Cluster {
         // now on get the timer, or not.
         let r = unsafe { ffi::rados_conf_set(self.handle, k.as_ptr(), vc.as_ptr()) };
         if r < 0 {
-            tracing::warn!("rbd cluster {}: setting {OSD_TIMEOUT}={v}: errno {}", self.opts.name, -r);
+            tracing::warn!(
+                "rbd cluster {}: setting {OSD_TIMEOUT}={v}: errno {}",
+                self.opts.name,
+                -r
+            );
         }
     }
 

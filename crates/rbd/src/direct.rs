@@ -60,8 +60,8 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 
 use libc::{c_char, c_int, c_void};
-use ustor_bdev::remote::{Completer, RemoteIo};
 use ustor_bdev::io::TABLE_SLOTS;
+use ustor_bdev::remote::{Completer, RemoteIo};
 use ustor_bdev::{IoDesc, IoType};
 use ustor_runtime::ticks;
 
@@ -307,6 +307,7 @@ pub(crate) struct Reqs {
     all: Mutex<Vec<usize>>,
     /// Ticks an I/O may take (0: no limit).
     timeout: u64,
+    timeout_s: u64,
 }
 
 impl Reqs {
@@ -316,6 +317,7 @@ impl Reqs {
             completer,
             all: Mutex::new(Vec::new()),
             timeout: ticks::from_duration(Duration::from_secs(timeout_s)),
+            timeout_s,
         })
     }
 
@@ -328,7 +330,7 @@ impl Reqs {
 
     /// The limit, in whole seconds (for the log).
     pub(crate) fn timeout_s(&self) -> u64 {
-        ticks::to_ns(self.timeout) / 1_000_000_000
+        self.timeout_s
     }
 
     /// Cancels the ops of every request past its deadline (on the
@@ -421,7 +423,8 @@ pub(crate) fn submit(
     req.err.store(0, Ordering::Relaxed);
     let t = pool.timeout;
     // Read and claimed on this thread only (`Reqs::expire`).
-    req.deadline.store(if t > 0 { ticks::now() + t } else { 0 }, Ordering::Relaxed);
+    req.deadline
+        .store(if t > 0 { ticks::now() + t } else { 0 }, Ordering::Relaxed);
     req.image = img;
     // SAFETY: the I/O's segments stay valid until it completes.
     let iov = unsafe { d.iovecs() };

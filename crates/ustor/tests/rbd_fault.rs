@@ -128,7 +128,14 @@ fn osd_killed_mid_io_fails_in_bounded_time_and_resumes_after_restart() {
     // I/Os fail after the op timeout (counted as errors) and the run ends
     // on time; without the timeout they would wait for the OSD forever.
     // The image takes the direct path (layering only): ustor's deadline.
-    c.rbd(&["create", "--size", "16M", "--image-feature", "layering", "rbd/busy"]);
+    c.rbd(&[
+        "create",
+        "--size",
+        "16M",
+        "--image-feature",
+        "layering",
+        "rbd/busy",
+    ]);
     let cfg = dir.join("bench.json");
     let conf = json!({"subsystems": [{"subsystem": "bdev", "config": c.bdev_calls("busy")}]});
     std::fs::write(&cfg, conf.to_string()).unwrap();
