@@ -21,7 +21,10 @@
 # point is a fresh bdevperf process. Per point: IOPS and mean latency as
 # bdevperf reports them, and the backend's CPU (all its threads,
 # /proc/PID/task/*/schedstat) over the bdevperf run, per I/O and as % of
-# a core. The summary gives medians over ROUNDS and, per round, the IOPS
+# a core two ways: cpu%wall over bdevperf's whole wall time (start-up
+# included, when an adaptive backend sleeps on its kick), cpu%io over the
+# RUNTIME seconds of I/O (the CPU of start-up still counted, so a polling
+# backend reads a little over 100). The summary gives medians over ROUNDS and, per round, the IOPS
 # ratio of ustor to each peer and their median (the figure to trust on a
 # shared machine: both sides of a ratio ran seconds apart).
 # Idle: each backend's CPU over IDLE_S seconds with no frontend, then with
@@ -309,16 +312,17 @@ for p in pts:
     # slightly overstates every backend alike.
     cells.setdefault((p["rw"], p["qd"], p["backend"]), []).append(
         (iops, float(p["lat_us"]), cpu_s * 1e9 / max(iops * rt, 1), 100 * cpu_s / wall_s, p["round"],
-         p.get("sleeps", "-")))
-print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core)")
+         p.get("sleeps", "-"), 100 * cpu_s / rt))
+print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core")
+print("over bdevperf's wall time (cpu%wall) and over the RUNTIME seconds of I/O (cpu%io))")
 print("(sleeps: the ustor reactor's sleeps over the point, start-up and end included, median)")
-print(f"{'rw':10} {'qd':>4} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%':>6} {'sleeps':>7}  IOPS min-max")
+print(f"{'rw':10} {'qd':>4} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%wall':>8} {'cpu%io':>6} {'sleeps':>7}  IOPS min-max")
 for (rw, qd, be), v in cells.items():
     m = lambda i: st.median(x[i] for x in v)
     lo, hi = min(x[0] for x in v), max(x[0] for x in v)
     sl = [int(x[5]) for x in v if x[5].lstrip("-").isdigit()]
     sl = f"{st.median(sl):.0f}" if sl else "-"
-    print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):6.1f} {sl:>7}  {lo:.0f}-{hi:.0f}")
+    print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):8.1f} {m(6):6.1f} {sl:>7}  {lo:.0f}-{hi:.0f}")
 if "ustor" in backends:
     print("\nustor/peer IOPS ratio per round (median [min-max]); latency ratio of medians")
     for (rw, qd, be), v in cells.items():
