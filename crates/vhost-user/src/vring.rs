@@ -1,6 +1,8 @@
 //! One virtqueue served on one reactor: the task that takes available
 //! chains, and the workers ([`crate::workers`]) that run them on the bdev
-//! with buffers pointing into guest memory (no copy). Once warm the path
+//! with buffers pointing into guest memory (no copy). One worker runs
+//! every request queued while it is awake: with a bdev that completes
+//! inline, a pass's chains are served in one task poll. Once warm the path
 //! allocates nothing: workers, segment lists, job slots and buffer lists
 //! are reused, and the memory map is reference-counted only when it
 //! changes (the `alloc_free` test holds it to that).
@@ -16,7 +18,7 @@
 //!
 //! Notifications are batched: a worker writes its used entry, visible to
 //! the driver at once ([`Virtq::push_used`]), and the queue task, which
-//! runs again right after the workers it woke (the executor is FIFO and
+//! runs again right after the worker it woke (the executor is FIFO and
 //! the task yields every pass while busy), makes one notification
 //! decision (a full fence and a read of the driver's field) and sends at
 //! most one call signal for the batch, not one of each per request. While
@@ -24,19 +26,16 @@
 //! completions decide at once.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::fs::File;
-use std::future::poll_fn;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::task::Poll;
 use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel};
-use ustor_runtime::{ticks, IoBuf};
+use ustor_runtime::{ticks, IoBuf, WorkQueue};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::blk::{self, status, Kind, Request, Seg};
@@ -47,7 +46,7 @@ use crate::inflight::ring::{self, Resubmit, Track};
 use crate::inflight::QueueInflight;
 use crate::packed;
 use crate::virtq::Virtq;
-use crate::workers::Pool;
+use crate::workers::WorkerMem;
 
 /// Everything a queue needs to run, sent from the control thread (`D`:
 /// the device the ring serves).
@@ -97,9 +96,7 @@ struct Vring {
     inflight: Cell<u32>,
     /// Reused segment lists, one per request in flight.
     seg_pool: RefCell<Vec<Vec<Seg>>>,
-    jobs: RefCell<VecDeque<Job>>,
-    workers: Pool,
-    closing: Cell<bool>,
+    jobs: WorkQueue<Job>,
     /// The memory map requests use, and a generation bumped when the
     /// frontend changes it (workers keep the map they last used until
     /// they see a new generation: no reference count touched per I/O).
@@ -208,8 +205,7 @@ pub async fn run(s: VringStart) {
     if v.coal.borrow_mut().flush(ticks::now()) {
         signal_call(&v);
     }
-    v.closing.set(true);
-    v.workers.wake_all();
+    v.jobs.close();
     v.stats().running.store(false, Ordering::Relaxed);
     let _ = done.send(v.queue.borrow().indices());
 }
@@ -232,9 +228,7 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         call: s.call,
         inflight: Cell::new(0),
         seg_pool: RefCell::new(Vec::with_capacity(depth)),
-        jobs: RefCell::new(VecDeque::with_capacity(depth)),
-        workers: Pool::new(depth),
-        closing: Cell::new(false),
+        jobs: WorkQueue::new(depth),
         mem: RefCell::new(mem),
         mem_gen: Cell::new(0),
         map_seen: Cell::new(u64::MAX),
@@ -266,7 +260,7 @@ fn refresh_mem(v: &Vring, atomic: &GuestMemoryAtomic<GuestMemoryMmap>) {
     }
     *v.mem.borrow_mut() = Arc::new(GuestMem::new(g.into_inner()));
     v.mem_gen.set(v.mem_gen.get() + 1);
-    v.workers.wake_all();
+    v.jobs.wake_all();
 }
 
 /// Once per pass: the rate check and a held-back signal that is due.
@@ -336,10 +330,7 @@ fn start_request(v: &Rc<Vring>, mem: &GuestMem, head: u16, descs: &[blk::Desc]) 
         match blk::parse_chain(descs, mem, segs) {
             Ok(req) => {
                 v.inflight.set(v.inflight.get() + 1);
-                v.jobs.borrow_mut().push_back(Job { head, req });
-                if let Some(id) = v.workers.dispatch() {
-                    ustor_runtime::spawn(worker(v.clone(), id));
-                }
+                v.jobs.push(Job { head, req }, |id| spawn_worker(v, id));
             }
             Err((e, segs)) => {
                 v.seg_pool.borrow_mut().push(segs);
@@ -362,38 +353,22 @@ struct Scratch {
     ranges: Vec<blk::Range>,
 }
 
+fn spawn_worker(v: &Rc<Vring>, id: usize) {
+    ustor_runtime::spawn(worker(v.clone(), id));
+}
+
 /// One worker: takes jobs until the queue stops.
 async fn worker(v: Rc<Vring>, id: usize) {
-    let mut mem: Option<(u64, Arc<GuestMem>)> = None;
+    let mut mem = WorkerMem::default();
     let mut scratch = Scratch {
         bufs: Vec::with_capacity(blk::SEG_MAX),
         ranges: Vec::with_capacity(blk::MAX_RANGES as usize),
     };
-    loop {
-        let job = poll_fn(|cx| {
-            if let Some(job) = v.jobs.borrow_mut().pop_front() {
-                v.workers.unpark_self(id);
-                return Poll::Ready(Some(job));
-            }
-            if v.closing.get() {
-                v.workers.unpark_self(id);
-                return Poll::Ready(None);
-            }
-            // An old memory map is not kept alive by an idle worker.
-            if mem.as_ref().is_some_and(|m| m.0 != v.mem_gen.get()) {
-                mem = None;
-            }
-            v.workers.park(id, cx.waker());
-            Poll::Pending
-        })
-        .await;
-        let Some(job) = job else { break };
-        let gen = v.mem_gen.get();
-        let m = match &mem {
-            Some((g, m)) if *g == gen => m,
-            _ => &mem.insert((gen, v.mem.borrow().clone())).1,
-        };
-        execute(&v, m, job, &mut scratch).await;
+    // Budget: one round per job; ends when the queue is closed.
+    while let Some(job) = mem.next(&v.jobs, id, || v.mem_gen.get()).await {
+        let m = mem.get(v.mem_gen.get(), &v.mem);
+        let run = execute(&v, m, job, &mut scratch);
+        v.jobs.run(id, run, |i| spawn_worker(&v, i)).await;
     }
 }
 

@@ -1,102 +1,58 @@
-//! A queue's request workers: tasks spawned on demand (at most one per
-//! ring slot) and then reused, each taking requests from the queue's job
-//! list. Spawning a task per request would box a future per I/O; a worker
-//! is spawned once and parks between requests, so once every worker the
-//! queue depth needs exists the data path allocates nothing.
+//! What a queue's request workers share (vhost-user-blk and -scsi): the
+//! runtime's [`WorkQueue`] runs them (spawned on demand, at most one per
+//! ring slot, then parked and reused, so once warm the data path
+//! allocates nothing), and one awake worker takes every job queued
+//! behind it: a bdev that completes inline (null, malloc) runs a whole
+//! batch of requests in one task poll instead of a wake, a poll and a
+//! park per request. This module adds the guest memory map a worker
+//! keeps between jobs.
 
-use std::cell::{Cell, RefCell};
-use std::task::Waker;
+use std::cell::RefCell;
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::Arc;
 
-/// A worker's parking place. A worker is on the idle list exactly while
-/// `parked` is set, so a spurious poll never lists it twice.
+use ustor_runtime::WorkQueue;
+
+use crate::guest::GuestMem;
+
+/// The memory map a worker last used, with its generation: a worker
+/// clones the queue's `Arc` only when the frontend changed the map, not
+/// per request.
 #[derive(Default)]
-struct Slot {
-    waker: RefCell<Option<Waker>>,
-    parked: Cell<bool>,
-}
+pub struct WorkerMem(Option<(u64, Arc<GuestMem>)>);
 
-/// The workers of one queue (one reactor: no locks).
-pub struct Pool {
-    idle: RefCell<Vec<usize>>,
-    slots: Box<[Slot]>,
-    spawned: Cell<usize>,
-}
-
-impl Pool {
-    pub fn new(max: usize) -> Pool {
-        let max = max.max(1);
-        Pool {
-            idle: RefCell::new(Vec::with_capacity(max)),
-            slots: (0..max).map(|_| Slot::default()).collect(),
-            spawned: Cell::new(0),
+impl WorkerMem {
+    /// The map of generation `gen` (`cur`: the queue's current one).
+    pub fn get(&mut self, gen: u64, cur: &RefCell<Arc<GuestMem>>) -> &Arc<GuestMem> {
+        match &self.0 {
+            Some((g, _)) if *g == gen => {}
+            _ => self.0 = Some((gen, cur.borrow().clone())),
+        }
+        match &self.0 {
+            Some((_, m)) => m,
+            None => unreachable!("set above"),
         }
     }
 
-    /// Wakes an idle worker; else returns the id of a worker to spawn
-    /// (when fewer than the maximum exist), else `None` (the next worker
-    /// to finish takes the job).
-    pub fn dispatch(&self) -> Option<usize> {
-        let idle = self.idle.borrow_mut().pop();
-        match idle {
-            Some(i) => {
-                self.unpark(i);
-                None
+    /// Worker `id`'s next job from `q`. While it is parked, a wake-up
+    /// ([`WorkQueue::wake_all`] after the map changed) finding no job
+    /// drops a map older than `gen()`, so an idle worker does not keep
+    /// the old one alive.
+    pub async fn next<J>(
+        &mut self,
+        q: &WorkQueue<J>,
+        id: usize,
+        gen: impl Fn() -> u64,
+    ) -> Option<J> {
+        let mut next = pin!(q.next(id));
+        poll_fn(|cx| {
+            let r = next.as_mut().poll(cx);
+            if r.is_pending() && self.0.as_ref().is_some_and(|m| m.0 != gen()) {
+                self.0 = None;
             }
-            None if self.spawned.get() < self.slots.len() => {
-                let id = self.spawned.get();
-                self.spawned.set(id + 1);
-                Some(id)
-            }
-            None => None,
-        }
-    }
-
-    /// Workers spawned so far.
-    pub fn spawned(&self) -> usize {
-        self.spawned.get()
-    }
-
-    fn unpark(&self, i: usize) {
-        let slot = &self.slots[i];
-        slot.parked.set(false);
-        let w = slot.waker.borrow_mut().take();
-        if let Some(w) = w {
-            w.wake();
-        }
-    }
-
-    /// Parks worker `i` until [`Self::dispatch`] or [`Self::wake_all`].
-    pub fn park(&self, i: usize, waker: &Waker) {
-        let slot = &self.slots[i];
-        let mut w = slot.waker.borrow_mut();
-        match &*w {
-            Some(old) if old.will_wake(waker) => {}
-            _ => *w = Some(waker.clone()),
-        }
-        if !slot.parked.replace(true) {
-            self.idle.borrow_mut().push(i);
-        }
-    }
-
-    /// Worker `i` found a job on its own (polled while parked): off the
-    /// idle list, so no job is handed to a busy worker.
-    pub fn unpark_self(&self, i: usize) {
-        let slot = &self.slots[i];
-        if slot.parked.replace(false) {
-            let mut idle = self.idle.borrow_mut();
-            if let Some(pos) = idle.iter().position(|&w| w == i) {
-                idle.swap_remove(pos);
-            }
-        }
-    }
-
-    /// Wakes every parked worker (stop, or the memory map changed).
-    pub fn wake_all(&self) {
-        loop {
-            let Some(i) = self.idle.borrow_mut().pop() else {
-                break;
-            };
-            self.unpark(i);
-        }
+            r
+        })
+        .await
     }
 }

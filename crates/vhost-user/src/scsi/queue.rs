@@ -12,13 +12,13 @@
 //! locking: once warm a command allocates nothing of ours.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
+use ustor_runtime::WorkQueue;
 use ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX;
 use ustor_scsi_target::{DataPath, Direction, Lun, LunTable, Outcome, XferError};
 use vm_memory::GuestMemoryMmap;
@@ -29,7 +29,7 @@ use super::tasks::TaskTable;
 use super::wire::{self, resp, Chain, CmdResp, CDB_SIZE, CMD_REQ_LEN, CMD_RESP_LEN, MAX_TARGETS};
 use crate::guest::GuestMem;
 use crate::vring::VringStart;
-use crate::workers::Pool;
+use crate::workers::WorkerMem;
 
 /// Serves ring `s.index`: 0 the control queue, 1 the event queue, then
 /// request queues.
@@ -65,13 +65,11 @@ struct ReqQueue {
     seen_gen: Cell<u64>,
     resets_seen: [Cell<u64>; MAX_TARGETS],
     chains: RefCell<Vec<Chain>>,
-    jobs: RefCell<VecDeque<Job>>,
-    workers: Pool,
+    jobs: WorkQueue<Job>,
     /// The commands running, by head (for ABORT TASK and QUERY TASK).
     tasks: Arc<TaskTable>,
     /// Chains taken per pass at most (a ring's worth).
     budget: usize,
-    closing: Cell<bool>,
     /// Per worker: the waker of a read it runs that an abort may stop
     /// ([`run_abortable`]).
     abort_wakers: RefCell<Vec<Option<Waker>>>,
@@ -88,11 +86,9 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         seen_gen: Cell::new(0),
         resets_seen: Default::default(),
         chains: RefCell::new(Vec::with_capacity(depth)),
-        jobs: RefCell::new(VecDeque::with_capacity(depth)),
-        workers: Pool::new(depth),
+        jobs: WorkQueue::new(depth),
         tasks: Arc::new(TaskTable::new(depth as u16)),
         budget: depth,
-        closing: Cell::new(false),
         abort_wakers: RefCell::new(vec![None; depth]),
     });
     let ring = q.ring.clone();
@@ -105,8 +101,7 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
     })
     .await;
     ring.finish().await;
-    q.closing.set(true);
-    q.workers.wake_all();
+    q.jobs.close();
     q.ring.dev.set_tasks(q.ring.index, None);
     q.ring.dev.applied(q.ring.index, u64::MAX);
 }
@@ -218,16 +213,14 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     // TMF, a drain) then finds the command by its tag.
     q.tasks.start(chain.head, a.target, hdr.tag);
     q.ring.dev.inflight[a.target as usize].fetch_add(1, Ordering::AcqRel);
-    q.jobs.borrow_mut().push_back(Job {
+    let job = Job {
         chain,
         table,
         target: a.target,
         lun: a.lun,
         cdb: hdr.cdb,
-    });
-    if let Some(id) = q.workers.dispatch() {
-        ustor_runtime::spawn(worker(q.clone(), id));
-    }
+    };
+    q.jobs.push(job, |id| spawn_worker(q, id));
 }
 
 /// Returns a chain used and keeps it for reuse.
@@ -240,47 +233,36 @@ fn finish(q: &ReqQueue, mem: &GuestMem, chain: Chain, len: u32) {
     q.chains.borrow_mut().push(chain);
 }
 
+fn spawn_worker(q: &Rc<ReqQueue>, id: usize) {
+    ustor_runtime::spawn(worker(q.clone(), id));
+}
+
 /// One worker: takes commands until the queue stops.
 async fn worker(q: Rc<ReqQueue>, id: usize) {
-    let mut mem: Option<(u64, Arc<GuestMem>)> = None;
-    loop {
-        let job = poll_fn(|cx| {
-            if let Some(job) = q.jobs.borrow_mut().pop_front() {
-                q.workers.unpark_self(id);
-                return Poll::Ready(Some(job));
-            }
-            if q.closing.get() {
-                q.workers.unpark_self(id);
-                return Poll::Ready(None);
-            }
-            // An idle worker does not keep an old memory map alive.
-            if mem.as_ref().is_some_and(|m| m.0 != q.ring.mem_gen.get()) {
-                mem = None;
-            }
-            q.workers.park(id, cx.waker());
-            Poll::Pending
-        })
-        .await;
-        let Some(job) = job else { break };
-        let gen = q.ring.mem_gen.get();
-        let m = match &mem {
-            Some((g, m)) if *g == gen => m,
-            _ => &mem.insert((gen, q.ring.mem.borrow().clone())).1,
-        };
-        // A command an ABORT TASK reached before it started is not run.
-        let len = if q.tasks.abort_asked(job.chain.head) {
-            respond(m, &job.chain, &CmdResp::transport(resp::ABORTED), 0)
-        } else if reads_only(&job.chain) {
-            run_abortable(&q, id, m, &job).await
-        } else {
-            execute(m, &job).await
-        };
-        // Counted out after the used ring: the task-set TMFs then answer
-        // after the commands they waited for.
-        let target = job.target as usize;
-        finish(&q, m, job.chain, len);
-        q.ring.dev.inflight[target].fetch_sub(1, Ordering::AcqRel);
+    let mut mem = WorkerMem::default();
+    // Budget: one round per command; ends when the queue is closed.
+    while let Some(job) = mem.next(&q.jobs, id, || q.ring.mem_gen.get()).await {
+        let m = mem.get(q.ring.mem_gen.get(), &q.ring.mem);
+        let run = serve(&q, id, m, job);
+        q.jobs.run(id, run, |i| spawn_worker(&q, i)).await;
     }
+}
+
+/// Runs one command and returns it used.
+async fn serve(q: &ReqQueue, id: usize, m: &GuestMem, job: Job) {
+    // A command an ABORT TASK reached before it started is not run.
+    let len = if q.tasks.abort_asked(job.chain.head) {
+        respond(m, &job.chain, &CmdResp::transport(resp::ABORTED), 0)
+    } else if reads_only(&job.chain) {
+        run_abortable(q, id, m, &job).await
+    } else {
+        execute(m, &job).await
+    };
+    // Counted out after the used ring: the task-set TMFs then answer
+    // after the commands they waited for.
+    let target = job.target as usize;
+    finish(q, m, job.chain, len);
+    q.ring.dev.inflight[target].fetch_sub(1, Ordering::AcqRel);
 }
 
 /// A command that moves data only to the driver: it changes nothing on
