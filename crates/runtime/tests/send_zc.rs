@@ -12,20 +12,12 @@ use std::time::Duration;
 
 use ustor_runtime::ops::{IoVecs, MAX_IOV};
 use ustor_runtime::zc::{self, ZcNotice};
-use ustor_runtime::{PollMode, Runtime, RuntimeConfig};
+use ustor_runtime::Runtime;
+
+mod common;
 
 fn rt() -> Runtime {
-    let cfg = RuntimeConfig {
-        cores: vec![0],
-        pin: false,
-        poll_mode: PollMode::Adaptive,
-        bufs: ustor_runtime::BufPoolConfig {
-            mem_bytes: 4 << 20,
-            classes: vec![4096],
-        },
-        ..Default::default()
-    };
-    Runtime::start(cfg).expect("runtime starts")
+    common::one_reactor(4 << 20)
 }
 
 /// A range of shared data to send, and the log its notification goes to.

@@ -8,20 +8,12 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ustor_runtime::{PollMode, Runtime, RuntimeConfig, WorkQueue};
+use ustor_runtime::{Runtime, WorkQueue};
+
+mod common;
 
 fn rt() -> Runtime {
-    let cfg = RuntimeConfig {
-        cores: vec![0],
-        pin: false,
-        poll_mode: PollMode::Adaptive,
-        bufs: ustor_runtime::BufPoolConfig {
-            mem_bytes: 8 << 20,
-            classes: vec![4096],
-        },
-        ..Default::default()
-    };
-    Runtime::start(cfg).expect("runtime starts")
+    common::one_reactor(8 << 20)
 }
 
 /// A job: its number, and whether it waits (on a timer) before it ends.
