@@ -276,7 +276,9 @@ async fn finish(core: &Core, info: &CmdInfo) {
     if core.sess.tasks.len() > 1 {
         return crate::workers::flush_later(core);
     }
-    if let Err(e) = core.tx.flush().await {
+    // The receive loop arms its next receive after this (it yielded to
+    // let the response go first): both go in with one enter.
+    if let Err(e) = core.tx.flush_before_recv().await {
         tracing::debug!("iscsi: response to ITT {:#x} not sent: {e}", info.itt);
     }
 }

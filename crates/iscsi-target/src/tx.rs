@@ -355,6 +355,18 @@ impl Tx {
 
     /// Returns once everything queued before the call has been sent.
     pub async fn flush(&self) -> Result<(), ConnError> {
+        self.flush_with(false).await
+    }
+
+    /// [`Tx::flush`] of a response that the receive loop's next receive
+    /// follows in this reactor pass: its send goes through the ring, ahead
+    /// of that receive and in the same `io_uring_enter` (one syscall for
+    /// both, where a direct `sendmsg` and then the enter made two).
+    pub async fn flush_before_recv(&self) -> Result<(), ConnError> {
+        self.flush_with(true).await
+    }
+
+    async fn flush_with(&self, ring: bool) -> Result<(), ConnError> {
         let want = self.st.borrow().queued;
         // Budget: each round either sends a buffer or waits for the flush
         // under way, which ends (sent, failed or timed out).
@@ -380,7 +392,7 @@ impl Tx {
                 self.changed().await;
                 continue;
             };
-            let (res, mut buf) = self.send_timed(buf).await;
+            let (res, mut buf) = self.send_timed(buf, ring).await;
             buf.clear();
             {
                 let mut st = self.st.borrow_mut();
@@ -413,11 +425,16 @@ impl Tx {
     /// completion), the ring for what they left; past the timeout the
     /// socket is shut down, which ends the send (the buffers are never
     /// abandoned to the kernel).
-    async fn send_timed(&self, mut b: Batch) -> (Result<(), ConnError>, Batch) {
-        match send_now(self.fd, &mut b) {
-            Ok(true) => return (Ok(()), b),
-            Ok(false) => {}
-            Err(e) => return (Err(ConnError::Io(e)), b),
+    async fn send_timed(&self, mut b: Batch, ring: bool) -> (Result<(), ConnError>, Batch) {
+        // With SQEs already queued, or a receive about to be (`ring`), the
+        // reactor enters the ring anyway: the send rides in that enter and
+        // completes inside it when the socket has room.
+        if !(ring && ustor_runtime::uring::on_reactor()) && !ustor_runtime::uring::sq_pending() {
+            match send_now(self.fd, &mut b) {
+                Ok(true) => return (Ok(()), b),
+                Ok(false) => {}
+                Err(e) => return (Err(ConnError::Io(e)), b),
+            }
         }
         let mut s = pin!(send_rest(self.fd, b));
         let mut t = pin!(ustor_runtime::sleep(self.timeout.get()));

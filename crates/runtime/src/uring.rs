@@ -398,6 +398,11 @@ impl Ring {
         }
     }
 
+    /// Whether SQEs wait in the SQ for the next `io_uring_enter`.
+    pub(crate) fn has_queued(&self) -> bool {
+        !self.ring.borrow_mut().submission().is_empty()
+    }
+
     /// Whether completions wait in the CQ (reaping them needs no syscall).
     pub(crate) fn has_completions(&self) -> bool {
         !self.cq.is_empty()
@@ -492,6 +497,20 @@ impl Ring {
 fn libc_enter_getevents() -> u32 {
     // IORING_ENTER_GETEVENTS from <linux/io_uring.h>.
     1
+}
+
+/// Whether the current reactor has SQEs queued for its next
+/// `io_uring_enter` (false off a reactor). A sender that finds some can
+/// queue its send as one more SQE instead of making a `sendmsg` of its
+/// own: the enter the reactor makes anyway carries both, and a send to a
+/// socket with room completes inside it.
+pub fn sq_pending() -> bool {
+    reactor::try_with(|r| r.ring.has_queued()).unwrap_or(false)
+}
+
+/// Whether the caller runs on a reactor (and so may queue ring ops).
+pub fn on_reactor() -> bool {
+    reactor::try_with(|_| ()).is_some()
 }
 
 /// Registers a completion handler on the current reactor's ring.
