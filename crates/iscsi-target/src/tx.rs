@@ -429,7 +429,12 @@ impl Tx {
         // With SQEs already queued, or a receive about to be (`ring`), the
         // reactor enters the ring anyway: the send rides in that enter and
         // completes inside it when the socket has room.
-        if !(ring && ustor_runtime::uring::on_reactor()) && !ustor_runtime::uring::sq_pending() {
+        let rides = if ring {
+            ustor_runtime::uring::on_reactor()
+        } else {
+            ustor_runtime::uring::sq_pending()
+        };
+        if !rides {
             match send_now(self.fd, &mut b) {
                 Ok(true) => return (Ok(()), b),
                 Ok(false) => {}
