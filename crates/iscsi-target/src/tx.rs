@@ -1,8 +1,14 @@
 //! The send side of a session's connection, shared by the receive loop and
 //! every running task: PDUs are queued into one batch (StatSN stamped in
 //! queue order) and leave with one `sendmsg` per flush, one flush at a
-//! time (a direct non-blocking send; the ring only for what a full socket
-//! left); a task whose PDUs ride in a flush under way waits for it. A
+//! time; a task whose PDUs ride in a flush under way waits for it. The
+//! send is a direct non-blocking `sendmsg` unless the reactor will enter
+//! its ring anyway this pass (SQEs queued, or the receive loop about to
+//! re-arm its receive after a lone command's response): then it is one
+//! more SQE in that enter, which sends it at once when the socket has
+//! room (one syscall, not two: at QD1 a request costs two syscalls, the
+//! enter that reaps its receive and the one that sends the response and
+//! re-arms). The ring also takes what a full socket left. A
 //! read's Data-In payload is not copied into the batch: it is sent from
 //! the buffer the device read into ([`Tx::queue_held`]), which the batch
 //! keeps until its send ends. A flush that does not finish within the
