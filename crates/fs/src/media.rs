@@ -178,6 +178,23 @@ pub fn resident(ptr: *const u8, len: usize) -> bool {
     true
 }
 
+/// Turns the kernel's read-around for faults on `ptr..ptr + len` (inside a
+/// mapping of this process) off (`on` false) or back on. Start-up recovery
+/// touches inodes and indirect blocks scattered over the region; with
+/// read-around each touch would read the data around it too, so opening a
+/// region on a device would read most of the device. Advice only: an error
+/// changes nothing but speed, so it is ignored.
+pub fn readaround(ptr: *mut u8, len: usize, on: bool) {
+    let advice = if on {
+        libc::MADV_NORMAL
+    } else {
+        libc::MADV_RANDOM
+    };
+    // SAFETY: the range lies inside the caller's mapping (its start is the
+    // page-aligned mapping base); the advice changes no data.
+    unsafe { libc::madvise(ptr as *mut libc::c_void, len, advice) };
+}
+
 /// Brings the pages of `ptr..ptr + len` (inside a mapping of this process)
 /// into memory; blocks while the device reads them. Meant for a thread
 /// that may block, before a send from the reactor reads them.

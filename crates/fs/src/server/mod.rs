@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use ustor_net::listener::{Accepted, ConnLimit, Listener, ListenerConfig, Placement, Service};
 use ustor_runtime::RuntimeHandle;
 
-use crate::media::MappedFile;
+use crate::media::{MappedFile, Media};
 use crate::serve::Stats;
 use crate::{Fs, FsError};
 
@@ -239,8 +239,14 @@ impl Volume {
     fn open(name: &str, path: &Path, size: Option<u64>) -> Result<Volume, FsServerError> {
         // A block device always exists: it is opened, never formatted here
         // (`ustor fs format DEVICE` does that, on purpose).
+        let may_fault = crate::media::may_fault(path);
         let mut fs = if path.exists() {
-            Fs::open(Box::new(MappedFile::open(path)?))?
+            let mut m = MappedFile::open(path)?;
+            if may_fault {
+                let r = m.bytes_mut();
+                crate::media::readaround(r.as_mut_ptr(), r.len(), false);
+            }
+            Fs::open(Box::new(m))?
         } else {
             let size = size.ok_or_else(|| {
                 FsServerError::Invalid(format!(
@@ -252,6 +258,11 @@ impl Volume {
         };
         let region = fs.region_mut();
         let (base, len) = (region.as_mut_ptr(), region.len() as u64);
+        if may_fault {
+            // Reads and writes stream again (the pool's page-ins of a
+            // 1 MiB read want read-ahead).
+            crate::media::readaround(base, len as usize, true);
+        }
         Ok(Volume {
             name: name.into(),
             path: path.into(),
@@ -261,7 +272,7 @@ impl Volume {
                 st: Stats::default(),
             }),
             base,
-            may_fault: crate::media::may_fault(path),
+            may_fault,
         })
     }
 }
