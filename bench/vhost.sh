@@ -27,6 +27,14 @@
 # backend reads a little over 100). The summary gives medians over ROUNDS and, per round, the IOPS
 # ratio of ustor to each peer and their median (the figure to trust on a
 # shared machine: both sides of a ratio ran seconds apart).
+# Per point the raw line also records the steal and busy/idle % of the
+# backend and frontend cores (/proc/stat) and the CPUs the backend's and
+# the frontend's threads ran on; the summary gives, per cell, the IOPS
+# and steal of every round and the rank correlation of IOPS with steal,
+# and per ustor/peer pair whether both sides rose and fell together
+# across rounds (a cause outside the backends). Odd rounds run BACKENDS
+# in order, even rounds reversed. On a noisy VM short alternating rounds
+# (ROUNDS=9 RUNTIME=1) and the per-round ratios are the figures to use.
 # Idle: each backend's CPU over IDLE_S seconds with no frontend, then with
 # a bdevperf connected and idle (`-z`: it attaches and waits).
 #
@@ -188,6 +196,30 @@ frontend_json() { # socket
 EOF
 }
 
+# The /proc/stat counters (USER_HZ ticks) of the backend and frontend
+# cores: "busy idle steal" per core, BCORE first. Steal is the time the
+# host ran something else on the vCPU; busy counts every process of the
+# guest on that core (other work on the machine included).
+core_ticks() {
+    awk -v b="cpu$BCORE" -v f="cpu$FCORE" '$1 == b || $1 == f {
+        t[$1] = ($2 + $3 + $4 + $7 + $8) " " ($5 + $6) " " $9 } END { print t[b], t[f] }' /proc/stat
+}
+
+# "bsteal% bbusy% bidle% fsteal% fbusy% fidle%" between two core_ticks
+# snapshots over wall_ns (% of one core's wall time).
+core_pct() { # before after wall_ns
+    awk -v a="$1" -v b="$2" -v w="$3" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+        split(a, x); split(b, y); s = w / 1e9 * hz / 100
+        printf "%.1f %.1f %.1f %.1f %.1f %.1f", (y[3] - x[3]) / s, (y[1] - x[1]) / s, (y[2] - x[2]) / s,
+            (y[6] - x[6]) / s, (y[4] - x[4]) / s, (y[5] - x[5]) / s }'
+}
+
+# The CPUs the threads of PID last ran on (/proc/PID/task/*/stat field
+# 39), as a sorted list: the pinning, checked per point.
+placement() { # pid
+    cat /proc/"$1"/task/*/stat 2>/dev/null | sed 's/^.*) //' | awk '{print $37}' | sort -un | paste -sd, -
+}
+
 # Only the backend being measured runs: the others are stopped (SIGSTOP),
 # because a polling backend (SPDK, ustor-poll) spins on the shared
 # backend core even with no frontend and would take half of it from the
@@ -199,23 +231,31 @@ only() { # backend
     done
 }
 
-# One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns reactor_sleeps".
+# One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns reactor_sleeps
+# bsteal% bbusy% bidle% fsteal% fbusy% fidle% backend_cpus frontend_cpu".
 run_point() { # backend rw qd
-    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1
+    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1 k0 k1 fe fcpu
     only "$1"
     frontend_json "${SOCK[$1]}" >"$cfg"
     s0=$(sleeps "$1")
     before=$(cpu_ns "${PID[$1]}")
+    k0=$(core_ticks)
     t0=$(date +%s%N)
     if [ "$FRONTEND" = blkio ]; then
         "${RUN[@]}" taskset -c "$FCORE" "$BLKIO_LOAD" "${SOCK[$1]}" "$2" "$3" "$RUNTIME" \
-            >"$tmp/bdevperf.out" 2>&1 || true
+            >"$tmp/bdevperf.out" 2>&1 &
     else
         "${RUN[@]}" taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g \
             --huge-dir /dev/hugepages -s 512 --no-rpc-server --json "$cfg" \
-            -q "$3" -o 4096 -w "$2" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 || true
+            -q "$3" -o 4096 -w "$2" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 &
     fi
+    fe=$!
+    # Where the frontend's threads run, read once mid-run.
+    sleep "$(awk -v r="$RUNTIME" 'BEGIN { print r / 2 + 0.5 }')"
+    fcpu=$(placement "$fe")
+    wait "$fe" || true
     t1=$(date +%s%N)
+    k1=$(core_ticks)
     after=$(cpu_ns "${PID[$1]}")
     s1=$(sleeps "$1")
     if [ "$FRONTEND" = blkio ]; then
@@ -228,7 +268,7 @@ run_point() { # backend rw qd
         res="0 0"
     fi
     if [ "$s0" = - ] || [ "$s1" = - ]; then s1=-; else s1=$((s1 - s0)); fi
-    echo "$res $((after - before)) $((t1 - t0)) $s1"
+    echo "$res $((after - before)) $((t1 - t0)) $s1 $(core_pct "$k0" "$k1" "$((t1 - t0))") $(placement "${PID[$1]}") ${fcpu:--}"
 }
 
 pct() { awk -v ns="$1" -v s="$IDLE_S" 'BEGIN { printf "%.2f", ns / s / 1e7 }'; }
@@ -285,9 +325,13 @@ done
 for r in $(seq "$ROUNDS"); do
     for rw in $RWS; do
         for qd in $QDS; do
-            for be in $BACKENDS; do
-                read -r iops lat cpu wall slp < <(run_point "$be" "$rw" "$qd")
-                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp" | tee -a "$out"
+            # Odd rounds run the backends in BACKENDS order, even rounds in
+            # reverse (ABBA): no backend always follows the same one.
+            order=$BACKENDS
+            [ $((r % 2)) = 1 ] || order=$(echo "$BACKENDS" | tr ' ' '\n' | tac | paste -sd' ' -)
+            for be in $order; do
+                read -r iops lat cpu wall slp bst bbu bid fst fbu fid bcpu fcpu < <(run_point "$be" "$rw" "$qd")
+                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp bsteal=$bst bbusy=$bbu bidle=$bid fsteal=$fst fbusy=$fbu fidle=$fid bcpus=$bcpu fcpus=$fcpu" | tee -a "$out"
             done
         done
     done
@@ -312,7 +356,9 @@ for p in pts:
     # slightly overstates every backend alike.
     cells.setdefault((p["rw"], p["qd"], p["backend"]), []).append(
         (iops, float(p["lat_us"]), cpu_s * 1e9 / max(iops * rt, 1), 100 * cpu_s / wall_s, p["round"],
-         p.get("sleeps", "-"), 100 * cpu_s / rt))
+         p.get("sleeps", "-"), 100 * cpu_s / rt,
+         float(p.get("bsteal", "nan")) + float(p.get("fsteal", "nan")),
+         float(p.get("bbusy", "nan")) - 100 * cpu_s / wall_s))
 print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core")
 print("over bdevperf's wall time (cpu%wall) and over the RUNTIME seconds of I/O (cpu%io))")
 print("(sleeps: the ustor reactor's sleeps over the point, start-up and end included, median)")
@@ -323,6 +369,21 @@ for (rw, qd, be), v in cells.items():
     sl = [int(x[5]) for x in v if x[5].lstrip("-").isdigit()]
     sl = f"{st.median(sl):.0f}" if sl else "-"
     print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):8.1f} {m(6):6.1f} {sl:>7}  {lo:.0f}-{hi:.0f}")
+def rank(xs):
+    o = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    for k, i in enumerate(o):
+        r[i] = float(k)
+    return r
+def rho(a, b):
+    # Spearman's rank correlation; None where it cannot be told.
+    if len(a) < 3 or any(x != x for x in a + b):
+        return None
+    ra, rb = rank(a), rank(b)
+    ma, mb = st.mean(ra), st.mean(rb)
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return sum((x - ma) * (y - mb) for x, y in zip(ra, rb)) / den if den else None
+fmt = lambda r: "   -" if r is None else f"{r:+.2f}"
 if "ustor" in backends:
     print("\nustor/peer IOPS ratio per round (median [min-max]); latency ratio of medians")
     for (rw, qd, be), v in cells.items():
@@ -334,7 +395,12 @@ if "ustor" in backends:
           if not rs:
               continue
           lat = st.median(x[1] for x in u.values()) / max(st.median(x[1] for x in v), 1e-9)
-          print(f"{rw:10} {qd:>4} {us:10} vs {be:6} IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
+          # Whether the two sides' IOPS rise and fall together across rounds
+          # (a cause common to both: the machine, not the backend).
+          both = [(u[x[4]][0], x[0]) for x in v if x[4] in u]
+          r = rho([a for a, _ in both], [b for _, b in both])
+          r = "" if r is None else f"  rho(rounds) {r:+.2f}"
+          print(f"{rw:10} {qd:>4} {us:10} vs {be:6} IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x{r}")
 if "ustor" in backends and "ustor-alt" in backends:
     print("\nustor / ustor-alt (USTOR over USTOR_ALT) IOPS ratio per round (median [min-max]); latency ratio of medians")
     for (rw, qd, be), v in cells.items():
@@ -345,6 +411,13 @@ if "ustor" in backends and "ustor-alt" in backends:
         if rs:
             lat = st.median(x[1] for x in u.values()) / max(st.median(x[1] for x in v), 1e-9)
             print(f"{rw:10} {qd:>4} ustor vs ustor-alt IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
+if any(x[7] == x[7] for v in cells.values() for x in v):
+    print("\nper point across rounds: IOPS and the steal of both cores (% of a core, backend + frontend core),")
+    print("and Spearman's rho of IOPS with steal and with other work on the backend core (its busy % less the backend's own)")
+    for (rw, qd, be), v in cells.items():
+        rows = " ".join(f"{x[0] / 1e3:.0f}k/{x[7]:.0f}" for x in sorted(v, key=lambda x: int(x[4])))
+        print(f"{rw:10} {qd:>4} {be:10} rho(steal) {fmt(rho([x[0] for x in v], [x[7] for x in v]))}"
+              f" rho(other) {fmt(rho([x[0] for x in v], [x[8] for x in v]))}  IOPS/steal: {rows}")
 print("\nbackend CPU with no I/O (% of a core): no frontend / a connected idle frontend")
 for be, (a, b) in idle.items():
     print(f"{be:8} {a:>4}% / {b:>4}%")
