@@ -217,7 +217,8 @@ core_pct() { # before after wall_ns
 # The CPUs the threads of PID last ran on (/proc/PID/task/*/stat field
 # 39), as a sorted list: the pinning, checked per point.
 placement() { # pid
-    cat /proc/"$1"/task/*/stat 2>/dev/null | sed 's/^.*) //' | awk '{print $37}' | sort -un | paste -sd, -
+    # A process that has already exited gives "" (the caller writes "-").
+    { cat /proc/"$1"/task/*/stat 2>/dev/null || true; } | sed 's/^.*) //' | awk '{print $37}' | sort -un | paste -sd, -
 }
 
 # Only the backend being measured runs: the others are stopped (SIGSTOP),
@@ -251,7 +252,7 @@ run_point() { # backend rw qd
     fi
     fe=$!
     # Where the frontend's threads run, read once mid-run.
-    sleep "$(awk -v r="$RUNTIME" 'BEGIN { print r / 2 + 0.5 }')"
+    sleep "$(awk -v r="$RUNTIME" 'BEGIN { print r / 2 }')"
     fcpu=$(placement "$fe")
     wait "$fe" || true
     t1=$(date +%s%N)
