@@ -11,12 +11,14 @@
 # pass. COPY=1 exports with copy_writes (the one-copy ablation); BS sets
 # the request size; MODE=uring mounts on FUSE over io_uring (the queue
 # threads, fuse-ring-N, stay on their own CPUs as in bench/fs.sh).
+# XDP=1 puts the server in one network namespace exporting over Transport
+# 2 (AF_XDP on a veth, copy mode) and the mount (over xdp://) in another.
 #
 # Usage: bench/fs-path.sh
 #   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 MODE=classic
 #        SERVE_ARGS= (more `ustor serve` options, e.g. "--poll-mode interrupt")
-#        RWS="randread randwrite"
-# Needs root (FUSE), fio, strace, python3.
+#        RWS="randread randwrite" XDP=0
+# Needs root (FUSE, ip netns), fio, strace, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +27,7 @@ N=${N:-3000}
 PIN=${PIN:-0}
 BS=${BS:-4k}
 COPY=${COPY:-0}
+XDP=${XDP:-0}
 RWS=${RWS:-randread randwrite}
 MODE=${MODE:-classic}
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
@@ -42,23 +45,40 @@ cleanup() {
     [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    if [ "$XDP" = 1 ]; then ip netns del "$NSA" 2>/dev/null || true; ip netns del "$NSB" 2>/dev/null || true; fi
     rm -rf "$W"
 }
 trap cleanup EXIT
+NSA=ufpA$$ NSB=ufpB$$ VA=ufpa$$ VB=ufpb$$
+# In: prefix that runs the server / the mount (its namespace when XDP=1).
+INA=() INB=()
+listen=""
+if [ "$XDP" = 1 ]; then
+    ip netns add "$NSA"
+    ip netns add "$NSB"
+    ip link add "$VA" netns "$NSA" type veth peer name "$VB" netns "$NSB"
+    ip -n "$NSA" link set "$VA" up
+    ip -n "$NSB" link set "$VB" up
+    INA=(ip netns exec "$NSA")
+    INB=(nsenter --net=/run/netns/"$NSB")
+    listen='"listen":"'$VA'","transport":"xdp"'
+fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 echo secret > "$W/secret"
 cat > "$W/cfg.json" <<CFG
 {"subsystems":[{"subsystem":"fs","config":[
  {"method":"fs_create","params":{"name":"vol","path":"$W/region","size":$((128 << 20))}},
- {"method":"fs_export","params":{"name":"vol","listen":"127.0.0.1:$port","secret_file":"$W/secret"$copy}}]}]}
+ {"method":"fs_export","params":{"name":"vol",${listen:-"listen":"127.0.0.1:$port"},"secret_file":"$W/secret"$copy}}]}]}
 CFG
-taskset -c "$PIN" "$USTOR" serve --cores 0 --no-pin ${SERVE_ARGS:-} -r "$W/rpc.sock" -c "$W/cfg.json" \
+"${INA[@]}" taskset -c "$PIN" "$USTOR" serve --cores 0 --no-pin ${SERVE_ARGS:-} -r "$W/rpc.sock" -c "$W/cfg.json" \
     --log-level warn >"$W/serve.log" 2>&1 &
 SERVE=$!
 PIDS+=($SERVE)
 for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
 mkdir -p "$W/m"
-taskset -c "$PIN" "$USTOR" fs mount "127.0.0.1:$port/vol" "$W/m" --secret-file "$W/secret" \
+target=127.0.0.1:$port/vol
+[ "$XDP" = 1 ] && target=xdp://$VB/vol
+"${INB[@]}" taskset -c "$PIN" "$USTOR" fs mount "$target" "$W/m" --secret-file "$W/secret" \
     --fuse-mode "$MODE" >"$W/mount.log" 2>&1 &
 MOUNT=$!
 PIDS+=($MOUNT)
@@ -91,7 +111,7 @@ print("%.1f %.1f" % (l["mean"] / 1e3, l["percentile"]["50.000000"] / 1e3))'
 }
 
 echo "# bench/fs-path.sh $(date -u +%FT%TZ), $(uname -r), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# USTOR=$USTOR N=$N PIN=$PIN BS=$BS COPY=$COPY MODE=$MODE"
+echo "# USTOR=$USTOR N=$N PIN=$PIN BS=$BS COPY=$COPY MODE=$MODE XDP=$XDP"
 for rw in $RWS; do
     run_fio "$rw" >/dev/null # warm
     s0=$( { switches $SERVE | sed 's/^/serve:/'; switches $MOUNT | sed 's/^/mount:/'; } | sort)

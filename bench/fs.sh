@@ -22,7 +22,11 @@
 # to Y for the run and puts it back). ustor_alt is ustor_uring from another
 # build (USTOR_ALT=<binary>: its own server, export and mount), so a change
 # and its base alternate in one run. Every server serves from
-# /dev/shm (tmpfs), over TCP on 127.0.0.1.
+# /dev/shm (tmpfs), over TCP on 127.0.0.1, except the veth targets:
+# ustor_xdp (the uring mount over Transport 2, AF_XDP in copy mode),
+# ustor_veth (the uring mount over TCP) and ganesha_veth (libnfs), each
+# with its server in one network namespace and its client in another,
+# joined by a veth pair (see below).
 #
 # Workloads: QD1 psync O_DIRECT 4 KiB randread/randwrite, 1 KiB randwrite
 # (the ablation's case) and 1 MiB
@@ -45,10 +49,11 @@
 #        bench/fs.sh
 #   env: USTOR=target/release/ustor ROUNDS=3 RUNTIME=3 SIZE_MIB=64
 #        NFILES=300 TARGETS="ustor ustor_uring ustor_lib ustor_copy ganesha sshfs sshfs_sync floor floor_tcp tmpfs"
+#        (also: ustor_alt ustor_lib_copy ustor_lib_zc ustor_xdp ustor_veth ganesha_veth)
 #        FSBENCH=target/release/examples/fsbench USTOR_ALT=<another ustor build> (target ustor_alt)
 #        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
 #        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
-# Needs root (mount, unshare), fio, sshfs, socat, openssh-sftp-server,
+# Needs root (mount, unshare, ip netns), fio, sshfs, socat, openssh-sftp-server,
 # nfs-ganesha + nfs-ganesha-vfs, libnfs-dev, libfuse3-dev, a C compiler,
 # python3 (.ci/apt/bench.txt).
 set -euo pipefail
@@ -80,11 +85,13 @@ tree() {
 }
 URING_PARAM=/sys/module/fuse/parameters/enable_uring
 URING_WAS=
+NETNS=
 cleanup() {
     for m in "${MOUNTS[@]}"; do mountpoint -q "$m" && umount -l "$m" || true; done
     [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill $(tree "$p") 2>/dev/null || true; done
     wait 2>/dev/null || true
+    if [ -n "$NETNS" ]; then ip netns del "$NSA" 2>/dev/null || true; ip netns del "$NSB" 2>/dev/null || true; fi
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -165,34 +172,97 @@ CFG
     wait_mount "$W/m-ustor_alt" || { cat "$W/mount-ustor_alt.log" "$W/serve-alt.log"; exit 1; }
 fi
 
-if has ganesha; then
-    NPORT=$(free_port)
-    MPORT=$(free_port)
-    mkdir -p "$W/ganesha-data"
-    cat > "$W/ganesha.conf" <<CONF
+# ganesha_up NAME BIND_ADDR [netns]: a ganesha (NFSv3 over TCP on
+# BIND_ADDR) exporting $W/NAME-data, in netns when given; sets NFS_URL.
+ganesha_up() {
+    local n=$1 bind=$2 ns=${3:-} np mp
+    np=$(free_port)
+    mp=$(free_port)
+    mkdir -p "$W/$n-data"
+    cat > "$W/$n.conf" <<CONF
 NFS_CORE_PARAM {
-    Protocols = 3; NFS_Port = $NPORT; MNT_Port = $MPORT; Bind_addr = 127.0.0.1;
+    Protocols = 3; NFS_Port = $np; MNT_Port = $mp; Bind_addr = $bind;
     Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
 }
 EXPORT {
-    Export_Id = 1; Path = $W/ganesha-data; Pseudo = /data; Protocols = 3;
+    Export_Id = 1; Path = $W/$n-data; Pseudo = /data; Protocols = 3;
     Transports = TCP; Access_Type = RW; Squash = No_Root_Squash;
     FSAL { Name = VFS; }
 }
 LOG { Default_Log_Level = WARN; }
 CONF
     # ganesha must register with rpcbind: a private /run holds a stand-in.
-    cat > "$W/ganesha.sh" <<SH
+    cat > "$W/$n.sh" <<SH
 mount -t tmpfs none /run
 python3 bench/lib/fake_rpcbind.py /run/rpcbind.sock &
 for i in \$(seq 50); do [ -S /run/rpcbind.sock ] && break; sleep 0.1; done
-exec ganesha.nfsd -F -f $W/ganesha.conf -L $W/ganesha.log -p /run/ganesha.pid
+exec ganesha.nfsd -F -f $W/$n.conf -L $W/$n.log -p /run/ganesha.pid
 SH
-    unshare -m --propagation private sh "$W/ganesha.sh" >"$W/ganesha.out" 2>&1 &
+    ${ns:+ip netns exec "$ns"} unshare -m --propagation private sh "$W/$n.sh" >"$W/$n.out" 2>&1 &
     PIDS+=($!)
-    NFS_URL="nfs://127.0.0.1$W/ganesha-data?nfsport=$NPORT&mountport=$MPORT"
+    NFS_URL="nfs://$bind$W/$n-data?nfsport=$np&mountport=$mp"
+}
+if has ganesha; then
+    ganesha_up ganesha 127.0.0.1
+    NFS_URL_LO=$NFS_URL
     for _ in $(seq 100); do timeout 5 nfs-ls "$NFS_URL" >/dev/null 2>&1 && break; sleep 0.2; done
     timeout 5 nfs-ls "$NFS_URL" >/dev/null || { cat "$W/ganesha.out" "$W/ganesha.log"; exit 1; }
+fi
+
+# Across a veth pair between two network namespaces: the servers in
+# $NSA (10.99.7.1 on veth $VA), the clients in $NSB (10.99.7.2 on $VB).
+# ustor_xdp: a `ustor serve` in $NSA exporting over Transport 2 (raw
+# Ethernet, AF_XDP; on a veth in copy mode: no zero-copy driver) and the
+# uring mount over xdp://$VB in $NSB (nsenter --net: the mount is in this
+# mount namespace, so fio runs here as for the others); ustor_veth: the
+# same server's TCP export on 10.99.7.1 mounted from $NSB (the same veth,
+# TCP: separates the transport from the link); ganesha_veth: ganesha in
+# $NSA, nfsbench (libnfs) in $NSB.
+NSA=ufsA$$ NSB=ufsB$$ VA=ufsa$$ VB=ufsb$$
+if has ustor_xdp || has ustor_veth || has ganesha_veth; then
+    ip netns add "$NSA"
+    ip netns add "$NSB"
+    NETNS=1
+    ip link add "$VA" netns "$NSA" type veth peer name "$VB" netns "$NSB"
+    ip -n "$NSA" addr add 10.99.7.1/24 dev "$VA"
+    ip -n "$NSB" addr add 10.99.7.2/24 dev "$VB"
+    for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
+    ip -n "$NSA" link set "$VA" up
+    ip -n "$NSB" link set "$VB" up
+fi
+if has ustor_xdp || has ustor_veth; then
+    [ -e "$URING_PARAM" ] || { echo "ustor_xdp: this kernel has no FUSE over io_uring" >&2; exit 1; }
+    [ -n "$URING_WAS" ] || { URING_WAS=$(cat "$URING_PARAM"); echo Y > "$URING_PARAM"; }
+    echo "secret" > "$W/secret"
+    cat > "$W/cfg-veth.json" <<CFG
+{"subsystems":[{"subsystem":"fs","config":[
+ {"method":"fs_create","params":{"name":"xv","path":"$W/region-xv","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
+ {"method":"fs_export","params":{"name":"xv","listen":"$VA","transport":"xdp","secret_file":"$W/secret"}},
+ {"method":"fs_create","params":{"name":"tv","path":"$W/region-tv","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
+ {"method":"fs_export","params":{"name":"tv","listen":"10.99.7.1:4800","secret_file":"$W/secret"}}]}]}
+CFG
+    ip netns exec "$NSA" "$USTOR" serve --cores 0 --no-pin -r "$W/rpc-veth.sock" -c "$W/cfg-veth.json" \
+        --log-level warn >"$W/serve-veth.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc-veth.sock" fs_get_exports >/dev/null 2>&1 && break; sleep 0.1; done
+    for t in ustor_xdp:xdp://$VB/xv ustor_veth:10.99.7.1:4800/tv; do
+        tn=${t%%:*} target=${t#*:}
+        has "$tn" || continue
+        mkdir -p "$W/m-$tn"
+        nsenter --net=/run/netns/"$NSB" "$USTOR" fs mount "$target" "$W/m-$tn" --secret-file "$W/secret" \
+            --fuse-mode uring >"$W/mount-$tn.log" 2>&1 &
+        PIDS+=($!)
+        MOUNTS+=("$W/m-$tn")
+        wait_mount "$W/m-$tn" || { cat "$W/mount-$tn.log" "$W/serve-veth.log"; exit 1; }
+    done
+fi
+if has ganesha_veth; then
+    ganesha_up ganesha_veth 10.99.7.1 "$NSA"
+    NFS_URL_VETH=$NFS_URL
+    NFS_URL=${NFS_URL_LO:-}
+    inb() { ip netns exec "$NSB" "$@"; }
+    for _ in $(seq 100); do inb timeout 5 nfs-ls "$NFS_URL_VETH" >/dev/null 2>&1 && break; sleep 0.2; done
+    inb timeout 5 nfs-ls "$NFS_URL_VETH" >/dev/null || { cat "$W/ganesha_veth.out" "$W/ganesha_veth.log"; exit 1; }
 fi
 
 if has sshfs || has sshfs_sync; then
@@ -262,10 +332,10 @@ lib_run() { # cpus rw bs port export -> same columns (ustor's client library)
     echo "$1 $2 $4 $5 $3"
 }
 
-nfs_run() { # cpus rw bs -> same columns
-    local r kib=${3%k}
+nfs_run() { # cpus rw bs url [ip netns exec NS] -> same columns
+    local r kib=${3%k} url=$4
     [[ $3 == *m ]] && kib=$(( ${3%m} * 1024 ))
-    r=$(taskset -c "$1" "$W/nfsbench" "$NFS_URL" /bench.dat "$2" "$kib" "$SIZE_MIB" "$RUNTIME")
+    r=$("${@:5}" taskset -c "$1" "$W/nfsbench" "$url" /bench.dat "$2" "$kib" "$SIZE_MIB" "$RUNTIME")
     # nfsbench prints iops mean MiB/s p50 p99.
     set -- $r
     echo "$1 $2 $4 $5 $3"
@@ -292,11 +362,14 @@ cell() { # cpus target work -> columns
     if [ "$w" = meta ]; then
         case $t in
             ganesha) taskset -c "$cpus" "$W/nfsbench" "$NFS_URL" /meta meta "$NFILES" ;;
+            ganesha_veth) ip netns exec "$NSB" taskset -c "$cpus" "$W/nfsbench" "$NFS_URL_VETH" /meta meta "$NFILES" ;;
             floor | floor_tcp | ustor_lib | ustor_lib_copy | ustor_lib_zc) echo "-" ;;
             *) meta_run "$cpus" "$W/m-$t" ;;
         esac
     elif [ "$t" = ganesha ]; then
-        nfs_run "$cpus" "$rw" "$bs"
+        nfs_run "$cpus" "$rw" "$bs" "$NFS_URL"
+    elif [ "$t" = ganesha_veth ]; then
+        nfs_run "$cpus" "$rw" "$bs" "$NFS_URL_VETH" ip netns exec "$NSB"
     elif [ "$t" = ustor_lib ]; then
         lib_run "$cpus" "$rw" "$bs" "$UPORT" vol
     elif [ "$t" = ustor_lib_copy ]; then
@@ -312,6 +385,7 @@ cell() { # cpus target work -> columns
 for t in $TARGETS; do
     case $t in
         ganesha) "$W/nfsbench" "$NFS_URL" /bench.dat lay "$SIZE_MIB" ;;
+        ganesha_veth) ip netns exec "$NSB" "$W/nfsbench" "$NFS_URL_VETH" /bench.dat lay "$SIZE_MIB" ;;
         ustor_lib) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$UPORT" vol libbench.dat lay "$SIZE_MIB" ;;
         ustor_lib_copy) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$CPORT" copy libbench.dat lay "$SIZE_MIB" ;;
         ustor_lib_zc) USTOR_FS_SECRET=secret "$FSBENCH" "127.0.0.1:$ZPORT" zc libbench.dat lay "$SIZE_MIB" ;;
@@ -388,10 +462,17 @@ for p, w in order:
               % (z[1] / b[1], z[2] / b[2], z[3] / b[3], z[4] / b[4]))
     if "ustor_uring" in med:
         u = med["ustor_uring"]
-        for t in ("ustor_alt", "ustor", "floor", "floor_tcp", "ganesha"):
+        for t in ("ustor_alt", "ustor", "floor", "floor_tcp", "ganesha", "ganesha_veth"):
             if t in med:
                 m = med[t]
                 print("  ustor_uring/%-9s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
+                      % (t, u[1] / m[1], u[2] / m[2], u[3] / m[3], u[4] / m[4]))
+    if "ustor_xdp" in med:
+        u = med["ustor_xdp"]
+        for t in ("ustor_uring", "ustor_veth", "ganesha", "ganesha_veth"):
+            if t in med:
+                m = med[t]
+                print("  ustor_xdp/%-11s latency mean %.2fx p50 %.2fx p99 %.2fx, throughput %.2fx"
                       % (t, u[1] / m[1], u[2] / m[2], u[3] / m[3], u[4] / m[4]))
     if "floor_tcp" in med and "floor" in med:
         z, b = med["floor_tcp"], med["floor"]
