@@ -50,7 +50,7 @@ cleanup() {
 }
 trap cleanup EXIT
 NSA=ufpA$$ NSB=ufpB$$ VA=ufpa$$ VB=ufpb$$
-# In: prefix that runs the server / the mount (its namespace when XDP=1).
+# INA, INB: what runs the server, the mount (in their namespaces when XDP=1).
 INA=() INB=()
 listen=""
 if [ "$XDP" = 1 ]; then
@@ -64,11 +64,12 @@ if [ "$XDP" = 1 ]; then
     listen='"listen":"'$VA'","transport":"xdp"'
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+[ -n "$listen" ] || listen='"listen":"127.0.0.1:'$port'"'
 echo secret > "$W/secret"
 cat > "$W/cfg.json" <<CFG
 {"subsystems":[{"subsystem":"fs","config":[
  {"method":"fs_create","params":{"name":"vol","path":"$W/region","size":$((128 << 20))}},
- {"method":"fs_export","params":{"name":"vol",${listen:-"listen":"127.0.0.1:$port"},"secret_file":"$W/secret"$copy}}]}]}
+ {"method":"fs_export","params":{"name":"vol",$listen,"secret_file":"$W/secret"$copy}}]}]}
 CFG
 "${INA[@]}" taskset -c "$PIN" "$USTOR" serve --cores 0 --no-pin ${SERVE_ARGS:-} -r "$W/rpc.sock" -c "$W/cfg.json" \
     --log-level warn >"$W/serve.log" 2>&1 &
