@@ -239,10 +239,9 @@ impl Volume {
     fn open(name: &str, path: &Path, size: Option<u64>) -> Result<Volume, FsServerError> {
         // A block device always exists: it is opened, never formatted here
         // (`ustor fs format DEVICE` does that, on purpose).
-        let may_fault = crate::media::may_fault(path);
         let mut fs = if path.exists() {
             let mut m = MappedFile::open(path)?;
-            if may_fault {
+            if crate::media::may_fault(path) {
                 let r = m.bytes_mut();
                 crate::media::readaround(r.as_mut_ptr(), r.len(), false);
             }
@@ -258,6 +257,9 @@ impl Volume {
         };
         let region = fs.region_mut();
         let (base, len) = (region.as_mut_ptr(), region.len() as u64);
+        // Asked only now: a region created above did not exist before, and
+        // statfs of a missing path answers "may fault".
+        let may_fault = crate::media::may_fault(path);
         if may_fault {
             // Reads and writes stream again (the pool's page-ins of a
             // 1 MiB read want read-ahead).
