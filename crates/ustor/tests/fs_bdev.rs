@@ -68,10 +68,6 @@ fn stats(s: &Server) -> serde_json::Value {
 const FILES: usize = 3;
 const FILE_LEN: usize = 16 << 20;
 
-/// One read-back round (see the test): drops the device's page cache
-/// (nobody maps it between rounds), starts a server, reads every file with
-/// all its 1 MiB reads sent before the first reply is read, checks the
-/// data and the server's counters, stops the server; its stats.
 /// How many pages of block device `dev` are in the page cache (mincore on
 /// a fresh shared mapping; mapping faults nothing in).
 fn resident_pages(dev: &Path) -> usize {
@@ -97,6 +93,10 @@ fn resident_pages(dev: &Path) -> usize {
     vec.iter().filter(|v| *v & 1 == 1).count()
 }
 
+/// One read-back round (see the test): drops the device's page cache
+/// (nobody maps it between rounds), starts a server, reads every file with
+/// all its 1 MiB reads sent before the first reply is read, checks the
+/// data and the server's counters, stops the server; its stats.
 fn read_back(
     d: &Path,
     dev: &Path,
@@ -104,10 +104,9 @@ fn read_back(
     addr: &str,
     files: &[(u64, String)],
 ) -> serde_json::Value {
-    // The last close of a block device drops its page cache, but when
-    // another opener overlaps (udev probes a device closed after writing)
-    // the pages stay, and BLKFLSBUF skips any it cannot drop at that
-    // instant (a read in progress): flush until none is in memory.
+    // The last close of a block device drops its page cache; another
+    // opener (udev, where it runs) keeps it, and BLKFLSBUF skips pages it
+    // cannot drop at that instant: flush until none is in memory.
     testkit::wait_until(
         "no page of the device in memory after blockdev --flushbufs",
         Duration::from_secs(30),

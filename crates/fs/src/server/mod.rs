@@ -240,11 +240,11 @@ impl Volume {
         // A block device always exists: it is opened, never formatted here
         // (`ustor fs format DEVICE` does that, on purpose).
         let mut fs = if path.exists() {
+            // Recovery touches metadata only; no read-around for it (a
+            // no-op on tmpfs, whose pages are all in memory).
             let mut m = MappedFile::open(path)?;
-            if crate::media::may_fault(path) {
-                let r = m.bytes_mut();
-                crate::media::readaround(r.as_mut_ptr(), r.len(), false);
-            }
+            let r = m.bytes_mut();
+            crate::media::readaround(r.as_mut_ptr(), r.len(), false);
             Fs::open(Box::new(m))?
         } else {
             let size = size.ok_or_else(|| {
@@ -257,14 +257,9 @@ impl Volume {
         };
         let region = fs.region_mut();
         let (base, len) = (region.as_mut_ptr(), region.len() as u64);
-        // Asked only now: a region created above did not exist before, and
-        // statfs of a missing path answers "may fault".
-        let may_fault = crate::media::may_fault(path);
-        if may_fault {
-            // Reads and writes stream again (the pool's page-ins of a
-            // 1 MiB read want read-ahead).
-            crate::media::readaround(base, len as usize, true);
-        }
+        // Reads and writes stream again (the pool's page-ins of a 1 MiB
+        // read want read-ahead).
+        crate::media::readaround(base, len as usize, true);
         Ok(Volume {
             name: name.into(),
             path: path.into(),
@@ -274,7 +269,9 @@ impl Volume {
                 st: Stats::default(),
             }),
             base,
-            may_fault,
+            // Asked once the region exists: statfs of a missing path (a
+            // region fs_create makes above) answers "may fault".
+            may_fault: crate::media::may_fault(path),
         })
     }
 }
