@@ -21,6 +21,7 @@
 # Needs root (FUSE, ip netns), fio, strace, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/veth.sh
 
 USTOR=${USTOR:-target/release/ustor}
 N=${N:-3000}
@@ -45,7 +46,7 @@ cleanup() {
     [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    if [ "$XDP" = 1 ]; then ip netns del "$NSA" 2>/dev/null || true; ip netns del "$NSB" 2>/dev/null || true; fi
+    if [ "$XDP" = 1 ]; then veth_del "$NSA" "$NSB"; fi
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -54,11 +55,7 @@ NSA=ufpA$$ NSB=ufpB$$ VA=ufpa$$ VB=ufpb$$
 INA=() INB=()
 listen=""
 if [ "$XDP" = 1 ]; then
-    ip netns add "$NSA"
-    ip netns add "$NSB"
-    ip link add "$VA" netns "$NSA" type veth peer name "$VB" netns "$NSB"
-    ip -n "$NSA" link set "$VA" up
-    ip -n "$NSB" link set "$VB" up
+    veth_pair "$NSA" "$NSB" "$VA" "$VB"
     INA=(ip netns exec "$NSA")
     INB=(nsenter --net=/run/netns/"$NSB")
     listen='"listen":"'$VA'","transport":"xdp"'

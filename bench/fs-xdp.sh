@@ -12,6 +12,7 @@
 #   USTOR=target/release/ustor LAT=target/release/examples/fs_xdp_lat \
 #     N=2000 ROUNDS=3 bench/fs-xdp.sh
 set -euo pipefail
+. "$(dirname "$0")/lib/veth.sh"
 USTOR=${USTOR:-target/release/ustor}
 LAT=${LAT:-target/release/examples/fs_xdp_lat}
 N=${N:-2000}
@@ -22,20 +23,12 @@ dir=$(mktemp -d)
 export USTOR_FS_SECRET=bench
 cleanup() {
     [ -n "${srv:-}" ] && kill "$srv" 2>/dev/null && wait "$srv" 2>/dev/null || true
-    ip netns del "$A" 2>/dev/null || true
-    ip netns del "$B" 2>/dev/null || true
+    veth_del "$A" "$B"
     rm -f "/dev/shm/$tag-t.img" "/dev/shm/$tag-x.img"
     rm -rf "$dir"
 }
 trap cleanup EXIT
-ip netns add "$A"
-ip netns add "$B"
-ip link add veth-a netns "$A" type veth peer name veth-b netns "$B"
-ip -n "$A" addr add 10.99.0.1/24 dev veth-a
-ip -n "$B" addr add 10.99.0.2/24 dev veth-b
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set veth-a up
-ip -n "$B" link set veth-b up
+veth_pair "$A" "$B" veth-a veth-b 10.99.0.1/24 10.99.0.2/24
 echo '{"subsystems": []}' > "$dir/empty.json"
 ip netns exec "$A" "$USTOR" serve -r "$dir/rpc.sock" -c "$dir/empty.json" --no-pin --log-level warn >/dev/null &
 srv=$!

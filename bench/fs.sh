@@ -58,6 +58,7 @@
 # python3 (.ci/apt/bench.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/veth.sh
 
 USTOR=${USTOR:-target/release/ustor}
 FSBENCH=${FSBENCH:-target/release/examples/fsbench}
@@ -91,7 +92,7 @@ cleanup() {
     [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill $(tree "$p") 2>/dev/null || true; done
     wait 2>/dev/null || true
-    if [ -n "$NETNS" ]; then ip netns del "$NSA" 2>/dev/null || true; ip netns del "$NSB" 2>/dev/null || true; fi
+    if [ -n "$NETNS" ]; then veth_del "$NSA" "$NSB"; fi
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -220,15 +221,8 @@ fi
 # $NSA, nfsbench (libnfs) in $NSB.
 NSA=ufsA$$ NSB=ufsB$$ VA=ufsa$$ VB=ufsb$$
 if has ustor_xdp || has ustor_veth || has ganesha_veth; then
-    ip netns add "$NSA"
-    ip netns add "$NSB"
     NETNS=1
-    ip link add "$VA" netns "$NSA" type veth peer name "$VB" netns "$NSB"
-    ip -n "$NSA" addr add 10.99.7.1/24 dev "$VA"
-    ip -n "$NSB" addr add 10.99.7.2/24 dev "$VB"
-    for ns in "$NSA" "$NSB"; do ip -n "$ns" link set lo up; done
-    ip -n "$NSA" link set "$VA" up
-    ip -n "$NSB" link set "$VB" up
+    veth_pair "$NSA" "$NSB" "$VA" "$VB" 10.99.7.1/24 10.99.7.2/24
 fi
 if has ustor_xdp || has ustor_veth; then
     [ -e "$URING_PARAM" ] || { echo "ustor_xdp: this kernel has no FUSE over io_uring" >&2; exit 1; }
