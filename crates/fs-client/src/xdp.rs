@@ -241,9 +241,13 @@ impl Link {
                 return Ok(None);
             }
             // Copy mode sends only inside a syscall, and at most a batch
-            // per call: frames left in the tx ring go out with this kick.
-            self.xsk.kick().map_err(xerr)?;
+            // per call: frames left in the tx ring go out with this kick
+            // (all send buffers back: the ring is empty, no system call).
             self.xsk.completed(&mut self.free_tx, 1024);
+            if self.free_tx.len() < TX_BUFS as usize {
+                self.xsk.kick().map_err(xerr)?;
+                self.xsk.completed(&mut self.free_tx, 1024);
+            }
             if bufs.is_empty() && !self.cfg.busy_poll {
                 let mut p = libc::pollfd {
                     fd: self.xsk.as_raw_fd(),

@@ -514,10 +514,15 @@ impl Engine {
     }
 
     fn reclaim(&mut self) {
-        if !self.down {
-            let _ = self.xsk.kick();
-        }
         self.xsk.completed(&mut self.free_tx, 512);
+        // A kick (a sendto) only while a send buffer is out: with all of
+        // them back the tx ring is empty. Every pass kicked before, so an
+        // idle pass cost a system call and the export's spin never got to
+        // its sleep between QD1 requests.
+        if !self.down && (self.free_tx.len() as u64) < scratch().2 {
+            let _ = self.xsk.kick();
+            self.xsk.completed(&mut self.free_tx, 512);
+        }
     }
 
     /// A free send buffer; waits for completions when all are in flight
