@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ustor_bdev::{BdevError, IoChannel, IoType, Registry};
+use ustor_bdev::{BdevError, BdevInfo, Desc, IoChannel, IoType, Registry};
 use ustor_runtime::{ticks, IoBuf, RuntimeHandle};
 
 use crate::hist::LogHist;
@@ -155,6 +155,67 @@ thread_local! {
 }
 
 impl CoreState {
+    fn new() -> CoreState {
+        CoreState {
+            ios: Cell::new(0),
+            reads: Cell::new(0),
+            errors: Cell::new(0),
+            verify_errors: Cell::new(0),
+            first_mismatch: RefCell::new(None),
+            lat_sum: Cell::new(0),
+            hist: LogHist::new(),
+            cursor: Cell::new(0),
+            ready: Cell::new(0),
+            start: Cell::new(0),
+            deadline: Cell::new(0),
+        }
+    }
+
+    /// Counts a slot ready, waits for the common start instant from the
+    /// control thread and returns the deadline.
+    async fn wait_start(&self) -> u64 {
+        self.ready.set(self.ready.get() + 1);
+        while self.start.get() == 0 {
+            ustor_runtime::sleep(Duration::from_micros(100)).await;
+        }
+        ustor_runtime::sleep_until(self.start.get()).await;
+        self.deadline.get()
+    }
+
+    /// The next unit of the reactor's shared in-order walk over `units`.
+    #[inline]
+    fn next_in_order(&self, units: u64) -> u64 {
+        let c = self.cursor.get();
+        self.cursor.set((c + 1) % units);
+        c
+    }
+
+    /// Records an I/O that reached the device (`ok`) or failed, and
+    /// returns the time to stamp the next one with. The bdev layer timed
+    /// a successful I/O already: its timestamps are reused rather than the
+    /// TSC read again (two reads per I/O cost more than a null bdev's
+    /// whole I/O path on a VM). A failed one was not timed.
+    #[inline]
+    fn completed(&self, ch: &IoChannel, ok: bool, read: bool) -> u64 {
+        let (now, lat) = if ok {
+            ch.last_completion()
+        } else {
+            (ticks::now(), 0)
+        };
+        self.record(lat, ok, read);
+        now
+    }
+
+    /// Counts a block that did not hold what was written; the first one
+    /// is kept for the report.
+    fn mismatch(&self, lba: u64, what: impl std::fmt::Display) {
+        self.verify_errors.set(self.verify_errors.get() + 1);
+        let mut first = self.first_mismatch.borrow_mut();
+        if first.is_none() {
+            *first = Some(format!("LBA {lba}: {what}"));
+        }
+    }
+
     #[inline]
     fn record(&self, dt: u64, ok: bool, read: bool) {
         if !ok {
@@ -216,40 +277,21 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
     };
     if cfg.verify && cfg.pattern.reads() {
         // Reads need known contents: write the slot's region once first.
-        for u in 0..plan.units {
-            let lba = (plan.start + u) * sh.bpi;
-            gens[u as usize] = 1;
-            verify::fill(&mut buf, bs, lba, cfg.seed, 1);
-            let (r, b) = ch.write(lba, sh.bpi, buf).await;
-            buf = b;
-            if r.is_err() {
-                core.errors.set(core.errors.get() + 1);
-            }
-        }
+        buf = prefill(&ch, plan, &core, &sh, buf).await;
+        gens.fill(1);
     }
-    // Ready; wait for the common start instant from the control thread.
-    core.ready.set(core.ready.get() + 1);
-    while core.start.get() == 0 {
-        ustor_runtime::sleep(Duration::from_micros(100)).await;
-    }
-    ustor_runtime::sleep_until(core.start.get()).await;
-    let deadline = core.deadline.get();
+    let deadline = core.wait_start().await;
     let mut seq = 0u64;
     let mut n = 0u32;
     let mut now = ticks::now();
-    loop {
-        if now >= deadline {
-            break;
-        }
+    while now < deadline {
         let unit = if cfg.pattern.random() {
             rng.below(plan.units)
         } else if cfg.verify {
             seq = (seq + 1) % plan.units;
             seq
         } else {
-            let c = core.cursor.get();
-            core.cursor.set((c + 1) % plan.units);
-            c
+            core.next_in_order(plan.units)
         };
         let read = match cfg.pattern {
             Pattern::Read | Pattern::RandRead => true,
@@ -269,31 +311,15 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
         // bdev layer reading the clock again.
         let (r, b) = ch.rw_stamped(!read, now, lba, sh.bpi, buf).await;
         buf = b;
-        // The bdev layer timed this I/O already: reuse its timestamps rather
-        // than read the TSC again (two reads per I/O cost more than a null
-        // bdev's whole I/O path on a VM).
-        let lat = if r.is_ok() {
-            let (done, lat) = ch.last_completion();
-            now = done;
-            lat
-        } else {
-            if matches!(r, Err(BdevError::Removed)) {
-                // Hot-removed: every further I/O fails the same way.
-                core.record(0, false, read);
-                break;
-            }
-            // Failed before reaching the device: nothing was timed.
-            now = ticks::now();
-            0
-        };
-        core.record(lat, r.is_ok(), read);
+        if matches!(r, Err(BdevError::Removed)) {
+            // Hot-removed: every further I/O fails the same way.
+            core.record(0, false, read);
+            break;
+        }
+        now = core.completed(&ch, r.is_ok(), read);
         if read && cfg.verify && r.is_ok() && gens[unit as usize] > 0 {
             if let Err(m) = verify::check(&buf, bs, lba, cfg.seed, gens[unit as usize]) {
-                core.verify_errors.set(core.verify_errors.get() + 1);
-                let mut first = core.first_mismatch.borrow_mut();
-                if first.is_none() {
-                    *first = Some(format!("LBA {}: {}", m.lba, m.what));
-                }
+                core.mismatch(m.lba, m.what);
             }
         }
         n = n.wrapping_add(1);
@@ -306,136 +332,125 @@ async fn slot(ch: IoChannel, plan: SlotPlan, core: Rc<CoreState>, sh: Rc<Shared>
     }
 }
 
+/// Writes every unit of a slot's region once with generation 1 of its
+/// self-checking blocks, so reads and read-backs have something to check.
+async fn prefill(
+    ch: &IoChannel,
+    plan: SlotPlan,
+    core: &CoreState,
+    sh: &Shared,
+    mut buf: IoBuf,
+) -> IoBuf {
+    let bs = ch.block_size() as usize;
+    for u in 0..plan.units {
+        let lba = (plan.start + u) * sh.bpi;
+        verify::fill(&mut buf, bs, lba, sh.cfg.seed, 1);
+        let (r, b) = ch.write(lba, sh.bpi, buf).await;
+        buf = b;
+        if r.is_err() {
+            core.errors.set(core.errors.get() + 1);
+        }
+    }
+    buf
+}
+
+/// What a run works on, checked before any reactor is asked to start.
+struct RunPlan {
+    info: BdevInfo,
+    /// Blocks per I/O.
+    bpi: u64,
+    /// I/O units in the bdev.
+    total_units: u64,
+    /// Queue slots over all reactors.
+    slots: u64,
+    writable: bool,
+}
+
+impl RunPlan {
+    fn check(rt: &RuntimeHandle, reg: &Registry, cfg: &BenchConfig) -> Result<Self, BenchError> {
+        let entry = reg
+            .get(&cfg.bdev)
+            .ok_or_else(|| BenchError::NoBdev(cfg.bdev.clone()))?;
+        let info = entry.info().clone();
+        let bs = info.block_size as usize;
+        if cfg.bs == 0 || !cfg.bs.is_multiple_of(bs) {
+            return Err(BenchError::BadIoSize {
+                bs: cfg.bs,
+                block_size: bs,
+            });
+        }
+        if cfg.qd == 0 {
+            return Err(BenchError::ZeroQueueDepth);
+        }
+        let bpi = (cfg.bs / bs) as u64;
+        let total_units = info.num_blocks / bpi;
+        let slots = (rt.num_reactors() * cfg.qd) as u64;
+        if total_units == 0 || (cfg.verify && total_units < slots) {
+            return Err(BenchError::TooSmall {
+                bdev: cfg.bdev.clone(),
+                units: total_units,
+                bs: cfg.bs,
+                slots,
+            });
+        }
+        if let Some(t) = cfg.pattern.nodata() {
+            if !reg.open(&cfg.bdev, false, |_| {})?.io_type_supported(t) {
+                return Err(BenchError::Unsupported {
+                    bdev: cfg.bdev.clone(),
+                    what: cfg.pattern.name(),
+                });
+            }
+            if cfg.verify && t == IoType::Unmap && !info.unmap_reads_zero {
+                return Err(BenchError::UnmapNotZeroing(cfg.bdev.clone()));
+            }
+        }
+        Ok(RunPlan {
+            info,
+            bpi,
+            total_units,
+            slots,
+            writable: cfg.pattern.writes() || cfg.verify,
+        })
+    }
+}
+
+/// How one reactor's part of a run talks to the control thread.
+struct CoreLink {
+    done: mpsc::Sender<CoreResult>,
+    ready: mpsc::Sender<usize>,
+    /// The common (start, deadline), in TSC ticks.
+    start: mpsc::Receiver<(u64, u64)>,
+}
+
 /// Runs the workload on every reactor of `rt` and reports.
 pub fn run(
     rt: &RuntimeHandle,
     reg: &Arc<Registry>,
     cfg: &BenchConfig,
-    mut progress: impl FnMut(f64, u64),
+    progress: impl FnMut(f64, u64),
 ) -> Result<Report, BenchError> {
-    let entry = reg
-        .get(&cfg.bdev)
-        .ok_or_else(|| BenchError::NoBdev(cfg.bdev.clone()))?;
-    let info = entry.info().clone();
-    let bs = info.block_size as usize;
-    if cfg.bs == 0 || !cfg.bs.is_multiple_of(bs) {
-        return Err(BenchError::BadIoSize {
-            bs: cfg.bs,
-            block_size: bs,
-        });
-    }
-    if cfg.qd == 0 {
-        return Err(BenchError::ZeroQueueDepth);
-    }
-    let bpi = (cfg.bs / bs) as u64;
-    let total_units = info.num_blocks / bpi;
+    let plan = RunPlan::check(rt, reg, cfg)?;
     let cores = rt.num_reactors();
-    let slots = (cores * cfg.qd) as u64;
-    if total_units == 0 || (cfg.verify && total_units < slots) {
-        return Err(BenchError::TooSmall {
-            bdev: cfg.bdev.clone(),
-            units: total_units,
-            bs: cfg.bs,
-            slots,
-        });
-    }
-    let writable = cfg.pattern.writes() || cfg.verify;
-    if let Some(t) = cfg.pattern.nodata() {
-        if !reg.open(&cfg.bdev, false, |_| {})?.io_type_supported(t) {
-            return Err(BenchError::Unsupported {
-                bdev: cfg.bdev.clone(),
-                what: cfg.pattern.name(),
-            });
-        }
-        if cfg.verify && t == IoType::Unmap && !info.unmap_reads_zero {
-            return Err(BenchError::UnmapNotZeroing(cfg.bdev.clone()));
-        }
-    }
-    let hz = ticks::hz();
     // Every reactor starts at one TSC instant, after all have their slots
     // (and verify prefill) ready.
     let (tx, rx) = mpsc::channel::<CoreResult>();
     let (ready_tx, ready_rx) = mpsc::channel::<usize>();
     let mut starts = Vec::new();
     for r in 0..cores {
-        let desc = reg.open(&cfg.bdev, writable, |_| {})?;
-        let cfg2 = cfg.clone();
-        let (tx, ready_tx) = (tx.clone(), ready_tx.clone());
+        let desc = reg.open(&cfg.bdev, plan.writable, |_| {})?;
         let (stx, srx) = mpsc::channel::<(u64, u64)>();
         starts.push(stx);
-        rt.spawn_on(r, move || async move {
-            let ch = match desc.channel() {
-                Ok(c) => c,
-                Err(e) => {
-                    // Counted as ready too, or the control thread would wait
-                    // for this reactor forever.
-                    let _ = tx.send(CoreResult::failed(r, e.to_string()));
-                    let _ = ready_tx.send(r);
-                    return;
-                }
-            };
-            let core = Rc::new(CoreState {
-                ios: Cell::new(0),
-                reads: Cell::new(0),
-                errors: Cell::new(0),
-                verify_errors: Cell::new(0),
-                first_mismatch: RefCell::new(None),
-                lat_sum: Cell::new(0),
-                hist: LogHist::new(),
-                cursor: Cell::new(0),
-                ready: Cell::new(0),
-                start: Cell::new(0),
-                deadline: Cell::new(0),
-            });
-            CORE.with(|c| *c.borrow_mut() = Some(core.clone()));
-            let sh = Rc::new(Shared {
-                cfg: cfg2.clone(),
-                bpi,
-            });
-            let per_slot = if cfg2.verify {
-                total_units / slots
-            } else {
-                total_units
-            };
-            let mut js = Vec::with_capacity(cfg2.qd);
-            for q in 0..cfg2.qd {
-                let id = (r * cfg2.qd + q) as u64;
-                let start = if cfg2.verify { id * per_slot } else { 0 };
-                let plan = SlotPlan {
-                    id,
-                    start,
-                    units: per_slot,
-                };
-                let (ch, core, sh) = (ch.clone(), core.clone(), sh.clone());
-                js.push(match cfg2.pattern.nodata() {
-                    Some(t) => ustor_runtime::spawn(nodata::slot(t, ch, plan, core, sh)),
-                    None => ustor_runtime::spawn(slot(ch, plan, core, sh)),
-                });
-            }
-            // Slots are ready (buffers taken, verify prefill written): report,
-            // then wait for the common start and deadline.
-            while core.ready.get() < cfg2.qd {
-                ustor_runtime::sleep(Duration::from_micros(200)).await;
-            }
-            let _ = ready_tx.send(r);
-            let (start, deadline) = loop {
-                match srx.try_recv() {
-                    Ok(v) => break v,
-                    Err(mpsc::TryRecvError::Empty) => {
-                        ustor_runtime::sleep(Duration::from_micros(200)).await
-                    }
-                    Err(mpsc::TryRecvError::Disconnected) => break (1, 1),
-                }
-            };
-            core.deadline.set(deadline);
-            core.start.set(start);
-            for j in js {
-                j.await;
-            }
-            let res = CoreResult::from_state(r, &core, hz, cfg2.bs);
-            CORE.with(|c| *c.borrow_mut() = None);
-            let _ = tx.send(res);
-        })?;
+        let link = CoreLink {
+            done: tx.clone(),
+            ready: ready_tx.clone(),
+            start: srx,
+        };
+        let sh = Shared {
+            cfg: cfg.clone(),
+            bpi: plan.bpi,
+        };
+        let (total_units, slots) = (plan.total_units, plan.slots);
+        rt.spawn_on(r, move || core_run(r, desc, sh, total_units, slots, link))?;
     }
     drop(tx);
     drop(ready_tx);
@@ -448,6 +463,91 @@ pub fn run(
     for s in starts {
         let _ = s.send((start_at, deadline));
     }
+    let mut results = collect(rt, &rx, cores, progress)?;
+    let usage1 = rusage();
+    let elapsed = ticks::to_ns(ticks::now().min(deadline).saturating_sub(start_at)).max(1);
+    results.sort_by_key(|r| r.reactor);
+    let cpu_ns = usage1.saturating_sub(usage0);
+    Ok(Report::new(
+        cfg.clone(),
+        results,
+        cpu_ns,
+        elapsed,
+        &plan.info.name,
+    ))
+}
+
+/// One reactor's part of a run: its `qd` slots on one channel, started at
+/// the common instant, then its counters sent back.
+async fn core_run(r: usize, desc: Desc, sh: Shared, total_units: u64, slots: u64, link: CoreLink) {
+    let ch = match desc.channel() {
+        Ok(c) => c,
+        Err(e) => {
+            // Counted as ready too, or the control thread would wait
+            // for this reactor forever.
+            let _ = link.done.send(CoreResult::failed(r, e.to_string()));
+            let _ = link.ready.send(r);
+            return;
+        }
+    };
+    let core = Rc::new(CoreState::new());
+    CORE.with(|c| *c.borrow_mut() = Some(core.clone()));
+    let qd = sh.cfg.qd;
+    let (verify, pattern, bs) = (sh.cfg.verify, sh.cfg.pattern, sh.cfg.bs);
+    let sh = Rc::new(sh);
+    let per_slot = if verify {
+        total_units / slots
+    } else {
+        total_units
+    };
+    let mut js = Vec::with_capacity(qd);
+    for q in 0..qd {
+        let id = (r * qd + q) as u64;
+        let start = if verify { id * per_slot } else { 0 };
+        let plan = SlotPlan {
+            id,
+            start,
+            units: per_slot,
+        };
+        let (ch, core, sh) = (ch.clone(), core.clone(), sh.clone());
+        js.push(match pattern.nodata() {
+            Some(t) => ustor_runtime::spawn(nodata::slot(t, ch, plan, core, sh)),
+            None => ustor_runtime::spawn(slot(ch, plan, core, sh)),
+        });
+    }
+    // Slots are ready (buffers taken, verify prefill written): report,
+    // then wait for the common start and deadline.
+    while core.ready.get() < qd {
+        ustor_runtime::sleep(Duration::from_micros(200)).await;
+    }
+    let _ = link.ready.send(r);
+    let (start, deadline) = loop {
+        match link.start.try_recv() {
+            Ok(v) => break v,
+            Err(mpsc::TryRecvError::Empty) => {
+                ustor_runtime::sleep(Duration::from_micros(200)).await
+            }
+            Err(mpsc::TryRecvError::Disconnected) => break (1, 1),
+        }
+    };
+    core.deadline.set(deadline);
+    core.start.set(start);
+    for j in js {
+        j.await;
+    }
+    let res = CoreResult::from_state(r, &core, ticks::hz(), bs);
+    CORE.with(|c| *c.borrow_mut() = None);
+    let _ = link.done.send(res);
+}
+
+/// Waits for every reactor's result, reporting the I/Os done so far once
+/// a second.
+fn collect(
+    rt: &RuntimeHandle,
+    rx: &mpsc::Receiver<CoreResult>,
+    cores: usize,
+    mut progress: impl FnMut(f64, u64),
+) -> Result<Vec<CoreResult>, BenchError> {
     let t0 = Instant::now();
     let mut results = Vec::new();
     let mut next_tick = t0 + Duration::from_secs(1);
@@ -466,17 +566,7 @@ pub fn run(
             progress(t0.elapsed().as_secs_f64(), ios);
         }
     }
-    let usage1 = rusage();
-    let elapsed = ticks::to_ns(ticks::now().min(deadline).saturating_sub(start_at)).max(1);
-    results.sort_by_key(|r| r.reactor);
-    let cpu_ns = usage1.saturating_sub(usage0);
-    Ok(Report::new(
-        cfg.clone(),
-        results,
-        cpu_ns,
-        elapsed,
-        &info.name,
-    ))
+    Ok(results)
 }
 
 /// User + system CPU time of the whole process, in ns.

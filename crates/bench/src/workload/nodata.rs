@@ -10,7 +10,6 @@
 //! timed; the read back is not part of its latency.
 
 use std::rc::Rc;
-use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel, IoType};
 use ustor_runtime::{ticks, IoBuf};
@@ -27,28 +26,13 @@ pub(super) async fn slot(
     sh: Rc<Shared>,
 ) {
     let cfg = &sh.cfg;
-    let bs = ch.block_size() as usize;
     let mut buf = if cfg.verify {
-        let mut buf = IoBuf::alloc(cfg.bs).await;
-        for u in 0..plan.units {
-            let lba = (plan.start + u) * sh.bpi;
-            verify::fill(&mut buf, bs, lba, cfg.seed, 1);
-            let (r, b) = ch.write(lba, sh.bpi, buf).await;
-            buf = b;
-            if r.is_err() {
-                core.errors.set(core.errors.get() + 1);
-            }
-        }
-        Some(buf)
+        let buf = IoBuf::alloc(cfg.bs).await;
+        Some(super::prefill(&ch, plan, &core, &sh, buf).await)
     } else {
         None
     };
-    core.ready.set(core.ready.get() + 1);
-    while core.start.get() == 0 {
-        ustor_runtime::sleep(Duration::from_micros(100)).await;
-    }
-    ustor_runtime::sleep_until(core.start.get()).await;
-    let deadline = core.deadline.get();
+    let deadline = core.wait_start().await;
     let mut seq = 0u64;
     loop {
         let t0 = ticks::now();
@@ -62,9 +46,7 @@ pub(super) async fn slot(
             seq = (seq + 1) % plan.units;
             u
         } else {
-            let c = core.cursor.get();
-            core.cursor.set((c + 1) % plan.units);
-            c
+            core.next_in_order(plan.units)
         };
         let lba = (plan.start + unit) * sh.bpi;
         let r = match kind {
@@ -113,11 +95,7 @@ async fn read_back(
             .map(|m| (m.lba, m.what))
     };
     if let Some((at, what)) = bad {
-        core.verify_errors.set(core.verify_errors.get() + 1);
-        let mut first = core.first_mismatch.borrow_mut();
-        if first.is_none() {
-            *first = Some(format!("LBA {at}: {what}"));
-        }
+        core.mismatch(at, what);
     }
     buf
 }
