@@ -17,7 +17,8 @@
 # Usage: bench/fs-path.sh
 #   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 MODE=classic
 #        SERVE_ARGS= (more `ustor serve` options, e.g. "--poll-mode interrupt")
-#        RWS="randread randwrite" XDP=0
+#        RWS="randread randwrite" XDP=0 VETH_MTU= (XDP=1: the veth's and the
+#        export's MTU, default 1500)
 # Needs root (FUSE, ip netns), fio, strace, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +59,7 @@ if [ "$XDP" = 1 ]; then
     veth_pair "$NSA" "$NSB" "$VA" "$VB"
     INA=(ip netns exec "$NSA")
     INB=(nsenter --net=/run/netns/"$NSB")
-    listen='"listen":"'$VA'","transport":"xdp"'
+    listen='"listen":"'$VA'","transport":"xdp"'$(xdp_mtu_param)
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 [ -n "$listen" ] || listen='"listen":"127.0.0.1:'$port'"'

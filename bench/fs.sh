@@ -53,6 +53,8 @@
 #        FSBENCH=target/release/examples/fsbench USTOR_ALT=<another ustor build> (target ustor_alt)
 #        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
 #        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
+#        VETH_MTU= (the veth targets' link MTU, and the xdp export's; e.g.
+#        3500 for larger AF_XDP frames; default 1500)
 # Needs root (mount, unshare, ip netns), fio, sshfs, socat, openssh-sftp-server,
 # nfs-ganesha + nfs-ganesha-vfs, libnfs-dev, libfuse3-dev, a C compiler,
 # python3 (.ci/apt/bench.txt).
@@ -231,7 +233,7 @@ if has ustor_xdp || has ustor_veth; then
     cat > "$W/cfg-veth.json" <<CFG
 {"subsystems":[{"subsystem":"fs","config":[
  {"method":"fs_create","params":{"name":"xv","path":"$W/region-xv","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
- {"method":"fs_export","params":{"name":"xv","listen":"$VA","transport":"xdp","secret_file":"$W/secret"}},
+ {"method":"fs_export","params":{"name":"xv","listen":"$VA","transport":"xdp","secret_file":"$W/secret"$(xdp_mtu_param)}},
  {"method":"fs_create","params":{"name":"tv","path":"$W/region-tv","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
  {"method":"fs_export","params":{"name":"tv","listen":"10.99.7.1:4800","secret_file":"$W/secret"}}]}]}
 CFG

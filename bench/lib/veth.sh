@@ -4,7 +4,7 @@
 
 # veth_pair NS_A NS_B DEV_A DEV_B [ADDR_A/PREFIX ADDR_B/PREFIX]: creates
 # both namespaces (loopback up), the pair DEV_A in NS_A and DEV_B in NS_B,
-# up, with the addresses when given.
+# up, with the addresses when given, both ends at MTU $VETH_MTU when set.
 veth_pair() {
     local a=$1 b=$2 va=$3 vb=$4 ns
     ip netns add "$a"
@@ -15,6 +15,10 @@ veth_pair() {
         ip -n "$b" addr add "$6" dev "$vb"
     fi
     for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+    if [ -n "${VETH_MTU:-}" ]; then
+        ip -n "$a" link set "$va" mtu "$VETH_MTU"
+        ip -n "$b" link set "$vb" mtu "$VETH_MTU"
+    fi
     ip -n "$a" link set "$va" up
     ip -n "$b" link set "$vb" up
 }
@@ -23,4 +27,10 @@ veth_pair() {
 veth_del() {
     local ns
     for ns in "$@"; do ip netns del "$ns" 2>/dev/null || true; done
+}
+
+# xdp_mtu_param: the fs_export JSON member that sets an xdp export's MTU
+# to $VETH_MTU (nothing for the default 1500, which older builds take).
+xdp_mtu_param() {
+    if [ -n "${VETH_MTU:-}" ] && [ "$VETH_MTU" != 1500 ]; then printf ',"mtu":%s' "$VETH_MTU"; fi
 }

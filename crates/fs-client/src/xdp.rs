@@ -18,9 +18,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ustor_fs::proto::{self, Request, HEADER_LEN, NONCE_LEN};
-use ustor_fs::xdp_wire::{
-    self as w, Assembly, Ctrl, Frame, Grant, Kind, MAX_CTRL_PAYLOAD, MAX_FRAME, PLACE_HDR,
-};
+use ustor_fs::xdp_wire::{self as w, Assembly, Ctrl, Frame, Grant, Kind, BASE_FRAME, PLACE_HDR};
 use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE};
 use ustor_net::xdp::{self, Desc, XskConfig, XskSocket};
 
@@ -106,6 +104,11 @@ struct Link {
     server: [u8; 6],
     session: u16,
     rid: u64,
+    /// Our socket's largest frame (the interface's MTU) and UMEM chunk.
+    frame: usize,
+    chunk: u64,
+    /// The server's receive frame, as its last control frame announced.
+    peer: usize,
     free_tx: Vec<u64>,
     asm: Assembly,
     rx: Vec<Desc>,
@@ -124,9 +127,12 @@ impl XdpClient {
     pub fn connect(cfg: XdpConfig) -> Result<XdpClient> {
         let idx = xdp::ifindex(&cfg.ifname).map_err(xerr)?;
         let mac = xdp::mac_address(&cfg.ifname).map_err(xerr)?;
+        let frame = w::frame_for_mtu(xdp::mtu(&cfg.ifname).map_err(xerr)? as usize);
+        let (chunk_size, headroom) = w::chunk_for(frame);
+        let chunk = chunk_size as u64;
         let mut xc = XskConfig::new(idx, cfg.queue);
-        (xc.chunk_size, xc.headroom, xc.ring_size) = (w::CHUNK, w::HEADROOM, 2048);
-        let len = ((RX_BUFS + TX_BUFS) * w::CHUNK as u64) as usize;
+        (xc.chunk_size, xc.headroom, xc.ring_size) = (chunk_size, headroom, 2048);
+        let len = ((RX_BUFS + TX_BUFS) * chunk) as usize;
         let mut xsk = XskSocket::new(xc, len).map_err(xerr)?;
         // The server's program steers our EtherType on its side; ours does
         // the same here so replies reach this socket.
@@ -134,7 +140,7 @@ impl XdpClient {
             xdp::XdpProgram::attach(idx, w::ETHERTYPE, cfg.queue + 1, xdp::AttachMode::Generic)
                 .map_err(xerr)?;
         prog.register(cfg.queue, xsk.as_raw_fd()).map_err(xerr)?;
-        let rx: Vec<u64> = (0..RX_BUFS).map(|i| i * w::CHUNK as u64).collect();
+        let rx: Vec<u64> = (0..RX_BUFS).map(|i| i * chunk).collect();
         xsk.fill(&rx);
         let mut r = [0u8; 2];
         // SAFETY: `r` is writable for its length.
@@ -148,9 +154,10 @@ impl XdpClient {
             server: cfg.server.unwrap_or(BROADCAST),
             session,
             rid: 0,
-            free_tx: (RX_BUFS..RX_BUFS + TX_BUFS)
-                .map(|i| i * w::CHUNK as u64)
-                .collect(),
+            frame,
+            chunk,
+            peer: BASE_FRAME,
+            free_tx: (RX_BUFS..RX_BUFS + TX_BUFS).map(|i| i * chunk).collect(),
             asm: Assembly::default(),
             rx: Vec::new(),
             cfg,
@@ -191,22 +198,30 @@ impl Link {
         Ok(())
     }
 
-    /// Sends a message as control frames of `kind`.
+    /// Sends a message as control frames of `kind`, of our frame size or
+    /// the server's, the smaller.
     fn send_msg(&mut self, kind: Kind, msg: &[u8]) -> Result<()> {
-        let nfrag = msg.len().div_ceil(MAX_CTRL_PAYLOAD).max(1) as u16;
+        self.send_frags(kind, msg, w::ctrl_payload(self.frame.min(self.peer)))
+    }
+
+    /// Sends a message as control frames of `kind` carrying `unit` bytes
+    /// each (the last fewer).
+    fn send_frags(&mut self, kind: Kind, msg: &[u8], unit: usize) -> Result<()> {
+        let nfrag = w::nfrags(msg.len(), unit);
+        let frame = unit + w::ETH_LEN + w::CTRL_HDR;
         let mut batch = Vec::new();
-        for (i, p) in w::fragments(msg).enumerate() {
+        for (i, p) in w::fragments(msg, unit).enumerate() {
             let a = self.tx_buf()?;
             let h = Ctrl {
                 kind,
-                flags: 0,
+                rxf: w::frame_code(self.frame),
                 frag: i as u16,
                 nfrag,
                 session: self.session,
                 rid: self.rid,
             };
             let (dst, src) = (self.server, self.mac);
-            let f = self.xsk.frame_mut(a, MAX_FRAME).expect("tx buffer");
+            let f = self.xsk.frame_mut(a, frame).expect("tx buffer");
             let n = w::encode_ctrl(f, dst, src, &h, p);
             batch.push(Desc {
                 addr: a,
@@ -227,7 +242,7 @@ impl Link {
             let mut got = None;
             let mut bufs = Vec::with_capacity(rx.len());
             for d in &rx {
-                bufs.push(d.addr - d.addr % w::CHUNK as u64);
+                bufs.push(d.addr - d.addr % self.chunk);
                 if got.is_none() {
                     got = self.on_frame(*d);
                 }
@@ -272,6 +287,7 @@ impl Link {
         if self.server == BROADCAST {
             self.server = src;
         }
+        self.peer = w::frame_of_code(hdr.rxf);
         if hdr.kind == Kind::Go {
             return Some((Kind::Go, payload.to_vec()));
         }
@@ -289,6 +305,9 @@ impl Link {
             if let Some(r) = self.wait(until)? {
                 return Ok(r);
             }
+            // The server may have restarted on a smaller MTU: resend at
+            // the size every end takes until it announces its own again.
+            self.peer = BASE_FRAME;
             if Instant::now() >= deadline {
                 return Err(ClientError::Timeout(self.cfg.timeout));
             }
@@ -373,6 +392,12 @@ impl Link {
                 "grant does not cover the payload".into(),
             ));
         }
+        let frag_frame = g.frag as usize + w::ETH_LEN + w::CTRL_HDR;
+        if frag_frame > self.frame || g.place && g.piece as usize + PLACE_HDR > self.frame {
+            return Err(ClientError::Protocol(
+                "grant asks for frames larger than ours".into(),
+            ));
+        }
         // NOPs first, in either mode: they fill the buffers the server
         // posted before this grant (slots of an earlier one included).
         let mut batch = Vec::new();
@@ -380,7 +405,7 @@ impl Link {
             let a = self.tx_buf()?;
             let h = Ctrl {
                 kind: Kind::Nop,
-                flags: 0,
+                rxf: w::frame_code(self.frame),
                 frag: 0,
                 nfrag: 1,
                 session: self.session,
@@ -388,7 +413,7 @@ impl Link {
             };
             let (dst, src) = (self.server, self.mac);
             let n = w::encode_ctrl(
-                self.xsk.frame_mut(a, MAX_FRAME).expect("tx"),
+                self.xsk.frame_mut(a, BASE_FRAME).expect("tx"),
                 dst,
                 src,
                 &h,
@@ -402,13 +427,13 @@ impl Link {
         }
         if !g.place {
             self.push(&mut batch, true)?;
-            return self.send_msg(Kind::WData, data);
+            return self.send_frags(Kind::WData, data, g.frag as usize);
         }
         let mut at = 0;
         let mut i = 0;
         for &seg in &g.segs {
             let seg = &data[at..at + seg as usize];
-            for (ps, pl) in w::pieces(seg.len()) {
+            for (ps, pl) in w::pieces(seg.len(), g.piece as usize) {
                 let a = self.tx_buf()?;
                 let (dst, src) = (self.server, self.mac);
                 let f = self.xsk.frame_mut(a, PLACE_HDR + pl).expect("tx");
@@ -604,7 +629,7 @@ impl XdpClient {
     pub fn send_raw(&self, frame: &[u8]) -> Result<()> {
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
         let a = l.tx_buf()?;
-        let n = frame.len().min(MAX_FRAME);
+        let n = frame.len().min(l.frame);
         l.xsk
             .frame_mut(a, n)
             .expect("tx")

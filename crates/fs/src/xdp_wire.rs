@@ -5,9 +5,16 @@
 //! paper's reverse-overwrite) or sent in fragments and copied.
 //!
 //! A control frame is Ethernet (14 bytes, EtherType [`ETHERTYPE`]) and
-//! [`CTRL_HDR`] bytes: kind u8, flags u8, frag u16, nfrag u16, session u16,
-//! rid u64 (little-endian), then up to [`MAX_CTRL_PAYLOAD`] bytes: fragment
-//! `frag` of `nfrag` of one message. Every fragment but the last is full.
+//! [`CTRL_HDR`] bytes: kind u8, rxf u8, frag u16, nfrag u16, session u16,
+//! rid u64 (little-endian), then one fragment `frag` of `nfrag` of one
+//! message. Every fragment but the last has the same length.
+//!
+//! Frame size: every end receives [`BASE_FRAME`] (a 1500-byte MTU); an end
+//! on a larger MTU receives up to [`frame_for_mtu`] (at most
+//! [`MAX_FRAME`]) and says so in the `rxf` byte of each control frame it
+//! sends ([`frame_code`]). A sender's frames are at most the smaller of its
+//! own size and the peer's last announced one; a write's grant names the
+//! piece and fragment sizes the server expects.
 //!
 //! A placed data frame is Ethernet and 2 bytes (kind [`Kind::Data`], a tag)
 //! then one piece of the payload: 16 bytes of header in all. The receiver
@@ -17,9 +24,10 @@
 //! bytes of the piece before, which arrives later and overwrites it; only
 //! the first piece's header lands outside the payload, on the 16 bytes
 //! before it, which the receiver saves and restores. Every piece but the
-//! last first is [`MAX_PIECE`] bytes and the frame of the last piece ends
-//! exactly at the payload's end, so no frame of any length up to the
-//! largest the socket accepts ([`MAX_FRAME`]) can write past it.
+//! last first is the full piece size (the receiving socket's largest
+//! frame less [`PLACE_HDR`]) and the frame of the last piece ends exactly
+//! at the payload's end, so no frame of any length up to the largest the
+//! socket accepts can write past it.
 
 use thiserror::Error;
 
@@ -29,24 +37,66 @@ pub const ETHERTYPE: u16 = 0x88B5;
 pub const ETH_LEN: usize = 14;
 /// Our control header after the Ethernet header.
 pub const CTRL_HDR: usize = 16;
-/// The largest frame on a 1500-byte MTU (no FCS, no VLAN tag).
-pub const MAX_FRAME: usize = 1514;
-/// Message bytes in one control frame.
-pub const MAX_CTRL_PAYLOAD: usize = MAX_FRAME - ETH_LEN - CTRL_HDR;
+/// The frame every end receives: a 1500-byte MTU (no FCS, no VLAN tag).
+/// Control frames go at this size until the peer announced its own.
+pub const BASE_FRAME: usize = 1514;
+/// The largest frame an end may use: a 4096-byte UMEM chunk after the
+/// kernel's 256 bytes of XDP headroom (a chunk larger than a page needs a
+/// hugepage UMEM; a veth with an XDP program takes an MTU up to ~3500).
+pub const MAX_FRAME: usize = 4096 - 256;
 /// Header bytes of a placed data frame (Ethernet, kind, tag): the bytes
 /// saved and restored before a placed payload.
 pub const PLACE_HDR: usize = 16;
-/// Payload bytes of a full data frame.
-pub const MAX_PIECE: usize = MAX_FRAME - PLACE_HDR;
-/// UMEM chunk size both ends use, and the headroom that makes the largest
-/// frame a chunk accepts exactly [`MAX_FRAME`] (2048 - 256 - 278).
-pub const CHUNK: u32 = 2048;
-pub const HEADROOM: u32 = 278;
-/// Largest number of fragments of one message (a 1 MiB read reply).
-pub const MAX_FRAGS: u16 =
-    ((crate::proto::MAX_BODY + crate::proto::HEADER_LEN).div_ceil(MAX_CTRL_PAYLOAD)) as u16;
+/// Message bytes in one control frame of [`BASE_FRAME`] bytes.
+pub const BASE_CTRL_PAYLOAD: usize = ctrl_payload(BASE_FRAME);
+/// Payload bytes of a full data frame of [`BASE_FRAME`] bytes.
+pub const BASE_PIECE: usize = BASE_FRAME - PLACE_HDR;
+/// Largest message: a 1 MiB read reply.
+const MAX_MSG: usize = crate::proto::MAX_BODY + crate::proto::HEADER_LEN;
+/// Largest number of fragments of one message (at [`BASE_FRAME`]).
+pub const MAX_FRAGS: u16 = MAX_MSG.div_ceil(BASE_CTRL_PAYLOAD) as u16;
 /// Largest number of segments a grant describes (one frame).
-pub const MAX_GRANT_SEGS: usize = (MAX_CTRL_PAYLOAD - 12) / 4;
+pub const MAX_GRANT_SEGS: usize = (BASE_CTRL_PAYLOAD - 12) / 4;
+
+/// Message bytes in one control frame of `frame` bytes.
+pub const fn ctrl_payload(frame: usize) -> usize {
+    frame - ETH_LEN - CTRL_HDR
+}
+
+/// The `rxf` byte that announces a receive frame of `frame` bytes: 0 for
+/// [`BASE_FRAME`] or less, else the size in 16-byte units (rounded down).
+pub fn frame_code(frame: usize) -> u8 {
+    if frame <= BASE_FRAME {
+        0
+    } else {
+        (frame.min(MAX_FRAME) / 16) as u8
+    }
+}
+
+/// The receive frame an `rxf` byte announces.
+pub fn frame_of_code(code: u8) -> usize {
+    let f = code as usize * 16;
+    if f <= BASE_FRAME {
+        BASE_FRAME
+    } else {
+        f.min(MAX_FRAME)
+    }
+}
+
+/// The frame size an end uses on an interface with this MTU: MTU plus the
+/// Ethernet header, at most [`MAX_FRAME`], in 16-byte steps above
+/// [`BASE_FRAME`] (what [`frame_code`] can announce).
+pub fn frame_for_mtu(mtu: usize) -> usize {
+    frame_of_code(frame_code(mtu + ETH_LEN))
+}
+
+/// UMEM chunk size and headroom of a socket that receives frames of up to
+/// `frame` bytes: the kernel drops a longer one (the placement relies on
+/// it). 2048-byte chunks for [`BASE_FRAME`], a page above it.
+pub fn chunk_for(frame: usize) -> (u32, u32) {
+    let chunk = if frame <= BASE_FRAME { 2048 } else { 4096 };
+    (chunk, chunk - 256 - frame as u32)
+}
 
 /// Errors of the frame decoder: the frame is dropped and counted.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -102,7 +152,8 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ctrl {
     pub kind: Kind,
-    pub flags: u8,
+    /// The sender's receive frame ([`frame_code`]; 0: [`BASE_FRAME`]).
+    pub rxf: u8,
     pub frag: u16,
     pub nfrag: u16,
     pub session: u16,
@@ -131,14 +182,17 @@ pub fn put_eth(f: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
     f[12..14].copy_from_slice(&ETHERTYPE.to_be_bytes());
 }
 
-/// Encodes a control frame into `f` (at least [`MAX_FRAME`] bytes); returns
-/// its length.
+/// Encodes a control frame into `f` (room for the payload and headers);
+/// returns its length.
 pub fn encode_ctrl(f: &mut [u8], dst: [u8; 6], src: [u8; 6], h: &Ctrl, payload: &[u8]) -> usize {
-    assert!(payload.len() <= MAX_CTRL_PAYLOAD, "caller splits messages");
+    assert!(
+        payload.len() <= ctrl_payload(MAX_FRAME),
+        "caller splits messages"
+    );
     put_eth(f, dst, src);
     let b = &mut f[ETH_LEN..];
     b[0] = h.kind as u8;
-    b[1] = h.flags;
+    b[1] = h.rxf;
     b[2..4].copy_from_slice(&h.frag.to_le_bytes());
     b[4..6].copy_from_slice(&h.nfrag.to_le_bytes());
     b[6..8].copy_from_slice(&h.session.to_le_bytes());
@@ -190,7 +244,7 @@ pub fn parse(f: &[u8]) -> Result<Frame<'_>, WireError> {
     let u16at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
     let hdr = Ctrl {
         kind,
-        flags: b[1],
+        rxf: b[1],
         frag: u16at(2),
         nfrag: u16at(4),
         session: u16at(6),
@@ -203,24 +257,23 @@ pub fn parse(f: &[u8]) -> Result<Frame<'_>, WireError> {
         });
     }
     let payload = &b[CTRL_HDR..];
-    if hdr.frag + 1 < hdr.nfrag && payload.len() != MAX_CTRL_PAYLOAD {
-        return Err(WireError::Malformed(
-            "a fragment before the last is not full",
-        ));
+    if hdr.frag + 1 < hdr.nfrag && payload.len() < BASE_CTRL_PAYLOAD {
+        return Err(WireError::Malformed("a fragment before the last is short"));
     }
     Ok(Frame::Ctrl { src, hdr, payload })
 }
 
 /// The pieces of a payload segment of `len` bytes, in sending order (last
 /// first), as (offset, length): the last piece ends at `len`, every piece
-/// but the first is [`MAX_PIECE`] bytes.
-pub fn pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
+/// but the first is `piece` bytes (the receiving socket's largest frame
+/// less [`PLACE_HDR`]).
+pub fn pieces(len: usize, piece: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut end = len;
     std::iter::from_fn(move || {
         if end == 0 {
             return None;
         }
-        let start = end.saturating_sub(MAX_PIECE);
+        let start = end.saturating_sub(piece);
         let p = (start, end - start);
         end = start;
         Some(p)
@@ -228,10 +281,10 @@ pub fn pieces(len: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Whether a segment can be placed: its first piece's frame must fit
-/// inside it too (a segment shorter than [`MAX_PIECE`] is sent in
-/// fragments and copied).
-pub fn placeable(len: usize) -> bool {
-    len >= MAX_PIECE
+/// inside it too (a segment shorter than `piece` is sent in fragments
+/// and copied).
+pub fn placeable(len: usize, piece: usize) -> bool {
+    len >= piece
 }
 
 /// What the server asks for a write's payload.
@@ -245,6 +298,12 @@ pub struct Grant {
     /// NOP frames to send first: receive buffers posted before the
     /// placement slots.
     pub nops: u32,
+    /// Payload bytes of a full data frame: the server socket's largest
+    /// frame less [`PLACE_HDR`] (0 on the wire: [`BASE_PIECE`]).
+    pub piece: u16,
+    /// Payload bytes of every WData fragment but the last (0 on the wire:
+    /// [`BASE_CTRL_PAYLOAD`]).
+    pub frag: u16,
     /// The payload split into segments, in payload order (placed only).
     pub segs: Vec<u32>,
 }
@@ -256,7 +315,8 @@ impl Grant {
         b.push(self.seq);
         b.extend_from_slice(&(self.segs.len() as u16).to_le_bytes());
         b.extend_from_slice(&self.nops.to_le_bytes());
-        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&self.piece.to_le_bytes());
+        b.extend_from_slice(&self.frag.to_le_bytes());
         for s in &self.segs {
             b.extend_from_slice(&s.to_le_bytes());
         }
@@ -271,24 +331,36 @@ impl Grant {
         if n > MAX_GRANT_SEGS || b.len() != 12 + 4 * n {
             return Err(WireError::Malformed("grant segments"));
         }
+        let or = |v: u16, d: usize| if v == 0 { d } else { v as usize };
+        let piece = or(u16::from_le_bytes([b[8], b[9]]), BASE_PIECE);
+        let frag = or(u16::from_le_bytes([b[10], b[11]]), BASE_CTRL_PAYLOAD);
+        if !(BASE_PIECE..=MAX_FRAME - PLACE_HDR).contains(&piece)
+            || !(BASE_CTRL_PAYLOAD..=ctrl_payload(MAX_FRAME)).contains(&frag)
+        {
+            return Err(WireError::Malformed("grant frame sizes"));
+        }
         let segs: Vec<u32> = b[12..]
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
             .collect();
         let place = b[0] == 1;
-        if place && segs.iter().any(|&s| !placeable(s as usize)) {
+        if place && segs.iter().any(|&s| !placeable(s as usize, piece)) {
             return Err(WireError::Malformed("grant segment too short to place"));
         }
         Ok(Grant {
             place,
             seq: b[1],
             nops: u32::from_le_bytes(b[4..8].try_into().expect("4")),
+            piece: piece as u16,
+            frag: frag as u16,
             segs,
         })
     }
 }
 
-/// Reassembles one message from its control fragments.
+/// Reassembles one message from its control fragments. The fragment size
+/// is the sender's: every fragment but the last has the length of the
+/// first such one that came.
 #[derive(Debug, Default)]
 pub struct Assembly {
     rid: u64,
@@ -296,13 +368,16 @@ pub struct Assembly {
     have: Vec<bool>,
     got: u16,
     buf: Vec<u8>,
-    len: usize,
+    /// Bytes of every fragment but the last (0: none of them came yet).
+    unit: usize,
+    /// The last fragment, while the unit (hence its place) is not known.
+    tail: Vec<u8>,
 }
 
 impl Assembly {
     /// Adds a fragment; returns the message once all fragments are in. A
     /// fragment of another request id or count starts over; duplicates
-    /// are ignored.
+    /// and fragments of the wrong length are ignored.
     pub fn add(&mut self, h: &Ctrl, payload: &[u8]) -> Option<&[u8]> {
         if h.rid != self.rid || h.nfrag != self.nfrag || self.have.is_empty() {
             self.rid = h.rid;
@@ -310,32 +385,77 @@ impl Assembly {
             self.have = vec![false; h.nfrag as usize];
             self.got = 0;
             self.buf.clear();
-            self.buf.resize(h.nfrag as usize * MAX_CTRL_PAYLOAD, 0);
-            self.len = 0;
+            self.unit = 0;
+            self.tail.clear();
         }
-        let i = h.frag as usize;
-        if i >= self.have.len() || self.have[i] {
+        let (i, n) = (h.frag as usize, self.have.len());
+        if i >= n || self.have[i] {
             return None;
         }
-        let at = i * MAX_CTRL_PAYLOAD;
-        self.buf[at..at + payload.len()].copy_from_slice(payload);
+        let last = i + 1 == n;
+        if last && n > 1 && self.unit == 0 {
+            self.tail = payload.to_vec();
+        } else if !self.place(i, last, payload) {
+            return None;
+        }
         self.have[i] = true;
         self.got += 1;
-        if i + 1 == self.have.len() {
-            self.len = at + payload.len();
-        }
         if self.got == self.nfrag {
             self.have.clear();
-            return Some(&self.buf[..self.len]);
+            return Some(&self.buf);
         }
         None
     }
+
+    /// Copies fragment `i` into the message; learns the unit from the
+    /// first fragment that is not the last. False: not consistent with
+    /// the fragments before (dropped).
+    fn place(&mut self, i: usize, last: bool, payload: &[u8]) -> bool {
+        let n = self.have.len();
+        if !last && self.unit == 0 {
+            if (n - 1) * payload.len() >= MAX_MSG {
+                return false;
+            }
+            self.unit = payload.len();
+            self.buf.resize((n - 1) * self.unit, 0);
+            if self.have[n - 1] {
+                let tail = std::mem::take(&mut self.tail);
+                if tail.len() > self.unit {
+                    // The last fragment was longer than the others: start
+                    // the message over.
+                    self.have.clear();
+                    return false;
+                }
+                self.buf.extend_from_slice(&tail);
+            }
+        } else if !last && payload.len() != self.unit {
+            return false;
+        }
+        if last {
+            if n > 1 && payload.len() > self.unit {
+                return false;
+            }
+            self.buf.truncate((n - 1) * self.unit);
+            self.buf.extend_from_slice(payload);
+        } else {
+            let at = i * self.unit;
+            self.buf[at..at + self.unit].copy_from_slice(payload);
+        }
+        true
+    }
 }
 
-/// Splits a message into control-frame payloads.
-pub fn fragments(msg: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let n = msg.len().div_ceil(MAX_CTRL_PAYLOAD).max(1);
-    (0..n).map(move |i| &msg[i * MAX_CTRL_PAYLOAD..((i + 1) * MAX_CTRL_PAYLOAD).min(msg.len())])
+/// How many control frames a message of `len` bytes takes at `unit` bytes
+/// per fragment.
+pub fn nfrags(len: usize, unit: usize) -> u16 {
+    len.div_ceil(unit).max(1) as u16
+}
+
+/// Splits a message into control-frame payloads of `unit` bytes (the last
+/// one shorter).
+pub fn fragments(msg: &[u8], unit: usize) -> impl Iterator<Item = &[u8]> {
+    let n = nfrags(msg.len(), unit) as usize;
+    (0..n).map(move |i| &msg[i * unit..((i + 1) * unit).min(msg.len())])
 }
 
 /// Decodes every frame of a byte stream split as u16-length-prefixed
@@ -370,49 +490,101 @@ mod tests {
 
     #[test]
     fn a_block_is_three_pieces_last_first_ending_at_the_end() {
-        let p: Vec<_> = pieces(4096).collect();
+        let p: Vec<_> = pieces(4096, BASE_PIECE).collect();
         assert_eq!(p, vec![(2598, 1498), (1100, 1498), (0, 1100)]);
-        assert!(placeable(4096) && !placeable(1024));
-        assert_eq!(MAX_FRAME - PLACE_HDR, 1498);
-        assert_eq!(CHUNK - 256 - HEADROOM, MAX_FRAME as u32);
+        assert!(placeable(4096, BASE_PIECE) && !placeable(1024, BASE_PIECE));
+        assert_eq!(BASE_PIECE, 1498);
+        let (chunk, headroom) = chunk_for(BASE_FRAME);
+        assert_eq!((chunk, headroom), (2048, 278));
+        assert_eq!(chunk - 256 - headroom, BASE_FRAME as u32);
+    }
+
+    #[test]
+    fn a_3500_byte_mtu_takes_a_block_in_two_frames() {
+        let f = frame_for_mtu(3500);
+        assert_eq!(f, 3504);
+        assert_eq!(frame_of_code(frame_code(f)), f);
+        assert_eq!((frame_for_mtu(1500), frame_code(1514)), (BASE_FRAME, 0));
+        assert_eq!(frame_for_mtu(9000), MAX_FRAME);
+        let (chunk, headroom) = chunk_for(f);
+        assert_eq!(chunk - 256 - headroom, f as u32);
+        let p: Vec<_> = pieces(4096, f - PLACE_HDR).collect();
+        assert_eq!(p, vec![(608, 3488), (0, 608)]);
+        assert_eq!(pieces(1 << 20, f - PLACE_HDR).count(), 301);
     }
 
     #[test]
     fn control_frames_round_trip_and_fragment() {
         let h = Ctrl {
             kind: Kind::Resp,
-            flags: 0,
+            rxf: 0,
             frag: 1,
             nfrag: 3,
             session: 9,
             rid: 77,
         };
-        let mut f = [0u8; MAX_FRAME];
-        let pl = vec![5u8; MAX_CTRL_PAYLOAD];
+        let mut f = [0u8; BASE_FRAME];
+        let pl = vec![5u8; BASE_CTRL_PAYLOAD];
         let n = encode_ctrl(&mut f, [1; 6], [2; 6], &h, &pl);
-        assert_eq!(n, MAX_FRAME);
+        assert_eq!(n, BASE_FRAME);
         match parse(&f[..n]).unwrap() {
             Frame::Ctrl { src, hdr, payload } => {
                 assert_eq!((src, hdr, payload), ([2; 6], h, &pl[..]));
             }
             other => panic!("{other:?}"),
         }
-        let msg: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
-        let frags: Vec<&[u8]> = fragments(&msg).collect();
-        assert_eq!(frags.len(), 3);
-        let mut asm = Assembly::default();
-        let mut out = None;
-        for i in [2usize, 0, 0, 1] {
-            let hd = Ctrl {
-                frag: i as u16,
-                nfrag: 3,
-                ..h
-            };
-            if let Some(m) = asm.add(&hd, frags[i]) {
-                out = Some(m.to_vec());
+        let msg: Vec<u8> = (0..9000u32).map(|i| (i % 251) as u8).collect();
+        // The receiver learns the sender's fragment size; the last
+        // fragment may come first.
+        for (unit, order) in [
+            (BASE_CTRL_PAYLOAD, vec![6usize, 0, 0, 1, 2, 3, 4, 5]),
+            (ctrl_payload(frame_for_mtu(3500)), vec![2, 1, 0]),
+        ] {
+            let frags: Vec<&[u8]> = fragments(&msg, unit).collect();
+            let n = nfrags(msg.len(), unit);
+            assert_eq!(frags.len(), n as usize);
+            let mut asm = Assembly::default();
+            let mut out = None;
+            for i in order {
+                let hd = Ctrl {
+                    frag: i as u16,
+                    nfrag: n,
+                    ..h
+                };
+                if let Some(m) = asm.add(&hd, frags[i]) {
+                    out = Some(m.to_vec());
+                }
             }
+            assert_eq!(out.as_deref(), Some(&msg[..]), "unit {unit}");
         }
-        assert_eq!(out.as_deref(), Some(&msg[..]));
+    }
+
+    #[test]
+    fn a_fragment_of_another_length_is_dropped() {
+        let h = |frag| Ctrl {
+            kind: Kind::Resp,
+            rxf: 0,
+            frag,
+            nfrag: 3,
+            session: 1,
+            rid: 5,
+        };
+        let mut asm = Assembly::default();
+        assert!(asm.add(&h(0), &[1; 2000]).is_none());
+        assert!(asm.add(&h(1), &[2; 1999]).is_none());
+        assert!(asm.add(&h(2), &[3; 2001]).is_none());
+        assert!(asm.add(&h(2), &[3; 10]).is_none());
+        let m = asm.add(&h(1), &[2; 2000]).expect("complete");
+        assert_eq!(m.len(), 4010);
+        assert_eq!((m[0], m[2000], m[4009]), (1, 2, 3));
+        // A last fragment longer than the others (it came first).
+        let mut asm = Assembly::default();
+        let h2 = |frag| Ctrl {
+            nfrag: 2,
+            ..h(frag)
+        };
+        assert!(asm.add(&h2(1), &[3; 2001]).is_none());
+        assert!(asm.add(&h2(0), &[1; 2000]).is_none());
     }
 
     #[test]
@@ -427,5 +599,7 @@ mod tests {
         f[12] = 0x08;
         assert_eq!(parse(&f), Err(WireError::EtherType(0x08B5)));
         assert!(Grant::decode(&[1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0]).is_err());
+        // A piece size below the base one.
+        assert!(Grant::decode(&[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0]).is_err());
     }
 }

@@ -9,7 +9,7 @@ use ustor_fs::xdp_wire::*;
 fn ctrl(kind: Kind, frag: u16, nfrag: u16, rid: u64) -> Ctrl {
     Ctrl {
         kind,
-        flags: 0,
+        rxf: 0,
         frag,
         nfrag,
         session: 3,
@@ -32,9 +32,11 @@ proptest! {
         msg in proptest::collection::vec(any::<u8>(), 1..5000),
         flips in proptest::collection::vec((any::<u16>(), any::<u8>()), 0..8),
         rid in any::<u64>(),
+        frame in BASE_FRAME..=MAX_FRAME,
     ) {
-        // A stream of length-prefixed frames carrying `msg`.
-        let frags: Vec<&[u8]> = fragments(&msg).collect();
+        // A stream of length-prefixed frames carrying `msg`, at any frame
+        // size the sender may use.
+        let frags: Vec<&[u8]> = fragments(&msg, ctrl_payload(frame)).collect();
         let mut stream = Vec::new();
         for (i, p) in frags.iter().enumerate() {
             let mut f = [0u8; MAX_FRAME];
@@ -53,17 +55,25 @@ proptest! {
     }
 
     #[test]
-    fn pieces_cover_the_segment_and_no_slot_leaves_it(len in 1usize..(1 << 20)) {
-        let ps: Vec<_> = pieces(len).collect();
+    fn pieces_cover_the_segment_and_no_slot_leaves_it(
+        len in 1usize..(1 << 20),
+        mtu in 1500usize..9000,
+    ) {
+        // The receiving socket's largest frame and the piece it implies.
+        let frame = frame_for_mtu(mtu);
+        let (chunk, headroom) = chunk_for(frame);
+        prop_assert_eq!((chunk - 256 - headroom) as usize, frame);
+        let piece = frame - PLACE_HDR;
+        let ps: Vec<_> = pieces(len, piece).collect();
         let mut end = len;
         for &(s, l) in &ps {
             prop_assert_eq!(s + l, end);
-            prop_assert!(l <= MAX_PIECE && l > 0);
+            prop_assert!(l <= piece && l > 0);
             end = s;
-            if placeable(len) {
+            if placeable(len, piece) {
                 // The largest frame in this piece's slot starts PLACE_HDR
                 // before the piece and must end inside the segment.
-                prop_assert!(s + MAX_FRAME - PLACE_HDR <= len);
+                prop_assert!(s + frame - PLACE_HDR <= len);
             }
         }
         prop_assert_eq!(end, 0);
@@ -71,8 +81,10 @@ proptest! {
 
     #[test]
     fn grants_round_trip(place in any::<bool>(), seq in any::<u8>(), nops in any::<u32>(),
-                         segs in proptest::collection::vec(MAX_PIECE as u32..(1 << 20), 0..64)) {
-        let g = Grant { place, seq, nops, segs };
+                         frame in BASE_FRAME..=MAX_FRAME,
+                         segs in proptest::collection::vec(MAX_FRAME as u32..(1 << 20), 0..64)) {
+        let (piece, frag) = ((frame - PLACE_HDR) as u16, ctrl_payload(frame) as u16);
+        let g = Grant { place, seq, nops, piece, frag, segs };
         prop_assert_eq!(Grant::decode(&g.encode()), Ok(g));
     }
 }

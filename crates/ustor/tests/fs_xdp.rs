@@ -15,7 +15,10 @@
 //! `ustor fs mount xdp://IFNAME/EXPORT` (run under `nsenter --net`, so the
 //! mount is in this test's mount namespace) serves files written and read
 //! back by SHA-256, a rename, a symbolic and a hard link, chmod, truncate,
-//! mkdir and rmdir.
+//! mkdir and rmdir. At MTU 3500 (an export's `mtu`), 4 KiB and 1 MiB
+//! files go placed in 3504-byte frames (fewer than half the frames), and
+//! a client on a 1500-byte MTU is served at 1514-byte frames with its
+//! write copied.
 
 mod common;
 
@@ -73,15 +76,20 @@ fn serve_in(ns: &str, dir: &std::path::Path) -> Server {
 }
 
 fn export(s: &Server, region: &std::path::Path, ifname: &str, create: bool) {
+    export_mtu(s, region, ifname, create, None)
+}
+
+fn export_mtu(s: &Server, region: &std::path::Path, ifname: &str, create: bool, mtu: Option<u32>) {
     let mut p = json!({"name": "x", "path": region.to_str().unwrap()});
     if create {
         p["size"] = json!(64u64 << 20);
     }
     s.ok("fs_create", p);
-    let r = s.ok(
-        "fs_export",
-        json!({"name": "x", "listen": ifname, "transport": "xdp", "secret": SECRET}),
-    );
+    let mut p = json!({"name": "x", "listen": ifname, "transport": "xdp", "secret": SECRET});
+    if let Some(m) = mtu {
+        p["mtu"] = json!(m);
+    }
+    let r = s.ok("fs_export", p);
     assert_eq!(r["listen"], ifname);
 }
 
@@ -343,4 +351,86 @@ fn files_cross_two_namespaces_over_af_xdp() {
     let read = client_reads(&ns.b, ns.if_b.clone());
     assert_eq!(read, wrote);
     let _ = s.stop();
+}
+
+/// Sets the MTU of interface `ifname` in namespace `ns`.
+fn set_mtu(ns: &str, ifname: &str, mtu: u32) {
+    let st = Command::new("ip")
+        .args(["-n", ns, "link", "set", ifname, "mtu", &mtu.to_string()])
+        .status()
+        .expect("ip link set mtu");
+    assert!(st.success(), "{ifname} in {ns} takes MTU {mtu}");
+}
+
+/// In namespace `ns`: writes `name` (`len` bytes of `seed`) and reads it
+/// back by SHA-256, and reads `other` (`olen` bytes of `oseed`) if given.
+fn client_round_trip(
+    ns: &str,
+    ifname: String,
+    (name, len, seed): (&'static str, usize, u64),
+    other: Option<(&'static str, usize, u64)>,
+) {
+    VethNs::within(ns, move || {
+        let c =
+            XdpClient::connect(XdpConfig::new(&ifname, "x", SECRET.as_bytes())).expect("connect");
+        let data = pseudo_random(len, seed);
+        let a = c
+            .create(ROOT_INO, name.as_bytes(), 0o644, 0, 0)
+            .expect("create");
+        c.write(a.ino, 0, &data).expect("write");
+        let back = c.read(a.ino, 0, len).expect("read");
+        assert_eq!(sha256(&back), sha256(&data), "{name} read back");
+        if let Some((o, olen, oseed)) = other {
+            let a = c.lookup(ROOT_INO, o.as_bytes()).expect("lookup");
+            let back = c.read(a.ino, 0, olen).expect("read");
+            assert_eq!(sha256(&back), sha256(&pseudo_random(olen, oseed)), "{o}");
+        }
+    })
+}
+
+/// An export at MTU 3500 (3504-byte frames: a 4 KiB block in 2 placed
+/// frames, 1 MiB in 301) with a client at the same MTU, then a client on
+/// a 1500-byte MTU (the veth's other end) served at 1514-byte frames: its
+/// write is granted in fragments, not placed.
+#[test]
+fn large_frames_and_a_client_on_a_smaller_mtu() {
+    testkit::require!(netns::check(), "iproute2 (run as root)");
+    let ns = VethNs::create().expect("namespaces");
+    set_mtu(&ns.a, &ns.if_a, 3500);
+    set_mtu(&ns.b, &ns.if_b, 3500);
+    let dir = Dir(tmpdir("fs-xdp-mtu"));
+    let region = Region(PathBuf::from(format!(
+        "/dev/shm/ustor-fs-xdp-mtu-{}.img",
+        std::process::id()
+    )));
+    let _ = std::fs::remove_file(&region.0);
+    let s = serve_in(&ns.a, &dir.0);
+    export_mtu(&s, &region.0, &ns.if_a, true, Some(3500));
+    client_round_trip(&ns.b, ns.if_b.clone(), ("b4k", 4096, 11), None);
+    client_round_trip(&ns.b, ns.if_b.clone(), ("b1m", 1 << 20, 12), None);
+    let st = stats(&s);
+    let x = &st["xdp"];
+    let placed = x["placed_bytes"].as_u64().unwrap();
+    assert!(placed >= 4096 + (1 << 20), "placed: {st}");
+    // At 1514-byte frames the 1 MiB write and read alone are 700 frames
+    // each way.
+    let (rx, tx) = (
+        x["frames_rx"].as_u64().unwrap(),
+        x["frames_tx"].as_u64().unwrap(),
+    );
+    assert!(rx < 450 && tx < 450, "3504-byte frames: {st}");
+
+    set_mtu(&ns.b, &ns.if_b, 1500);
+    client_round_trip(
+        &ns.b,
+        ns.if_b.clone(),
+        ("s1m", 1 << 20, 13),
+        Some(("b1m", 1 << 20, 12)),
+    );
+    let st = stats(&s);
+    let x = &st["xdp"];
+    assert_eq!(x["placed_bytes"].as_u64().unwrap(), placed, "{st}");
+    assert!(x["copied_bytes"].as_u64().unwrap() >= 3 << 20, "{st}");
+    let (code, _) = s.stop();
+    assert_eq!(code, 0, "ustor serve stops cleanly");
 }

@@ -28,11 +28,11 @@ use ustor_net::xdp::{self, AttachMode, Desc, XdpProgram, XskConfig, XskSocket};
 use ustor_runtime::RuntimeHandle;
 
 use super::{ExportSvc, FsServerError};
-use crate::xdp_wire::{CHUNK, ETHERTYPE, HEADROOM};
+use crate::xdp_wire::{self as w, ETHERTYPE};
 
 /// Bytes of the UMEM before the region: receive buffers, then send
-/// buffers, [`CHUNK`] each.
-const SCRATCH: u64 = 4 << 20;
+/// buffers, a chunk each ([`w::chunk_for`]: up to a page).
+const SCRATCH: u64 = 8 << 20;
 const RX_BUFS: u64 = 1024;
 const TX_BUFS: u64 = 512;
 /// Ring slots: room for every receive buffer plus the placement slots of
@@ -211,6 +211,8 @@ pub(crate) struct XdpParams {
     pub busy_poll: bool,
     pub native: bool,
     pub max_sessions: usize,
+    /// The MTU its frames may use ([`w::frame_for_mtu`]).
+    pub mtu: usize,
 }
 
 impl XdpParams {
@@ -249,9 +251,18 @@ pub(crate) fn start(
 ) -> Result<XdpExport, FsServerError> {
     let idx = xdp::ifindex(&p.ifname).map_err(xdp_err)?;
     let mac = xdp::mac_address(&p.ifname).map_err(xdp_err)?;
+    let if_mtu = xdp::mtu(&p.ifname).map_err(xdp_err)? as usize;
+    if p.mtu < 1500 || p.mtu > if_mtu {
+        return Err(FsServerError::Invalid(format!(
+            "mtu {} (from 1500 up to {}'s, {if_mtu})",
+            p.mtu, p.ifname
+        )));
+    }
+    let frame = w::frame_for_mtu(p.mtu);
     let umem = map_umem(&svc.vol.path, svc.vol.size)?;
     let mut cfg = XskConfig::new(idx, p.queue);
-    (cfg.chunk_size, cfg.headroom, cfg.ring_size) = (CHUNK, HEADROOM, RING);
+    let (chunk, headroom) = w::chunk_for(frame);
+    (cfg.chunk_size, cfg.headroom, cfg.ring_size) = (chunk, headroom, RING);
     // SAFETY: `umem` is page-aligned, read-write, and moves into the
     // engine with the socket, which drops first.
     let xsk = unsafe { XskSocket::with_area(cfg, umem.ptr, umem.len) }.map_err(xdp_err)?;
@@ -275,6 +286,7 @@ pub(crate) fn start(
         counters.clone(),
         p.max_sessions,
         inbox,
+        frame,
     )?;
     let (busy, st, nt) = (p.busy_poll, stop.clone(), notify.clone());
     // The engine holds raw pointers (not Send): hand it over in a box the

@@ -73,13 +73,32 @@ pub fn ifindex(name: &str) -> Result<u32, XdpError> {
 /// namespace (SIOCGIFHWADDR; /sys shows the namespace it was mounted in,
 /// not the thread's).
 pub fn mac_address(name: &str) -> Result<[u8; 6], XdpError> {
+    let req = ifreq(name, libc::SIOCGIFHWADDR, "socket for SIOCGIFHWADDR")?;
+    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(mac)
+}
+
+/// The MTU of interface `name` (in this thread's network namespace).
+pub fn mtu(name: &str) -> Result<u32, XdpError> {
+    let req = ifreq(name, libc::SIOCGIFMTU, "socket for SIOCGIFMTU")?;
+    // SAFETY: SIOCGIFMTU filled the mtu member of the union.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
+}
+
+/// Runs interface ioctl `op` on `name`; returns the filled request.
+fn ifreq(name: &str, op: libc::c_ulong, what: &'static str) -> Result<libc::ifreq, XdpError> {
     if name.is_empty() || name.len() >= libc::IFNAMSIZ {
         return Err(XdpError::NoInterface(name.into()));
     }
     // SAFETY: plain socket(2); closed by OwnedFd.
     let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
-        return Err(XdpError::sys("socket for SIOCGIFHWADDR"));
+        return Err(XdpError::sys(what));
     }
     // SAFETY: `raw` is a new descriptor we own.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -89,16 +108,10 @@ pub fn mac_address(name: &str) -> Result<[u8; 6], XdpError> {
         *d = s as libc::c_char;
     }
     // SAFETY: `req` is a valid ifreq the ioctl fills.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } != 0 {
+    if unsafe { libc::ioctl(fd.as_raw_fd(), op, &mut req) } != 0 {
         return Err(XdpError::NoInterface(name.into()));
     }
-    // SAFETY: SIOCGIFHWADDR filled the hwaddr member of the union.
-    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
-    let mut mac = [0u8; 6];
-    for (d, s) in mac.iter_mut().zip(sa.sa_data.iter()) {
-        *d = *s as u8;
-    }
-    Ok(mac)
+    Ok(req)
 }
 
 /// How a socket is set up.

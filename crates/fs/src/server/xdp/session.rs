@@ -37,7 +37,7 @@ use super::{bump, desc, scratch, Counters, Umem};
 use crate::proto::{self, Header, Op, Request, HEADER_LEN, NONCE_LEN};
 use crate::serve::{self, Reply};
 use crate::server::{ExportSvc, Inner};
-use crate::xdp_wire::{self as w, Assembly, Ctrl, Frame, Kind, MAX_CTRL_PAYLOAD, MAX_FRAME};
+use crate::xdp_wire::{self as w, Assembly, Ctrl, Frame, Kind, BASE_FRAME};
 
 pub(crate) use life::Inbox;
 use life::Outcome;
@@ -72,6 +72,8 @@ struct Session {
     cn: [u8; NONCE_LEN],
     sn: Option<[u8; NONCE_LEN]>,
     asm: Assembly,
+    /// The client's receive frame, as its last control frame announced.
+    peer: usize,
     /// Answered ids, oldest first, with the reply when kept.
     done: VecDeque<Answered>,
     /// The highest id pushed out of `done`: an id at or below it is old.
@@ -98,6 +100,7 @@ impl Session {
             cn: [0; NONCE_LEN],
             sn: None,
             asm: Assembly::default(),
+            peer: BASE_FRAME,
             done: VecDeque::new(),
             floor: 0,
             write: None,
@@ -134,6 +137,9 @@ pub(crate) struct Engine {
     umem: Umem,
     svc: Arc<ExportSvc>,
     mac: [u8; 6],
+    /// Our socket's largest frame (the export's MTU), and its UMEM chunk.
+    frame: usize,
+    chunk: u64,
     free_rx: Vec<u64>,
     free_tx: Vec<u64>,
     posted: u64,
@@ -174,6 +180,7 @@ impl Engine {
         c: Arc<Counters>,
         max_sessions: usize,
         inbox: Arc<Inbox>,
+        frame: usize,
     ) -> std::io::Result<Engine> {
         let now = Instant::now();
         // SAFETY: plain epoll_create1; the result is checked.
@@ -190,6 +197,8 @@ impl Engine {
             umem,
             svc,
             mac,
+            frame,
+            chunk: w::chunk_for(frame).0 as u64,
             free_rx: Vec::new(),
             free_tx: Vec::new(),
             posted: 0,
@@ -227,7 +236,7 @@ impl Engine {
     /// Every scratch buffer back with us (a new socket: nothing posted).
     fn reset_buffers(&mut self) {
         let (_, nrx, ntx) = scratch();
-        let chunk = w::CHUNK as u64;
+        let chunk = self.chunk;
         self.free_rx = (0..nrx).map(|i| i * chunk).collect();
         self.free_tx = (nrx..nrx + ntx).map(|i| i * chunk).collect();
         (self.posted, self.received, self.ahead) = (0, 0, 0);
@@ -311,7 +320,7 @@ impl Engine {
             return self.on_slot(d);
         }
         self.ahead -= 1;
-        let chunk = d.addr - d.addr % w::CHUNK as u64;
+        let chunk = d.addr - d.addr % self.chunk;
         let f = self
             .xsk
             .frame(d.addr, d.len as usize)
@@ -327,6 +336,9 @@ impl Engine {
     fn on_ctrl(&mut self, src: [u8; 6], h: Ctrl, payload: &[u8]) {
         let key = (src, h.session);
         let now = self.now;
+        if let Some(s) = self.sessions.get_mut(&key) {
+            s.peer = w::frame_of_code(h.rxf);
+        }
         match h.kind {
             Kind::Nop => {
                 if let Some(s) = self.sessions.get_mut(&key) {
@@ -342,7 +354,7 @@ impl Engine {
                     bump(&self.c.sessions, 1);
                 }
                 let s = self.sessions.get_mut(&key).expect("inserted");
-                s.seen = now;
+                (s.seen, s.peer) = (now, w::frame_of_code(h.rxf));
                 if let Some(msg) = s.asm.add(&h, payload) {
                     let msg = msg.to_vec();
                     self.on_request(key, h.rid, msg);
@@ -468,25 +480,30 @@ impl Engine {
         }
     }
 
+    /// The frame size of session `key`: ours or its client's, the smaller.
+    fn frame_to(&self, key: &Key) -> usize {
+        let peer = self.sessions.get(key).map_or(BASE_FRAME, |s| s.peer);
+        self.frame.min(peer)
+    }
+
     /// Sends a message in control frames from the send buffers.
     fn send_msg(&mut self, key: Key, kind: Kind, rid: u64, msg: &[u8]) {
-        let nfrag = msg.len().div_ceil(MAX_CTRL_PAYLOAD).max(1) as u16;
-        for (i, p) in w::fragments(msg).enumerate() {
+        let frame = self.frame_to(&key);
+        let unit = w::ctrl_payload(frame);
+        let nfrag = w::nfrags(msg.len(), unit);
+        for (i, p) in w::fragments(msg, unit).enumerate() {
             let Some(addr) = self.tx_buf() else {
                 return bump(&self.c.drops, 1);
             };
             let h = Ctrl {
                 kind,
-                flags: 0,
+                rxf: w::frame_code(self.frame),
                 frag: i as u16,
                 nfrag,
                 session: key.1,
                 rid,
             };
-            let f = self
-                .xsk
-                .frame_mut(addr, MAX_FRAME)
-                .expect("tx buffer in umem");
+            let f = self.xsk.frame_mut(addr, frame).expect("tx buffer in umem");
             let n = w::encode_ctrl(f, key.0, self.mac, &h, p);
             self.tx.push(desc(addr, n));
             if self.tx.len() == 64 {

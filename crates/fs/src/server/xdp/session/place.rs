@@ -9,7 +9,7 @@ use super::{bump, err_reply, scratch, Engine, Key, MAX_GRANTS};
 use crate::fs::WritePlan;
 use crate::proto::Header;
 use crate::serve::{self, Reply};
-use crate::xdp_wire::{self as w, Ctrl, Grant, Kind, MAX_CTRL_PAYLOAD, PLACE_HDR};
+use crate::xdp_wire::{self as w, Ctrl, Grant, Kind, PLACE_HDR};
 
 /// How long a placement's slots stay posted: a client that took a grant
 /// and went silent would otherwise hold the export (every other frame
@@ -27,6 +27,8 @@ pub(super) struct Pending {
     place: bool,
     have: Vec<bool>,
     got: usize,
+    /// Bytes of every fragment but the last (copied writes).
+    unit: usize,
 }
 
 /// The placement in progress (one per export at a time).
@@ -89,7 +91,7 @@ impl Engine {
         let Some(s) = self.sessions.get_mut(&key) else {
             return self.abort(plan, None);
         };
-        let place = placeable(&plan);
+        let place = placeable(&plan, self.frame - PLACE_HDR);
         s.write = Some(Pending {
             rid,
             h,
@@ -100,6 +102,7 @@ impl Engine {
             place,
             have: Vec::new(),
             got: 0,
+            unit: 0,
         });
         self.regrant.push(key);
     }
@@ -107,6 +110,10 @@ impl Engine {
     /// Posts a write's placement slots (or asks for fragments) and tells
     /// the client.
     pub(super) fn grant(&mut self, key: Key) {
+        // Pieces fill our socket's frames; a client that cannot send
+        // frames that large sends fragments of its own size.
+        let frame = self.frame_to(&key);
+        let piece = self.frame - PLACE_HDR;
         let Some(p) = self.sessions.get_mut(&key).and_then(|s| s.write.as_mut()) else {
             return;
         };
@@ -116,12 +123,22 @@ impl Engine {
         }
         let nops = self.posted - self.received;
         let room = (super::super::RING as u64).saturating_sub(nops) as usize;
-        let slots = if p.place { count_slots(&p.plan) } else { 0 };
-        let place = p.place && self.placing.is_none() && self.jobs == 0 && slots + 64 <= room;
+        let slots = if p.place {
+            count_slots(&p.plan, piece)
+        } else {
+            0
+        };
+        let place = p.place
+            && frame == self.frame
+            && self.placing.is_none()
+            && self.jobs == 0
+            && slots + 64 <= room;
         let mut g = Grant {
             place,
             seq: p.seq,
             nops: nops as u32,
+            piece: piece as u16,
+            frag: w::ctrl_payload(frame) as u16,
             segs: Vec::new(),
         };
         if place {
@@ -141,7 +158,7 @@ impl Engine {
                 };
                 saved.push((o, b));
                 g.segs.push(n as u32);
-                for (ps, pl) in w::pieces(n) {
+                for (ps, pl) in w::pieces(n, piece) {
                     let addr = region + (o + ps - PLACE_HDR) as u64;
                     let len = (PLACE_HDR + pl) as u32;
                     self.slots.push_back(Slot { addr, key, len });
@@ -161,7 +178,8 @@ impl Engine {
             });
         } else {
             p.place = false;
-            p.have = vec![false; p.len.div_ceil(MAX_CTRL_PAYLOAD).max(1)];
+            p.unit = g.frag as usize;
+            p.have = vec![false; w::nfrags(p.len, p.unit) as usize];
             // NOPs only to fill slots of an earlier grant; buffers for
             // the burst of fragments are posted before the client sends.
             if self.placing.is_none() {
@@ -252,10 +270,11 @@ impl Engine {
         let Some(p) = s.write.as_mut() else {
             return bump(&self.c.drops, 1);
         };
-        let at = h.frag as usize * MAX_CTRL_PAYLOAD;
+        let at = h.frag as usize * p.unit;
         let ok = !p.place
             && p.rid == h.rid
             && h.nfrag as usize == p.have.len()
+            && (payload.len() == p.unit || h.frag + 1 == h.nfrag)
             && at + payload.len() <= p.len
             && (h.frag + 1 < h.nfrag || at + payload.len() == p.len);
         if !ok {
@@ -341,21 +360,24 @@ impl Engine {
 /// of other senders can land in a placement's slots (and do, when its
 /// client vanished), and the file's old data must not be under them;
 /// an overwrite of existing blocks goes in fragments.
-fn placeable(plan: &WritePlan) -> bool {
+fn placeable(plan: &WritePlan, piece: usize) -> bool {
     let segs = &plan.segs;
     // An empty write has nothing to place (and a placement with no slots
     // would never complete).
     !segs.is_empty()
         && plan.all_fresh()
-        && segs.iter().all(|&(_, n)| w::placeable(n))
+        && segs.iter().all(|&(_, n)| w::placeable(n, piece))
         && segs.len() <= w::MAX_GRANT_SEGS
         && segs
             .iter()
             .all(|&(o, _)| segs.iter().all(|&(p, n)| o - PLACE_HDR >= p + n || o <= p))
 }
 
-fn count_slots(plan: &WritePlan) -> usize {
-    plan.segs.iter().map(|&(_, n)| w::pieces(n).count()).sum()
+fn count_slots(plan: &WritePlan, piece: usize) -> usize {
+    plan.segs
+        .iter()
+        .map(|&(_, n)| w::pieces(n, piece).count())
+        .sum()
 }
 
 /// Copies payload bytes `[at, at + b.len())` into the plan's segments.
