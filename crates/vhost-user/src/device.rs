@@ -63,6 +63,9 @@ pub struct QueueStats {
     /// Requests a killed backend had taken, run again at start
     /// (inflight region).
     pub resubmitted: AtomicU64,
+    /// Requests the queue task ran itself when it took them (its inline
+    /// slot, [`crate::inline`]), not handed to a worker.
+    pub inline: AtomicU64,
     /// The queue's task is running.
     pub running: AtomicBool,
     /// It runs (or last ran) as a packed ring.
@@ -91,6 +94,7 @@ impl QueueStats {
             kicks: l(&self.kicks),
             signals: l(&self.signals),
             resubmitted: l(&self.resubmitted),
+            inline: l(&self.inline),
             running: self.running.load(Ordering::Relaxed),
             packed: self.packed.load(Ordering::Relaxed),
         }
@@ -106,6 +110,7 @@ pub struct QueueCounters {
     pub kicks: u64,
     pub signals: u64,
     pub resubmitted: u64,
+    pub inline: u64,
     pub running: bool,
     pub packed: bool,
 }

@@ -15,7 +15,8 @@
 //! (the packed ring's device side),
 //! [`memory`] (memory table), [`guest`] (the request path's view of it),
 //! [`coalesce`] (call-eventfd coalescing),
-//! [`workers`] (a queue's request workers), [`inflight`] (inflight
+//! [`inline`] (the request a queue task runs itself), [`workers`] (a
+//! queue's request workers), [`inflight`] (inflight
 //! tracking for restarts), [`device`] (the served bdev, its counters and
 //! bdev events), [`notify`] (the backend channel for config changes), [`backend`]
 //! (message handling), [`vring`] (the data path), [`controller`] (socket,
@@ -31,6 +32,7 @@ pub mod device;
 pub mod fuzzing;
 pub mod guest;
 pub mod inflight;
+pub mod inline;
 pub mod memory;
 pub mod notify;
 pub mod packed;

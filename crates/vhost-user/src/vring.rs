@@ -1,11 +1,14 @@
 //! One virtqueue served on one reactor: the task that takes available
-//! chains, and the workers ([`crate::workers`]) that run them on the bdev
-//! with buffers pointing into guest memory (no copy). One worker runs
-//! every request queued while it is awake: with a bdev that completes
-//! inline, a pass's chains are served in one task poll. Once warm the path
-//! allocates nothing: workers, segment lists, job slots and buffer lists
-//! are reused, and the memory map is reference-counted only when it
-//! changes (the `alloc_free` test holds it to that).
+//! chains and runs them on the bdev with buffers pointing into guest
+//! memory (no copy). A chain taken while the task's inline slot
+//! ([`crate::inline`]) is free runs there at once, so a bdev that
+//! completes inline (null, malloc) answers it in the pass that took it;
+//! one that has to wait keeps the slot, and the chains taken meanwhile go
+//! to the workers ([`crate::workers`]), one of which runs every request
+//! queued while it is awake. Once warm the path allocates nothing:
+//! workers, segment lists, job slots and buffer lists are reused, and a
+//! worker's memory map is reference-counted only when it changes (the
+//! `alloc_free` test holds it to that).
 //!
 //! Adaptive polling: while requests keep coming the task re-polls the
 //! avail index every reactor pass (notifications off, so the driver makes
@@ -27,11 +30,14 @@
 
 use std::cell::{Cell, RefCell};
 use std::fs::File;
+use std::future::{poll_fn, Future};
 use std::os::fd::AsRawFd;
+use std::pin::pin;
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
+use std::task::Poll;
 use std::time::Duration;
 
 use ustor_bdev::{BdevError, IoChannel};
@@ -44,6 +50,7 @@ use crate::device::{BlkDevice, QueueStats};
 use crate::guest::GuestMem;
 use crate::inflight::ring::{self, Resubmit, Track};
 use crate::inflight::QueueInflight;
+use crate::inline;
 use crate::packed;
 use crate::virtq::Virtq;
 use crate::workers::WorkerMem;
@@ -121,6 +128,8 @@ struct Vring {
     /// Where a taken chain's descriptors are copied: kept here, not on
     /// the queue task's stack, so a pass does not zero ~2 KiB of it.
     descs: RefCell<Box<blk::ChainBuf>>,
+    /// The inline slot's scratch space (taken by its request while it runs).
+    inline_scratch: RefCell<Scratch>,
 }
 
 impl Vring {
@@ -154,15 +163,25 @@ pub async fn run(s: VringStart) {
     resubmit(&v);
     let poll_window = ticks::from_duration(v.dev.poll_window);
     let mut last_work = ustor_runtime::pass_ticks();
+    // One request runs in the task itself (crate::inline): polled first
+    // in each pass and while parked, so one that waits moves on when its
+    // I/O wakes the task.
+    let mut slot = pin!(None);
     while !stop.load(Ordering::Acquire) {
-        refresh_mem(&v, &mem_atomic);
-        // The reactor's clock of this pass, not the TSC: the poll window
-        // and the coalescing intervals are microseconds or more, and a
-        // TSC read costs tens of ns here (one per pass saved).
-        let now = ustor_runtime::pass_ticks();
-        publish(&v, &v.mem.borrow(), now);
-        let n = take_available(&v);
-        coalesce_tick(&v, now);
+        let (n, now) = poll_fn(|cx| {
+            inline::drive(slot.as_mut(), cx);
+            let mut run_inline = |job: Job| {
+                if slot.is_some() {
+                    return Some(job);
+                }
+                QueueStats::bump(&v.stats().inline);
+                let mem = v.mem.borrow().clone();
+                inline::start(slot.as_mut(), execute_inline(v.clone(), mem, job), cx);
+                None
+            };
+            Poll::Ready(pass(&v, &mem_atomic, &mut run_inline))
+        })
+        .await;
         if n > 0 {
             last_work = now;
             ustor_runtime::yield_now().await;
@@ -185,7 +204,15 @@ pub async fn run(s: VringStart) {
             // Completions from here on publish at once.
             publish(&v, &v.mem.borrow(), ticks::now());
             v.parked.set(true);
-            let _ = ustor_runtime::ops::poll_ready(kick.as_raw_fd(), libc::POLLIN as u32).await;
+            let mut woken = pin!(ustor_runtime::ops::poll_ready(
+                kick.as_raw_fd(),
+                libc::POLLIN as u32
+            ));
+            let _ = poll_fn(|cx| {
+                inline::drive(slot.as_mut(), cx);
+                woken.as_mut().poll(cx)
+            })
+            .await;
             v.parked.set(false);
             drain_eventfd(&kick);
             QueueStats::bump(&v.stats().kicks);
@@ -199,7 +226,11 @@ pub async fn run(s: VringStart) {
     // been returned used, so a restarted ring repeats nothing.
     publish(&v, &v.mem.borrow(), ticks::now());
     v.parked.set(true);
-    while v.inflight.get() > 0 {
+    loop {
+        poll_fn(|cx| Poll::Ready(inline::drive(slot.as_mut(), cx))).await;
+        if v.inflight.get() == 0 {
+            break;
+        }
         ustor_runtime::sleep(Duration::from_micros(100)).await;
     }
     if v.coal.borrow_mut().flush(ticks::now()) {
@@ -242,7 +273,29 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         resubmit: RefCell::new(rec.again),
         desc_table: s.desc,
         descs: RefCell::new(Box::new(blk::chain_buf())),
+        inline_scratch: RefCell::new(Scratch::new()),
     })
+}
+
+/// One busy pass of the queue task: (chains taken, the pass's clock).
+/// `run_inline` runs a request in the inline slot, or hands it back when
+/// the slot is taken.
+fn pass(
+    v: &Rc<Vring>,
+    mem_atomic: &GuestMemoryAtomic<GuestMemoryMmap>,
+    run_inline: &mut dyn FnMut(Job) -> Option<Job>,
+) -> (usize, u64) {
+    refresh_mem(v, mem_atomic);
+    // The reactor's clock of this pass, not the TSC: the poll window
+    // and the coalescing intervals are microseconds or more, and a
+    // TSC read costs tens of ns here (one per pass saved).
+    let now = ustor_runtime::pass_ticks();
+    publish(v, &v.mem.borrow(), now);
+    let n = take_available(v, run_inline);
+    // What ran inline is decided on now, not a pass later.
+    publish(v, &v.mem.borrow(), now);
+    coalesce_tick(v, now);
+    (n, now)
 }
 
 /// Picks up a memory map the frontend changed (ADD_MEM_REG, REM_MEM_REG);
@@ -274,8 +327,9 @@ fn coalesce_tick(v: &Vring, now: u64) {
 }
 
 /// Takes every available chain (at most a ring's worth per call: a budget
-/// so one queue cannot hold the reactor) and hands each to a worker.
-fn take_available(v: &Rc<Vring>) -> usize {
+/// so one queue cannot hold the reactor) and starts each (`run_inline`:
+/// see [`start_request`]).
+fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>) -> usize {
     if v.broken.get() {
         return 0;
     }
@@ -291,7 +345,7 @@ fn take_available(v: &Rc<Vring>) -> usize {
         if let Some(tr) = &v.track {
             tr.taken(&v.queue.borrow(), mem.map(), t.head, &v.counter);
         }
-        start_request(v, &mem, t.head, &descs[..t.descs]);
+        start_request(v, &mem, t.head, &descs[..t.descs], run_inline);
     }
     v.coal.borrow_mut().taken(n as u64);
     n
@@ -309,28 +363,37 @@ fn resubmit(v: &Rc<Vring>) {
             for head in heads {
                 let table = GuestAddress(v.desc_table);
                 let k = blk::read_chain(&mem, table, size, head, &mut descs);
-                start_request(v, &mem, head, &descs[..k]);
+                start_request(v, &mem, head, &descs[..k], &mut Some);
             }
         }
         Resubmit::Packed(chains) => {
             QueueStats::add(&v.stats().resubmitted, chains.len() as u64);
             for c in chains {
                 let k = packed::chain_descs(mem.map(), &c.descs, &mut descs);
-                start_request(v, &mem, c.id, &descs[..k]);
+                start_request(v, &mem, c.id, &descs[..k], &mut Some);
             }
         }
     }
 }
 
-/// Validates one chain and hands it to a worker, or answers it at once.
-fn start_request(v: &Rc<Vring>, mem: &GuestMem, head: u16, descs: &[blk::Desc]) {
+/// Validates one chain and runs it: through `run_inline` (which hands it
+/// back when it cannot take it), else on a worker; or answers it at once.
+fn start_request(
+    v: &Rc<Vring>,
+    mem: &GuestMem,
+    head: u16,
+    descs: &[blk::Desc],
+    run_inline: &mut dyn FnMut(Job) -> Option<Job>,
+) {
     {
         let segs = v.seg_pool.borrow_mut().pop().unwrap_or_default();
         QueueStats::bump(&v.stats().requests);
         match blk::parse_chain(descs, mem, segs) {
             Ok(req) => {
                 v.inflight.set(v.inflight.get() + 1);
-                v.jobs.push(Job { head, req }, |id| spawn_worker(v, id));
+                if let Some(job) = run_inline(Job { head, req }) {
+                    v.jobs.push(job, |id| spawn_worker(v, id));
+                }
             }
             Err((e, segs)) => {
                 v.seg_pool.borrow_mut().push(segs);
@@ -353,6 +416,15 @@ struct Scratch {
     ranges: Vec<blk::Range>,
 }
 
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch {
+            bufs: Vec::with_capacity(blk::SEG_MAX),
+            ranges: Vec::with_capacity(blk::MAX_RANGES as usize),
+        }
+    }
+}
+
 fn spawn_worker(v: &Rc<Vring>, id: usize) {
     ustor_runtime::spawn(worker(v.clone(), id));
 }
@@ -360,16 +432,28 @@ fn spawn_worker(v: &Rc<Vring>, id: usize) {
 /// One worker: takes jobs until the queue stops.
 async fn worker(v: Rc<Vring>, id: usize) {
     let mut mem = WorkerMem::default();
-    let mut scratch = Scratch {
-        bufs: Vec::with_capacity(blk::SEG_MAX),
-        ranges: Vec::with_capacity(blk::MAX_RANGES as usize),
-    };
+    let mut scratch = Scratch::new();
     // Budget: one round per job; ends when the queue is closed.
     while let Some(job) = mem.next(&v.jobs, id, || v.mem_gen.get()).await {
         let m = mem.get(v.mem_gen.get(), &v.mem);
         let run = execute(&v, m, job, &mut scratch);
         v.jobs.run(id, run, |i| spawn_worker(&v, i)).await;
     }
+}
+
+/// A request in the queue task's inline slot: it owns what it uses (the
+/// slot lives across passes, and the map may change meanwhile); the
+/// scratch space is the queue's, taken for the request's duration.
+async fn execute_inline(v: Rc<Vring>, mem: Arc<GuestMem>, job: Job) {
+    let mut scratch = std::mem::replace(
+        &mut *v.inline_scratch.borrow_mut(),
+        Scratch {
+            bufs: Vec::new(),
+            ranges: Vec::new(),
+        },
+    );
+    execute(&v, &mem, job, &mut scratch).await;
+    *v.inline_scratch.borrow_mut() = scratch;
 }
 
 /// Runs one request and returns it used.

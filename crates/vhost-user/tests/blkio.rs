@@ -438,6 +438,9 @@ fn queue_counters_follow_the_requests() {
         "{s:?}"
     );
     assert_eq!(s.in_flight(), 0);
+    // One at a time on a malloc bdev: each ran in the queue task's inline
+    // slot, answered in the pass that took it.
+    assert_eq!(s.inline, 3, "{s:?}");
     assert!(s.running, "{s:?}");
     assert_eq!(c.frontend_pid(), Some(std::process::id() as i32));
     drop(cl);
