@@ -35,6 +35,16 @@
 # across rounds (a cause outside the backends). Odd rounds run BACKENDS
 # in order, even rounds reversed. On a noisy VM short alternating rounds
 # (ROUNDS=9 RUNTIME=1) and the per-round ratios are the figures to use.
+# Before and after every point, with every backend stopped,
+# bench/lib/xcore_rtt.c times a cache line's round trip between the
+# backend and frontend cores (`xrtt_ns`, `xrtt2_ns`: medians of 20000): a
+# QD1 request is a few such exchanges, and on a VM the figure moves (e.g.
+# ~110 ns or ~460 ns on a 2-vCPU EPYC guest) as the host moves the vCPUs
+# between core complexes. The summary gives the rank correlation of IOPS
+# with it per cell and, when the probes fall in two groups (slowest over
+# twice the fastest), each cell's median per group (a point whose two
+# probes disagree is in neither) and the ustor/peer ratio over the rounds
+# where both sides met the same group (XRTT=0: no probe).
 # Idle: each backend's CPU over IDLE_S seconds with no frontend, then with
 # a bdevperf connected and idle (`-z`: it attaches and waits).
 #
@@ -52,6 +62,7 @@
 #   NOBUILD=1 USTOR=path       skip cargo build / use this ustor binary
 #   USTOR_ALT=path             the binary backend ustor-alt runs (e.g. the
 #                              build before a change; BACKENDS="ustor ustor-alt spdk")
+#   XRTT=0                     no cross-core round-trip probe (needs cc)
 #   FRONTEND=bdevperf|blkio    blkio: crates/vhost-user/examples/blkio_load.rs
 #                              (libblkio's virtio-blk-vhost-user driver, one
 #                              busy-polled queue) instead of bdevperf; every
@@ -116,6 +127,10 @@ esac
 
 tmp=$(mktemp -d /tmp/ustor-bench-vhost.XXXXXX)
 declare -A PID SOCK
+XRTT=${XRTT:-1}
+if [ "$XRTT" = 1 ]; then
+    cc -O2 -pthread -o "$tmp/xcore_rtt" bench/lib/xcore_rtt.c || die "cc bench/lib/xcore_rtt.c failed (XRTT=0: no probe)"
+fi
 cleanup() {
     # Subshells (command substitution) inherit the trap: only the script
     # itself stops the backends.
@@ -232,10 +247,21 @@ only() { # backend
     done
 }
 
+# The cache line round trip between the two cores now (ns), every
+# backend stopped; "-" without the probe.
+xrtt() {
+    local be
+    [ "$XRTT" = 1 ] || { echo -; return; }
+    for be in $BACKENDS; do kill -STOP "${PID[$be]}"; done
+    "${RUN[@]}" "$tmp/xcore_rtt" "$BCORE" "$FCORE" 20000 2>/dev/null || echo -
+}
+
 # One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns reactor_sleeps
-# bsteal% bbusy% bidle% fsteal% fbusy% fidle% backend_cpus frontend_cpu".
+# bsteal% bbusy% bidle% fsteal% fbusy% fidle% backend_cpus frontend_cpu
+# xrtt_ns_before xrtt_ns_after".
 run_point() { # backend rw qd
-    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1 k0 k1 fe fcpu
+    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1 k0 k1 fe fcpu x
+    x=$(xrtt)
     only "$1"
     frontend_json "${SOCK[$1]}" >"$cfg"
     s0=$(sleeps "$1")
@@ -269,7 +295,7 @@ run_point() { # backend rw qd
         res="0 0"
     fi
     if [ "$s0" = - ] || [ "$s1" = - ]; then s1=-; else s1=$((s1 - s0)); fi
-    echo "$res $((after - before)) $((t1 - t0)) $s1 $(core_pct "$k0" "$k1" "$((t1 - t0))") $(placement "${PID[$1]}") ${fcpu:--}"
+    echo "$res $((after - before)) $((t1 - t0)) $s1 $(core_pct "$k0" "$k1" "$((t1 - t0))") $(placement "${PID[$1]}") ${fcpu:--} $x $(xrtt)"
 }
 
 pct() { awk -v ns="$1" -v s="$IDLE_S" 'BEGIN { printf "%.2f", ns / s / 1e7 }'; }
@@ -331,8 +357,8 @@ for r in $(seq "$ROUNDS"); do
             order=$BACKENDS
             [ $((r % 2)) = 1 ] || order=$(echo "$BACKENDS" | tr ' ' '\n' | tac | paste -sd' ' -)
             for be in $order; do
-                read -r iops lat cpu wall slp bst bbu bid fst fbu fid bcpu fcpu < <(run_point "$be" "$rw" "$qd")
-                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp bsteal=$bst bbusy=$bbu bidle=$bid fsteal=$fst fbusy=$fbu fidle=$fid bcpus=$bcpu fcpus=$fcpu" | tee -a "$out"
+                read -r iops lat cpu wall slp bst bbu bid fst fbu fid bcpu fcpu xr xr2 < <(run_point "$be" "$rw" "$qd")
+                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp bsteal=$bst bbusy=$bbu bidle=$bid fsteal=$fst fbusy=$fbu fidle=$fid bcpus=$bcpu fcpus=$fcpu xrtt_ns=$xr xrtt2_ns=$xr2" | tee -a "$out"
             done
         done
     done
@@ -349,6 +375,7 @@ for line in open(sys.argv[1]):
         idle[f[1]] = (f[2].split("=")[1], f[3].split("=")[1])
 backends = list(dict.fromkeys(p["backend"] for p in pts))
 cells = {}
+num = lambda s: float(s) if s and s.replace(".", "").isdigit() else float("nan")
 for p in pts:
     iops, rt = float(p["iops"]), float(p["runtime"])
     cpu_s, wall_s = int(p["cpu_ns"]) / 1e9, int(p["wall_ns"]) / 1e9
@@ -359,7 +386,8 @@ for p in pts:
         (iops, float(p["lat_us"]), cpu_s * 1e9 / max(iops * rt, 1), 100 * cpu_s / wall_s, p["round"],
          p.get("sleeps", "-"), 100 * cpu_s / rt,
          float(p.get("bsteal", "nan")) + float(p.get("fsteal", "nan")),
-         float(p.get("bbusy", "nan")) - 100 * cpu_s / wall_s))
+         float(p.get("bbusy", "nan")) - 100 * cpu_s / wall_s,
+         num(p.get("xrtt_ns")), num(p.get("xrtt2_ns"))))
 print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core")
 print("over bdevperf's wall time (cpu%wall) and over the RUNTIME seconds of I/O (cpu%io))")
 print("(sleeps: the ustor reactor's sleeps over the point, start-up and end included, median)")
@@ -419,6 +447,35 @@ if any(x[7] == x[7] for v in cells.values() for x in v):
         rows = " ".join(f"{x[0] / 1e3:.0f}k/{x[7]:.0f}" for x in sorted(v, key=lambda x: int(x[4])))
         print(f"{rw:10} {qd:>4} {be:10} rho(steal) {fmt(rho([x[0] for x in v], [x[7] for x in v]))}"
               f" rho(other) {fmt(rho([x[0] for x in v], [x[8] for x in v]))}  IOPS/steal: {rows}")
+xs = [y for v in cells.values() for x in v for y in x[9:11] if y == y]
+if xs:
+    print(f"\ncross-core round trip before each point (xrtt_ns): {min(xs):.0f}-{max(xs):.0f} ns, median {st.median(xs):.0f};")
+    print("per cell: Spearman's rho of IOPS with it (before the point), and each round's IOPS/xrtt before,after")
+    for (rw, qd, be), v in cells.items():
+        rows = " ".join(f"{x[0] / 1e3:.0f}k/{x[9]:.0f},{x[10]:.0f}" for x in sorted(v, key=lambda x: int(x[4])))
+        print(f"{rw:10} {qd:>4} {be:10} rho(xrtt) {fmt(rho([x[0] for x in v], [x[9] for x in v]))}  {rows}")
+    # Two groups when the slowest is over twice the fastest: split at the
+    # geometric mean of the two ends.
+    if max(xs) > 2 * min(xs):
+        cut = (min(xs) * max(xs)) ** 0.5
+        grp = lambda x: ("near" if max(x[9:11]) < cut else "far" if min(x[9:11]) >= cut else "mixed"
+                         ) if x[9] == x[9] and x[10] == x[10] else "-"
+        print(f"\npoints by round trip: near < {cut:.0f} ns <= far; median IOPS (points) per group")
+        for (rw, qd, be), v in cells.items():
+            g = {k: [x[0] for x in v if grp(x) == k] for k in ("near", "far")}
+            cols = "  ".join(f"{k} {st.median(g[k]) / 1e3:7.0f}k ({len(g[k])})" if g[k] else f"{k}        - (0)" for k in g)
+            print(f"{rw:10} {qd:>4} {be:10} {cols}")
+        if "ustor" in backends:
+            print("ustor/peer IOPS ratio per round where both points met the same group (median [min-max], rounds)")
+            for (rw, qd, be), v in cells.items():
+                if be.startswith("ustor"):
+                    continue
+                u = {x[4]: x for x in cells.get((rw, qd, "ustor"), [])}
+                for k in ("near", "far"):
+                    rs = [u[x[4]][0] / x[0] for x in v if x[4] in u and x[0] > 0
+                          and grp(x) == k and grp(u[x[4]]) == k]
+                    if rs:
+                        print(f"{rw:10} {qd:>4} ustor vs {be:6} {k:4} {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}] ({len(rs)})")
 print("\nbackend CPU with no I/O (% of a core): no frontend / a connected idle frontend")
 for be, (a, b) in idle.items():
     print(f"{be:8} {a:>4}% / {b:>4}%")
