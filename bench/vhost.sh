@@ -454,10 +454,12 @@ if xs:
     for (rw, qd, be), v in cells.items():
         rows = " ".join(f"{x[0] / 1e3:.0f}k/{x[9]:.0f},{x[10]:.0f}" for x in sorted(v, key=lambda x: int(x[4])))
         print(f"{rw:10} {qd:>4} {be:10} rho(xrtt) {fmt(rho([x[0] for x in v], [x[9] for x in v]))}  {rows}")
-    # Two groups when the slowest is over twice the fastest: split at the
-    # geometric mean of the two ends.
-    if max(xs) > 2 * min(xs):
-        cut = (min(xs) * max(xs)) ** 0.5
+    # Two groups when the fastest probe is under half the median (or the
+    # slowest over twice it): split at the geometric mean of the two. A
+    # lone slow probe (its thread descheduled) is not a group of its own.
+    lo, md, hi = min(xs), st.median(xs), max(xs)
+    cut = (lo * md) ** 0.5 if 2 * lo < md else (md * hi) ** 0.5 if hi > 2 * md else None
+    if cut:
         grp = lambda x: ("near" if max(x[9:11]) < cut else "far" if min(x[9:11]) >= cut else "mixed"
                          ) if x[9] == x[9] and x[10] == x[10] else "-"
         print(f"\npoints by round trip: near < {cut:.0f} ns <= far; median IOPS (points) per group")

@@ -35,7 +35,11 @@ pub fn drive<F: Future<Output = ()>>(mut slot: Pin<&mut Option<F>>, cx: &mut Con
 /// Runs `fut` in `slot` (which must be free) up to its first wait: true
 /// when it completed at once, false when it stays in the slot.
 #[inline]
-pub fn start<F: Future<Output = ()>>(mut slot: Pin<&mut Option<F>>, fut: F, cx: &mut Context<'_>) -> bool {
+pub fn start<F: Future<Output = ()>>(
+    mut slot: Pin<&mut Option<F>>,
+    fut: F,
+    cx: &mut Context<'_>,
+) -> bool {
     debug_assert!(slot.is_none(), "inline slot busy");
     slot.set(Some(fut));
     drive(slot, cx)
