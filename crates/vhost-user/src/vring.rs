@@ -32,7 +32,7 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::future::{poll_fn, Future};
 use std::os::fd::AsRawFd;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -201,30 +201,46 @@ pub async fn run(s: VringStart) {
             v.queue.borrow_mut().enable_notification(&mem)
         };
         if !more {
-            // Completions from here on publish at once.
-            publish(&v, &v.mem.borrow(), ticks::now());
-            v.parked.set(true);
-            let mut woken = pin!(ustor_runtime::ops::poll_ready(
-                kick.as_raw_fd(),
-                libc::POLLIN as u32
-            ));
-            let _ = poll_fn(|cx| {
-                inline::drive(slot.as_mut(), cx);
-                woken.as_mut().poll(cx)
-            })
-            .await;
-            v.parked.set(false);
-            drain_eventfd(&kick);
-            QueueStats::bump(&v.stats().kicks);
+            park(&v, &kick, slot.as_mut()).await;
         }
         refresh_mem(&v, &mem_atomic);
         let mem = v.mem.borrow();
         v.queue.borrow_mut().disable_notification(&mem);
         last_work = ticks::now();
     }
-    // Drain: the indices are reported only once every request taken has
-    // been returned used, so a restarted ring repeats nothing.
-    publish(&v, &v.mem.borrow(), ticks::now());
+    drain(&v, slot.as_mut()).await;
+    if v.coal.borrow_mut().flush(ticks::now()) {
+        signal_call(&v);
+    }
+    v.jobs.close();
+    v.stats().running.store(false, Ordering::Relaxed);
+    let _ = done.send(v.queue.borrow().indices());
+}
+
+/// Sleeps on the kick eventfd until the driver kicks; a request in the
+/// inline slot goes on meanwhile (its I/O wakes this task).
+async fn park<F: Future<Output = ()>>(v: &Vring, kick: &File, mut slot: Pin<&mut Option<F>>) {
+    // Completions from here on publish at once.
+    publish(v, &v.mem.borrow(), ticks::now());
+    v.parked.set(true);
+    let mut woken = pin!(ustor_runtime::ops::poll_ready(
+        kick.as_raw_fd(),
+        libc::POLLIN as u32
+    ));
+    let _ = poll_fn(|cx| {
+        inline::drive(slot.as_mut(), cx);
+        woken.as_mut().poll(cx)
+    })
+    .await;
+    v.parked.set(false);
+    drain_eventfd(kick);
+    QueueStats::bump(&v.stats().kicks);
+}
+
+/// Waits until every request taken has been returned used (the indices
+/// are reported only then, so a restarted ring repeats nothing).
+async fn drain<F: Future<Output = ()>>(v: &Vring, mut slot: Pin<&mut Option<F>>) {
+    publish(v, &v.mem.borrow(), ticks::now());
     v.parked.set(true);
     loop {
         poll_fn(|cx| Poll::Ready(inline::drive(slot.as_mut(), cx))).await;
@@ -233,12 +249,6 @@ pub async fn run(s: VringStart) {
         }
         ustor_runtime::sleep(Duration::from_micros(100)).await;
     }
-    if v.coal.borrow_mut().flush(ticks::now()) {
-        signal_call(&v);
-    }
-    v.jobs.close();
-    v.stats().running.store(false, Ordering::Relaxed);
-    let _ = done.send(v.queue.borrow().indices());
 }
 
 fn setup(mut s: VringStart) -> Result<Vring, String> {
