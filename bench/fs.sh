@@ -175,36 +175,7 @@ CFG
     wait_mount "$W/m-ustor_alt" || { cat "$W/mount-ustor_alt.log" "$W/serve-alt.log"; exit 1; }
 fi
 
-# ganesha_up NAME BIND_ADDR [netns]: a ganesha (NFSv3 over TCP on
-# BIND_ADDR) exporting $W/NAME-data, in netns when given; sets NFS_URL.
-ganesha_up() {
-    local n=$1 bind=$2 ns=${3:-} np mp
-    np=$(free_port)
-    mp=$(free_port)
-    mkdir -p "$W/$n-data"
-    cat > "$W/$n.conf" <<CONF
-NFS_CORE_PARAM {
-    Protocols = 3; NFS_Port = $np; MNT_Port = $mp; Bind_addr = $bind;
-    Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false;
-}
-EXPORT {
-    Export_Id = 1; Path = $W/$n-data; Pseudo = /data; Protocols = 3;
-    Transports = TCP; Access_Type = RW; Squash = No_Root_Squash;
-    FSAL { Name = VFS; }
-}
-LOG { Default_Log_Level = WARN; }
-CONF
-    # ganesha must register with rpcbind: a private /run holds a stand-in.
-    cat > "$W/$n.sh" <<SH
-mount -t tmpfs none /run
-python3 bench/lib/fake_rpcbind.py /run/rpcbind.sock &
-for i in \$(seq 50); do [ -S /run/rpcbind.sock ] && break; sleep 0.1; done
-exec ganesha.nfsd -F -f $W/$n.conf -L $W/$n.log -p /run/ganesha.pid
-SH
-    ${ns:+ip netns exec "$ns"} unshare -m --propagation private sh "$W/$n.sh" >"$W/$n.out" 2>&1 &
-    PIDS+=($!)
-    NFS_URL="nfs://$bind$W/$n-data?nfsport=$np&mountport=$mp"
-}
+. bench/lib/ganesha.sh
 if has ganesha; then
     ganesha_up ganesha 127.0.0.1
     NFS_URL_LO=$NFS_URL

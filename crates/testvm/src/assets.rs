@@ -23,7 +23,7 @@ use crate::modules::{self, ModuleTree};
 
 /// Bump when the layout of the built assets changes, so stale caches are
 /// rebuilt instead of booting a guest that lacks something new.
-const ASSET_VERSION: u32 = 8;
+const ASSET_VERSION: u32 = 9;
 
 /// The guest's init (PID 1), a busybox shell script.
 const INIT_SCRIPT: &str = include_str!("init.sh");
@@ -99,6 +99,10 @@ const MODULES: &[&str] = &[
     // PCI NVMe (poll queues) and device mapper: the DM polling comparison.
     "nvme",
     "dm_mod",
+    // The kernel's NFSv3 client and FUSE: the file service's in-guest
+    // comparison (bench/fs-guest.sh).
+    "nfsv3",
+    "fuse",
 ];
 
 /// Loaded by init before every test script: the network, SCSI disks (iSCSI
