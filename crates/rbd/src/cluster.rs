@@ -12,18 +12,26 @@
 //! have escaped). Default cores: those without a reactor; when every core
 //! runs a reactor, all of them, with a warning in the log.
 //!
-//! Scheduling policy (`sched_batch`, ustor's own, off by default): the
-//! connection's threads may run `SCHED_BATCH`, which never preempts on
-//! wake-up. With every client thread on one otherwise idle core and an
-//! interrupt-mode reactor, each hand-off of an I/O (reactor → messenger →
-//! completion thread → reactor) then runs when the waker sleeps instead
-//! of preempting it (which costs a switch back and, often, a futex wait
-//! on the librados lock the preempted thread held): 0.6 involuntary
-//! switches per QD1 I/O instead of 3.2, 0.77x the client CPU per I/O. Not
-//! the default: a batch thread also cannot preempt anything else on its
-//! core; on a loaded machine (load average 11-14 on 2 cores) it cost
-//! 0.55-0.69x the IOPS at three of four points, and behind a polling
-//! reactor 0.4x (bench/RESULTS-rbd.md).
+//! Scheduling policy: the connection's completion thread (librados'
+//! `io_context_pool`, which runs every callback) is `SCHED_BATCH` by
+//! default (`batch_completions`, ustor's own). librados wakes it while
+//! still holding a lock (`C_aio_Complete::finish` defers the callback under
+//! the completion's lock); with the thread on the messenger's core a plain
+//! wake-up preempts the messenger there, the woken thread blocks on that
+//! lock, and the messenger resumes only to wake it a second time. A batch
+//! thread never preempts on wake-up: it runs when the messenger goes back
+//! to its epoll wait, a few microseconds later. With every client thread on
+//! one core at randread QD1 that cut the messenger's involuntary switches
+//! from 1.2 to 0.03 per I/O and the client's CPU per I/O by a quarter
+//! (bench/RESULTS-rbd.md). The messenger itself stays `SCHED_OTHER`: it
+//! must preempt whatever runs when a reply arrives.
+//!
+//! `sched_batch` (ustor's own, off by default) makes every thread of the
+//! connection `SCHED_BATCH`, the messenger included. With an interrupt-mode
+//! reactor alone on the core that cut the client CPU per I/O further, but a
+//! batch messenger cannot preempt anything else on its core either: on a
+//! loaded machine (load average 11-14 on 2 cores) it cost 0.55-0.69x the
+//! IOPS at three of four points, and behind a polling reactor 0.4x.
 //!
 //! Time limits: Ceph's `rados_osd_op_timeout` arms a timer event in
 //! librados for every op, which cost 0.81-0.87x client CPU per I/O at
@@ -67,6 +75,10 @@ pub struct ClusterOpts {
     /// false; see the module doc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sched_batch: Option<bool>,
+    /// ustor's own: run the connection's completion thread
+    /// (`io_context_pool`) `SCHED_BATCH` (default true; see the module doc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_completions: Option<bool>,
     /// ustor's own: seconds before an I/O fails with ETIMEDOUT (default
     /// [`OP_TIMEOUT_S`]; 0: never). See the module doc.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -99,8 +111,8 @@ pub struct Cluster {
     handle: ffi::rados_t,
     /// Where its threads run.
     pub cores: Vec<usize>,
-    /// Its threads run `SCHED_BATCH`.
-    pub batch: bool,
+    /// Which of its threads run `SCHED_BATCH`.
+    pub batch: Batch,
     /// Threads that appeared while connecting and opening images.
     threads: Mutex<usize>,
     /// Seconds before an I/O fails (0: never).
@@ -148,7 +160,11 @@ impl Cluster {
     /// reactor's). `reactor_cores`: cores the default placement avoids.
     pub fn connect(opts: ClusterOpts, reactor_cores: &[usize]) -> Result<Arc<Cluster>, RbdError> {
         let cores = placement(opts.core_mask.as_deref(), reactor_cores)?;
-        let batch = opts.sched_batch.unwrap_or(false);
+        let batch = match (opts.sched_batch, opts.batch_completions) {
+            (Some(true), _) => Batch::All,
+            (_, Some(false)) => Batch::None,
+            _ => Batch::Completions,
+        };
         // Before any handle exists: a host without librbd gets a clear
         // error and nothing half-created.
         ffi::load().map_err(RbdError::Library)?;
@@ -205,7 +221,11 @@ impl Cluster {
         });
         check(r, || format!("connecting to cluster `{}`", opts.name))?;
         let handle = std::mem::replace(&mut h.0, std::ptr::null_mut());
-        let policy = if batch { "SCHED_BATCH" } else { "SCHED_OTHER" };
+        let policy = match batch {
+            Batch::All => "SCHED_BATCH",
+            Batch::Completions => "SCHED_OTHER, io_context_pool SCHED_BATCH",
+            Batch::None => "SCHED_OTHER",
+        };
         tracing::info!(
             "rbd cluster {}: connected, {threads} librados threads on cores {cores:?}, {policy}",
             opts.name
@@ -285,7 +305,8 @@ impl Cluster {
             "key_file": o.key_file,
             "core_mask": o.core_mask,
             "cores": self.cores,
-            "sched_batch": self.batch,
+            "sched_batch": self.batch == Batch::All,
+            "batch_completions": self.batch != Batch::None,
             "op_timeout_s": self.op_timeout_s,
             "threads": self.threads(),
         })
@@ -369,9 +390,10 @@ fn tasks() -> HashSet<i32> {
 
 /// Runs `f` with the calling thread's affinity narrowed to `cores`, so the
 /// threads it creates inherit them; returns `f`'s result and how many
-/// threads appeared (each checked, and pinned if it is elsewhere; with
-/// `batch`, made `SCHED_BATCH`: the threads they make later inherit it).
-fn on_cores<R>(cores: &[usize], batch: bool, f: impl FnOnce() -> R) -> (R, usize) {
+/// threads appeared (each checked, and pinned if it is elsewhere; those
+/// `batch` names made `SCHED_BATCH`: the threads they make later inherit
+/// it).
+fn on_cores<R>(cores: &[usize], batch: Batch, f: impl FnOnce() -> R) -> (R, usize) {
     let size = std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: get/set this thread's affinity with sets of the right size.
     let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -389,7 +411,7 @@ fn on_cores<R>(cores: &[usize], batch: bool, f: impl FnOnce() -> R) -> (R, usize
             tracing::warn!("rbd: thread {tid} escaped its placement; pinning it");
             unsafe { libc::sched_setaffinity(tid, size, &want) };
         }
-        if batch {
+        if batch.takes(tid) {
             set_batch(tid);
         }
     }
@@ -398,6 +420,31 @@ fn on_cores<R>(cores: &[usize], batch: bool, f: impl FnOnce() -> R) -> (R, usize
         unsafe { libc::sched_setaffinity(0, size, &old) };
     }
     (r, new.len())
+}
+
+/// Which of a connection's threads run `SCHED_BATCH` (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batch {
+    None,
+    /// librados' completion thread (`io_context_pool`): the default.
+    Completions,
+    /// Every thread (`sched_batch`).
+    All,
+}
+
+/// librados' completion thread's name (librbd's work runs there too).
+const COMPLETION_THREAD: &str = "io_context_pool";
+
+impl Batch {
+    /// Whether thread `tid` of this process (just made) is one to batch.
+    fn takes(self, tid: i32) -> bool {
+        match self {
+            Batch::None => false,
+            Batch::All => true,
+            Batch::Completions => std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .is_ok_and(|c| c.trim_end() == COMPLETION_THREAD),
+        }
+    }
 }
 
 /// Makes thread `tid` `SCHED_BATCH` (no privilege needed); a thread that

@@ -536,9 +536,11 @@ fn clusters_info_placement_resize_and_save_config() {
     assert_eq!(info["core_mask"], "0x1", "{info}");
     assert_eq!(info["cores"], json!([0]), "{info}");
     assert!(info["threads"].as_u64().unwrap() > 0, "{info}");
-    // Every thread librados made runs on core 0 only, as SCHED_OTHER
-    // (`sched_batch` is off by default).
+    // Every thread librados made runs on core 0 only, as SCHED_OTHER but
+    // the completion thread, SCHED_BATCH (`sched_batch` is off and
+    // `batch_completions` on by default).
     assert_eq!(info["sched_batch"], false, "{info}");
+    assert_eq!(info["batch_completions"], true, "{info}");
     let pid = s.child.id();
     let pinned = ceph_threads(pid);
     assert!(!pinned.is_empty(), "no librados threads found");
@@ -547,12 +549,37 @@ fn clusters_info_placement_resize_and_save_config() {
         pinned.iter().any(|t| t.name == "tp_librbd"),
         "no tp_librbd thread"
     );
+    assert!(
+        pinned.iter().any(|t| t.name == "io_context_pool"),
+        "no io_context_pool thread"
+    );
     for t in &pinned {
         assert_eq!(t.cpus, "0", "thread {} runs on {}", t.name, t.cpus);
-        assert_eq!(t.policy, 0, "thread {} has policy {}", t.name, t.policy);
+        let want = if t.name == "io_context_pool" { 3 } else { 0 };
+        assert_eq!(t.policy, want, "thread {} has policy {}", t.name, t.policy);
     }
+    let mut before: Vec<String> = pinned.into_iter().map(|t| t.tid).collect();
+    // `batch_completions: false`: every thread of the connection SCHED_OTHER.
+    s.ok(
+        "bdev_rbd_register_cluster",
+        json!({"name": "c3", "config_file": c.conf(), "core_mask": "0x1", "batch_completions": false}),
+    );
+    let info3 = s.ok("bdev_rbd_get_clusters_info", json!({"name": "c3"}));
+    assert_eq!(info3["batch_completions"], false, "{info3}");
+    let plain: Vec<_> = ceph_threads(pid)
+        .into_iter()
+        .filter(|t| !before.contains(&t.tid))
+        .collect();
+    assert!(
+        plain.iter().any(|t| t.name == "io_context_pool"),
+        "c3 made no io_context_pool thread"
+    );
+    for t in &plain {
+        assert_eq!(t.policy, 0, "c3 thread {} has policy {}", t.name, t.policy);
+    }
+    before.extend(plain.into_iter().map(|t| t.tid));
+    s.ok("bdev_rbd_unregister_cluster", json!({"name": "c3"}));
     // `sched_batch: true`: the new connection's threads run SCHED_BATCH.
-    let before: Vec<String> = pinned.into_iter().map(|t| t.tid).collect();
     s.ok(
         "bdev_rbd_register_cluster",
         json!({"name": "c2", "config_file": c.conf(), "core_mask": "0x1", "sched_batch": true}),
