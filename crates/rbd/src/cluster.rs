@@ -12,19 +12,23 @@
 //! have escaped). Default cores: those without a reactor; when every core
 //! runs a reactor, all of them, with a warning in the log.
 //!
-//! Scheduling policy: the connection's completion thread (librados'
-//! `io_context_pool`, which runs every callback) is `SCHED_BATCH` by
-//! default (`batch_completions`, ustor's own). librados wakes it while
+//! Scheduling policy (`batch_completions`, ustor's own, off by default):
+//! the connection's completion thread (librados' `io_context_pool`, which
+//! runs every callback) may run `SCHED_BATCH`. librados wakes it while
 //! still holding a lock (`C_aio_Complete::finish` defers the callback under
 //! the completion's lock); with the thread on the messenger's core a plain
 //! wake-up preempts the messenger there, the woken thread blocks on that
 //! lock, and the messenger resumes only to wake it a second time. A batch
 //! thread never preempts on wake-up: it runs when the messenger goes back
-//! to its epoll wait, a few microseconds later. With every client thread on
-//! one core at randread QD1 that cut the messenger's involuntary switches
-//! from 1.2 to 0.03 per I/O and the client's CPU per I/O by a quarter
-//! (bench/RESULTS-rbd.md). The messenger itself stays `SCHED_OTHER`: it
-//! must preempt whatever runs when a reply arrives.
+//! to its epoll wait. In per-thread windows at randread QD1, every client
+//! thread on one core, that cut the messenger's involuntary switches from
+//! 1.2 to 0.03 per I/O and the client's CPU per I/O by a quarter; but the
+//! paired benchmark on a loaded machine did not confirm it at QD1 (0.97x
+//! and 1.04x CPU per I/O, 0.79x IOPS in one run: a batch thread also waits
+//! behind other processes' threads on its core), only at QD32 (0.76x
+//! randread). So it stays off by default (bench/RESULTS-rbd.md). The
+//! messenger stays `SCHED_OTHER` either way. Threads librbd starts from the
+//! completion thread (its task finisher and a timer) inherit the policy.
 //!
 //! `sched_batch` (ustor's own, off by default) makes every thread of the
 //! connection `SCHED_BATCH`, the messenger included. With an interrupt-mode
@@ -76,7 +80,8 @@ pub struct ClusterOpts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sched_batch: Option<bool>,
     /// ustor's own: run the connection's completion thread
-    /// (`io_context_pool`) `SCHED_BATCH` (default true; see the module doc).
+    /// (`io_context_pool`) `SCHED_BATCH` (default false; see the module
+    /// doc).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_completions: Option<bool>,
     /// ustor's own: seconds before an I/O fails with ETIMEDOUT (default
@@ -162,8 +167,8 @@ impl Cluster {
         let cores = placement(opts.core_mask.as_deref(), reactor_cores)?;
         let batch = match (opts.sched_batch, opts.batch_completions) {
             (Some(true), _) => Batch::All,
-            (_, Some(false)) => Batch::None,
-            _ => Batch::Completions,
+            (_, Some(true)) => Batch::Completions,
+            _ => Batch::None,
         };
         // Before any handle exists: a host without librbd gets a clear
         // error and nothing half-created.
@@ -426,7 +431,7 @@ fn on_cores<R>(cores: &[usize], batch: Batch, f: impl FnOnce() -> R) -> (R, usiz
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Batch {
     None,
-    /// librados' completion thread (`io_context_pool`): the default.
+    /// librados' completion thread (`io_context_pool`).
     Completions,
     /// Every thread (`sched_batch`).
     All,

@@ -536,11 +536,10 @@ fn clusters_info_placement_resize_and_save_config() {
     assert_eq!(info["core_mask"], "0x1", "{info}");
     assert_eq!(info["cores"], json!([0]), "{info}");
     assert!(info["threads"].as_u64().unwrap() > 0, "{info}");
-    // Every thread librados made runs on core 0 only, as SCHED_OTHER but
-    // the completion thread, SCHED_BATCH (`sched_batch` is off and
-    // `batch_completions` on by default).
+    // Every thread librados made runs on core 0 only, as SCHED_OTHER
+    // (`sched_batch` and `batch_completions` are off by default).
     assert_eq!(info["sched_batch"], false, "{info}");
-    assert_eq!(info["batch_completions"], true, "{info}");
+    assert_eq!(info["batch_completions"], false, "{info}");
     let pid = s.child.id();
     let pinned = ceph_threads(pid);
     assert!(!pinned.is_empty(), "no librados threads found");
@@ -555,43 +554,38 @@ fn clusters_info_placement_resize_and_save_config() {
     );
     for t in &pinned {
         assert_eq!(t.cpus, "0", "thread {} runs on {}", t.name, t.cpus);
-        let want = if t.name == "io_context_pool" { 3 } else { 0 };
-        assert_eq!(t.policy, want, "thread {} has policy {}", t.name, t.policy);
+        assert_eq!(t.policy, 0, "thread {} has policy {}", t.name, t.policy);
     }
     let mut before: Vec<String> = pinned.into_iter().map(|t| t.tid).collect();
-    // `batch_completions: false`: every thread of the connection SCHED_OTHER.
-    s.ok(
-        "bdev_rbd_register_cluster",
-        json!({"name": "c3", "config_file": c.conf(), "core_mask": "0x1", "batch_completions": false}),
-    );
-    let info3 = s.ok("bdev_rbd_get_clusters_info", json!({"name": "c3"}));
-    assert_eq!(info3["batch_completions"], false, "{info3}");
-    let plain: Vec<_> = ceph_threads(pid)
-        .into_iter()
-        .filter(|t| !before.contains(&t.tid))
-        .collect();
-    assert!(
-        plain.iter().any(|t| t.name == "io_context_pool"),
-        "c3 made no io_context_pool thread"
-    );
-    for t in &plain {
-        assert_eq!(t.policy, 0, "c3 thread {} has policy {}", t.name, t.policy);
-    }
-    before.extend(plain.into_iter().map(|t| t.tid));
+    // A second connection with `opt: true`: the threads it made.
+    let register = |name: &str, opt: &str, before: &[String]| {
+        let mut p = json!({"name": name, "config_file": c.conf(), "core_mask": "0x1"});
+        p[opt] = json!(true);
+        s.ok("bdev_rbd_register_cluster", p);
+        let info = s.ok("bdev_rbd_get_clusters_info", json!({"name": name}));
+        assert_eq!(info[opt], true, "{info}");
+        let made: Vec<CephThread> = ceph_threads(pid)
+            .into_iter()
+            .filter(|t| !before.contains(&t.tid))
+            .collect();
+        assert!(!made.is_empty(), "{name} made no threads");
+        made
+    };
+    // `batch_completions: true`: the completion thread SCHED_BATCH, the
+    // messenger SCHED_OTHER (threads librbd starts from the completion
+    // thread would inherit its policy).
+    let c3 = register("c3", "batch_completions", &before);
+    let policy = |name: &str| {
+        c3.iter()
+            .find(|t| t.name.starts_with(name))
+            .map(|t| t.policy)
+    };
+    assert_eq!(policy("io_context_pool"), Some(3), "c3 completion thread");
+    assert_eq!(policy("msgr-worker"), Some(0), "c3 messenger");
+    before.extend(c3.iter().map(|t| t.tid.clone()));
     s.ok("bdev_rbd_unregister_cluster", json!({"name": "c3"}));
     // `sched_batch: true`: the new connection's threads run SCHED_BATCH.
-    s.ok(
-        "bdev_rbd_register_cluster",
-        json!({"name": "c2", "config_file": c.conf(), "core_mask": "0x1", "sched_batch": true}),
-    );
-    let info2 = s.ok("bdev_rbd_get_clusters_info", json!({"name": "c2"}));
-    assert_eq!(info2["sched_batch"], true, "{info2}");
-    let batch: Vec<_> = ceph_threads(pid)
-        .into_iter()
-        .filter(|t| !before.contains(&t.tid))
-        .collect();
-    assert!(!batch.is_empty(), "c2 made no threads");
-    for t in &batch {
+    for t in &register("c2", "sched_batch", &before) {
         assert_eq!(t.policy, 3, "c2 thread {} has policy {}", t.name, t.policy);
     }
     s.ok("bdev_rbd_unregister_cluster", json!({"name": "c2"}));
