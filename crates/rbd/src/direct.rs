@@ -65,8 +65,9 @@ use ustor_bdev::remote::{Completer, RemoteIo};
 use ustor_bdev::{IoDesc, IoType};
 use ustor_runtime::ticks;
 
-use crate::bdev::{errno_err, Image, RbdOpts};
+use crate::bdev::{errno_err, RbdOpts};
 use crate::ffi;
+use crate::image::Image;
 
 /// Features the direct path handles: layering (only without a parent),
 /// striping v2 (only in the default layout), deep-flatten (clones only).

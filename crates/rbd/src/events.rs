@@ -18,8 +18,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use ustor_bdev::remote::RemoteCompletions;
 
-use crate::bdev::{finish, Image, Pending};
+use crate::bdev::{finish, Pending};
 use crate::ffi;
+use crate::image::Image;
 
 /// How librbd's completions reach the reactors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]

@@ -4,6 +4,7 @@
 //!   loaded at run time (building needs no Ceph headers or libraries).
 //! - [`cluster`]: registered clusters (one librados connection each, shared
 //!   by their images) and where their threads run: off the reactor cores.
+//! - [`image`]: an open image: open, close, header watch, health.
 //! - [`bdev`]: the `rbd` bdev module (`bdev_rbd_create`), its channels and
 //!   the completion path from librbd's threads to the owning reactor.
 //! - [`events`]: librbd's event-socket completion mode, the alternative.
@@ -15,6 +16,7 @@ pub mod cluster;
 pub mod direct;
 pub mod events;
 pub mod ffi;
+pub mod image;
 
 use std::sync::Arc;
 
