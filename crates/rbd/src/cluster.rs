@@ -22,11 +22,11 @@
 //! thread never preempts on wake-up: it runs when the messenger goes back
 //! to its epoll wait. In per-thread windows at randread QD1, every client
 //! thread on one core, that cut the messenger's involuntary switches from
-//! 1.2 to 0.03 per I/O and the client's CPU per I/O by a quarter; but the
-//! paired benchmark on a loaded machine did not confirm it at QD1 (0.97x
-//! and 1.04x CPU per I/O, 0.79x IOPS in one run: a batch thread also waits
-//! behind other processes' threads on its core), only at QD32 (0.76x
-//! randread). So it stays off by default (bench/RESULTS-rbd.md). The
+//! 1.2 to 0.02 per I/O but not the client's CPU per I/O (1.00-1.08x), nor
+//! did the paired benchmark show a gain at QD1 (0.97x and 1.04x, 0.79x IOPS
+//! in one run: a batch thread also waits behind other processes' threads on
+//! its core); 0.76x at randread QD32 in one run. So it stays off by default
+//! (bench/RESULTS-rbd.md). The
 //! messenger stays `SCHED_OTHER` either way. Threads librbd starts from the
 //! completion thread (its task finisher and a timer) inherit the policy.
 //!
