@@ -33,18 +33,6 @@
 //! Measured (NBD server, malloc bdev, fio nbd QD1 from the other core;
 //! bench/RESULTS-nbd.md): server CPU per request 26.4 → 21.7 µs reads,
 //! 24.3 → 22.5 µs writes, mean latency within 1 µs of the pure spin.
-//!
-//! The CPU a nap saves is only worth its latency when another thread can
-//! use it. A reactor pinned to a CPU that no other thread used lately (see
-//! `Contention::shared` in spin.rs: displaced, and waited more than 0.1 %
-//! of a 5 ms sample, within the last 40 ms) does not nap: it spins through
-//! the gap as poll mode does, and still sleeps once its spin budget runs
-//! out (an idle target stays asleep). An unpinned reactor cannot tell whose
-//! CPU it is on and naps as before. Why: on this VM the nap cost the iSCSI
-//! target's QD1 reads 17 % of poll mode's IOPS on a quiet machine
-//! (bench/RESULTS-iscsi.md, 2026-11-28 07:43: 26.8 K against 32.1 K) and saved
-//! no CPU there (37.1 against 31.2 µs per I/O, a whole core either way).
-//! What it costs: the NBD case above, on a quiet machine, spins again.
 
 /// Naps shorter than this are not worth a syscall and a timer.
 pub(crate) const MIN_NAP_NS: u64 = 1_000;

@@ -303,10 +303,6 @@ impl Reactor {
                 if self.contention.borrow_mut().oversubscribed(now) {
                     return Fold::Sleep;
                 }
-                if !self.contention.borrow().shared() {
-                    // Its CPU is its own: spin through the gap (nap.rs).
-                    return Fold::Spin;
-                }
                 let spin = self.spin.borrow().ticks();
                 match self.nap.borrow_mut().plan(0, spin) {
                     Some(asked) => Fold::Nap(asked),
@@ -331,9 +327,7 @@ impl Reactor {
                 if !sleep {
                     self.contention.borrow_mut().share_cpu(end);
                 }
-                let nap = !sleep && !st.nap_planned && !self.exec.has_ready();
-                // A CPU of its own is spun through, not napped (nap.rs).
-                if nap && self.contention.borrow().shared() {
+                if !sleep && !st.nap_planned && !self.exec.has_ready() {
                     st.nap_planned = true;
                     let plan = self.nap.borrow_mut().plan(end - st.idle_since, spin);
                     if let Some(asked) = plan {

@@ -70,12 +70,6 @@
 //! CPU 0 (bench/fs.sh "pinned"): mean 506 µs, p99 1.19 ms before (most
 //! requests fine, many waiting out a spin of up to 1 ms); 73 µs, p99 129 µs
 //! after.
-//!
-//! The same samples tell a pinned reactor whether its CPU is its own: a
-//! period in which it was displaced and waited more than 1/[`SHARED_SHARE`]
-//! marks the CPU shared for [`SHARED_HOLD`] periods. Only on a shared CPU
-//! does the nap (nap.rs) give anything to anyone; on its own CPU the
-//! reactor spins through the gap instead.
 
 /// The spin never shrinks below this (or below `idle_period` if smaller):
 /// it covers the short waits inside one request (a device or socket round
@@ -129,14 +123,6 @@ pub(crate) const YIELD_EVERY_NS: u64 = 10_000;
 const WANTED_SHARE: u64 = 50;
 /// Periods the CPUs stay wanted after a sample found them wanted.
 const WANTED_HOLD: u64 = 64;
-/// A pinned reactor's CPUs count as shared (its nap gives the gap to
-/// someone) when its thread waited on the run queue for more than 1/this
-/// of the time since the last sample (0.1 %: 5 µs of a 5 ms period), in a
-/// period in which it was displaced.
-const SHARED_SHARE: u64 = 1_000;
-/// Periods the CPUs stay shared after a sample found them shared: short,
-/// so a kernel worker's occasional slice does not bring naps back for long.
-const SHARED_HOLD: u64 = 8;
 
 /// Whether a reactor's CPUs are wanted by other threads: for a reactor
 /// pinned to some of the CPUs, its own run-queue wait ([`OwnCpus`]);
@@ -150,8 +136,6 @@ pub(crate) struct Contention {
     period: u64,
     next: u64,
     over: bool,
-    /// A nap would give its CPU to another thread ([`Self::shared`]).
-    shared: bool,
     /// `None`: the thread may run on every CPU (the count alone decides).
     own: Option<OwnCpus>,
     /// Ticks between yields of a pinned reactor's idle spin, and the next.
@@ -171,8 +155,6 @@ struct OwnCpus {
     preempted: u64,
     /// The CPUs count as wanted until this tick.
     wanted_until: u64,
-    /// The CPUs count as shared until this tick.
-    shared_until: u64,
     /// The thread may run on fewer CPUs than are online (re-read at every
     /// sample: a thread's affinity can be changed from outside, as
     /// `taskset -p` does).
@@ -203,7 +185,6 @@ impl OwnCpus {
             at: crate::ticks::now(),
             preempted: preemptions().unwrap_or(0),
             wanted_until: 0,
-            shared_until: 0,
             pinned: allowed_cpus().is_some_and(|n| n < cpus),
         };
         own.waited = own.sample()?;
@@ -229,15 +210,7 @@ impl OwnCpus {
         if displaced && delta.saturating_mul(WANTED_SHARE) > since_ns {
             self.wanted_until = now.saturating_add(period.saturating_mul(WANTED_HOLD));
         }
-        if displaced && delta.saturating_mul(SHARED_SHARE) > since_ns {
-            self.shared_until = now.saturating_add(period.saturating_mul(SHARED_HOLD));
-        }
         now < self.wanted_until
-    }
-
-    /// Whether another thread ran on its CPUs lately ([`SHARED_SHARE`]).
-    fn shared(&self, now: u64) -> bool {
-        now < self.shared_until
     }
 }
 
@@ -251,7 +224,6 @@ impl Contention {
             period: period_ticks,
             next: 0,
             over: false,
-            shared: true,
             own: OwnCpus::of_this_thread(cpus),
             yield_every: yield_ticks,
             yield_at: 0,
@@ -271,16 +243,6 @@ impl Contention {
         }
     }
 
-    /// Whether a nap would give its CPU to anyone (as of the last sample
-    /// of [`Self::oversubscribed`]): false for a pinned reactor whose CPUs
-    /// no other thread used lately, which then spins through the gap the
-    /// nap would sleep (see nap.rs); true for an unpinned one, which cannot
-    /// tell.
-    #[inline]
-    pub(crate) fn shared(&self) -> bool {
-        self.shared
-    }
-
     /// Its CPUs are wanted by other threads (as of the last sample).
     #[inline]
     pub(crate) fn oversubscribed(&mut self, now: u64) -> bool {
@@ -297,13 +259,9 @@ impl Contention {
                 let p = preemptions().unwrap_or(o.preempted + 1);
                 let wanted = o.judge(now, period, w, since, p);
                 o.pinned = allowed_cpus().is_some_and(|n| n < cpus);
-                o.pinned.then_some((wanted, o.shared(now)))
+                o.pinned.then_some(wanted)
             });
-            self.shared = own.is_none_or(|(_, shared)| shared);
-            self.over = match own {
-                Some((wanted, _)) => wanted,
-                None => self.sample().is_some_and(|r| r > self.cpus),
-            };
+            self.over = own.unwrap_or_else(|| self.sample().is_some_and(|r| r > self.cpus));
         }
         self.over
     }
@@ -344,8 +302,7 @@ fn parse_running(s: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::{
-        allowed_cpus, parse_running, parse_waited, Contention, OwnCpus, SpinBudget, SHARED_HOLD,
-        WANTED_HOLD,
+        allowed_cpus, parse_running, parse_waited, Contention, OwnCpus, SpinBudget, WANTED_HOLD,
     };
 
     #[test]
@@ -361,7 +318,6 @@ mod tests {
             at: 0,
             preempted: 0,
             wanted_until: 0,
-            shared_until: 0,
             pinned: true,
         }
     }
@@ -384,23 +340,6 @@ mod tests {
             !o.judge(end + 1, period, 9_000, 1_000_000, 6),
             "6 µs in 1 ms: within"
         );
-    }
-
-    /// A pinned thread's CPU counts as shared (naps allowed) after a period
-    /// in which it was displaced and waited more than 0.1 %, and only for a
-    /// short hold; a period with no displacement never makes it shared.
-    #[test]
-    fn a_cpu_is_shared_after_a_small_wait_for_a_short_hold() {
-        let (period, mut o, span) = (100, own(), 1_000_000);
-        assert!(!o.judge(100, period, 500, span, 0));
-        assert!(!o.shared(100), "waited, never displaced: its own wake-up");
-        assert!(!o.judge(200, period, 1_400, span, 1));
-        assert!(!o.shared(200), "displaced, 900 ns in 1 ms: within 0.1 %");
-        assert!(!o.judge(300, period, 7_400, span, 2), "6 µs: not wanted");
-        assert!(o.shared(300), "6 µs in 1 ms: shared");
-        let end = 300 + period * SHARED_HOLD;
-        assert!(o.shared(end - 1), "held");
-        assert!(!o.shared(end), "hold over");
     }
 
     /// A wait with no preemption in its period is the thread's own wake-up
