@@ -63,7 +63,7 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 declare -A PID URI
-cleanup() { for p in "${PID[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f /dev/shm/ustor-bench-qsd.img; }
+cleanup() { for p in "${PID[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null || true; done; rm -f /dev/shm/ustor-bench-qsd.img; }
 trap cleanup EXIT
 
 start_ustor() { # name poll-mode [binary]
@@ -103,8 +103,20 @@ done
 RESULTS="$OUT/results.tsv"
 printf 'round\tserver\trw\tqd\tconns\tiops\tlat_mean_us\tlat_p99_us\tcpu_us_per_io\tclient_cpu_us_per_io\n' >"$RESULTS"
 
+# Only server $1 runs; the others are stopped (SIGSTOP; SIGCONT before
+# their own runs): a poll-mode server busy-polls its core even with no
+# client, and left running it took the shared core from every other
+# server (an adaptive one then judged its CPU contended and slept at once).
+only() {
+  local s
+  for s in $SERVERS; do
+    if [ "$s" = "$1" ]; then kill -CONT "${PID[$s]}"; else kill -STOP "${PID[$s]}"; fi
+  done
+}
+
 run_one() { # round server rw qd conns
   local json="$OUT/$2-$3-qd$4-c$5-r$1.json" before after pid=${PID[$2]}
+  only "$2"
   before=$(cpu_ticks "$pid")
   "${RUN[@]}" taskset -c "$CLIENT_CORES" fio --name=b --ioengine=nbd --uri="${URI[$2]}" --rw="$3" --bs=4k --iodepth="$4" --numjobs="$5" \
       --size=$((SIZE_MIB / 4))m --offset_increment=$((SIZE_MIB / 4))m --time_based --runtime="$RUNTIME" \
