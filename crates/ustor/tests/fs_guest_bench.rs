@@ -12,7 +12,6 @@
 //! guest script as they are.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use testvm::{guest_script, require_guest, GuestBuilder};
 
@@ -29,10 +28,6 @@ fn fs_guest_bench() {
     let bin = std::env::var_os("USTOR_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ustor")));
-    let timeout: u64 = std::env::var("GUEST_TIMEOUT_S")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1200);
     let mut b = GuestBuilder::new()
         .script_file(guest_script("fs-bench.sh"))
         .binary(bin)
@@ -45,23 +40,19 @@ fn fs_guest_bench() {
         .file("protocols", read("/etc/protocols"))
         .cpus(2)
         .memory_mib(1536)
-        .timeout(Duration::from_secs(timeout));
-    for k in [
-        "NFS_PATH",
-        "NFS_PORT",
-        "MNT_PORT",
-        "FS_PORT",
-        "FS_EXPORT",
-        "USTOR_FS_SECRET",
-        "ROUNDS",
-        "RUNTIME",
-        "SIZE_MIB",
-        "WORKS",
-    ] {
-        if let Ok(v) = std::env::var(k) {
-            b = b.env(k, v);
-        }
-    }
+        .timeout_from_env(1200)
+        .env_from_host(&[
+            "NFS_PATH",
+            "NFS_PORT",
+            "MNT_PORT",
+            "FS_PORT",
+            "FS_EXPORT",
+            "USTOR_FS_SECRET",
+            "ROUNDS",
+            "RUNTIME",
+            "SIZE_MIB",
+            "WORKS",
+        ]);
     if let Some(log) = std::env::var_os("FS_GUEST_LOG") {
         b = b.log_file(PathBuf::from(log));
     }

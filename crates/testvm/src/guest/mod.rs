@@ -114,6 +114,27 @@ impl GuestBuilder {
         self
     }
 
+    /// Passes on to the guest script each of `keys` that is set in this
+    /// process's environment (how benchmark runners forward their knobs).
+    pub fn env_from_host(mut self, keys: &[&str]) -> Self {
+        for k in keys {
+            if let Ok(v) = std::env::var(k) {
+                self = self.env(*k, v);
+            }
+        }
+        self
+    }
+
+    /// The run's wall-clock limit from `GUEST_TIMEOUT_S` when set, else
+    /// `default_s` seconds.
+    pub fn timeout_from_env(self, default_s: u64) -> Self {
+        let s = std::env::var("GUEST_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default_s);
+        self.timeout(Duration::from_secs(s))
+    }
+
     /// An extra file at `/ustor/<name>` in the guest.
     pub fn file(mut self, name: impl Into<String>, contents: impl Into<Vec<u8>>) -> Self {
         self.files.push((name.into(), contents.into()));
