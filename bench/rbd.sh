@@ -29,6 +29,10 @@
 #     with `rbd_direct: false` (librbd's data path; without the suffix
 #     ustor takes the direct librados path where the image allows it:
 #     FEATURES=layering makes images that do),
+#   - any ustor tool suffixed `-batch` (`ustor-same-batch`, also before
+#     `-librbd`): that tool with the cluster's `batch_completions: true`
+#     (ustor's own option: the completion thread runs SCHED_BATCH), for a
+#     same-binary A/B of the option,
 #   - any ustor tool with `:key=value,key=value` appended (for example
 #     `ustor-same:rbd_non_blocking_aio=true`): that tool with these Ceph
 #     options in the cluster's config_param (over ustor's defaults); for
@@ -168,13 +172,15 @@ for i in $(seq 0 $((MAXIMG - 1))); do
     fi
 done
 
-# config MASK N [COMPLETION] [RAID] [PARAMS] [LIBRBD]: ustor/SPDK config
-# with one cluster (core_mask MASK, or the default placement when empty;
-# PARAMS: `k=v,k=v` Ceph options), rbd bdevs r0..rN-1 (with LIBRBD:
-# `rbd_direct: false`) and, with RAID, a raid0 "all" over them.
+# config MASK N [COMPLETION] [RAID] [PARAMS] [LIBRBD] [BATCH]: ustor/SPDK
+# config with one cluster (core_mask MASK, or the default placement when
+# empty; PARAMS: `k=v,k=v` Ceph options; with BATCH: `batch_completions`),
+# rbd bdevs r0..rN-1 (with LIBRBD: `rbd_direct: false`) and, with RAID, a
+# raid0 "all" over them.
 config() {
     local mask="" comp="" n=$2 i sep="" bases="" params="" kv
     [ -n "$1" ] && mask=", \"core_mask\": \"$1\""
+    [ -n "${7:-}" ] && mask="$mask, \"batch_completions\": true"
     [ -n "${3:-}" ] && comp=", \"completion\": \"$3\""
     [ -n "${6:-}" ] && comp="$comp, \"rbd_direct\": false"
     if [ -n "${5:-}" ]; then
@@ -230,9 +236,10 @@ point() { # TOOL RW QD N
     if [[ $tool == *:* ]]; then params=$(expand "${tool#*:}") tool=${tool%%:*}; fi
     # `alt-ustor...`: that ustor tool with the USTOR_ALT binary (A/B of a
     # code change in one run).
-    local bin=$USTOR librbd=""
+    local bin=$USTOR librbd="" batch=""
     if [[ $tool == alt-* ]]; then bin=${USTOR_ALT:?alt- tools need USTOR_ALT} tool=${tool#alt-}; fi
     if [[ $tool == ustor*-librbd ]]; then librbd=1 tool=${tool%-librbd}; fi
+    if [[ $tool == ustor*-batch ]]; then batch=1 tool=${tool%-batch}; fi
     local timed=(/usr/bin/time -o "$tmp/time" -f "CPU %U %S" timeout $((RUNTIME + 60)))
     local raid="" bdev=r0 mask="" comp="" perimg=$(((qd + n - 1) / n))
     if [ "$n" -gt 1 ]; then raid=1 bdev=all; fi
@@ -243,7 +250,7 @@ point() { # TOOL RW QD N
         [[ $tool == *-intr ]] && mode=interrupt
         [[ $tool == ustor-same* ]] && mask="[$CORE]"
         [ "$tool" = ustor-event ] && comp=event
-        config "$mask" "$n" "$comp" "$raid" "$params" "$librbd"
+        config "$mask" "$n" "$comp" "$raid" "$params" "$librbd" "$batch"
         r=$("${timed[@]}" "$bin" bench -c "$tmp/cfg.json" -b "$bdev" --cores "$CORE" --poll-mode "$mode" \
             -w "$rw" --bs 4096 -q "$qd" -t "$RUNTIME" --json 2>/dev/null |
             python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (t["iops"], t["lat_avg_us"], t["lat_p99_us"]))') || true
