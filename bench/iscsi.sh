@@ -176,12 +176,8 @@ idle_pct() { # pid
 }
 
 # Only target $1 runs; the others are stopped (see the top).
-only() {
-  local t
-  for t in $TARGETS; do
-    if [ "$t" = "$1" ]; then kill -CONT "${PID[$t]}"; else kill -STOP "${PID[$t]}"; fi
-  done
-}
+. bench/lib/only.sh
+only() { only_run "$1" $TARGETS; }
 
 RES="$OUT/results.tsv"
 [ -z "${SPLIT:-}" ] || python3 bench/lib/qd1split.py --header \

@@ -103,16 +103,9 @@ done
 RESULTS="$OUT/results.tsv"
 printf 'round\tserver\trw\tqd\tconns\tiops\tlat_mean_us\tlat_p99_us\tcpu_us_per_io\tclient_cpu_us_per_io\n' >"$RESULTS"
 
-# Only server $1 runs; the others are stopped (SIGSTOP; SIGCONT before
-# their own runs): a poll-mode server busy-polls its core even with no
-# client, and left running it took the shared core from every other
-# server (an adaptive one then judged its CPU contended and slept at once).
-only() {
-  local s
-  for s in $SERVERS; do
-    if [ "$s" = "$1" ]; then kill -CONT "${PID[$s]}"; else kill -STOP "${PID[$s]}"; fi
-  done
-}
+# Only server $1 runs; the others are stopped (bench/lib/only.sh).
+. bench/lib/only.sh
+only() { only_run "$1" $SERVERS; }
 
 run_one() { # round server rw qd conns
   local json="$OUT/$2-$3-qd$4-c$5-r$1.json" before after pid=${PID[$2]}

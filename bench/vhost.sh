@@ -240,12 +240,8 @@ placement() { # pid
 # because a polling backend (SPDK, ustor-poll) spins on the shared
 # backend core even with no frontend and would take half of it from the
 # one measured.
-only() { # backend
-    local be
-    for be in $BACKENDS; do
-        if [ "$be" = "$1" ]; then kill -CONT "${PID[$be]}"; else kill -STOP "${PID[$be]}"; fi
-    done
-}
+. bench/lib/only.sh
+only() { only_run "$1" $BACKENDS; } # backend
 
 # The cache line round trip between the two cores now (ns), every
 # backend stopped; "-" without the probe.
