@@ -28,6 +28,20 @@ for b in "$USTOR" "$BLKIO_LOAD"; do
     [ -x "$b" ] || { echo "vhost-instr.sh: no $b (cargo build --release -p ustor -p ustor-vhost --example blkio_load)" >&2; exit 2; }
 done
 command -v callgrind_control >/dev/null || { echo "vhost-instr.sh: valgrind missing" >&2; exit 2; }
+# What the measured binary is: the commit in its name (the A/B copies
+# are named ustor-<sha>), else its build time and the worktree's HEAD,
+# said to be only that (the binary may predate or postdate it); and a
+# hash of the file either way.
+binary_id() {
+    local name sum
+    name=$(basename "$1")
+    sum=$(sha256sum "$1" | cut -c1-12)
+    if [[ $name =~ -([0-9a-f]{7,40})$ ]]; then
+        echo "commit ${BASH_REMATCH[1]} ($name, sha256 $sum)"
+    else
+        echo "$name built $(date -u -r "$1" +%FT%TZ), sha256 $sum; worktree HEAD $(git rev-parse --short HEAD 2>/dev/null) (not necessarily the binary's)"
+    fi
+}
 tmp=$(mktemp -d)
 pid=
 cleanup() {
@@ -51,7 +65,7 @@ wait "$pid" 2>/dev/null || true
 pid=
 ios=$(echo "$load" | sed -n 's/.*ios=\([0-9]*\).*/\1/p')
 echo "# bench/vhost-instr.sh $RW QD$QD ${SECS}s: $load"
-echo "# ustor $(git rev-parse --short HEAD 2>/dev/null); instructions per request (inclusive)"
+echo "# ustor $(binary_id "$USTOR"); instructions per request (inclusive)"
 callgrind_annotate --inclusive=yes --threshold=100 "$tmp/cg.out" 2>/dev/null | awk -v r="$ios" '
     /PROGRAM TOTALS/ { gsub(",", "", $1); printf "%8.0f  total\n", $1 / r; next }
     /vring::take_available \[|vring::start_request \[|blk::parse_chain \[|blk::read_chain \[|virtq::Virtq::pop \[|DescriptorChain<M> as core::iter::traits::iterator::Iterator>::next \[|vring::complete \[|vring::publish \[|Virtq::push_used \[|QueueT>::add_used \[|QueueT>::pop_descriptor_chain \[|to_region_addr \[|Executor::run_ready \[/ {
