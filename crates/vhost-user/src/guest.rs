@@ -154,6 +154,20 @@ impl HostRange<'_> {
         Some(u64::from_le(v))
     }
 
+    /// The `N` bytes at `off`, in one volatile load of any alignment (a
+    /// request header: the guest may write it concurrently, so it is
+    /// copied, never referenced); `None` outside the range.
+    #[inline]
+    pub fn load_bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
+        if off > self.len || self.len - off < N {
+            return None;
+        }
+        // SAFETY: [base + off, base + off + N) lies in the range, inside a
+        // mapping the borrowed view keeps alive; a byte array needs no
+        // alignment.
+        Some(unsafe { std::ptr::read_volatile((self.base + off) as *const [u8; N]) })
+    }
+
     /// The little-endian u16 at `off`, loaded with `order`; `None`
     /// outside the range or unaligned.
     #[inline]
@@ -279,6 +293,12 @@ mod tests {
         assert_eq!(r.load_u64(4), None);
         assert_eq!(r.load_u64(16), None);
         assert_eq!(r.load_u16(usize::MAX, Ordering::Relaxed), None);
+        // Bytes at any alignment, within the range only.
+        let b: [u8; 4] = r.load_bytes(12).unwrap();
+        assert_eq!(b, [0, 0, 0xef, 7]);
+        assert_eq!(r.load_bytes::<8>(5).map(|b| b[0]), Some(0x56));
+        assert_eq!(r.load_bytes::<2>(15), None);
+        assert_eq!(r.load_bytes::<1>(usize::MAX), None);
         assert!(m.store_u16(GuestAddress(0x10_0100), 0xabcd, Ordering::Release));
         assert_eq!(
             m.load_u16(GuestAddress(0x10_0100), Ordering::Acquire),

@@ -19,8 +19,8 @@
 //! write per request.
 
 use std::num::Wrapping;
+use std::rc::Rc;
 use std::sync::atomic::{fence, Ordering};
-use std::sync::Arc;
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddress, GuestAddressSpace};
@@ -160,7 +160,7 @@ fn load_u16(mem: &GuestMem, at: u64, order: Ordering) -> Option<u16> {
 /// What opening a ring gives: the ring, the memory map, and the used
 /// index guest memory has (split rings; where the inflight region's
 /// recovery starts).
-pub type Opened = (Virtq, Arc<GuestMem>, u16);
+pub type Opened = (Virtq, Rc<GuestMem>, u16);
 
 impl Virtq {
     /// The ring `s` describes, checked to lie in guest memory; a split
@@ -181,7 +181,7 @@ impl Virtq {
             )
             .map_err(|e| format!("queue {}: {e}", s.index))?;
             let used = r.indices().1;
-            return Ok((Virtq::Packed(r), Arc::new(GuestMem::new(mem)), used));
+            return Ok((Virtq::Packed(r), Rc::new(GuestMem::new(mem)), used));
         }
         let mut q = Queue::new(s.size).map_err(|e| format!("{e:?}"))?;
         q.set_size(s.size);
@@ -198,7 +198,7 @@ impl Virtq {
             .map_err(|e| format!("{e:?}"))?;
         q.set_next_used(used.0);
         q.set_next_avail(s.base as u16);
-        let mem = Arc::new(GuestMem::new(mem));
+        let mem = Rc::new(GuestMem::new(mem));
         Ok((Virtq::Split(SplitRing::new(q, used.0)), mem, used.0))
     }
 

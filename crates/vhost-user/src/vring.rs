@@ -107,7 +107,10 @@ struct Vring {
     /// The memory map requests use, and a generation bumped when the
     /// frontend changes it (workers keep the map they last used until
     /// they see a new generation: no reference count touched per I/O).
-    mem: RefCell<Arc<GuestMem>>,
+    /// An `Rc`: the queue task, its workers and its inline request all
+    /// run on this reactor, so the inline slot's clone per request is a
+    /// plain increment, not two atomic read-modify-writes.
+    mem: RefCell<Rc<GuestMem>>,
     mem_gen: Cell<u64>,
     /// The frontend's map generation last looked at (`u64::MAX`: never).
     map_seen: Cell<u64>,
@@ -321,7 +324,7 @@ fn refresh_mem(v: &Vring, atomic: &GuestMemoryAtomic<GuestMemoryMmap>) {
     if v.mem.borrow().is(&g) {
         return;
     }
-    *v.mem.borrow_mut() = Arc::new(GuestMem::new(g.into_inner()));
+    *v.mem.borrow_mut() = Rc::new(GuestMem::new(g.into_inner()));
     v.mem_gen.set(v.mem_gen.get() + 1);
     v.jobs.wake_all();
 }
@@ -454,7 +457,7 @@ async fn worker(v: Rc<Vring>, id: usize) {
 /// A request in the queue task's inline slot: it owns what it uses (the
 /// slot lives across passes, and the map may change meanwhile); the
 /// scratch space is the queue's, taken for the request's duration.
-async fn execute_inline(v: Rc<Vring>, mem: Arc<GuestMem>, job: Job) {
+async fn execute_inline(v: Rc<Vring>, mem: Rc<GuestMem>, job: Job) {
     let mut scratch = std::mem::replace(
         &mut *v.inline_scratch.borrow_mut(),
         Scratch {
@@ -647,15 +650,15 @@ async fn rw(
 }
 
 /// A buffer over guest memory (checked to lie in one mapped region). The
-/// caller (a worker) holds an `Arc` of the memory map until the I/O is
-/// done, so the mapping outlives the buffer.
+/// caller (a worker or the inline slot's request) holds an `Rc` of the
+/// memory map until the I/O is done, so the mapping outlives the buffer.
 fn guest_buf(mem: &GuestMem, s: Seg) -> Option<IoBuf> {
     let slice = mem.slice(s.addr, s.len as usize)?;
     let ptr = NonNull::new(slice.ptr_guard_mut().as_ptr())?;
     // SAFETY: get_slice checked that [addr, addr+len) lies inside one
-    // mapped region; the mapping stays alive while the worker's
-    // Arc<GuestMemoryMmap> does, which outlives the I/O (the worker holds
-    // it across the request, and the bdev hands the buffer back first). Guest memory is shared with the
+    // mapped region; the mapping stays alive while the caller's
+    // Rc<GuestMem> does, which outlives the I/O (the caller holds it
+    // across the request, and the bdev hands the buffer back first). Guest memory is shared with the
     // VM, so no Rust reference to it is created here: the bdev layer
     // reads and writes it through raw pointers (iovecs).
     Some(unsafe { IoBuf::borrowed(ptr, s.len) })

@@ -10,21 +10,21 @@
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
 use std::pin::pin;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use ustor_runtime::WorkQueue;
 
 use crate::guest::GuestMem;
 
 /// The memory map a worker last used, with its generation: a worker
-/// clones the queue's `Arc` only when the frontend changed the map, not
+/// clones the queue's `Rc` only when the frontend changed the map, not
 /// per request.
 #[derive(Default)]
-pub struct WorkerMem(Option<(u64, Arc<GuestMem>)>);
+pub struct WorkerMem(Option<(u64, Rc<GuestMem>)>);
 
 impl WorkerMem {
     /// The map of generation `gen` (`cur`: the queue's current one).
-    pub fn get(&mut self, gen: u64, cur: &RefCell<Arc<GuestMem>>) -> &Arc<GuestMem> {
+    pub fn get(&mut self, gen: u64, cur: &RefCell<Rc<GuestMem>>) -> &Rc<GuestMem> {
         match &self.0 {
             Some((g, _)) if *g == gen => {}
             _ => self.0 = Some((gen, cur.borrow().clone())),

@@ -84,6 +84,31 @@ fn header_and_status_may_share_descriptors_with_data() {
 }
 
 #[test]
+fn a_header_at_any_alignment_or_across_regions_is_read_whole() {
+    // An odd address (the one-load path), then a header whose 16 bytes
+    // straddle two adjacent regions (the byte copy through the map).
+    let m = mem();
+    header(&m, 3, req_type::OUT, 0x0102_0304_0506_0708);
+    let r = parse_chain(&[d(3, 16 + 512, false), d(4096, 1, true)], &m, Vec::new()).unwrap();
+    assert_eq!(
+        (r.kind, r.sector, r.data_len),
+        (Kind::Write, 0x0102_0304_0506_0708, 512)
+    );
+    assert_eq!(r.segs[0].addr, GA(19));
+    let two = GuestMem::from_map(
+        GuestMemoryMmap::from_ranges(&[(GA(0), 0x1000), (GA(0x1000), 0x1000)]).unwrap(),
+    );
+    header(&two, 0xff8, req_type::IN, 9);
+    let r = parse_chain(
+        &[d(0xff8, 16, false), d(0x1800, 513, true)],
+        &two,
+        Vec::new(),
+    )
+    .unwrap();
+    assert_eq!((r.kind, r.sector, r.data_len), (Kind::Read, 9, 512));
+}
+
+#[test]
 fn malformed_chains_get_an_error_status_or_none() {
     let m = mem();
     header(&m, 0, req_type::IN, 0);

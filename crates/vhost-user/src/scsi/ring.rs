@@ -42,7 +42,7 @@ pub(crate) struct Ring {
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
     /// The map requests use and a generation bumped when it changes (a
     /// worker keeps its own `Arc` until the generation moves).
-    pub mem: RefCell<Arc<GuestMem>>,
+    pub mem: RefCell<Rc<GuestMem>>,
     pub mem_gen: Cell<u64>,
     stop: Arc<AtomicBool>,
     done: mpsc::Sender<(u16, u16)>,
@@ -131,7 +131,7 @@ impl Ring {
         if self.mem.borrow().is(&g) {
             return false;
         }
-        *self.mem.borrow_mut() = Arc::new(GuestMem::new(g.into_inner()));
+        *self.mem.borrow_mut() = Rc::new(GuestMem::new(g.into_inner()));
         self.mem_gen.set(self.mem_gen.get() + 1);
         true
     }
