@@ -336,7 +336,9 @@ for be in $BACKENDS; do "start_$be"; done
 {
     echo "# bench/vhost.sh $stamp: $(nproc) CPUs, $(uname -r), backend core $BCORE, frontend core $FCORE,"
     echo "# ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NICE=$NICE; load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# ustor $("$USTOR" --version 2>/dev/null | head -1), $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+    # The binary's own name (A/B copies carry their commit: ustor-<sha>);
+    # the worktree's HEAD is only where the script ran.
+    echo "# ustor: $(basename "$USTOR") ($("$USTOR" --version 2>/dev/null | head -1)); worktree HEAD $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
     [ -z "${USTOR_ALT:-}" ] || echo "# ustor-alt: $(basename "$USTOR_ALT") ($("$USTOR_ALT" --version 2>/dev/null | head -1))"
     echo "# uptime: $(uptime)"
     echo "# SPDK $(python3 "$RPC_PY" -s "$tmp/spdk.rpc" spdk_get_version 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])' 2>/dev/null || echo '?'), $(qemu-storage-daemon --version | head -1)"
