@@ -45,28 +45,18 @@ done
 
 STAMP=$(date -u +%Y%m%d-%H%M)
 RAW="$RESULTS_DIR/dm-poll-$STAMP.txt"
-LOG="$OUT/guest-$STAMP.log"
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-T0=$(date +%s)
-DM_POLL_DISKS="$OUT/nvme0.img,$OUT/nvme1.img" USTOR_BIN=$BIN DM_POLL_LOG=$LOG \
-    timeout $((GUEST_TIMEOUT_S + 120)) \
-    cargo test -q -p ustor --test dm_poll_bench -- --ignored --nocapture \
-    >"$OUT/runner.out" 2>"$OUT/runner.err" || {
-    echo "guest run failed; runner output:" >&2
-    tail -n 60 "$OUT/runner.out" "$OUT/runner.err" >&2
-    exit 1
-}
-T1=$(date +%s)
+GUEST_LOG="$OUT/guest-$STAMP.log"
+. bench/lib/guest.sh
+DM_POLL_DISKS="$OUT/nvme0.img,$OUT/nvme1.img" USTOR_BIN=$BIN DM_POLL_LOG=$GUEST_LOG \
+    guest_runner "$OUT" -q -p ustor --test dm_poll_bench || exit 1
 {
-    echo "# bench/dm-poll.sh raw output"
-    echo "$(date -u +%Y-%m-%dT%H:%MZ) host: $(nproc) CPUs, $(uname -r), $(qemu-system-x86_64 --version | head -n 1)"
-    echo "ustor $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+dirty')"
-    echo "ROUNDS=$ROUNDS RUNTIME=$RUNTIME QDS=$QDS LAYOUTS=$LAYOUTS DISK_MIB=$DISK_MIB"
-    echo "guest run: $((T1 - T0)) s; host load at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    guest_raw_header dm-poll.sh \
+        "ustor $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- crates || echo '+dirty')" \
+        "ROUNDS=$ROUNDS RUNTIME=$RUNTIME QDS=$QDS LAYOUTS=$LAYOUTS DISK_MIB=$DISK_MIB"
     echo
-    grep -a -E '^(DMPOLL |USTOR-KV )' "$LOG" | sed 's/^/  /'
+    grep -a -E '^(DMPOLL |USTOR-KV )' "$GUEST_LOG" | sed 's/^/  /'
     echo
-    python3 - "$LOG" <<'EOF'
+    python3 - "$GUEST_LOG" <<'EOF'
 import json, statistics, sys
 
 TICK_US = 10_000  # USER_HZ = 100

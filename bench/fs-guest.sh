@@ -54,6 +54,7 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 . bench/lib/ganesha.sh
+. bench/lib/guest.sh
 ganesha_up ganesha 127.0.0.1
 for _ in $(seq 100); do timeout 5 nfs-ls "$NFS_URL" >/dev/null 2>&1 && break; sleep 0.2; done
 timeout 5 nfs-ls "$NFS_URL" >/dev/null || { cat "$W/ganesha.out" "$W/ganesha.log"; exit 1; }
@@ -73,38 +74,20 @@ for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 
 mkdir -p "$W/share" "$RESULTS_DIR"
 STAMP=$(date -u +%Y%m%d-%H%M)
 RAW="$RESULTS_DIR/fs-guest-$STAMP.txt"
-LOG="$W/guest.log"
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-T0=$(date +%s)
-status=0
-FS_GUEST_SHARE=$W/share USTOR_BIN=$(realpath "$USTOR") FS_GUEST_LOG=$LOG \
+GUEST_LOG="$W/guest.log"
+FS_GUEST_SHARE=$W/share USTOR_BIN=$(realpath "$USTOR") FS_GUEST_LOG=$GUEST_LOG \
   NFS_PATH=$W/ganesha-data NFS_PORT=$NFS_PORT MNT_PORT=$MNT_PORT FS_PORT=$FS_PORT FS_EXPORT=vol \
   USTOR_FS_SECRET=$(cat "$W/secret") \
-  timeout $((GUEST_TIMEOUT_S + 120)) \
-  cargo test --release -q -p ustor --test fs_guest_bench -- --ignored --nocapture \
-  >"$W/runner.out" 2>"$W/runner.err" || status=$?
-T1=$(date +%s)
-if [ "$status" != 0 ]; then
-    echo "guest run failed (status $status); runner output:" >&2
-    tail -n 80 "$W/runner.out" "$W/runner.err" >&2
-    [ -f "$LOG" ] && { echo "serial log:" >&2; tail -n 60 "$LOG" >&2; }
-    exit 1
-fi
+  guest_runner "$W" --release -q -p ustor --test fs_guest_bench || exit 1
 
 {
-    echo "# bench/fs-guest.sh raw output"
-    echo "$(date -u +%Y-%m-%dT%H:%MZ) host: $(nproc) CPUs, $(uname -r), $(qemu-system-x86_64 --version | head -n 1)"
-    echo "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), fio $(fio --version)"
-    echo "ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB WORKS=$WORKS"
-    echo "guest run: $((T1 - T0)) s; host load at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo
-    echo "## guest serial log"
-    cat "$LOG"
-    echo
-    echo "## summary"
+    guest_raw_header fs-guest.sh \
+        "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), fio $(fio --version)" \
+        "ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB WORKS=$WORKS"
+    guest_raw_log
 } >"$RAW"
 
-grep -o 'USTOR-KV verified_.*' "$LOG" | sed 's/USTOR-KV verified_/layout written and verified with fio crc32c: /' | tee -a "$RAW"
+grep -o 'USTOR-KV verified_.*' "$GUEST_LOG" | sed 's/USTOR-KV verified_/layout written and verified with fio crc32c: /' | tee -a "$RAW"
 python3 - "$W/share" <<'PY' | tee -a "$RAW"
 import glob, json, os, re, statistics as st, sys
 runs = {}

@@ -53,45 +53,30 @@ BIN=$PWD/target/release/ustor
 cargo test --release -q -p ustor --test scsi_guest_bench --no-run
 
 . bench/lib/tgtd.sh
+. bench/lib/guest.sh
 trap tgtd_stop EXIT
 tgtd_start /dev/shm/ustor-bench-scsi-guest.img "$SIZE_MIB" "$IQN" "$OUT/tgtd.log"
 
 STAMP=$(date -u +%Y%m%d-%H%M)
 RAW="$RESULTS_DIR/scsi-guest-$STAMP.txt"
-LOG="$OUT/guest-$STAMP.log"
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-T0=$(date +%s)
+GUEST_LOG="$OUT/guest-$STAMP.log"
 status=0
-SCSI_BENCH_PORT=$PORT SCSI_BENCH_IQN=$IQN USTOR_BIN=$BIN SCSI_BENCH_LOG=$LOG \
-  timeout $((GUEST_TIMEOUT_S + 120)) \
-  cargo test --release -q -p ustor --test scsi_guest_bench -- --ignored --nocapture \
-  >"$OUT/runner.out" 2>"$OUT/runner.err" || status=$?
-T1=$(date +%s)
+SCSI_BENCH_PORT=$PORT SCSI_BENCH_IQN=$IQN USTOR_BIN=$BIN SCSI_BENCH_LOG=$GUEST_LOG \
+  guest_runner "$OUT" --release -q -p ustor --test scsi_guest_bench || status=$?
 if ! kill -0 "$TGT_PID" 2>/dev/null; then
   echo "tgtd died during the run; its log:" >&2
   cat "$OUT/tgtd.log" >&2
 fi
-if [ "$status" != 0 ]; then
-  echo "guest run failed (status $status); runner output:" >&2
-  tail -n 80 "$OUT/runner.out" "$OUT/runner.err" >&2
-  [ -f "$LOG" ] && { echo "serial log: $LOG" >&2; tail -n 40 "$LOG" >&2; }
-  exit 1
-fi
+[ "$status" = 0 ] || exit 1
 
 {
-  echo "# bench/scsi-guest.sh raw output"
-  echo "$(date -u +%Y-%m-%dT%H:%MZ) host: $(nproc) CPUs $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(uname -r), $(qemu-system-x86_64 --version | head -n 1)"
-  echo "ROUNDS=$ROUNDS RUNTIME=$RUNTIME VERIFY_S=$VERIFY_S SIZE_MIB=$SIZE_MIB GUEST_CPUS=$GUEST_CPUS GUEST_MEM_MIB=$GUEST_MEM_MIB POLL=$POLL KERNEL_SCHED=$KERNEL_SCHED"
-  echo "WORKLOADS=$WORKLOADS"
-  echo "guest run: $((T1 - T0)) s; host load at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo
-  echo "## guest serial log"
-  cat "$LOG"
-  echo
-  echo "## summary"
+  guest_raw_header scsi-guest.sh \
+    "ROUNDS=$ROUNDS RUNTIME=$RUNTIME VERIFY_S=$VERIFY_S SIZE_MIB=$SIZE_MIB GUEST_CPUS=$GUEST_CPUS GUEST_MEM_MIB=$GUEST_MEM_MIB POLL=$POLL KERNEL_SCHED=$KERNEL_SCHED" \
+    "WORKLOADS=$WORKLOADS"
+  guest_raw_log
 } >"$RAW"
 
-python3 - "$LOG" <<'PY' | tee -a "$RAW"
+python3 - "$GUEST_LOG" <<'PY' | tee -a "$RAW"
 import json, math, re, statistics as st, sys
 runs, kv, irq = {}, {}, {}
 for line in open(sys.argv[1], errors="replace"):

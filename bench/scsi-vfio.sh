@@ -51,31 +51,16 @@ fi
 
 STAMP=$(date -u +%Y%m%d-%H%M)
 RAW="$RESULTS_DIR/scsi-vfio-$STAMP.txt"
-LOG="$OUT/guest-$STAMP.log"
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
-T0=$(date +%s)
-SCSI_VFIO_DISK=$DISK USTOR_BIN=$BIN SCSI_VFIO_LOG=$LOG \
-  timeout $((GUEST_TIMEOUT_S + 120)) \
-  cargo test --profile "$PROFILE" -q -p ustor --test scsi_vfio_bench -- --ignored --nocapture \
-  >"$OUT/runner.out" 2>"$OUT/runner.err" || {
-    echo "guest run failed; runner output:" >&2
-    tail -n 60 "$OUT/runner.out" "$OUT/runner.err" >&2
-    exit 1
-  }
-T1=$(date +%s)
+GUEST_LOG="$OUT/guest-$STAMP.log"
+. bench/lib/guest.sh
+SCSI_VFIO_DISK=$DISK USTOR_BIN=$BIN SCSI_VFIO_LOG=$GUEST_LOG \
+  guest_runner "$OUT" --profile "$PROFILE" -q -p ustor --test scsi_vfio_bench || exit 1
 {
-  echo "# bench/scsi-vfio.sh raw output"
-  echo "$(date -u +%Y-%m-%dT%H:%MZ) host: $(nproc) CPUs, $(uname -r), $(qemu-system-x86_64 --version | head -n 1)"
-  echo "ROUNDS=$ROUNDS RUNTIME=$RUNTIME POLL=$POLL PROFILE=$PROFILE WORKLOADS=$WORKLOADS"
-  echo "guest run: $((T1 - T0)) s; host load at start: $LOAD0, at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo
-  echo "## guest serial log"
-  cat "$LOG"
-  echo
-  echo "## summary"
+  guest_raw_header scsi-vfio.sh "ROUNDS=$ROUNDS RUNTIME=$RUNTIME POLL=$POLL PROFILE=$PROFILE WORKLOADS=$WORKLOADS"
+  guest_raw_log
 } >"$RAW"
 
-python3 - "$LOG" <<'PY' | tee -a "$RAW"
+python3 - "$GUEST_LOG" <<'PY' | tee -a "$RAW"
 import json, re, statistics as st, sys
 runs = {}
 
