@@ -17,6 +17,8 @@
 # Usage: bench/fs-path.sh
 #   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 MODE=classic
 #        SERVE_ARGS= (more `ustor serve` options, e.g. "--poll-mode interrupt")
+#        PERF= (a percentage: a third pass profiles the mount with perf, and
+#        its functions over that share of samples are listed)
 #        RWS="randread randwrite" XDP=0 VETH_MTU= (XDP=1: the veth's and the
 #        export's MTU, default 1500)
 # Needs root (FUSE, ip netns), fio, strace, python3.
@@ -139,4 +141,17 @@ for rw in $RWS; do
             if ($4 / n >= 0.05) printf "    %-6s %-16s %5.2f\n", p, $NF, $4 / n }' \
             "$W/strace-$p"
     done
+    if [ -n "${PERF:-}" ]; then
+        # A third pass under `perf record -g` of the mount: where its CPU goes.
+        perf record -q -g -p "$MOUNT" -o "$W/perf-$rw.data" 2>/dev/null &
+        PIDS+=($!)
+        sleep 1
+        run_fio "$rw" >/dev/null
+        kill -INT "${PIDS[2]}" 2>/dev/null || true
+        wait "${PIDS[2]}" 2>/dev/null || true
+        PIDS=("${PIDS[@]:0:2}")
+        echo "  mount's CPU by function (perf, the third pass; self, over ${PERF}%):"
+        perf report -i "$W/perf-$rw.data" --no-children --sort dso,sym --percent-limit "$PERF" \
+            --stdio -g none 2>/dev/null | awk '/%/ && !/^#/ {printf "    %s\n", $0}'
+    fi
 done

@@ -18,7 +18,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ustor_fs::proto::{self, Request, HEADER_LEN, NONCE_LEN};
-use ustor_fs::xdp_wire::{self as w, Assembly, Ctrl, Frame, Grant, Kind, BASE_FRAME, PLACE_HDR};
+use ustor_fs::xdp_wire::{
+    self as w, Assembly, Ctrl, Frame, Grant, Kind, Split, BASE_FRAME, PLACE_HDR,
+};
 use ustor_fs::{Attr, DirEntry, SetAttr, StatFs, MAX_WRITE};
 use ustor_net::xdp::{self, Desc, XskConfig, XskSocket};
 
@@ -27,6 +29,8 @@ use crate::{wire, ClientError, Result};
 const RX_BUFS: u64 = 1024;
 const TX_BUFS: u64 = 1024;
 const BROADCAST: [u8; 6] = [0xff; 6];
+/// See [`XdpConfig::spin`].
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(0);
 
 /// How to reach an export over raw Ethernet.
 #[derive(Debug, Clone)]
@@ -39,6 +43,11 @@ pub struct XdpConfig {
     pub secret: Vec<u8>,
     /// Spin on the rx ring instead of sleeping in poll().
     pub busy_poll: bool,
+    /// While a reply is partly received, how long to spin on the rx ring
+    /// after its last frame before sleeping in poll() (the rest of the
+    /// reply is on its way). Default from `USTOR_FS_XDP_SPIN_US`, else
+    /// [`DEFAULT_SPIN`].
+    pub spin: Duration,
     pub retry: Duration,
     pub timeout: Duration,
 }
@@ -52,6 +61,10 @@ impl XdpConfig {
             export: export.into(),
             secret: secret.to_vec(),
             busy_poll: false,
+            spin: std::env::var("USTOR_FS_XDP_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(DEFAULT_SPIN, Duration::from_micros),
             retry: Duration::from_millis(200),
             timeout: Duration::from_secs(10),
         }
@@ -111,7 +124,13 @@ struct Link {
     peer: usize,
     free_tx: Vec<u64>,
     asm: Assembly,
+    /// The header of a reply received into a caller's buffer, and the
+    /// body bytes that went there.
+    head: [u8; HEADER_LEN],
+    placed: usize,
     rx: Vec<Desc>,
+    /// Buffers of received frames, to post again.
+    bufs: Vec<u64>,
     cfg: XdpConfig,
     _prog: xdp::XdpProgram,
 }
@@ -159,7 +178,10 @@ impl XdpClient {
             peer: BASE_FRAME,
             free_tx: (RX_BUFS..RX_BUFS + TX_BUFS).map(|i| i * chunk).collect(),
             asm: Assembly::default(),
+            head: [0; HEADER_LEN],
+            placed: 0,
             rx: Vec::new(),
+            bufs: Vec::new(),
             cfg,
             _prog: prog,
         };
@@ -233,26 +255,37 @@ impl Link {
     }
 
     /// Waits up to `until` for the message of the current request id
-    /// (a reply or a grant).
-    fn wait(&mut self, until: Instant) -> Result<Option<(Kind, Vec<u8>)>> {
+    /// (a reply or a grant). With `into`, a reply's body is received
+    /// straight into it (its header into `head`, the count in `placed`)
+    /// and the reply returned is the header alone.
+    fn wait(
+        &mut self,
+        until: Instant,
+        mut into: Option<&mut [u8]>,
+    ) -> Result<Option<(Kind, Vec<u8>)>> {
+        let mut last = Instant::now();
         loop {
             self.rx.clear();
             let mut rx = std::mem::take(&mut self.rx);
+            let mut bufs = std::mem::take(&mut self.bufs);
+            bufs.clear();
             self.xsk.recv(&mut rx, 64);
             let mut got = None;
-            let mut bufs = Vec::with_capacity(rx.len());
             for d in &rx {
                 bufs.push(d.addr - d.addr % self.chunk);
                 if got.is_none() {
-                    got = self.on_frame(*d);
+                    got = self.on_frame(*d, into.as_deref_mut());
                 }
             }
             self.rx = rx;
             self.xsk.fill(&bufs);
+            let idle = bufs.is_empty();
+            self.bufs = bufs;
             if got.is_some() {
                 return Ok(got);
             }
-            if Instant::now() >= until {
+            let now = Instant::now();
+            if now >= until {
                 return Ok(None);
             }
             // Copy mode sends only inside a syscall, and at most a batch
@@ -263,7 +296,13 @@ impl Link {
                 self.xsk.kick().map_err(xerr)?;
                 self.xsk.completed(&mut self.free_tx, 1024);
             }
-            if bufs.is_empty() && !self.cfg.busy_poll {
+            if !idle {
+                last = now;
+                continue;
+            }
+            // The rest of a reply partly in: its next burst is near.
+            let spin = self.asm.pending() && now - last < self.cfg.spin;
+            if !self.cfg.busy_poll && !spin {
                 let mut p = libc::pollfd {
                     fd: self.xsk.as_raw_fd(),
                     events: libc::POLLIN,
@@ -275,7 +314,7 @@ impl Link {
         }
     }
 
-    fn on_frame(&mut self, d: Desc) -> Option<(Kind, Vec<u8>)> {
+    fn on_frame(&mut self, d: Desc, into: Option<&mut [u8]>) -> Option<(Kind, Vec<u8>)> {
         let f = self.xsk.frame(d.addr, d.len as usize)?;
         let Ok(Frame::Ctrl { src, hdr, payload }) = w::parse(f) else {
             return None;
@@ -291,18 +330,33 @@ impl Link {
         if hdr.kind == Kind::Go {
             return Some((Kind::Go, payload.to_vec()));
         }
-        self.asm
-            .add(&hdr, payload)
-            .map(|m| (Kind::Resp, m.to_vec()))
+        let Some(body) = into else {
+            return self
+                .asm
+                .add(&hdr, payload)
+                .map(|m| (Kind::Resp, m.to_vec()));
+        };
+        let mut sink = Split {
+            head: &mut self.head,
+            body,
+        };
+        let n = self.asm.add_to(&hdr, payload, &mut sink)?;
+        self.placed = n.saturating_sub(HEADER_LEN);
+        Some((Kind::Resp, self.head[..n.min(HEADER_LEN)].to_vec()))
     }
 
     /// Sends a request (again after each `retry`) until its reply or a
     /// grant comes.
-    fn exchange(&mut self, msg: &[u8], deadline: Instant) -> Result<(Kind, Vec<u8>)> {
+    fn exchange(
+        &mut self,
+        msg: &[u8],
+        deadline: Instant,
+        mut into: Option<&mut [u8]>,
+    ) -> Result<(Kind, Vec<u8>)> {
         loop {
             self.send_msg(Kind::Req, msg)?;
             let until = (Instant::now() + self.cfg.retry).min(deadline);
-            if let Some(r) = self.wait(until)? {
+            if let Some(r) = self.wait(until, into.as_deref_mut())? {
                 return Ok(r);
             }
             // The server may have restarted on a smaller MTU: resend at
@@ -314,11 +368,11 @@ impl Link {
         }
     }
 
-    fn call(&mut self, ino: u64, req: &Request<'_>) -> Result<Rep> {
+    fn call(&mut self, ino: u64, req: &Request<'_>, into: Option<&mut [u8]>) -> Result<Rep> {
         self.rid += 1;
         let msg = proto::encode_request(self.rid, ino, req);
         let deadline = Instant::now() + self.cfg.timeout;
-        match self.exchange(&msg, deadline)? {
+        match self.exchange(&msg, deadline, into)? {
             (Kind::Resp, m) => rep_of(&m),
             _ => Err(ClientError::Protocol(
                 "grant for a request that is not a write".into(),
@@ -338,7 +392,7 @@ impl Link {
             nonce: cn,
             export: export.as_bytes(),
         };
-        let rep = self.call(0, &hello)?;
+        let rep = self.call(0, &hello, None)?;
         if rep.errno != 0 {
             return Err(ClientError::Errno(rep.errno as i32));
         }
@@ -348,7 +402,7 @@ impl Link {
             .and_then(|b| b.try_into().ok())
             .ok_or_else(|| ClientError::Protocol("short Hello reply".into()))?;
         let mac = wire::auth_mac(&self.cfg.secret, &cn, &sn);
-        let rep = self.call(0, &Request::Auth { mac })?;
+        let rep = self.call(0, &Request::Auth { mac }, None)?;
         if rep.errno != 0 {
             return Err(ClientError::Auth);
         }
@@ -364,7 +418,7 @@ impl Link {
         let mut msg = proto::encode_request(self.rid, ino, &req);
         msg.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
         let deadline = Instant::now() + self.cfg.timeout;
-        let mut out = self.exchange(&msg, deadline)?;
+        let mut out = self.exchange(&msg, deadline, None)?;
         let mut last = 0u8;
         loop {
             let (kind, m) = out;
@@ -378,9 +432,9 @@ impl Link {
                 self.send_payload(&g, data)?;
             }
             let until = (Instant::now() + self.cfg.retry).min(deadline);
-            out = match self.wait(until)? {
+            out = match self.wait(until, None)? {
                 Some(r) => r,
-                None => self.exchange(&msg, deadline)?,
+                None => self.exchange(&msg, deadline, None)?,
             };
         }
     }
@@ -452,6 +506,28 @@ impl Link {
     }
 }
 
+impl Link {
+    /// [`Link::call`], once more after a new handshake when the server
+    /// dropped our session (idle, or it restarted); an errno is an error.
+    fn call_again(
+        &mut self,
+        ino: u64,
+        req: &Request<'_>,
+        mut into: Option<&mut [u8]>,
+    ) -> Result<Rep> {
+        self.placed = 0;
+        let mut r = self.call(ino, req, into.as_deref_mut())?;
+        if r.errno == libc::ENOTCONN as u64 {
+            self.handshake()?;
+            r = self.call(ino, req, into)?;
+        }
+        if r.errno != 0 {
+            return Err(ClientError::Errno(r.errno as i32));
+        }
+        Ok(r)
+    }
+}
+
 fn rep_of(m: &[u8]) -> Result<Rep> {
     if m.len() < HEADER_LEN {
         return Err(ClientError::Protocol("short reply".into()));
@@ -466,16 +542,7 @@ fn rep_of(m: &[u8]) -> Result<Rep> {
 impl XdpClient {
     fn call(&self, ino: u64, req: &Request<'_>) -> Result<Vec<u8>> {
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
-        let mut r = l.call(ino, req)?;
-        if r.errno == libc::ENOTCONN as u64 {
-            // The server dropped our session (idle, or it restarted).
-            l.handshake()?;
-            r = l.call(ino, req)?;
-        }
-        if r.errno != 0 {
-            return Err(ClientError::Errno(r.errno as i32));
-        }
-        Ok(r.body)
+        Ok(l.call_again(ino, req, None)?.body)
     }
 
     pub fn lookup(&self, dir: u64, name: &[u8]) -> Result<Attr> {
@@ -564,21 +631,31 @@ impl XdpClient {
 
     /// Reads up to `len` bytes at `off` (1 MiB per request).
     pub fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(len);
-        while out.len() < len {
-            let n = (len - out.len()).min(MAX_WRITE);
+        let mut out = vec![0; len];
+        let n = self.read_into(ino, off, &mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Reads up to `out.len()` bytes at `off` into `out` (1 MiB per
+    /// request; fewer at the end of the file); the count. Each reply
+    /// fragment is copied once, from its frame into `out`.
+    pub fn read_into(&self, ino: u64, off: u64, out: &mut [u8]) -> Result<usize> {
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        let mut got = 0;
+        while got < out.len() {
+            let n = (out.len() - got).min(MAX_WRITE);
             let req = Request::Read {
-                off: off + out.len() as u64,
+                off: off + got as u64,
                 len: n as u32,
             };
-            let b = self.call(ino, &req)?;
-            let short = b.len() < n;
-            out.extend_from_slice(&b);
-            if short {
+            l.call_again(ino, &req, Some(&mut out[got..got + n]))?;
+            got += l.placed;
+            if l.placed < n {
                 break;
             }
         }
-        Ok(out)
+        Ok(got)
     }
 
     /// Writes `data` at `off` (1 MiB per request); returns the file's
@@ -617,7 +694,7 @@ impl XdpClient {
         let mut msg = proto::encode_request(l.rid, ino, &Request::Write { off, len });
         msg.extend_from_slice(&0u32.to_le_bytes());
         let deadline = Instant::now() + l.cfg.timeout;
-        match l.exchange(&msg, deadline)? {
+        match l.exchange(&msg, deadline, None)? {
             (Kind::Go, m) => Ok(Grant::decode(&m)
                 .map_err(|e| ClientError::Protocol(e.to_string()))?
                 .place),
@@ -694,6 +771,9 @@ impl crate::RemoteFs for XdpClient {
     }
     fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
         XdpClient::read(self, ino, off, len)
+    }
+    fn read_into(&self, ino: u64, off: u64, out: &mut [u8]) -> Result<usize> {
+        XdpClient::read_into(self, ino, off, out)
     }
     fn write(&self, ino: u64, off: u64, data: &[u8]) -> Result<Option<Attr>> {
         XdpClient::write(self, ino, off, data)

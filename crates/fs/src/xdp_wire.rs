@@ -358,6 +358,50 @@ impl Grant {
     }
 }
 
+/// Where an [`Assembly`] writes a message's bytes.
+pub trait Sink {
+    /// Writes `b` at offset `at` of the message; false when the message
+    /// does not fit (the fragment is dropped).
+    fn put(&mut self, at: usize, b: &[u8]) -> bool;
+}
+
+/// The assembly's own buffer: grows to the message.
+impl Sink for Vec<u8> {
+    fn put(&mut self, at: usize, b: &[u8]) -> bool {
+        if at == self.len() {
+            self.extend_from_slice(b);
+        } else {
+            if self.len() < at + b.len() {
+                self.resize(at + b.len(), 0);
+            }
+            self[at..at + b.len()].copy_from_slice(b);
+        }
+        true
+    }
+}
+
+/// A message received into two buffers: its first `head.len()` bytes (the
+/// reply header) in `head`, the rest in `body` (a caller's buffer, so a
+/// read's data is copied once, from the frame to where it is wanted).
+pub struct Split<'a> {
+    pub head: &'a mut [u8],
+    pub body: &'a mut [u8],
+}
+
+impl Sink for Split<'_> {
+    fn put(&mut self, at: usize, b: &[u8]) -> bool {
+        let h = self.head.len();
+        if at + b.len() > h + self.body.len() {
+            return false;
+        }
+        let k = h.saturating_sub(at).min(b.len());
+        self.head[at.min(h)..at.min(h) + k].copy_from_slice(&b[..k]);
+        let from = (at + k) - h;
+        self.body[from..from + b.len() - k].copy_from_slice(&b[k..]);
+        true
+    }
+}
+
 /// Reassembles one message from its control fragments. The fragment size
 /// is the sender's: every fragment but the last has the length of the
 /// first such one that came.
@@ -370,6 +414,8 @@ pub struct Assembly {
     buf: Vec<u8>,
     /// Bytes of every fragment but the last (0: none of them came yet).
     unit: usize,
+    /// Bytes of the last fragment, once placed.
+    last: usize,
     /// The last fragment, while the unit (hence its place) is not known.
     tail: Vec<u8>,
 }
@@ -379,13 +425,28 @@ impl Assembly {
     /// fragment of another request id or count starts over; duplicates
     /// and fragments of the wrong length are ignored.
     pub fn add(&mut self, h: &Ctrl, payload: &[u8]) -> Option<&[u8]> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let n = self.add_to(h, payload, &mut buf);
+        self.buf = buf;
+        n.map(|n| &self.buf[..n])
+    }
+
+    /// Whether some fragments of a message came and others are missing.
+    pub fn pending(&self) -> bool {
+        self.got > 0 && !self.have.is_empty()
+    }
+
+    /// [`Assembly::add`] writing the message into `sink` (the same sink
+    /// for every fragment of a message); returns its length once all
+    /// fragments are in.
+    pub fn add_to(&mut self, h: &Ctrl, payload: &[u8], sink: &mut impl Sink) -> Option<usize> {
         if h.rid != self.rid || h.nfrag != self.nfrag || self.have.is_empty() {
             self.rid = h.rid;
             self.nfrag = h.nfrag;
             self.have = vec![false; h.nfrag as usize];
             self.got = 0;
-            self.buf.clear();
             self.unit = 0;
+            self.last = 0;
             self.tail.clear();
         }
         let (i, n) = (h.frag as usize, self.have.len());
@@ -395,51 +456,48 @@ impl Assembly {
         let last = i + 1 == n;
         if last && n > 1 && self.unit == 0 {
             self.tail = payload.to_vec();
-        } else if !self.place(i, last, payload) {
+        } else if !self.place(i, last, payload, sink) {
             return None;
         }
         self.have[i] = true;
         self.got += 1;
         if self.got == self.nfrag {
             self.have.clear();
-            return Some(&self.buf);
+            return Some((n - 1) * self.unit + self.last);
         }
         None
     }
 
-    /// Copies fragment `i` into the message; learns the unit from the
+    /// Writes fragment `i` into the message; learns the unit from the
     /// first fragment that is not the last. False: not consistent with
-    /// the fragments before (dropped).
-    fn place(&mut self, i: usize, last: bool, payload: &[u8]) -> bool {
+    /// the fragments before, or past the sink's end (dropped).
+    fn place(&mut self, i: usize, last: bool, payload: &[u8], sink: &mut impl Sink) -> bool {
         let n = self.have.len();
         if !last && self.unit == 0 {
             if (n - 1) * payload.len() >= MAX_MSG {
                 return false;
             }
             self.unit = payload.len();
-            self.buf.resize((n - 1) * self.unit, 0);
             if self.have[n - 1] {
                 let tail = std::mem::take(&mut self.tail);
-                if tail.len() > self.unit {
-                    // The last fragment was longer than the others: start
-                    // the message over.
+                // A last fragment longer than the others: start over.
+                if tail.len() > self.unit || !sink.put((n - 1) * self.unit, &tail) {
                     self.have.clear();
                     return false;
                 }
-                self.buf.extend_from_slice(&tail);
+                self.last = tail.len();
             }
         } else if !last && payload.len() != self.unit {
             return false;
         }
+        if last && n > 1 && payload.len() > self.unit {
+            return false;
+        }
+        if !sink.put(i * self.unit, payload) {
+            return false;
+        }
         if last {
-            if n > 1 && payload.len() > self.unit {
-                return false;
-            }
-            self.buf.truncate((n - 1) * self.unit);
-            self.buf.extend_from_slice(payload);
-        } else {
-            let at = i * self.unit;
-            self.buf[at..at + self.unit].copy_from_slice(payload);
+            self.last = payload.len();
         }
         true
     }
@@ -557,6 +615,50 @@ mod tests {
             }
             assert_eq!(out.as_deref(), Some(&msg[..]), "unit {unit}");
         }
+    }
+
+    #[test]
+    fn a_message_is_received_into_a_header_and_a_callers_buffer() {
+        let msg: Vec<u8> = (0..9000u32).map(|i| (i % 251) as u8).collect();
+        for (unit, order) in [
+            (BASE_CTRL_PAYLOAD, vec![6usize, 0, 1, 2, 0, 3, 4, 5]),
+            (ctrl_payload(frame_for_mtu(3500)), vec![1, 0, 2]),
+            (10, (0..900).rev().collect()),
+        ] {
+            let frags: Vec<&[u8]> = fragments(&msg, unit).collect();
+            let nfrag = nfrags(msg.len(), unit);
+            let (mut head, mut body) = ([0u8; 24], vec![0u8; msg.len() - 24]);
+            let mut asm = Assembly::default();
+            let mut done = None;
+            for i in order {
+                let h = Ctrl {
+                    kind: Kind::Resp,
+                    rxf: 0,
+                    frag: i as u16,
+                    nfrag,
+                    session: 1,
+                    rid: 9,
+                };
+                let mut sink = Split {
+                    head: &mut head,
+                    body: &mut body,
+                };
+                if let Some(n) = asm.add_to(&h, frags[i], &mut sink) {
+                    done = Some(n);
+                }
+            }
+            assert_eq!(done, Some(msg.len()), "unit {unit}");
+            assert_eq!((&head[..], &body[..]), (&msg[..24], &msg[24..]));
+        }
+        // A body larger than the caller's buffer never completes.
+        let (mut head, mut body) = ([0u8; 24], [0u8; 10]);
+        let mut sink = Split {
+            head: &mut head,
+            body: &mut body,
+        };
+        assert!(sink.put(30, &[1; 4]));
+        assert!(!sink.put(30, &[1; 5]));
+        assert_eq!(body[6..], [1; 4]);
     }
 
     #[test]
