@@ -396,8 +396,10 @@ impl Sink for Split<'_> {
         }
         let k = h.saturating_sub(at).min(b.len());
         self.head[at.min(h)..at.min(h) + k].copy_from_slice(&b[..k]);
-        let from = (at + k) - h;
-        self.body[from..from + b.len() - k].copy_from_slice(&b[k..]);
+        if k < b.len() {
+            let from = at + k - h;
+            self.body[from..from + b.len() - k].copy_from_slice(&b[k..]);
+        }
         true
     }
 }
@@ -658,7 +660,24 @@ mod tests {
         };
         assert!(sink.put(30, &[1; 4]));
         assert!(!sink.put(30, &[1; 5]));
+        // A piece inside the header, and a message shorter than it.
+        assert!(sink.put(2, &[7; 3]));
         assert_eq!(body[6..], [1; 4]);
+        assert_eq!(head[..6], [0, 0, 7, 7, 7, 0]);
+        let mut asm = Assembly::default();
+        let h = Ctrl {
+            kind: Kind::Resp,
+            rxf: 0,
+            frag: 0,
+            nfrag: 1,
+            session: 1,
+            rid: 9,
+        };
+        let mut sink = Split {
+            head: &mut head,
+            body: &mut body,
+        };
+        assert_eq!(asm.add_to(&h, &[5; 10], &mut sink), Some(10));
     }
 
     #[test]
