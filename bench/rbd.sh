@@ -300,7 +300,8 @@ point() { # TOOL RW QD N
 }
 
 {
-    echo "# rbd.sh $stamp $(uname -r) $(nproc) cpus; ustor $(git rev-parse --short HEAD); runtime ${RUNTIME}s, client core $CORE${FEATURES:+; image features $FEATURES}${USTOR_ALT:+; alt- tools: $(basename "$USTOR_ALT")}"
+    echo "# rbd.sh $stamp $(uname -r) $(nproc) cpus; ustor $(git rev-parse --short HEAD); runtime ${RUNTIME}s, client core $CORE${FEATURES:+; image features $FEATURES}${USTOR_ALT:+; alt- tools: $(basename "$USTOR_ALT")}; ustor: $(basename "$USTOR")"
+    echo "# start: $(uptime)"
     for rep in $(seq "$REPEAT"); do
         for rw in $RWS; do
             for qd in $QDS; do
@@ -312,6 +313,7 @@ point() { # TOOL RW QD N
             done
         done
     done
+    echo "# end: $(uptime)"
 } | tee "$out.raw"
 
 {

@@ -38,6 +38,7 @@ pub mod msg;
 mod nap;
 pub mod net;
 pub mod ops;
+mod park;
 pub mod poller;
 pub mod reactor;
 mod spin;

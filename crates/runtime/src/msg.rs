@@ -5,13 +5,14 @@
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, Weak};
 use std::thread::JoinHandle as ThreadHandle;
 
 use crossbeam_queue::ArrayQueue;
 
 use crate::config::RuntimeConfig;
+use crate::park;
 use crate::reactor::{self, Reactor};
 use crate::stats::ReactorStats;
 use crate::ticks;
@@ -38,7 +39,13 @@ pub enum SendError {
 
 pub(crate) struct ReactorShared {
     pub(crate) inbox: ArrayQueue<Msg>,
-    pub(crate) sleeping: AtomicBool,
+    /// Where the reactor sleeps, if it does ([`crate::park`]'s states;
+    /// also the futex word of a reactor asleep with an idle ring).
+    pub(crate) sleeping: AtomicU32,
+    /// [`RuntimeHandle::notify`] was called: a reactor about to sleep on
+    /// its futex does not (the eventfd write that keeps a ring sleep from
+    /// starting does not reach a futex sleep).
+    pub(crate) notified: AtomicBool,
     /// Sleeps begun so far, published for [`RuntimeHandle::sleeps`] (a plain
     /// store on the idle path, never touched by I/O).
     pub(crate) slept: AtomicU64,
@@ -52,7 +59,20 @@ impl ReactorShared {
         self.eventfd.as_raw_fd()
     }
 
+    /// Whether the reactor sleeps (or is about to): pairs with the fence
+    /// in `Reactor::sleep`, after the caller's store.
+    fn asleep(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.sleeping.load(Ordering::SeqCst) != park::AWAKE
+    }
+
+    /// Wakes the reactor from a futex sleep, or writes its eventfd (which
+    /// wakes a ring sleep, or makes the next one return at once).
     fn kick(&self) {
+        fence(Ordering::SeqCst);
+        if park::wake(&self.sleeping) {
+            return;
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64 to our own eventfd.
         unsafe { libc::write(self.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -108,9 +128,7 @@ impl RuntimeHandle {
         r.inbox
             .push(Box::new(f))
             .map_err(|_| SendError::Full(reactor))?;
-        // Pairs with the fence in `Reactor::sleep`.
-        fence(Ordering::SeqCst);
-        if r.sleeping.load(Ordering::SeqCst) {
+        if r.asleep() {
             r.kick();
         }
         Ok(())
@@ -235,7 +253,7 @@ impl RuntimeHandle {
     /// allocation): it makes one pass and, idle, sleeps again.
     pub fn wake(&self, reactor: usize) {
         if let Some(r) = self.shared.reactors.get(reactor) {
-            if r.sleeping.load(Ordering::SeqCst) {
+            if r.asleep() {
                 r.kick();
             }
         }
@@ -249,6 +267,7 @@ impl RuntimeHandle {
     /// when the reactor was awake.
     pub fn notify(&self, reactor: usize) {
         if let Some(r) = self.shared.reactors.get(reactor) {
+            r.notified.store(true, Ordering::SeqCst);
             r.kick();
         }
     }
@@ -306,7 +325,8 @@ impl Runtime {
             }
             reactors.push(Arc::new(ReactorShared {
                 inbox: ArrayQueue::new(cfg.inbox_capacity.max(16)),
-                sleeping: AtomicBool::new(false),
+                sleeping: AtomicU32::new(park::AWAKE),
+                notified: AtomicBool::new(false),
                 slept: AtomicU64::new(0),
                 stop: AtomicBool::new(false),
                 // SAFETY: fd was just created and is owned by nobody else.

@@ -11,6 +11,7 @@ use crate::config::{PollMode, RuntimeConfig};
 use crate::executor::Executor;
 use crate::msg::{ReactorShared, RuntimeShared};
 use crate::nap::{NapPlanner, MIN_NAP_NS};
+use crate::park;
 use crate::poller::Pollers;
 use crate::spin::{Contention, SpinBudget, MIN_SPIN_NS, YIELD_EVERY_NS};
 use crate::stats::Counters;
@@ -355,12 +356,19 @@ impl Reactor {
     /// sender, an I/O, or the next timer deadline), or for at most `nap`
     /// ticks. Returns the ticks spent asleep (0 if it did not sleep).
     fn sleep(&self, nap: Option<u64>) -> u64 {
+        // Nothing the kernel could complete meanwhile: sleep on the futex
+        // (see `park`).
+        let futex = self.ring.idle();
+        let state = if futex { park::FUTEX } else { park::RING };
         // Dekker pairing with `RuntimeHandle::send`: publish `sleeping`, then
         // look at the inbox; the sender pushes, then looks at `sleeping`.
-        self.shared.sleeping.store(true, Ordering::SeqCst);
+        self.shared.sleeping.store(state, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        if !self.shared.inbox.is_empty() || self.shared.stop.load(Ordering::Acquire) {
-            self.shared.sleeping.store(false, Ordering::SeqCst);
+        if !self.shared.inbox.is_empty()
+            || self.shared.stop.load(Ordering::Acquire)
+            || (futex && self.shared.notified.swap(false, Ordering::SeqCst))
+        {
+            self.shared.sleeping.store(park::AWAKE, Ordering::SeqCst);
             return 0;
         }
         let now = ticks::now();
@@ -377,8 +385,12 @@ impl Reactor {
         self.stats.sleeps.set(sleeps);
         self.shared.slept.store(sleeps, Ordering::Release);
         let t0 = ticks::now();
-        self.ring.wait(timeout_ns);
-        self.shared.sleeping.store(false, Ordering::SeqCst);
+        if futex {
+            park::wait(&self.shared.sleeping, timeout_ns);
+        } else {
+            self.ring.wait(timeout_ns);
+        }
+        self.shared.sleeping.store(park::AWAKE, Ordering::SeqCst);
         let t1 = ticks::now();
         self.stats
             .idle_ticks

@@ -408,6 +408,15 @@ impl Ring {
         !self.cq.is_empty()
     }
 
+    /// Whether nothing is in flight but the wake-up read, nothing is
+    /// queued and no completion waits: a sleep could only end by a wake
+    /// from another thread or a timeout.
+    pub(crate) fn idle(&self) -> bool {
+        self.inflight.get() == u64::from(self.wake_armed.get())
+            && self.cq.is_empty()
+            && !self.has_queued()
+    }
+
     /// Blocks until at least one completion or `timeout_ns`.
     pub(crate) fn wait(&self, timeout_ns: Option<u64>) {
         self.arm_wake();
