@@ -41,6 +41,13 @@ fi
 cargo test --release -q -p ustor --test fs_guest_bench --no-run
 
 W=$(mktemp -d /dev/shm/ustor-fs-guest.XXXXXX)
+# The guest script runs /ustor/bin/ustor: a build saved under another name
+# (ustor-<commit>) goes in as `ustor`.
+if [ "$(basename "$USTOR")" != ustor ]; then
+    mkdir -p "$W/bin"
+    cp "$USTOR" "$W/bin/ustor"
+    USTOR=$W/bin/ustor
+fi
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do
