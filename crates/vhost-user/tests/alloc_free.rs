@@ -10,7 +10,9 @@
 //! queue depth 32 on two queues served by two reactors, every read
 //! compared with what was written; no allocation may happen on a reactor
 //! until the window closes. `harness = false`: no libtest threads share
-//! the process. `ALLOC_TRACE=1` prints a backtrace of each allocation.
+//! the process. A failure prints the backtrace of the window's first
+//! reactor allocation (captured only once one happens, so a clean run's
+//! timing is untouched); `ALLOC_TRACE=1` prints one for each.
 //!
 //! The same for vhost-user-scsi (`scsi_phase`): the test frontend
 //! (`common/frontend.rs`, rust-vmm's `vhost` crate plus a split-ring
@@ -23,6 +25,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use blkio::{Blkio, Blkioq, ReqFlags};
@@ -41,6 +44,8 @@ struct Counting;
 static WINDOW: AtomicBool = AtomicBool::new(false);
 static TRACE: AtomicBool = AtomicBool::new(false);
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+/// The first reactor allocation in the window: its size and backtrace.
+static FIRST: Mutex<Option<String>> = Mutex::new(None);
 
 thread_local! {
     static IN_TRACE: Cell<bool> = const { Cell::new(false) };
@@ -50,18 +55,39 @@ fn note(size: usize) {
     if !WINDOW.load(Ordering::Relaxed) || !ustor_runtime::is_reactor_thread() {
         return;
     }
-    ALLOCS.fetch_add(1, Ordering::Relaxed);
-    if TRACE.load(Ordering::Relaxed) {
-        let _ = IN_TRACE.try_with(|t| {
-            if !t.replace(true) {
-                eprintln!(
-                    "allocation of {size} bytes on a reactor:\n{}",
-                    std::backtrace::Backtrace::force_capture()
-                );
-                t.set(false);
-            }
-        });
+    let first = ALLOCS.fetch_add(1, Ordering::Relaxed) == 0;
+    if !first && !TRACE.load(Ordering::Relaxed) {
+        return;
     }
+    // Capturing and formatting a backtrace allocates: the guard keeps
+    // those allocations from recursing into this.
+    let _ = IN_TRACE.try_with(|t| {
+        if t.replace(true) {
+            return;
+        }
+        let bt = format!(
+            "allocation of {size} bytes on a reactor:\n{}",
+            std::backtrace::Backtrace::force_capture()
+        );
+        if TRACE.load(Ordering::Relaxed) {
+            eprintln!("{bt}");
+        }
+        if first {
+            if let Ok(mut f) = FIRST.lock() {
+                f.get_or_insert(bt);
+            }
+        }
+        t.set(false);
+    });
+}
+
+/// The first allocation's backtrace, for a failure message.
+fn first_alloc() -> String {
+    FIRST
+        .lock()
+        .ok()
+        .and_then(|f| f.clone())
+        .unwrap_or_default()
 }
 
 // SAFETY: forwards to the system allocator; only counts.
@@ -286,8 +312,10 @@ fn main() {
         "the queues counted {st} requests, expected {ios}"
     );
     assert_eq!(
-        allocs, 0,
-        "the data path allocated on a reactor (ALLOC_TRACE=1 shows where)"
+        allocs,
+        0,
+        "the data path allocated on a reactor; the first one:\n{}",
+        first_alloc()
     );
     drop(cl);
     ctrl.stop();
@@ -396,6 +424,9 @@ fn scsi_phase(rt: &Runtime, registry: &std::sync::Arc<Registry>, dir: &std::path
     }
     assert_eq!(bad, 0, "scsi warm-up: failed commands or mismatches");
     ALLOCS.store(0, Ordering::SeqCst);
+    if let Ok(mut f) = FIRST.lock() {
+        *f = None;
+    }
     WINDOW.store(true, Ordering::SeqCst);
     let t0 = Instant::now();
     let (mut ios, mut bad) = (0u64, 0u64);
@@ -412,8 +443,10 @@ fn scsi_phase(rt: &Runtime, registry: &std::sync::Arc<Registry>, dir: &std::path
     );
     assert_eq!(bad, 0, "scsi: failed commands or mismatches in the window");
     assert_eq!(
-        allocs, 0,
-        "the scsi data path allocated on a reactor (ALLOC_TRACE=1 shows where)"
+        allocs,
+        0,
+        "the scsi data path allocated on a reactor; the first one:\n{}",
+        first_alloc()
     );
     drop(f);
     ctrl.stop();
