@@ -19,6 +19,12 @@
 #                 floor of a client that maps blocks to objects itself);
 #                 per image a job over 64 objects of 4 MiB (the image's
 #                 256 MiB), written once before the rounds,
+#   - floor, floor-wait: bench/lib/rbd_floor.c, a bare C loop over
+#                 librados' C API at QD1 on image 0's data objects (what ustor's
+#                 direct path calls, nothing around it; `floor`: completion
+#                 callback and a futex wake, ustor's hand-offs; `floor-wait`:
+#                 no callback, rados_aio_wait_for_complete, one hand-off
+#                 fewer): the floor of any librados client; QD1, 1 image only,
 #   - bdevperf:   SPDK bdevperf with bdev_rbd (when SPDK_DIR has it; N
 #                 bdevs on one reactor, one shared cluster),
 #   - bdevperf-same: the same with the cluster's core_mask = CORE (every
@@ -172,6 +178,11 @@ for i in $(seq 0 $((MAXIMG - 1))); do
     fi
 done
 
+if [[ " $TOOLS " == *" floor"* ]]; then
+    cc -O2 -o "$tmp/rbd_floor" bench/lib/rbd_floor.c -lrados
+    FLOOR_OBJ=$(rbd info --format json rbd/img0 | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["block_name_prefix"], j["size"], j["object_size"])')
+fi
+
 # config MASK N [COMPLETION] [RAID] [PARAMS] [LIBRBD] [BATCH]: ustor/SPDK
 # config with one cluster (core_mask MASK, or the default placement when
 # empty; PARAMS: `k=v,k=v` Ceph options; with BATCH: `batch_completions`),
@@ -282,6 +293,13 @@ point() { # TOOL RW QD N
             --pool=rbd --rw="$rw" --bs=4k --iodepth="$perimg" --group_reporting \
             --time_based --runtime="$RUNTIME" --output-format=json "${jobs[@]}" 2>/dev/null |
             python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; d=j["read"] if j["read"]["iops"] > 0 else j["write"]; print("iops=%.1f lat_avg_us=%.1f lat_p99_us=%.1f" % (d["iops"], d["clat_ns"]["mean"] / 1000, d["clat_ns"]["percentile"]["99.000000"] / 1000))') || true
+        ;;
+    floor | floor-wait)
+        [ "$qd" = 1 ] && [ "$n" = 1 ] || return 0
+        local mode=cb
+        [ "$tool" = floor-wait ] && mode=wait
+        # shellcheck disable=SC2086 # FLOOR_OBJ: prefix, image and object size
+        r=$("${timed[@]}" taskset -c "$CORE" "$tmp/rbd_floor" $FLOOR_OBJ "${rw#rand}" "$mode" "$RUNTIME" ${params//,/ }) || true
         ;;
     bdevperf | bdevperf-same)
         [ -n "$BDEVPERF" ] || return 0
