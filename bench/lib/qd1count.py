@@ -44,7 +44,7 @@ def main():
         # task-clock is in ms.
         cols.append(f"cpu_us={v * 1e3 / n:.2f}" if k == "task-clock" else f"{k}={v / n:.3f}")
     a, b = reactor(r0), reactor(r1)
-    for k in ("sleeps", "naps", "naps_early", "wakeups", "loops"):
+    for k in ("sleeps", "sleeps_contended", "naps", "naps_early", "wakeups", "loops"):
         if k in a and k in b:
             cols.append(f"{k}={(b[k] - a[k]) / n:.3f}")
     cols.append("| client")

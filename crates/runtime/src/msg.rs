@@ -285,6 +285,7 @@ impl RuntimeHandle {
                 messages: r.stats.messages.get(),
                 sleeps: r.stats.sleeps.get(),
                 wakeups: r.stats.wakeups.get(),
+                sleeps_contended: r.stats.contended.get(),
                 naps: r.nap.borrow().naps,
                 naps_early: r.nap.borrow().early,
                 tasks: r.exec.task_count(),

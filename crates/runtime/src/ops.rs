@@ -145,6 +145,11 @@ fn finish_buf4<A, C, D>(res: i32, t: (A, IoBuf, C, D)) -> (io::Result<usize>, Io
     (result(res), t.1)
 }
 
+/// Marks the SQE being built as a send ([`crate::uring::Ring::sends_queued`]).
+pub(crate) fn note_send() {
+    reactor::try_with(|r| r.ring.note_send());
+}
+
 /// Converts a raw CQE result into `io::Result`.
 pub fn result(res: i32) -> io::Result<usize> {
     if res < 0 {
@@ -284,6 +289,7 @@ pub fn send(
             let s = (*start).min(e);
             // SAFETY: s <= e <= len.
             let p = unsafe { buf.as_ptr().add(s) };
+            note_send();
             opcode::Send::new(types::Fd(*fd), p, (e - s) as u32)
                 .flags(libc::MSG_NOSIGNAL)
                 .build()
@@ -364,6 +370,7 @@ pub fn sendmsg<T: IoVecs>(fd: RawFd, res: T) -> Op<(RawFd, T), (io::Result<usize
             *msg = unsafe { std::mem::zeroed() };
             msg.msg_iov = iov.as_mut_ptr();
             msg.msg_iovlen = n as _;
+            note_send();
             opcode::SendMsg::new(types::Fd(*fd), msg)
                 .flags(libc::MSG_NOSIGNAL as u32)
                 .build()

@@ -209,12 +209,15 @@ impl Reactor {
             // reactor would wait next anyway (`fold_wait`): one syscall per
             // round trip, not a submit and then a wait in the next, idle
             // pass. Completions already posted make that enter return at
-            // once.
+            // once, and so does a queued send that the socket takes inside
+            // the enter: such a pass submits and reaps now, and the pass
+            // after it (the sender's task done) folds the real wait.
             let quiet = work > 0
                 && background == 0
                 && !self.exec.has_ready()
                 && self.shared.inbox.is_empty()
-                && !self.ring.has_completions();
+                && !self.ring.has_completions()
+                && !self.ring.sends_queued();
             let fold = if quiet {
                 self.fold_wait(prev)
             } else {
@@ -302,6 +305,7 @@ impl Reactor {
             PollMode::Interrupt => Fold::Sleep,
             PollMode::Adaptive => {
                 if self.contention.borrow_mut().oversubscribed(now) {
+                    self.stats.contended.set(self.stats.contended.get() + 1);
                     return Fold::Sleep;
                 }
                 let spin = self.spin.borrow().ticks();
@@ -341,6 +345,9 @@ impl Reactor {
             }
         };
         if sleep && !self.exec.has_ready() {
+            if contended {
+                self.stats.contended.set(self.stats.contended.get() + 1);
+            }
             let spun = end - st.last_busy;
             let slept = self.sleep(None);
             if self.mode == PollMode::Adaptive && !contended {

@@ -11,6 +11,9 @@ pub(crate) struct Counters {
     pub(crate) messages: Cell<u64>,
     pub(crate) sleeps: Cell<u64>,
     pub(crate) wakeups: Cell<u64>,
+    /// Adaptive mode's sleeps taken at once because other threads wanted
+    /// the CPUs (`spin::Contention`).
+    pub(crate) contended: Cell<u64>,
 }
 
 /// A snapshot of one reactor's counters.
@@ -24,6 +27,9 @@ pub struct ReactorStats {
     pub messages: u64,
     pub sleeps: u64,
     pub wakeups: u64,
+    /// Adaptive mode: sleeps taken at once because other threads wanted
+    /// the reactor's CPUs (no spin).
+    pub sleeps_contended: u64,
     /// Adaptive mode: timed naps taken, and those that work cut short.
     pub naps: u64,
     pub naps_early: u64,

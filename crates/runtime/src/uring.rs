@@ -85,6 +85,8 @@ pub(crate) struct Ring {
     eventfd: RawFd,
     wake_buf: Box<UnsafeCell<u64>>,
     wake_armed: Cell<bool>,
+    /// A send is queued in the SQ (see [`Ring::sends_queued`]).
+    sends: Cell<bool>,
     pub(crate) submits: Cell<u64>,
     pub(crate) cqes: Cell<u64>,
     /// Registered-file slots in use (empty if the kernel has no sparse table).
@@ -181,6 +183,7 @@ impl Ring {
             eventfd,
             wake_buf: Box::new(UnsafeCell::new(0)),
             wake_armed: Cell::new(false),
+            sends: Cell::new(false),
             submits: Cell::new(0),
             cqes: Cell::new(0),
             files: RefCell::new(files),
@@ -252,6 +255,7 @@ impl Ring {
                 tracing::error!("io_uring submit failed: {e}");
             }
         }
+        self.sends.set(false);
         self.submits.set(self.submits.get() + 1);
     }
 
@@ -289,6 +293,7 @@ impl Ring {
                         tracing::error!("io_uring_enter failed: {e}");
                     }
                 }
+                self.sends.set(false);
                 self.submits.set(self.submits.get() + 1);
             }
         }
@@ -403,6 +408,21 @@ impl Ring {
         !self.ring.borrow_mut().submission().is_empty()
     }
 
+    /// Notes that the SQE just queued is a send.
+    pub(crate) fn note_send(&self) {
+        self.sends.set(true);
+    }
+
+    /// Whether a send waits in the SQ for the next `io_uring_enter`. A
+    /// send to a socket with room completes inside the enter that submits
+    /// it (its CQE is posted before the enter would wait), so an enter that
+    /// carries one and then waits returns at once: a wait that is not one.
+    /// The reactor submits such a pass's SQEs without waiting, reaps the
+    /// send in the same pass, and waits in the next (`Reactor::run`).
+    pub(crate) fn sends_queued(&self) -> bool {
+        self.sends.get()
+    }
+
     /// Whether completions wait in the CQ (reaping them needs no syscall).
     pub(crate) fn has_completions(&self) -> bool {
         !self.cq.is_empty()
@@ -420,6 +440,7 @@ impl Ring {
     /// Blocks until at least one completion or `timeout_ns`.
     pub(crate) fn wait(&self, timeout_ns: Option<u64>) {
         self.arm_wake();
+        self.sends.set(false);
         let ring = self.ring.borrow();
         let ts;
         let r = match timeout_ns {

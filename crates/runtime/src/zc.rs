@@ -108,6 +108,7 @@ impl<T: IoVecs> SendZc<T> {
                 r.ring.free_slot(idx);
                 return Some(Err(-e.raw_os_error().unwrap_or(libc::EIO)));
             }
+            r.ring.note_send();
             self.slot = idx;
             Some(Ok(()))
         })

@@ -50,6 +50,7 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
                     "messages": s.messages,
                     "sleeps": s.sleeps,
                     "wakeups": s.wakeups,
+                    "sleeps_contended": s.sleeps_contended,
                     "naps": s.naps,
                     "naps_early": s.naps_early,
                     "tasks": s.tasks,
