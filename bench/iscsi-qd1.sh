@@ -21,7 +21,11 @@
 #
 # Usage: bench/iscsi-qd1.sh   (env: USTOR=target/release/ustor (target)
 #   CLIENT=$USTOR  SPDK_TGT=<iscsi_tgt; unset: ustor only>  RWS=randwrite
-#   MODES="adaptive poll"  ROUNDS=3  T=4  WINDOW=2  TCORE=0  CCORE=1)
+#   MODES="adaptive poll"  ROUNDS=3  T=4  WINDOW=2  TCORE=0  CCORE=1
+#   ECHO=1: each round also runs a bare loopback TCP echo with one
+#   request's sizes (bench/lib/lo-echo.c, server spinning on TCORE, client
+#   blocking on CCORE): the floor under any target on this machine, in the
+#   same minute as the targets)
 # Run it like every benchmark: nice -n -20 in an autogroup of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,8 +101,24 @@ JSON
   python3 bench/lib/qd1count.py "$3 $2 $1" "$d/out.json" "$WINDOW" "$d/t.perf" "$d/c.perf" "$d/r0.json" "$d/r1.json"
 }
 [ -z "${SPDK_TGT:-}" ] || MODES="$MODES spdk"
+if [ "${ECHO:-0}" = 1 ]; then
+  cc -O2 -o "$d/lo-echo" bench/lib/lo-echo.c
+  MODES="$MODES echo"
+fi
+echo_run() { # rw round: REQ/RESP of a QD1 write (4144 in, 48 out) or read (48 in, 4144 out)
+  local port sp req=4144 resp=48
+  [ "$1" = randwrite ] || { req=48; resp=4144; }
+  port=$(free_port)
+  taskset -c "$TCORE" "$d/lo-echo" server "$port" "$req" "$resp" spin &
+  sp=$!
+  printf '%s %s echo: ' "$2" "$1"
+  taskset -c "$CCORE" "$d/lo-echo" client "$port" "$req" "$resp" "$T"
+  wait "$sp" 2>/dev/null || true
+}
 echo "# bench/iscsi-qd1.sh RWS=\"$RWS\" MODES=\"$MODES\" ROUNDS=$ROUNDS T=$T WINDOW=$WINDOW; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$ROUNDS"); do
-  for rw in $RWS; do for m in $MODES; do run "$m" "$rw" "$r"; done; done
+  for rw in $RWS; do for m in $MODES; do
+    if [ "$m" = echo ]; then echo_run "$rw" "$r"; else run "$m" "$rw" "$r"; fi
+  done; done
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
