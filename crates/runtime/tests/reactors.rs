@@ -480,3 +480,39 @@ fn yield_while_busy_waits_for_the_other_ready_tasks() {
         assert_eq!(got, want, "max {max}");
     }
 }
+
+/// A send to a socket with room completes inside the enter that submits
+/// it, so a wait folded into that enter would return at once: a pass that
+/// queued a send submits and reaps it without waiting. A task that sends
+/// and sends again therefore never makes the reactor sleep, even in
+/// interrupt mode (each send used to cost one such instant sleep).
+#[test]
+fn a_pass_that_queues_a_send_does_not_fold_a_wait_into_it() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    const SENDS: usize = 100;
+    let r = rt(1, PollMode::Interrupt);
+    let h = r.handle();
+    let (mut mine, theirs) = UnixStream::pair().unwrap();
+    let (tx, rx) = mpsc::channel();
+    r.handle()
+        .spawn_on(0, move || async move {
+            let fd = theirs.as_raw_fd();
+            let mut buf = IoBuf::alloc(4096).await;
+            let before = h.sleeps(0).unwrap();
+            for _ in 0..SENDS {
+                let (res, b) = ops::send(fd, buf, 0, 8).await;
+                assert_eq!(res.unwrap(), 8);
+                buf = b;
+            }
+            tx.send(h.sleeps(0).unwrap() - before).unwrap();
+            drop(theirs);
+        })
+        .unwrap();
+    let slept = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(slept, 0, "sleeps while {SENDS} sends went out");
+    let mut got = Vec::new();
+    mine.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), SENDS * 8);
+}
