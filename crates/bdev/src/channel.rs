@@ -96,6 +96,27 @@ impl ChannelCore {
     pub(crate) fn snapshot(&self) -> IoStat {
         self.stats.snapshot()
     }
+
+    /// Iostat and the latest completion's timestamps for an I/O of
+    /// `bytes` submitted at tick `t0`.
+    #[inline(always)]
+    pub(crate) fn done(&self, kind: IoType, bytes: u64, t0: u64, ok: bool) {
+        let t1 = ticks::now();
+        // Saturating: a caller's `t0` (IoChannel::recent_tick) is a
+        // reading of this thread's clock, never later than `t1`, but a
+        // stamp from elsewhere must not wrap the sums.
+        let lat = t1.saturating_sub(t0);
+        self.stats
+            .record(kind, bytes, lat, ok, self.entry.histograms_on());
+        self.last_done.set(t1);
+        self.last_latency.set(lat);
+    }
+
+    /// [`ChannelCore::done`] of a read or write of `num` blocks.
+    #[inline(always)]
+    pub(crate) fn done_rw(&self, kind: IoType, num: u64, t0: u64, ok: bool) {
+        self.done(kind, num * self.block_size as u64, t0, ok)
+    }
 }
 
 impl Drop for ChannelCore {
@@ -487,7 +508,7 @@ impl IoChannel {
             }
         }
         let t0 = if t0 == 0 { ticks::now() } else { t0 };
-        let sub = Submit::new(&self.core, kind, offset_blocks, num_blocks, payload, flags);
+        let sub = Submit::new(&*self.core, kind, offset_blocks, num_blocks, payload, flags);
         let (r, payload) = match sub.start_now() {
             Started::Done(r, p) => (r, p),
             Started::Waiting(sub) => sub.await,
@@ -514,11 +535,16 @@ impl IoChannel {
             && self.aligned(buf)
     }
 
-    /// Iostat and the latest completion's timestamps for a read or write
-    /// of `num` blocks submitted at tick `t0`.
-    #[inline(always)]
-    pub(crate) fn done_rw(&self, kind: IoType, num: u64, t0: u64, ok: bool) {
-        self.done(kind, num * self.core.block_size as u64, t0, ok)
+    /// The latest reading of this reactor's clock the channel knows of:
+    /// its latest completion or the start of the reactor's pass,
+    /// whichever is later. A target that takes a request off its queue
+    /// in this pass can stamp the I/O with it ([`IoChannel::rw_now`],
+    /// [`IoChannel::rw_stamped`]) instead of reading the TSC, which costs
+    /// tens of ns in a VM; the latency then also covers the target's
+    /// work on the request since that reading.
+    #[inline]
+    pub fn recent_tick(&self) -> u64 {
+        self.core.last_done.get().max(ustor_runtime::pass_ticks())
     }
 
     /// Waits for this reactor's QoS share to let a read or write of
@@ -541,12 +567,7 @@ impl IoChannel {
 
     #[inline(always)]
     fn done(&self, kind: IoType, bytes: u64, t0: u64, ok: bool) {
-        let t1 = ticks::now();
-        self.core
-            .stats
-            .record(kind, bytes, t1 - t0, ok, self.core.entry.histograms_on());
-        self.core.last_done.set(t1);
-        self.core.last_latency.set(t1 - t0);
+        self.core.done(kind, bytes, t0, ok)
     }
 
     /// Tick count when this channel's latest I/O completed, and that I/O's
@@ -587,7 +608,7 @@ impl IoChannel {
         st.bounce_ops.set(st.bounce_ops.get() + 1);
         st.bounce_bytes.set(st.bounce_bytes.get() + len as u64);
         let t0 = ticks::now();
-        let (r, mut bounce) = Submit::new(&self.core, kind, off, n, bounce, flags).await;
+        let (r, mut bounce) = Submit::new(&*self.core, kind, off, n, bounce, flags).await;
         self.done(kind, len as u64, t0, r.is_ok());
         if r.is_ok() && kind == IoType::Read {
             copy_between(&mut payload, &mut bounce, false);

@@ -43,6 +43,7 @@ pub use error::{BdevError, ControlError};
 pub use io::{IoDesc, IoHandle};
 pub use qos::{QosLimits, QosUpdate};
 pub use registry::{BdevEntry, Desc, Registry};
+pub use rw::{RwNow, RwWait};
 pub use stats::IoStat;
 pub use types::{BdevEvent, BdevInfo, IoFlags, IoType};
 

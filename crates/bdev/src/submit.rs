@@ -9,6 +9,7 @@
 //! of the table on every I/O.
 
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -174,17 +175,19 @@ pub(crate) fn copy_between<P: Payload>(p: &mut P, bounce: &mut IoBuf, into_bounc
 }
 
 /// What [`Submit::start_now`] gives.
-pub(crate) enum Started<'a, P: Payload> {
+pub(crate) enum Started<C: Deref<Target = ChannelCore>, P: Payload> {
     Done(Result<(), BdevError>, P),
-    Waiting(Submit<'a, P>),
+    Waiting(Submit<C, P>),
 }
 
 /// The future of one (possibly split) I/O: owns the slot and the payload,
 /// submits children as table slots become free, completes when the last
 /// child does.
-pub(crate) struct Submit<'a, P: Payload> {
-    /// Borrowed from the channel the I/O runs on: no reference count per I/O.
-    core: &'a ChannelCore,
+pub(crate) struct Submit<C: Deref<Target = ChannelCore>, P: Payload> {
+    /// The channel the I/O runs on: borrowed (no reference count per
+    /// I/O), or an `Rc` once an I/O that did not complete at once is
+    /// handed to a caller that owns it ([`Submit::rebind`]).
+    core: C,
     kind: IoType,
     flags: IoFlags,
     offset: u64,
@@ -195,15 +198,15 @@ pub(crate) struct Submit<'a, P: Payload> {
     next: u64,
 }
 
-impl<'a, P: Payload> Submit<'a, P> {
+impl<C: Deref<Target = ChannelCore>, P: Payload> Submit<C, P> {
     pub(crate) fn new(
-        core: &'a ChannelCore,
+        core: C,
         kind: IoType,
         offset: u64,
         num: u64,
         payload: P,
         flags: IoFlags,
-    ) -> Submit<'a, P> {
+    ) -> Submit<C, P> {
         Submit {
             core,
             kind,
@@ -221,7 +224,7 @@ impl<'a, P: Payload> Submit<'a, P> {
     /// optimal boundary.
     #[inline]
     fn chunk(&self, start: u64) -> u64 {
-        let c = self.core;
+        let c = &*self.core;
         chunk(
             c.max_xfer,
             c.boundary,
@@ -325,7 +328,7 @@ impl<'a, P: Payload> Submit<'a, P> {
     /// gives the result without ever becoming a future; otherwise the
     /// future to await (started, or waiting for a slot or to split).
     #[inline(always)]
-    pub(crate) fn start_now(mut self) -> Started<'a, P> {
+    pub(crate) fn start_now(mut self) -> Started<C, P> {
         if !self.launch(None) || self.split {
             return Started::Waiting(self);
         }
@@ -337,6 +340,26 @@ impl<'a, P: Payload> Submit<'a, P> {
                 Started::Done(r, p)
             }
             None => Started::Waiting(self),
+        }
+    }
+
+    pub(crate) fn core(&self) -> &ChannelCore {
+        &self.core
+    }
+
+    /// The same I/O, holding its channel as `core` (its slot and payload
+    /// move over; this one is left empty, so its drop does nothing).
+    pub(crate) fn rebind<D: Deref<Target = ChannelCore>>(mut self, core: D) -> Submit<D, P> {
+        Submit {
+            core,
+            kind: self.kind,
+            flags: self.flags,
+            offset: self.offset,
+            num: self.num,
+            payload: self.payload.take(),
+            slot: std::mem::replace(&mut self.slot, NONE),
+            split: self.split,
+            next: self.next,
         }
     }
 
@@ -378,7 +401,7 @@ impl<'a, P: Payload> Submit<'a, P> {
     }
 }
 
-impl<P: Payload> Future for Submit<'_, P> {
+impl<C: Deref<Target = ChannelCore> + Unpin, P: Payload> Future for Submit<C, P> {
     type Output = (Result<(), BdevError>, P);
 
     #[inline]
@@ -396,7 +419,7 @@ impl<P: Payload> Future for Submit<'_, P> {
     }
 }
 
-impl<P: Payload> Drop for Submit<'_, P> {
+impl<C: Deref<Target = ChannelCore>, P: Payload> Drop for Submit<C, P> {
     #[inline(always)]
     fn drop(&mut self) {
         if self.slot == NONE {
@@ -404,7 +427,7 @@ impl<P: Payload> Drop for Submit<'_, P> {
         }
         let (idx, split) = (self.slot, self.split);
         let payload = self.payload.take();
-        let core = self.core;
+        let core = &*self.core;
         with_table(|t| {
             let s = &t.slots[idx as usize];
             let busy = if split {
