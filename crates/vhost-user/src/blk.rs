@@ -327,18 +327,15 @@ impl<'a> Table<'a> {
     }
 
     fn read(&self, mem: &GuestMem, i: u16) -> Option<[u8; 16]> {
-        let mut raw = [0u8; 16];
         let off = i as usize * 16;
         // Two 8-byte loads where the table is aligned (the split ring's
-        // is, virtio 1.2 2.7.5; an indirect table may not be), else a
-        // byte copy.
+        // is, virtio 1.2 2.7.5), three and shifts where it is not (an
+        // indirect table may not be); a byte copy only for a table across
+        // regions.
         if let Some(r) = &self.range {
-            if let (Some(a), Some(b)) = (r.load_u64(off), r.load_u64(off + 8)) {
-                raw[..8].copy_from_slice(&a.to_le_bytes());
-                raw[8..].copy_from_slice(&b.to_le_bytes());
-                return Some(raw);
-            }
+            return r.load_16(off);
         }
+        let mut raw = [0u8; 16];
         read_guest(mem, &mut raw, self.at.checked_add(off as u64)?).then_some(raw)
     }
 }
@@ -448,7 +445,7 @@ pub fn parse_chain(
 /// loads). `None`: the caller copies it through the map.
 #[inline]
 fn header_load(mem: &GuestMem, at: GuestAddress) -> Option<[u8; HEADER_LEN as usize]> {
-    mem.range(at, HEADER_LEN as usize)?.load_bytes(0)
+    mem.range(at, HEADER_LEN as usize)?.load_16(0)
 }
 
 /// Reads `buf` from guest memory at `at`: one translation, or through

@@ -154,18 +154,40 @@ impl HostRange<'_> {
         Some(u64::from_le(v))
     }
 
-    /// The `N` bytes at `off`, in one volatile load of any alignment (a
-    /// request header: the guest may write it concurrently, so it is
-    /// copied, never referenced); `None` outside the range.
+    /// The 16 bytes at `off` (a request header; the guest may write it
+    /// concurrently, so it is copied, never referenced), at any
+    /// alignment, from the aligned 8-byte words that cover them: two or
+    /// three loads and shifts, where a volatile byte array is copied
+    /// byte by byte (the frontends' headers need not be 8-aligned).
+    /// `None` outside the range.
     #[inline]
-    pub fn load_bytes<const N: usize>(&self, off: usize) -> Option<[u8; N]> {
-        if off > self.len || self.len - off < N {
+    pub fn load_16(&self, off: usize) -> Option<[u8; 16]> {
+        if off > self.len || self.len - off < 16 {
             return None;
         }
-        // SAFETY: [base + off, base + off + N) lies in the range, inside a
-        // mapping the borrowed view keeps alive; a byte array needs no
-        // alignment.
-        Some(unsafe { std::ptr::read_volatile((self.base + off) as *const [u8; N]) })
+        let p = self.base + off;
+        let (a, shift) = (p & !7, (p & 7) as u32 * 8);
+        // SAFETY: each word is 8-aligned and holds at least one byte of
+        // [p, p + 16), which lies in the range, inside a mapping the
+        // borrowed view keeps alive; an aligned word never crosses a
+        // page, and mappings are whole pages, so the word is mapped too.
+        // Its bytes outside the range are shifted out, never used.
+        let word = |i: usize| unsafe {
+            u64::from_le((*((a + 8 * i) as *const AtomicU64)).load(Ordering::Relaxed))
+        };
+        let (lo, hi) = if shift == 0 {
+            (word(0), word(1))
+        } else {
+            let (w0, w1, w2) = (word(0), word(1), word(2));
+            (
+                w0 >> shift | w1 << (64 - shift),
+                w1 >> shift | w2 << (64 - shift),
+            )
+        };
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&lo.to_le_bytes());
+        out[8..].copy_from_slice(&hi.to_le_bytes());
+        Some(out)
     }
 
     /// The little-endian u16 at `off`, loaded with `order`; `None`
@@ -269,6 +291,27 @@ mod tests {
     }
 
     #[test]
+    fn sixteen_bytes_load_whole_at_every_alignment() {
+        let map = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap();
+        let pattern: Vec<u8> = (0..0x1000u32).map(|i| (i * 7 + i / 256) as u8).collect();
+        map.write_slice(&pattern, GuestAddress(0)).unwrap();
+        let m = GuestMem::from_map(map);
+        // Every offset within a word, at the start and at the very end of
+        // the region (the covering words end exactly on its last byte).
+        for at in (0..24).chain(0x1000 - 24..=0x1000 - 16) {
+            let r = m.range(GuestAddress(at as u64), 16).unwrap();
+            assert_eq!(
+                r.load_16(0).unwrap()[..],
+                pattern[at..at + 16],
+                "at {at:#x}"
+            );
+        }
+        let r = m.range(GuestAddress(3), 20).unwrap();
+        assert_eq!(r.load_16(4).unwrap()[..], pattern[7..23]);
+        assert_eq!(r.load_16(5), None, "past the range");
+    }
+
+    #[test]
     fn ranges_check_bounds_and_alignment() {
         let map = GuestMemoryMmap::<()>::from_ranges(&[
             (GuestAddress(0), 0x1000),
@@ -294,11 +337,9 @@ mod tests {
         assert_eq!(r.load_u64(16), None);
         assert_eq!(r.load_u16(usize::MAX, Ordering::Relaxed), None);
         // Bytes at any alignment, within the range only.
-        let b: [u8; 4] = r.load_bytes(12).unwrap();
-        assert_eq!(b, [0, 0, 0xef, 7]);
-        assert_eq!(r.load_bytes::<8>(5).map(|b| b[0]), Some(0x56));
-        assert_eq!(r.load_bytes::<2>(15), None);
-        assert_eq!(r.load_bytes::<1>(usize::MAX), None);
+        assert_eq!(r.load_16(0).map(|b| b[14..].to_vec()), Some(vec![0xef, 7]));
+        assert_eq!(r.load_16(1), None);
+        assert_eq!(r.load_16(usize::MAX), None);
         assert!(m.store_u16(GuestAddress(0x10_0100), 0xabcd, Ordering::Release));
         assert_eq!(
             m.load_u16(GuestAddress(0x10_0100), Ordering::Acquire),

@@ -40,7 +40,7 @@ use std::sync::{mpsc, Arc};
 use std::task::Poll;
 use std::time::Duration;
 
-use ustor_bdev::{BdevError, IoChannel};
+use ustor_bdev::{BdevError, IoChannel, RwNow, RwWait};
 use ustor_runtime::{ticks, IoBuf, WorkQueue};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 
@@ -178,8 +178,15 @@ pub async fn run(s: VringStart) {
                     return Some(job);
                 }
                 QueueStats::bump(&v.stats().inline);
+                let start = {
+                    let mem = v.mem.borrow();
+                    match run_now(&v, &mem, job) {
+                        None => return None,
+                        Some(start) => start,
+                    }
+                };
                 let mem = v.mem.borrow().clone();
-                inline::start(slot.as_mut(), execute_inline(v.clone(), mem, job), cx);
+                inline::start(slot.as_mut(), execute_inline(v.clone(), mem, start), cx);
                 None
             };
             Poll::Ready(pass(&v, &mem_atomic, &mut run_inline))
@@ -454,10 +461,69 @@ async fn worker(v: Rc<Vring>, id: usize) {
     }
 }
 
+/// How a request enters the inline slot.
+enum InlineStart {
+    /// Not started: run it from the top.
+    Fresh(Job),
+    /// A read or write [`run_now`] started that did not complete at once.
+    Started(Job, RwWait),
+}
+
+/// Runs a plain read or write on the spot, with no future, when the
+/// bdev completes it at once (null, malloc): the common case of the
+/// inline slot, which then costs no slot future, no scratch swap and no
+/// map clone. `None` when the request is done (returned used); else how
+/// the slot goes on with it (any other request, or an I/O that waits).
+#[inline]
+fn run_now(v: &Vring, mem: &GuestMem, job: Job) -> Option<InlineStart> {
+    let req = &job.req;
+    let write = req.kind == Kind::Write;
+    let dev = &v.dev;
+    // A write-through device flushes after each write, and every error
+    // is the async path's to report.
+    let plain = match req.kind {
+        Kind::Read => true,
+        Kind::Write => !dev.read_only && dev.writeback.load(Ordering::Relaxed),
+        _ => false,
+    };
+    if !plain || req.segs.len() != 1 || dev.removed() {
+        return Some(InlineStart::Fresh(job));
+    }
+    let Some((off, blocks)) = dev.blocks(req.sector, req.data_len as u64) else {
+        return Some(InlineStart::Fresh(job));
+    };
+    let Some(buf) = guest_buf(mem, req.segs[0]) else {
+        return Some(InlineStart::Fresh(job));
+    };
+    // The reactor's latest clock reading stamps the I/O: no TSC read.
+    match v.ch.rw_now(write, v.ch.recent_tick(), off, blocks, buf) {
+        RwNow::Done(r, _buf) => {
+            let written = if write { 0 } else { req.data_len };
+            finish(v, mem, job, bdev_status(r), written);
+            None
+        }
+        RwNow::Waiting(w) => Some(InlineStart::Started(job, w)),
+        RwNow::Declined(_buf) => Some(InlineStart::Fresh(job)),
+    }
+}
+
 /// A request in the queue task's inline slot: it owns what it uses (the
 /// slot lives across passes, and the map may change meanwhile); the
 /// scratch space is the queue's, taken for the request's duration.
-async fn execute_inline(v: Rc<Vring>, mem: Rc<GuestMem>, job: Job) {
+async fn execute_inline(v: Rc<Vring>, mem: Rc<GuestMem>, start: InlineStart) {
+    let job = match start {
+        InlineStart::Fresh(job) => job,
+        InlineStart::Started(job, w) => {
+            // The buffer points into the map `mem` keeps alive.
+            let (r, _buf) = w.await;
+            let written = if job.req.kind == Kind::Write {
+                0
+            } else {
+                job.req.data_len
+            };
+            return finish(&v, &mem, job, bdev_status(r), written);
+        }
+    };
     let mut scratch = std::mem::replace(
         &mut *v.inline_scratch.borrow_mut(),
         Scratch {
@@ -470,8 +536,14 @@ async fn execute_inline(v: Rc<Vring>, mem: Rc<GuestMem>, job: Job) {
 }
 
 /// Runs one request and returns it used.
-async fn execute(v: &Vring, mem: &GuestMem, mut job: Job, scratch: &mut Scratch) {
+async fn execute(v: &Vring, mem: &GuestMem, job: Job, scratch: &mut Scratch) {
     let (st, written) = run_request(v, mem, &job.req, scratch).await;
+    finish(v, mem, job, st, written);
+}
+
+/// Writes a finished request's status and returns it used (`written`:
+/// bytes the device wrote into its data segments).
+fn finish(v: &Vring, mem: &GuestMem, mut job: Job, st: u8, written: u32) {
     let len = if write_status(mem, job.req.status, st) {
         written + 1
     } else {
