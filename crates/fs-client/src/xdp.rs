@@ -105,10 +105,23 @@ fn xerr(e: xdp::XdpError) -> ClientError {
     ClientError::Disconnected(e.to_string())
 }
 
-/// A reply: errno and body.
+/// A reply: errno and body, or with the body received into a caller's
+/// buffer, the count that went there.
 struct Rep {
     errno: u64,
     body: Vec<u8>,
+    placed: usize,
+}
+
+/// What a wait brought for the current request id.
+enum Got {
+    /// A write's grant (its encoding).
+    Go(Vec<u8>),
+    /// A whole reply, header and body.
+    Resp(Vec<u8>),
+    /// A reply received into the caller's buffer: its message length
+    /// (header included) and its header in `Link::head`.
+    Into(usize),
 }
 
 struct Link {
@@ -124,10 +137,12 @@ struct Link {
     peer: usize,
     free_tx: Vec<u64>,
     asm: Assembly,
-    /// The header of a reply received into a caller's buffer, and the
-    /// body bytes that went there.
+    /// The header of a reply received into a caller's buffer.
     head: [u8; HEADER_LEN],
-    placed: usize,
+    /// The request being sent and a batch of frames to send: kept, so a
+    /// request allocates neither.
+    req: Vec<u8>,
+    batch: Vec<Desc>,
     rx: Vec<Desc>,
     /// Buffers of received frames, to post again.
     bufs: Vec<u64>,
@@ -179,8 +194,9 @@ impl XdpClient {
             free_tx: (RX_BUFS..RX_BUFS + TX_BUFS).map(|i| i * chunk).collect(),
             asm: Assembly::default(),
             head: [0; HEADER_LEN],
-            placed: 0,
-            rx: Vec::new(),
+            req: Vec::new(),
+            batch: Vec::with_capacity(64),
+            rx: Vec::with_capacity(64),
             bufs: Vec::new(),
             cfg,
             _prog: prog,
@@ -231,7 +247,7 @@ impl Link {
     fn send_frags(&mut self, kind: Kind, msg: &[u8], unit: usize) -> Result<()> {
         let nfrag = w::nfrags(msg.len(), unit);
         let frame = unit + w::ETH_LEN + w::CTRL_HDR;
-        let mut batch = Vec::new();
+        let mut batch = std::mem::take(&mut self.batch);
         for (i, p) in w::fragments(msg, unit).enumerate() {
             let a = self.tx_buf()?;
             let h = Ctrl {
@@ -251,18 +267,15 @@ impl Link {
             });
             self.push(&mut batch, false)?;
         }
-        self.push(&mut batch, true)
+        self.push(&mut batch, true)?;
+        self.batch = batch;
+        Ok(())
     }
 
     /// Waits up to `until` for the message of the current request id
     /// (a reply or a grant). With `into`, a reply's body is received
-    /// straight into it (its header into `head`, the count in `placed`)
-    /// and the reply returned is the header alone.
-    fn wait(
-        &mut self,
-        until: Instant,
-        mut into: Option<&mut [u8]>,
-    ) -> Result<Option<(Kind, Vec<u8>)>> {
+    /// straight into it (its header into `head`): [`Got::Into`].
+    fn wait(&mut self, until: Instant, mut into: Option<&mut [u8]>) -> Result<Option<Got>> {
         let mut last = Instant::now();
         loop {
             self.rx.clear();
@@ -314,7 +327,7 @@ impl Link {
         }
     }
 
-    fn on_frame(&mut self, d: Desc, into: Option<&mut [u8]>) -> Option<(Kind, Vec<u8>)> {
+    fn on_frame(&mut self, d: Desc, into: Option<&mut [u8]>) -> Option<Got> {
         let f = self.xsk.frame(d.addr, d.len as usize)?;
         let Ok(Frame::Ctrl { src, hdr, payload }) = w::parse(f) else {
             return None;
@@ -328,21 +341,16 @@ impl Link {
         }
         self.peer = w::frame_of_code(hdr.rxf);
         if hdr.kind == Kind::Go {
-            return Some((Kind::Go, payload.to_vec()));
+            return Some(Got::Go(payload.to_vec()));
         }
         let Some(body) = into else {
-            return self
-                .asm
-                .add(&hdr, payload)
-                .map(|m| (Kind::Resp, m.to_vec()));
+            return self.asm.add(&hdr, payload).map(|m| Got::Resp(m.to_vec()));
         };
         let mut sink = Split {
             head: &mut self.head,
             body,
         };
-        let n = self.asm.add_to(&hdr, payload, &mut sink)?;
-        self.placed = n.saturating_sub(HEADER_LEN);
-        Some((Kind::Resp, self.head[..n.min(HEADER_LEN)].to_vec()))
+        self.asm.add_to(&hdr, payload, &mut sink).map(Got::Into)
     }
 
     /// Sends a request (again after each `retry`) until its reply or a
@@ -352,7 +360,7 @@ impl Link {
         msg: &[u8],
         deadline: Instant,
         mut into: Option<&mut [u8]>,
-    ) -> Result<(Kind, Vec<u8>)> {
+    ) -> Result<Got> {
         loop {
             self.send_msg(Kind::Req, msg)?;
             let until = (Instant::now() + self.cfg.retry).min(deadline);
@@ -370,11 +378,15 @@ impl Link {
 
     fn call(&mut self, ino: u64, req: &Request<'_>, into: Option<&mut [u8]>) -> Result<Rep> {
         self.rid += 1;
-        let msg = proto::encode_request(self.rid, ino, req);
+        let mut msg = std::mem::take(&mut self.req);
+        proto::encode_request_into(&mut msg, self.rid, ino, req);
         let deadline = Instant::now() + self.cfg.timeout;
-        match self.exchange(&msg, deadline, into)? {
-            (Kind::Resp, m) => rep_of(&m),
-            _ => Err(ClientError::Protocol(
+        let got = self.exchange(&msg, deadline, into);
+        self.req = msg;
+        match got? {
+            Got::Resp(m) => rep_of(m),
+            Got::Into(n) => rep_into(&self.head, n),
+            Got::Go(_) => Err(ClientError::Protocol(
                 "grant for a request that is not a write".into(),
             )),
         }
@@ -415,16 +427,25 @@ impl Link {
             off,
             len: data.len() as u32,
         };
-        let mut msg = proto::encode_request(self.rid, ino, &req);
+        let mut msg = std::mem::take(&mut self.req);
+        proto::encode_request_into(&mut msg, self.rid, ino, &req);
         msg.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+        let r = self.write_msg(&msg, data);
+        self.req = msg;
+        r
+    }
+
+    /// [`Link::write`] once its request is encoded in `msg`.
+    fn write_msg(&mut self, msg: &[u8], data: &[u8]) -> Result<Rep> {
         let deadline = Instant::now() + self.cfg.timeout;
-        let mut out = self.exchange(&msg, deadline, None)?;
+        let mut out = self.exchange(msg, deadline, None)?;
         let mut last = 0u8;
         loop {
-            let (kind, m) = out;
-            if kind == Kind::Resp {
-                return rep_of(&m);
-            }
+            let m = match out {
+                Got::Resp(m) => return rep_of(m),
+                Got::Into(_) => return Err(ClientError::Protocol("reply into no buffer".into())),
+                Got::Go(m) => m,
+            };
             let g = Grant::decode(&m).map_err(|e| ClientError::Protocol(e.to_string()))?;
             // A grant seen before (a duplicate) is not acted on again.
             if g.seq > last {
@@ -434,7 +455,7 @@ impl Link {
             let until = (Instant::now() + self.cfg.retry).min(deadline);
             out = match self.wait(until, None)? {
                 Some(r) => r,
-                None => self.exchange(&msg, deadline, None)?,
+                None => self.exchange(msg, deadline, None)?,
             };
         }
     }
@@ -454,7 +475,7 @@ impl Link {
         }
         // NOPs first, in either mode: they fill the buffers the server
         // posted before this grant (slots of an earlier one included).
-        let mut batch = Vec::new();
+        let mut batch = std::mem::take(&mut self.batch);
         for _ in 0..g.nops {
             let a = self.tx_buf()?;
             let h = Ctrl {
@@ -481,6 +502,7 @@ impl Link {
         }
         if !g.place {
             self.push(&mut batch, true)?;
+            self.batch = batch;
             return self.send_frags(Kind::WData, data, g.frag as usize);
         }
         let mut at = 0;
@@ -502,7 +524,9 @@ impl Link {
             }
             at += seg.len();
         }
-        self.push(&mut batch, true)
+        self.push(&mut batch, true)?;
+        self.batch = batch;
+        Ok(())
     }
 }
 
@@ -515,7 +539,6 @@ impl Link {
         req: &Request<'_>,
         mut into: Option<&mut [u8]>,
     ) -> Result<Rep> {
-        self.placed = 0;
         let mut r = self.call(ino, req, into.as_deref_mut())?;
         if r.errno == libc::ENOTCONN as u64 {
             self.handshake()?;
@@ -528,14 +551,29 @@ impl Link {
     }
 }
 
-fn rep_of(m: &[u8]) -> Result<Rep> {
+/// A whole reply: its body moves down over the header (no new Vec).
+fn rep_of(mut m: Vec<u8>) -> Result<Rep> {
     if m.len() < HEADER_LEN {
         return Err(ClientError::Protocol("short reply".into()));
     }
     let errno = u64::from_le_bytes(m[16..24].try_into().expect("8"));
+    m.drain(..HEADER_LEN);
     Ok(Rep {
         errno,
-        body: m[HEADER_LEN..].to_vec(),
+        body: m,
+        placed: 0,
+    })
+}
+
+/// A reply of `n` bytes whose body went to the caller's buffer.
+fn rep_into(head: &[u8; HEADER_LEN], n: usize) -> Result<Rep> {
+    if n < HEADER_LEN {
+        return Err(ClientError::Protocol("short reply".into()));
+    }
+    Ok(Rep {
+        errno: u64::from_le_bytes(head[16..24].try_into().expect("8")),
+        body: Vec::new(),
+        placed: n - HEADER_LEN,
     })
 }
 
@@ -649,9 +687,11 @@ impl XdpClient {
                 off: off + got as u64,
                 len: n as u32,
             };
-            l.call_again(ino, &req, Some(&mut out[got..got + n]))?;
-            got += l.placed;
-            if l.placed < n {
+            let placed = l
+                .call_again(ino, &req, Some(&mut out[got..got + n]))?
+                .placed;
+            got += placed;
+            if placed < n {
                 break;
             }
         }
@@ -695,10 +735,11 @@ impl XdpClient {
         msg.extend_from_slice(&0u32.to_le_bytes());
         let deadline = Instant::now() + l.cfg.timeout;
         match l.exchange(&msg, deadline, None)? {
-            (Kind::Go, m) => Ok(Grant::decode(&m)
+            Got::Go(m) => Ok(Grant::decode(&m)
                 .map_err(|e| ClientError::Protocol(e.to_string()))?
                 .place),
-            (_, m) => Err(ClientError::Errno(rep_of(&m)?.errno as i32)),
+            Got::Resp(m) => Err(ClientError::Errno(rep_of(m)?.errno as i32)),
+            Got::Into(_) => Err(ClientError::Protocol("reply into no buffer".into())),
         }
     }
 

@@ -367,11 +367,20 @@ fn put_name(v: &mut Vec<u8>, n: &[u8]) {
 /// Encodes a request frame (header and body; a write's payload is sent
 /// after it, and counted in the header's length).
 pub fn encode_request(tag: u64, ino: u64, req: &Request<'_>) -> Vec<u8> {
-    let mut b = Vec::new();
+    let mut f = Vec::new();
+    encode_request_into(&mut f, tag, ino, req);
+    f
+}
+
+/// [`encode_request`] into `b` (cleared first): a client that keeps one
+/// buffer allocates nothing per request.
+pub fn encode_request_into(b: &mut Vec<u8>, tag: u64, ino: u64, req: &Request<'_>) {
+    b.clear();
+    b.resize(HEADER_LEN, 0);
     let op = match *req {
         Request::Hello { nonce, export } => {
             b.extend_from_slice(&nonce);
-            put_name(&mut b, export);
+            put_name(b, export);
             Op::Hello
         }
         Request::Auth { mac } => {
@@ -379,7 +388,7 @@ pub fn encode_request(tag: u64, ino: u64, req: &Request<'_>) -> Vec<u8> {
             Op::Auth
         }
         Request::Lookup { name } => {
-            put_name(&mut b, name);
+            put_name(b, name);
             Op::Lookup
         }
         Request::Getattr => Op::Getattr,
@@ -415,7 +424,7 @@ pub fn encode_request(tag: u64, ino: u64, req: &Request<'_>) -> Vec<u8> {
             for w in [mode, uid, gid] {
                 b.extend_from_slice(&w.to_le_bytes());
             }
-            put_name(&mut b, name);
+            put_name(b, name);
             if matches!(req, Request::Create { .. }) {
                 Op::Create
             } else {
@@ -430,27 +439,27 @@ pub fn encode_request(tag: u64, ino: u64, req: &Request<'_>) -> Vec<u8> {
         } => {
             b.extend_from_slice(&uid.to_le_bytes());
             b.extend_from_slice(&gid.to_le_bytes());
-            put_name(&mut b, name);
-            put_name(&mut b, target);
+            put_name(b, name);
+            put_name(b, target);
             Op::Symlink
         }
         Request::Link { dir, name } => {
             b.extend_from_slice(&dir.to_le_bytes());
-            put_name(&mut b, name);
+            put_name(b, name);
             Op::Link
         }
         Request::Unlink { name } => {
-            put_name(&mut b, name);
+            put_name(b, name);
             Op::Unlink
         }
         Request::Rmdir { name } => {
-            put_name(&mut b, name);
+            put_name(b, name);
             Op::Rmdir
         }
         Request::Rename { ddir, sname, dname } => {
             b.extend_from_slice(&ddir.to_le_bytes());
-            put_name(&mut b, sname);
-            put_name(&mut b, dname);
+            put_name(b, sname);
+            put_name(b, dname);
             Op::Rename
         }
         Request::Readlink => Op::Readlink,
@@ -477,23 +486,27 @@ pub fn encode_request(tag: u64, ino: u64, req: &Request<'_>) -> Vec<u8> {
     } else {
         0
     };
-    let mut f = encode_header(&Header {
-        len: (b.len() + extra) as u32,
+    let h = header_bytes(&Header {
+        len: (b.len() - HEADER_LEN + extra) as u32,
         op,
         tag,
         ino,
     });
-    f.extend_from_slice(&b);
-    f
+    b[..HEADER_LEN].copy_from_slice(&h);
 }
 
 /// Encodes a header (for a reply, `ino` carries the errno).
 pub fn encode_header(h: &Header) -> Vec<u8> {
-    let mut f = Vec::with_capacity(HEADER_LEN);
-    f.extend_from_slice(&h.len.to_le_bytes());
-    f.extend_from_slice(&[h.op as u8, 0, 0, 0]);
-    f.extend_from_slice(&h.tag.to_le_bytes());
-    f.extend_from_slice(&h.ino.to_le_bytes());
+    header_bytes(h).to_vec()
+}
+
+/// [`encode_header`] as an array (no allocation).
+pub fn header_bytes(h: &Header) -> [u8; HEADER_LEN] {
+    let mut f = [0u8; HEADER_LEN];
+    f[..4].copy_from_slice(&h.len.to_le_bytes());
+    f[4] = h.op as u8;
+    f[8..16].copy_from_slice(&h.tag.to_le_bytes());
+    f[16..].copy_from_slice(&h.ino.to_le_bytes());
     f
 }
 

@@ -445,7 +445,9 @@ impl Assembly {
         if h.rid != self.rid || h.nfrag != self.nfrag || self.have.is_empty() {
             self.rid = h.rid;
             self.nfrag = h.nfrag;
-            self.have = vec![false; h.nfrag as usize];
+            // Reused: a message allocated a fresh one before.
+            self.have.clear();
+            self.have.resize(h.nfrag as usize, false);
             self.got = 0;
             self.unit = 0;
             self.last = 0;

@@ -132,6 +132,12 @@ pub struct ExportParams {
     /// program); a client on a smaller MTU is served at its own size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
+    /// Transport "xdp": after its last frame, the export keeps polling
+    /// this many microseconds before it sleeps on the socket (a request
+    /// that comes within it costs no wake-up). Default 0: it sleeps
+    /// after a fixed count of empty passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spin_us: Option<u32>,
 }
 
 /// The smallest read reply sent zero-copy when the export asks for it:
@@ -429,6 +435,7 @@ impl FsServer {
             native: p.xdp_mode.as_deref() == Some("native"),
             max_sessions: p.max_connections,
             mtu: p.mtu.unwrap_or(1500) as usize,
+            spin: std::time::Duration::from_micros(p.spin_us.unwrap_or(0).into()),
         };
         let reactor = self.placement.next(self.rt.num_reactors());
         let x = xdp::start(&self.rt, reactor, svc.clone(), &xp)?;

@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use ustor_net::xdp::{self, AttachMode, Desc, XdpProgram, XskConfig, XskSocket};
@@ -213,6 +213,8 @@ pub(crate) struct XdpParams {
     pub max_sessions: usize,
     /// The MTU its frames may use ([`w::frame_for_mtu`]).
     pub mtu: usize,
+    /// How long to keep polling after the last busy pass (`spin_us`).
+    pub spin: Duration,
 }
 
 impl XdpParams {
@@ -288,13 +290,13 @@ pub(crate) fn start(
         inbox,
         frame,
     )?;
-    let (busy, st, nt) = (p.busy_poll, stop.clone(), notify.clone());
+    let (busy, spin, st, nt) = (p.busy_poll, p.spin, stop.clone(), notify.clone());
     // The engine holds raw pointers (not Send): hand it over in a box the
     // reactor thread alone unpacks.
     let cell = SendCell(engine);
     rt.spawn_on(reactor, move || {
         let cell = cell;
-        run(cell.0, busy, st, nt)
+        run(cell.0, busy, spin, st, nt)
     })
     .map_err(|e| FsServerError::Invalid(format!("reactor: {e:?}")))?;
     Ok(XdpExport {
@@ -310,20 +312,31 @@ struct SendCell(session::Engine);
 // never shared; its raw pointers are into mappings it owns.
 unsafe impl Send for SendCell {}
 
-/// The reactor task: poll while busy, sleep on the fd when idle.
-async fn run(mut e: session::Engine, busy_poll: bool, stop: Arc<AtomicBool>, notify: Arc<Notify>) {
+/// The reactor task: poll while busy, sleep on the fd when idle (after
+/// [`SPIN`] empty passes and `spin` since the last busy one).
+async fn run(
+    mut e: session::Engine,
+    busy_poll: bool,
+    spin: Duration,
+    stop: Arc<AtomicBool>,
+    notify: Arc<Notify>,
+) {
     let mut idle = 0u32;
+    let mut busy_at = Instant::now();
     // One poll of the fd at a time, kept across waits that ended by the
     // timer or a notification (a dropped op would stay in flight).
     let mut ready = None;
     while !stop.load(Ordering::Acquire) {
         if e.step() {
             idle = 0;
+            if !spin.is_zero() {
+                busy_at = Instant::now();
+            }
             ustor_runtime::yield_now().await;
             continue;
         }
         idle = idle.saturating_add(1);
-        if busy_poll || idle < SPIN {
+        if busy_poll || idle < SPIN || !spin.is_zero() && busy_at.elapsed() < spin {
             ustor_runtime::yield_now().await;
             continue;
         }

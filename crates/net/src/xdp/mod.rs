@@ -430,27 +430,20 @@ impl XskSocket {
 
     /// Takes up to `max` received frames.
     pub fn recv(&mut self, out: &mut Vec<Desc>, max: usize) -> usize {
-        let mut raw = Vec::with_capacity(max.min(64));
-        let n = self.rx.consume(&mut raw, max);
-        out.extend(raw.iter().map(|d| Desc {
+        self.rx.consume_map(out, max, |d| Desc {
             addr: fold(d.addr),
             len: d.len,
-        }));
-        n
+        })
     }
 
     /// Queues frames for sending (UMEM offset and length each) and wakes
     /// the kernel; returns how many the tx ring took.
     pub fn send(&mut self, frames: &[Desc]) -> Result<usize, XdpError> {
-        let descs: Vec<libc::xdp_desc> = frames
-            .iter()
-            .map(|f| libc::xdp_desc {
-                addr: f.addr,
-                len: f.len,
-                options: 0,
-            })
-            .collect();
-        let n = self.tx.produce(&descs);
+        let n = self.tx.produce_map(frames, |f| libc::xdp_desc {
+            addr: f.addr,
+            len: f.len,
+            options: 0,
+        });
         self.kick()?;
         Ok(n)
     }

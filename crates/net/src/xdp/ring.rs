@@ -84,6 +84,12 @@ impl<T: Copy> Ring<T> {
     /// Producer side: writes as many of `items` as there is room for and
     /// publishes them; returns how many.
     pub(crate) fn produce(&mut self, items: &[T]) -> usize {
+        self.produce_map(items, |it| *it)
+    }
+
+    /// [`Ring::produce`] of `f` of each item: the caller's own descriptor
+    /// type goes in with no intermediate Vec (one per send before).
+    pub(crate) fn produce_map<U>(&mut self, items: &[U], f: impl Fn(&U) -> T) -> usize {
         let mut free = self.size() - self.local.wrapping_sub(self.remote);
         if (free as usize) < items.len() {
             // SAFETY: the consumer word lies inside the mapping.
@@ -95,7 +101,7 @@ impl<T: Copy> Ring<T> {
             let slot = self.local.wrapping_add(i as u32) & self.mask;
             // SAFETY: `slot` is masked into the ring's `size` entries, and
             // the slot is ours until the producer index passes it.
-            unsafe { self.desc.add(slot as usize).write(*it) };
+            unsafe { self.desc.add(slot as usize).write(f(it)) };
         }
         self.local = self.local.wrapping_add(n as u32);
         // SAFETY: as above; release orders the slot writes before it.
@@ -113,6 +119,17 @@ impl<T: Copy> Ring<T> {
     /// Consumer side: copies up to `max` ready entries into `out` and
     /// releases their slots; returns how many.
     pub(crate) fn consume(&mut self, out: &mut Vec<T>, max: usize) -> usize {
+        self.consume_map(out, max, |t| t)
+    }
+
+    /// [`Ring::consume`] into a Vec of `f` of each entry (no intermediate
+    /// Vec: a receive allocated one per call, empty passes included).
+    pub(crate) fn consume_map<U>(
+        &mut self,
+        out: &mut Vec<U>,
+        max: usize,
+        f: impl Fn(T) -> U,
+    ) -> usize {
         if self.remote == self.local {
             // SAFETY: the producer word lies inside the mapping.
             self.remote = unsafe { (*self.prod).load(Ordering::Acquire) };
@@ -122,7 +139,10 @@ impl<T: Copy> Ring<T> {
             let slot = self.local.wrapping_add(i as u32) & self.mask;
             // SAFETY: masked slot index; the acquire load above ordered the
             // kernel's write of it before this read.
-            out.push(unsafe { self.desc.add(slot as usize).read() });
+            out.push(f(unsafe { self.desc.add(slot as usize).read() }));
+        }
+        if n == 0 {
+            return 0;
         }
         self.local = self.local.wrapping_add(n as u32);
         // SAFETY: the consumer word lies inside the mapping.

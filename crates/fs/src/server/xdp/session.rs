@@ -166,6 +166,8 @@ pub(crate) struct Engine {
     c: Arc<Counters>,
     rx: Vec<Desc>,
     tx: Vec<Desc>,
+    /// The control frame being handled (see `on_frame`).
+    frame_buf: Vec<u8>,
     ep: OwnedFd,
 }
 
@@ -218,6 +220,7 @@ impl Engine {
             c,
             rx: Vec::with_capacity(64),
             tx: Vec::with_capacity(64),
+            frame_buf: Vec::new(),
             ep,
         };
         e.reset_buffers();
@@ -321,16 +324,17 @@ impl Engine {
         }
         self.ahead -= 1;
         let chunk = d.addr - d.addr % self.chunk;
-        let f = self
-            .xsk
-            .frame(d.addr, d.len as usize)
-            .map(|f| f.to_vec())
-            .unwrap_or_default();
+        // The frame is copied out (its handling needs `&mut self`) into a
+        // buffer kept across frames: a fresh Vec per frame before.
+        let mut f = std::mem::take(&mut self.frame_buf);
+        f.clear();
+        f.extend_from_slice(self.xsk.frame(d.addr, d.len as usize).unwrap_or_default());
         self.free_rx.push(chunk);
         match w::parse(&f) {
             Ok(Frame::Ctrl { src, hdr, payload }) => self.on_ctrl(src, hdr, payload),
             Ok(Frame::Data { .. }) | Err(_) => bump(&self.c.drops, 1),
         }
+        self.frame_buf = f;
     }
 
     fn on_ctrl(&mut self, src: [u8; 6], h: Ctrl, payload: &[u8]) {
@@ -414,12 +418,29 @@ impl Engine {
         let body = &msg[HEADER_LEN..];
         let pre = proto::body_prefix(&h).min(body.len());
         match proto::decode_request(&h, &body[..pre]) {
-            Ok(req) => {
-                let rest = body[pre..].to_vec();
-                self.run(key, rid, h, req, &rest, &msg)
+            Ok(req) if matches!(req, Request::Hello { .. } | Request::Auth { .. }) => {
+                self.run(key, rid, h, req, &[])
             }
+            Ok(req @ Request::Write { .. }) => {
+                let rest = body[pre..].to_vec();
+                self.run(key, rid, h, req, &rest)
+            }
+            // The rest run under the volume's lock: the message moves there
+            // (it was copied for each request before).
+            Ok(_) => self.run_other(key, rid, h, msg),
             Err(_) => self.reply_err(key, rid, h.op, h.tag, libc::EINVAL),
         }
+    }
+
+    /// A request other than Hello, Auth or Write, encoded in `msg`.
+    fn run_other(&mut self, key: Key, rid: u64, h: Header, msg: Vec<u8>) {
+        // No session (it expired, or the server restarted): the client
+        // runs the handshake again and resends.
+        if !self.sessions[&key].authed {
+            return self.reply_err(key, rid, h.op, h.tag, libc::ENOTCONN);
+        }
+        let ro = self.svc.read_only;
+        self.with_vol(key, rid, Box::new(move |v, c| handle(v, c, ro, &msg)));
     }
 
     fn reply_err(&mut self, key: Key, rid: u64, op: Op, tag: u64, errno: i32) {
@@ -434,7 +455,7 @@ impl Engine {
         }
     }
 
-    fn run(&mut self, key: Key, rid: u64, h: Header, req: Request<'_>, rest: &[u8], msg: &[u8]) {
+    fn run(&mut self, key: Key, rid: u64, h: Header, req: Request<'_>, rest: &[u8]) {
         let s = self.sessions.get_mut(&key).expect("session");
         match req {
             Request::Hello { nonce, export } => {
@@ -473,10 +494,7 @@ impl Engine {
             // runs the handshake again and resends.
             _ if !s.authed => self.reply_err(key, rid, h.op, h.tag, libc::ENOTCONN),
             Request::Write { off, len } => self.begin_write(key, rid, h, off, len, rest),
-            _ => {
-                let (ro, msg) = (self.svc.read_only, msg.to_vec());
-                self.with_vol(key, rid, Box::new(move |v, c| handle(v, c, ro, &msg)));
-            }
+            _ => unreachable!("run_other's requests"),
         }
     }
 
@@ -603,6 +621,8 @@ fn handle(inner: &mut Inner, c: &Counters, read_only: bool, msg: &[u8]) -> Outco
     let total: usize = segs.iter().map(serve::seg_len).sum();
     let mut f = serve::encode_reply(h.tag, h.op, &Ok(Reply::Data(Vec::new())));
     f[..4].copy_from_slice(&(total as u32).to_le_bytes());
+    // One allocation for the reply (it grew in steps as the data went in).
+    f.reserve_exact(total);
     let region = inner.fs.region();
     for s in segs {
         match s {
