@@ -12,15 +12,20 @@
 # the request size; MODE=uring mounts on FUSE over io_uring (the queue
 # threads, fuse-ring-N, stay on their own CPUs as in bench/fs.sh).
 # XDP=1 puts the server in one network namespace exporting over Transport
-# 2 (AF_XDP on a veth, copy mode) and the mount (over xdp://) in another.
+# 2 (AF_XDP on a veth, copy mode) and the mount (over xdp://) in another;
+# XDP=tcp the same namespaces and veth with the export over TCP (10.99.8.1).
 #
 # Usage: bench/fs-path.sh
 #   env: USTOR=target/release/ustor N=3000 PIN=0 BS=4k COPY=0 MODE=classic
 #        SERVE_ARGS= (more `ustor serve` options, e.g. "--poll-mode interrupt")
-#        PERF= (a percentage: a third pass profiles the mount with perf, and
-#        its functions over that share of samples are listed)
-#        RWS="randread randwrite" XDP=0 VETH_MTU= (XDP=1: the veth's and the
-#        export's MTU, default 1500)
+#        EXPORT_JSON= (more fs_export members, e.g. ',"spin_us":50')
+#        MALLOC=1 (the traced pass also counts each process's malloc calls,
+#        with a perf uprobe on libc's malloc, added for the run)
+#        PERF= (a percentage: a third pass profiles the mount and the
+#        server with perf, and each one's functions over that share of
+#        its samples are listed)
+#        RWS="randread randwrite" XDP=0 VETH_MTU= (XDP=1 or tcp: the veth's
+#        MTU, and with 1 the export's; default 1500)
 # Needs root (FUSE, ip netns), fio, strace, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,19 +54,27 @@ cleanup() {
     [ -n "$URING_WAS" ] && echo "$URING_WAS" > "$URING_PARAM"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    if [ "$XDP" = 1 ]; then veth_del "$NSA" "$NSB"; fi
+    if [ "$XDP" != 0 ]; then veth_del "$NSA" "$NSB"; fi
+    [ -n "$PROBE_ADDED" ] && perf probe -q -d probe_libc:malloc
     rm -rf "$W"
 }
 trap cleanup EXIT
+LIBC=$(ldconfig -p | awk '/libc\.so\.6 .*x86-64/ {l = $NF} END {print l}')
+PROBE_ADDED=
+if [ "${MALLOC:-0}" = 1 ] && ! perf probe -l 2>/dev/null | grep -q 'probe_libc:malloc '; then
+    perf probe -q -x "$LIBC" -a malloc
+    PROBE_ADDED=1
+fi
 NSA=ufpA$$ NSB=ufpB$$ VA=ufpa$$ VB=ufpb$$
 # INA, INB: what runs the server, the mount (in their namespaces when XDP=1).
 INA=() INB=()
 listen=""
-if [ "$XDP" = 1 ]; then
-    veth_pair "$NSA" "$NSB" "$VA" "$VB"
+if [ "$XDP" != 0 ]; then
+    veth_pair "$NSA" "$NSB" "$VA" "$VB" 10.99.8.1/24 10.99.8.2/24
     INA=(ip netns exec "$NSA")
     INB=(nsenter --net=/run/netns/"$NSB")
-    listen='"listen":"'$VA'","transport":"xdp"'$(xdp_mtu_param)
+    listen='"listen":"10.99.8.1:4800"'
+    [ "$XDP" = 1 ] && listen='"listen":"'$VA'","transport":"xdp"'$(xdp_mtu_param)
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 [ -n "$listen" ] || listen='"listen":"127.0.0.1:'$port'"'
@@ -69,7 +82,7 @@ echo secret > "$W/secret"
 cat > "$W/cfg.json" <<CFG
 {"subsystems":[{"subsystem":"fs","config":[
  {"method":"fs_create","params":{"name":"vol","path":"$W/region","size":$((128 << 20))}},
- {"method":"fs_export","params":{"name":"vol",$listen,"secret_file":"$W/secret"$copy}}]}]}
+ {"method":"fs_export","params":{"name":"vol",$listen,"secret_file":"$W/secret"$copy${EXPORT_JSON:-}}}]}]}
 CFG
 "${INA[@]}" taskset -c "$PIN" "$USTOR" serve --cores 0 --no-pin ${SERVE_ARGS:-} -r "$W/rpc.sock" -c "$W/cfg.json" \
     --log-level warn >"$W/serve.log" 2>&1 &
@@ -79,6 +92,7 @@ for _ in $(seq 100); do "$USTOR" rpc -s "$W/rpc.sock" fs_get_exports >/dev/null 
 mkdir -p "$W/m"
 target=127.0.0.1:$port/vol
 [ "$XDP" = 1 ] && target=xdp://$VB/vol
+[ "$XDP" = tcp ] && target=10.99.8.1:4800/vol
 "${INB[@]}" taskset -c "$PIN" "$USTOR" fs mount "$target" "$W/m" --secret-file "$W/secret" \
     --fuse-mode "$MODE" >"$W/mount.log" 2>&1 &
 MOUNT=$!
@@ -112,7 +126,7 @@ print("%.1f %.1f" % (l["mean"] / 1e3, l["percentile"]["50.000000"] / 1e3))'
 }
 
 echo "# bench/fs-path.sh $(date -u +%FT%TZ), $(uname -r), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# USTOR=$USTOR N=$N PIN=$PIN BS=$BS COPY=$COPY MODE=$MODE XDP=$XDP"
+echo "# USTOR=$USTOR N=$N PIN=$PIN BS=$BS COPY=$COPY MODE=$MODE XDP=$XDP${EXPORT_JSON:+ EXPORT_JSON=$EXPORT_JSON}"
 for rw in $RWS; do
     run_fio "$rw" >/dev/null # warm
     s0=$( { switches $SERVE | sed 's/^/serve:/'; switches $MOUNT | sed 's/^/mount:/'; } | sort)
@@ -129,6 +143,10 @@ for rw in $RWS; do
     for p in serve:$SERVE mount:$MOUNT; do
         strace -c -f -p "${p#*:}" -o "$W/strace-${p%%:*}" 2>/dev/null &
         PIDS+=($!)
+        if [ "${MALLOC:-0}" = 1 ]; then
+            perf stat -x, -e probe_libc:malloc -p "${p#*:}" -o "$W/malloc-${p%%:*}" 2>/dev/null &
+            PIDS+=($!)
+        fi
     done
     sleep 1
     run_fio "$rw" >/dev/null
@@ -141,17 +159,28 @@ for rw in $RWS; do
             if ($4 / n >= 0.05) printf "    %-6s %-16s %5.2f\n", p, $NF, $4 / n }' \
             "$W/strace-$p"
     done
+    if [ "${MALLOC:-0}" = 1 ]; then
+        for p in serve mount; do
+            awk -F, -v n="$N" -v p="$p" '/malloc/ {printf "  %s malloc calls per request: %.2f (traced pass)\n", p, $1 / n}' \
+                "$W/malloc-$p"
+        done
+    fi
     if [ -n "${PERF:-}" ]; then
-        # A third pass under `perf record -g` of the mount: where its CPU goes.
-        perf record -q -g -p "$MOUNT" -o "$W/perf-$rw.data" 2>/dev/null &
-        PIDS+=($!)
+        # A third pass under `perf record -g` of the mount and the server:
+        # where their CPU goes.
+        for p in serve:$SERVE mount:$MOUNT; do
+            perf record -q -g -p "${p#*:}" -o "$W/perf-$rw-${p%%:*}.data" 2>/dev/null &
+            PIDS+=($!)
+        done
         sleep 1
         run_fio "$rw" >/dev/null
-        kill -INT "${PIDS[2]}" 2>/dev/null || true
-        wait "${PIDS[2]}" 2>/dev/null || true
+        for p in "${PIDS[@]:2}"; do kill -INT "$p" 2>/dev/null || true; done
+        wait "${PIDS[@]:2}" 2>/dev/null || true
         PIDS=("${PIDS[@]:0:2}")
-        echo "  mount's CPU by function (perf, the third pass; self, over ${PERF}%):"
-        perf report -i "$W/perf-$rw.data" --no-children --sort dso,sym --percent-limit "$PERF" \
-            --stdio -g none 2>/dev/null | awk '/%/ && !/^#/ {printf "    %s\n", $0}'
+        for p in mount serve; do
+            echo "  $p's CPU by function (perf, the third pass; self, over ${PERF}%):"
+            perf report -i "$W/perf-$rw-$p.data" --no-children --sort dso,sym --percent-limit "$PERF" \
+                --stdio -g none 2>/dev/null | awk '/%/ && !/^#/ {printf "    %s\n", $0}'
+        done
     fi
 done

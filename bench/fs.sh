@@ -53,6 +53,8 @@
 #        FSBENCH=target/release/examples/fsbench USTOR_ALT=<another ustor build> (target ustor_alt)
 #        WORKS="randread:4k randwrite:4k randwrite:1k read:1m write:1m meta"
 #        PLACES="pinned unpinned" OUT=bench/results/fs-<date>.txt
+#        XDP_EXPORT_JSON= (more fs_export members for ustor_xdp's export,
+#        e.g. ',"spin_us":50')
 #        VETH_MTU= (the veth targets' link MTU, and the xdp export's; e.g.
 #        3500 for larger AF_XDP frames; default 1500)
 # Needs root (mount, unshare, ip netns), fio, sshfs, socat, openssh-sftp-server,
@@ -204,7 +206,7 @@ if has ustor_xdp || has ustor_veth; then
     cat > "$W/cfg-veth.json" <<CFG
 {"subsystems":[{"subsystem":"fs","config":[
  {"method":"fs_create","params":{"name":"xv","path":"$W/region-xv","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
- {"method":"fs_export","params":{"name":"xv","listen":"$VA","transport":"xdp","secret_file":"$W/secret"$(xdp_mtu_param)}},
+ {"method":"fs_export","params":{"name":"xv","listen":"$VA","transport":"xdp","secret_file":"$W/secret"$(xdp_mtu_param)${XDP_EXPORT_JSON:-}}},
  {"method":"fs_create","params":{"name":"tv","path":"$W/region-tv","size":$(( (SIZE_MIB * 2 + 256) << 20 ))}},
  {"method":"fs_export","params":{"name":"tv","listen":"10.99.7.1:4800","secret_file":"$W/secret"}}]}]}
 CFG
@@ -364,7 +366,7 @@ done
 
 {
     echo "# bench/fs.sh $(date -u +%FT%TZ) on $(uname -r), $(nproc) CPUs, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# USTOR=$USTOR${USTOR_ALT:+ USTOR_ALT=$USTOR_ALT} ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NFILES=$NFILES"
+    echo "# USTOR=$USTOR${USTOR_ALT:+ USTOR_ALT=$USTOR_ALT}${XDP_EXPORT_JSON:+ XDP_EXPORT_JSON=$XDP_EXPORT_JSON} ROUNDS=$ROUNDS RUNTIME=$RUNTIME SIZE_MIB=$SIZE_MIB NFILES=$NFILES"
     echo "# TARGETS=$TARGETS"
     echo "# ganesha $(dpkg-query -W -f='${Version}' nfs-ganesha 2>/dev/null), $(sshfs --version 2>&1 | grep -i '^sshfs version')"
 } | tee "$OUT"

@@ -91,6 +91,8 @@ pub struct Queues {
     ents: Vec<Entry>,
     /// COMMIT_AND_FETCHes submitted: requests answered through the ring.
     pub commits: Arc<AtomicU64>,
+    /// Completions of one wait (kept: a Vec per request before).
+    done: Vec<(usize, i32)>,
 }
 
 impl Queues {
@@ -133,6 +135,7 @@ impl Queues {
             ring,
             ents,
             commits: Arc::new(AtomicU64::new(0)),
+            done: Vec::new(),
         };
         for i in 0..qs.ents.len() {
             qs.push(i, CMD_REGISTER, 0)?;
@@ -192,12 +195,14 @@ impl Queues {
                 }
                 return e;
             }
-            let done: Vec<(usize, i32)> = self
-                .ring
-                .completion()
-                .map(|c| (c.user_data() as usize, c.result()))
-                .collect();
-            for (i, res) in done {
+            let mut done = std::mem::take(&mut self.done);
+            done.clear();
+            done.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data() as usize, c.result())),
+            );
+            for &(i, res) in &done {
                 if res < 0 {
                     return io::Error::from_raw_os_error(-res);
                 }
@@ -207,6 +212,7 @@ impl Queues {
                 }
                 self.commits.fetch_add(1, Ordering::Relaxed);
             }
+            self.done = done;
         }
     }
 

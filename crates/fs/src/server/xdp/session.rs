@@ -619,10 +619,14 @@ fn handle(inner: &mut Inner, c: &Counters, read_only: bool, msg: &[u8]) -> Outco
         return Outcome::Reply(serve::encode_reply(h.tag, h.op, &r));
     };
     let total: usize = segs.iter().map(serve::seg_len).sum();
-    let mut f = serve::encode_reply(h.tag, h.op, &Ok(Reply::Data(Vec::new())));
-    f[..4].copy_from_slice(&(total as u32).to_le_bytes());
     // One allocation for the reply (it grew in steps as the data went in).
-    f.reserve_exact(total);
+    let mut f = Vec::with_capacity(HEADER_LEN + total);
+    f.extend_from_slice(&proto::header_bytes(&Header {
+        len: total as u32,
+        op: h.op,
+        tag: h.tag,
+        ino: 0,
+    }));
     let region = inner.fs.region();
     for s in segs {
         match s {
