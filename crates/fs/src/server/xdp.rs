@@ -336,7 +336,15 @@ async fn run(
             continue;
         }
         idle = idle.saturating_add(1);
-        if busy_poll || idle < SPIN || !spin.is_zero() && busy_at.elapsed() < spin {
+        if busy_poll || idle < SPIN {
+            ustor_runtime::yield_now().await;
+            continue;
+        }
+        if !spin.is_zero() && busy_at.elapsed() < spin {
+            // The kernel's CPU too: a client on this CPU (everything
+            // pinned to one) runs instead of waiting for our time slice
+            // to end, which made a spin without it cost 2x at QD1.
+            std::thread::yield_now();
             ustor_runtime::yield_now().await;
             continue;
         }
