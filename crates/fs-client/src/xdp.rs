@@ -43,10 +43,10 @@ pub struct XdpConfig {
     pub secret: Vec<u8>,
     /// Spin on the rx ring instead of sleeping in poll().
     pub busy_poll: bool,
-    /// While a reply is partly received, how long to spin on the rx ring
-    /// after its last frame before sleeping in poll() (the rest of the
-    /// reply is on its way). Default from `USTOR_FS_XDP_SPIN_US`, else
-    /// [`DEFAULT_SPIN`].
+    /// How long to spin on the rx ring (yielding the CPU each pass) after
+    /// a request is sent and after each frame of its reply before
+    /// sleeping in poll(). Default from `USTOR_FS_XDP_SPIN_US` (read
+    /// once, at connect), else [`DEFAULT_SPIN`].
     pub spin: Duration,
     pub retry: Duration,
     pub timeout: Duration,
@@ -313,8 +313,12 @@ impl Link {
                 last = now;
                 continue;
             }
-            // The rest of a reply partly in: its next burst is near.
-            let spin = self.asm.pending() && now - last < self.cfg.spin;
+            // The reply (or the rest of it) is near: spin, yielding the
+            // CPU each pass to whatever shares it (the export, pinned).
+            let spin = now - last < self.cfg.spin;
+            if spin {
+                std::thread::yield_now();
+            }
             if !self.cfg.busy_poll && !spin {
                 let mut p = libc::pollfd {
                     fd: self.xsk.as_raw_fd(),
