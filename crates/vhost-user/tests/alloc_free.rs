@@ -55,6 +55,10 @@ fn note(size: usize) {
     if !WINDOW.load(Ordering::Relaxed) || !ustor_runtime::is_reactor_thread() {
         return;
     }
+    // The backtrace's own allocations (below) are not the data path's.
+    if IN_TRACE.try_with(|t| t.get()).unwrap_or(true) {
+        return;
+    }
     let first = ALLOCS.fetch_add(1, Ordering::Relaxed) == 0;
     if !first && !TRACE.load(Ordering::Relaxed) {
         return;

@@ -85,7 +85,12 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         tables: RefCell::default(),
         seen_gen: Cell::new(0),
         resets_seen: Default::default(),
-        chains: RefCell::new(Vec::with_capacity(depth)),
+        // A chain for every descriptor the ring can hold, and one for the
+        // pass that finds the ring empty with all of them in flight: the
+        // pool never runs dry, so no command allocates one, however many
+        // arrive at once (filled on demand, it grew the first time a
+        // deeper burst than any before came in: 512 bytes a chain).
+        chains: RefCell::new((0..=depth).map(|_| Chain::with_capacity(PIECES)).collect()),
         jobs: WorkQueue::new(depth),
         tasks: Arc::new(TaskTable::new(depth as u16)),
         budget: depth,
