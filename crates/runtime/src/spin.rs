@@ -413,7 +413,12 @@ mod tests {
         }
         std::thread::spawn(|| {
             pin_to_cpu0();
-            let period = crate::ticks::from_duration(std::time::Duration::from_millis(1));
+            // Longer than a scheduler slice (a few ms), as the runtime's
+            // 5 ms is: the CPUs count as wanted after two samples in a row
+            // that each saw a wait, and with a 1 ms period a sample taken
+            // inside the thread's own slice sees none, so two in a row
+            // came only by chance.
+            let period = crate::ticks::from_duration(std::time::Duration::from_millis(10));
             let mut c = Contention::new(period, period);
             assert!(
                 c.own.as_ref().is_some_and(|o| o.pinned),
