@@ -12,10 +12,14 @@
 //! - [`alloc`]: a counting global allocator for the zero-allocation
 //!   data-path tests.
 //!
+//! - [`ceph`]: a one-node Ceph cluster (`scripts/ceph-cluster.sh`) and the
+//!   `rbd` CLI against it, for the rbd tests.
+//!
 //! It sits at the bottom of the workspace (no ustor dependency) so that any
 //! crate, the runtime included, can use it as a dev-dependency.
 
 pub mod alloc;
+pub mod ceph;
 pub mod netns;
 pub mod peer;
 pub mod wait;

@@ -11,28 +11,24 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
+use testkit::ceph::Cluster;
 
 /// Seconds an I/O may take before it fails (`op_timeout_s`).
 const OSD_OP_TIMEOUT: u64 = 3;
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
-}
-
 /// One bluestore cluster, stopped when dropped (also on a failed assert).
 struct Ceph {
-    dir: PathBuf,
+    cluster: Cluster,
 }
 
 impl Drop for Ceph {
     fn drop(&mut self) {
-        let _ = Command::new(script()).arg("stop").arg(&self.dir).status();
+        self.cluster.stop();
     }
 }
 
@@ -43,46 +39,24 @@ impl Ceph {
                 return None;
             }
         }
-        let c = Ceph {
-            dir: tmpdir("ceph-bluestore"),
-        };
-        c.script(&["start"], &["--store", "bluestore", "--auth", "none"]);
-        Some(c)
+        let cluster = Cluster::start(
+            tmpdir("ceph-bluestore"),
+            &["--store", "bluestore", "--auth", "none"],
+        );
+        Some(Ceph { cluster })
     }
 
     fn script(&self, cmd: &[&str], extra: &[&str]) {
-        let out = Command::new(script())
-            .args(cmd)
-            .arg(&self.dir)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ceph-cluster.sh {cmd:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.cluster.script(cmd, extra);
     }
 
     fn conf(&self) -> String {
-        self.dir.join("ceph.conf").display().to_string()
+        self.cluster.conf()
     }
 
     /// Runs `rbd -c CONF args...` (under a timeout); its stdout.
     fn rbd(&self, args: &[&str]) -> Vec<u8> {
-        let out = Command::new("timeout")
-            .args(["30", "rbd", "-c", &self.conf()])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "rbd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        self.cluster.rbd(args)
     }
 
     /// The bdev-subsystem calls: the cluster (short I/O time limit) and

@@ -4,27 +4,24 @@
 //! and the reader of the librados/librbd threads of a server (placement
 //! checks). A module of the rbd test binary, so the cluster stays one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
 use super::common::*;
 use serde_json::{json, Value};
+use testkit::ceph::Cluster;
 
 /// The cluster this binary shares, or why there is none.
 pub struct Ceph {
-    dir: PathBuf,
+    cluster: Cluster,
 }
 
 static CEPH: OnceLock<Option<Ceph>> = OnceLock::new();
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster.sh")
-}
-
 extern "C" fn stop_cluster() {
     if let Some(Some(c)) = CEPH.get() {
-        let _ = Command::new(script()).arg("stop").arg(&c.dir).status();
+        c.cluster.stop();
     }
 }
 
@@ -36,44 +33,22 @@ pub fn ceph() -> Option<&'static Ceph> {
                 return None;
             }
         }
-        let dir = tmpdir("ceph");
-        let out = Command::new(script())
-            .arg("start")
-            .arg(&dir)
-            .args(["--auth", "cephx"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ceph-cluster.sh start: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let cluster = Cluster::start(tmpdir("ceph"), &["--auth", "cephx"]);
         // SAFETY: registers a plain function to run at process exit.
         unsafe { libc::atexit(stop_cluster) };
-        Some(Ceph { dir })
+        Some(Ceph { cluster })
     })
     .as_ref()
 }
 
 impl Ceph {
     pub fn conf(&self) -> String {
-        self.dir.join("ceph.conf").display().to_string()
+        self.cluster.conf()
     }
 
     /// Runs `rbd -c CONF args...` (under a timeout) and returns stdout.
     pub fn rbd(&self, args: &[&str]) -> Vec<u8> {
-        let out = Command::new("timeout")
-            .args(["30", "rbd", "-c", &self.conf()])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "rbd {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        self.cluster.rbd(args)
     }
 
     pub fn create_image(&self, name: &str, mib: u64) {
