@@ -49,8 +49,9 @@
 //! spinning on the next sample; only [`CLEAR_SAMPLES`] samples in a row in
 //! which it (almost) never waited end the hold early (a thread that still
 //! shares the CPU makes its wake-ups wait a little; a start-up burst of
-//! its own process held a fresh target for the whole hold). A reactor allowed every CPU, or one whose
-//! wait cannot be read, is judged by the count.
+//! its own process held a fresh target for the whole hold). A reactor
+//! allowed every CPU, or one whose wait cannot be read, is judged by the
+//! count.
 //!
 //! The wait alone misleads one way: it also counts the reactor's own
 //! wake-ups (from a sleep until it runs; 40-80 µs on this VM, whose idle
