@@ -244,6 +244,11 @@ impl<'a, D: Discovery> Session<'a, D> {
                 continue;
             }
             if b.opcode() == opcode::SCSI_CMD && self.normal {
+                // The initiator's depth when it sent this command: the
+                // responses it had not seen (its ExpStatSN) and this one.
+                // A deep initiator lets the reactor sleep between batches
+                // instead of spinning for each command (runtime `depth`).
+                ustor_runtime::note_depth(self.core.tx.unseen(b.u32_at(28)) + 1);
                 self.scsi(&b).await?;
                 if !self.wire.more_staged() {
                     // Nothing else has come: the command's task runs before

@@ -239,6 +239,18 @@ impl Tx {
         }
     }
 
+    /// Responses numbered on this connection that the initiator had not
+    /// yet seen when it sent a PDU carrying `exp_statsn` (0 for a value
+    /// outside the numbers given: a stale or bogus ExpStatSN).
+    pub fn unseen(&self, exp_statsn: u32) -> u32 {
+        let n = self.statsn.get().wrapping_sub(exp_statsn);
+        if n > 1 << 20 {
+            0
+        } else {
+            n
+        }
+    }
+
     /// The sequence numbers for a response, StatSN advanced past it.
     pub fn bump(&self) -> Seq {
         let s = self.seq();

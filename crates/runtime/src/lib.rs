@@ -32,6 +32,7 @@
 
 pub mod buf;
 pub mod config;
+mod depth;
 pub mod doorbell;
 pub mod executor;
 pub mod msg;
@@ -56,7 +57,7 @@ pub use executor::{spawn, yield_now, yield_while_busy, JoinHandle};
 pub use msg::{Runtime, RuntimeHandle, SendError};
 pub use poller::{register_poller, register_timed_poller, unregister_poller, PollStatus, PollerId};
 pub use reactor::{
-    is_reactor_thread, on_reactor_exit, pass_ticks, poll_mode, reactor_id, request_stop,
+    is_reactor_thread, note_depth, on_reactor_exit, pass_ticks, poll_mode, reactor_id, request_stop,
 };
 pub use stats::ReactorStats;
 pub use timer::{sleep, sleep_until};

@@ -286,6 +286,7 @@ impl RuntimeHandle {
                 sleeps: r.stats.sleeps.get(),
                 wakeups: r.stats.wakeups.get(),
                 sleeps_contended: r.stats.contended.get(),
+                sleeps_batched: r.stats.batched.get(),
                 naps: r.nap.borrow().naps,
                 naps_early: r.nap.borrow().early,
                 tasks: r.exec.task_count(),

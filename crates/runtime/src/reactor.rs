@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::buf::BufPool;
 use crate::config::{PollMode, RuntimeConfig};
+use crate::depth::{DepthJudge, EXPIRY_NS};
 use crate::executor::Executor;
 use crate::msg::{ReactorShared, RuntimeShared};
 use crate::nap::{NapPlanner, MIN_NAP_NS};
@@ -67,6 +68,9 @@ pub(crate) struct Reactor {
     pub(crate) nap: std::cell::RefCell<NapPlanner>,
     /// Adaptive mode: whether other threads want the CPUs (then no spin).
     contention: std::cell::RefCell<Contention>,
+    /// Adaptive mode: whether the clients' depth makes spinning a waste
+    /// (then no spin either; see [`crate::depth`]).
+    depth: std::cell::RefCell<DepthJudge>,
     stop_requested: Cell<bool>,
     exit_hooks: std::cell::RefCell<Vec<Box<dyn FnOnce()>>>,
     /// The tick count pollers and timers see this pass ([`pass_ticks`]).
@@ -129,6 +133,15 @@ pub fn pass_ticks() -> u64 {
     try_with(|r| r.pass_ticks.get()).unwrap_or_else(ticks::now)
 }
 
+/// A target's report of one request: its client had `depth` requests in
+/// flight when it sent it (this one included). Adaptive reactors whose
+/// requests come mostly from deep clients sleep as soon as they find no
+/// work instead of spinning (see the `depth` module). Off a reactor, nothing.
+#[inline]
+pub fn note_depth(depth: u32) {
+    try_with(|r| r.depth.borrow_mut().note(depth, r.pass_ticks.get()));
+}
+
 /// Asks the current reactor to leave its loop after this pass.
 pub fn request_stop() {
     with(|r| r.stop_requested.set(true));
@@ -167,6 +180,9 @@ impl Reactor {
                 ticks::from_duration(std::time::Duration::from_millis(5)),
                 ticks::from_duration(std::time::Duration::from_nanos(YIELD_EVERY_NS)),
             )),
+            depth: std::cell::RefCell::new(DepthJudge::new(ticks::from_duration(
+                std::time::Duration::from_nanos(EXPIRY_NS),
+            ))),
             stop_requested: Cell::new(false),
             exit_hooks: std::cell::RefCell::new(Vec::new()),
             pass_ticks: Cell::new(ticks::now()),
@@ -295,8 +311,9 @@ impl Reactor {
 
     /// How the wait that follows a pass of task work alone goes, decided
     /// in that pass so its SQEs can go in with the wait: interrupt mode
-    /// sleeps at once; adaptive mode sleeps at once while the CPUs are
-    /// oversubscribed (its idle pass would), and otherwise naps if its
+    /// sleeps at once; adaptive mode sleeps at once while its clients are
+    /// deep or the CPUs are oversubscribed (its idle pass would), and
+    /// otherwise naps if its
     /// first idle pass would (`Spin`: it would not, and the stretch has had
     /// its chance).
     fn fold_wait(&self, now: u64) -> Fold {
@@ -304,6 +321,10 @@ impl Reactor {
             PollMode::Poll => Fold::No,
             PollMode::Interrupt => Fold::Sleep,
             PollMode::Adaptive => {
+                if self.depth.borrow().batch(now) {
+                    self.stats.batched.set(self.stats.batched.get() + 1);
+                    return Fold::Sleep;
+                }
                 if self.contention.borrow_mut().oversubscribed(now) {
                     self.stats.contended.set(self.stats.contended.get() + 1);
                     return Fold::Sleep;
@@ -318,17 +339,20 @@ impl Reactor {
     }
 
     /// A pass that found no work, ending at `end`: by poll mode, sleep
-    /// (interrupt; adaptive once contended or its spin is spent), nap once
+    /// (interrupt; adaptive once its clients are deep, contended or its
+    /// spin is spent), nap once
     /// per idle stretch, or spin on. Returns the time it ends.
     fn idle_pass(&self, mut end: u64, st: &mut Stretch) -> u64 {
         let mut contended = false;
+        let mut batched = false;
         let sleep = match self.mode {
             PollMode::Poll => false,
             PollMode::Interrupt => true,
             PollMode::Adaptive => {
-                contended = self.contention.borrow_mut().oversubscribed(end);
+                batched = self.depth.borrow().batch(end);
+                contended = !batched && self.contention.borrow_mut().oversubscribed(end);
                 let spin = self.spin.borrow().ticks();
-                let sleep = contended || end - st.last_busy >= spin;
+                let sleep = contended || batched || end - st.last_busy >= spin;
                 if !sleep {
                     self.contention.borrow_mut().share_cpu(end);
                 }
@@ -348,9 +372,12 @@ impl Reactor {
             if contended {
                 self.stats.contended.set(self.stats.contended.get() + 1);
             }
+            if batched {
+                self.stats.batched.set(self.stats.batched.get() + 1);
+            }
             let spun = end - st.last_busy;
             let slept = self.sleep(None);
-            if self.mode == PollMode::Adaptive && !contended {
+            if self.mode == PollMode::Adaptive && !contended && !batched {
                 self.spin.borrow_mut().after_sleep(spun, slept);
             }
             end = ticks::now();

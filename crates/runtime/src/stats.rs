@@ -14,6 +14,9 @@ pub(crate) struct Counters {
     /// Adaptive mode's sleeps taken at once because other threads wanted
     /// the CPUs (`spin::Contention`).
     pub(crate) contended: Cell<u64>,
+    /// Adaptive mode's sleeps taken at once because the clients were deep
+    /// (`depth::DepthJudge`).
+    pub(crate) batched: Cell<u64>,
 }
 
 /// A snapshot of one reactor's counters.
@@ -30,6 +33,9 @@ pub struct ReactorStats {
     /// Adaptive mode: sleeps taken at once because other threads wanted
     /// the reactor's CPUs (no spin).
     pub sleeps_contended: u64,
+    /// Adaptive mode: sleeps taken at once because the reactor's clients
+    /// kept many requests in flight (no spin).
+    pub sleeps_batched: u64,
     /// Adaptive mode: timed naps taken, and those that work cut short.
     pub naps: u64,
     pub naps_early: u64,

@@ -516,3 +516,58 @@ fn a_pass_that_queues_a_send_does_not_fold_a_wait_into_it() {
     mine.read_to_end(&mut got).unwrap();
     assert_eq!(got.len(), SENDS * 8);
 }
+
+/// Adaptive mode's batch sleep: a ping-pong whose requests are reported
+/// deep (`note_depth`) makes the reactor sleep at once between them
+/// (counted as batched, whether or not other threads want the CPUs);
+/// reported shallow, it stops within one window. Every round trip completes either way (no lost wake-up).
+#[test]
+fn deep_clients_make_an_adaptive_reactor_sleep_at_once() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    const ROUNDS: u64 = 600;
+    let r = rt(1, PollMode::Adaptive);
+    let h = r.handle();
+    let (mut mine, theirs) = UnixStream::pair().unwrap();
+    mine.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let depth = Arc::new(AtomicU64::new(32));
+    let d = depth.clone();
+    h.spawn_on(0, move || async move {
+        let fd = theirs.as_raw_fd();
+        let mut buf = IoBuf::alloc(4096).await;
+        loop {
+            let (res, b) = ops::recv(fd, buf, 0, 8).await;
+            if res.unwrap_or(0) != 8 {
+                return;
+            }
+            ustor_runtime::note_depth(d.load(Ordering::Relaxed) as u32);
+            let (res, b) = ops::send(fd, b, 0, 8).await;
+            assert_eq!(res.unwrap(), 8);
+            buf = b;
+        }
+    })
+    .unwrap();
+    let mut got = [0u8; 8];
+    let mut phase = |label: &str| {
+        let s0 = h.stats().unwrap()[0].clone();
+        for round in 0..ROUNDS {
+            mine.write_all(&round.to_le_bytes()).unwrap();
+            mine.read_exact(&mut got)
+                .unwrap_or_else(|e| panic!("{label}, round {round}: {e}"));
+            assert_eq!(u64::from_le_bytes(got), round, "{label}");
+        }
+        let s1 = h.stats().unwrap()[0].clone();
+        s1.sleeps_batched - s0.sleeps_batched
+    };
+    let batched = phase("deep");
+    assert!(
+        batched >= (ROUNDS - 64) / 2,
+        "deep: {batched} batched sleeps in {ROUNDS} rounds"
+    );
+    depth.store(1, Ordering::Relaxed);
+    let _ = phase("turning shallow");
+    let batched = phase("shallow");
+    assert_eq!(batched, 0, "shallow clients still batched");
+}

@@ -280,3 +280,64 @@ fn iscsi_netmasks_refuse_and_admit() {
     let (code, out) = s.stop();
     assert_eq!(code, 0, "{out}");
 }
+
+/// The target reports its initiators' depth to the runtime
+/// (`note_depth`, from ExpStatSN): libiscsi's iscsi-perf at QD32 makes the
+/// adaptive reactor sleep at once between batches (`sleeps_batched` in
+/// framework_get_reactors grows); at QD1 it does not.
+#[test]
+fn deep_iscsi_sessions_make_the_reactor_sleep_at_once() {
+    if !have("iscsi-perf") {
+        return;
+    }
+    let dir = tmpdir("iscsi-depth");
+    let s = Server::start(&dir, &iscsi_config(), &[]);
+    let p = port(&s);
+    let batched = || {
+        let r = s.ok("framework_get_reactors", Value::Null);
+        r["reactors"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"))
+            .iter()
+            .map(|x| {
+                x["sleeps_batched"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{x}"))
+            })
+            .sum::<u64>()
+    };
+    let ops = || {
+        let c = s.ok("iscsi_get_connections", Value::Null);
+        c[0]["ops"].as_u64().unwrap_or(0)
+    };
+    let perf = |depth: &str| {
+        std::process::Command::new("iscsi-perf")
+            .args(["-i", "iqn.2026-11.io.ustor:perf", "-m", depth])
+            .arg(format!("iscsi://127.0.0.1:{p}/iqn.2016-06.io.spdk:disk1/0"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut deep = perf("32");
+    let grew = until(|| batched() > 100);
+    deep.kill().unwrap();
+    deep.wait().unwrap();
+    assert!(grew, "QD32: {} batched sleeps", batched());
+    assert!(until(
+        || s.ok("iscsi_get_connections", Value::Null) == json!([])
+    ));
+
+    let mut shallow = perf("1");
+    // Past the first window of QD1 reports, which ends the verdict.
+    let started = until(|| ops() > 500);
+    let (b0, o0) = (batched(), ops());
+    let ran = until(|| ops() > o0 + 2000);
+    let b1 = batched();
+    shallow.kill().unwrap();
+    shallow.wait().unwrap();
+    assert!(started && ran, "QD1 did not run: {} ops", ops());
+    assert_eq!(b1, b0, "QD1 reads still batched");
+    let (code, out) = s.stop();
+    assert_eq!(code, 0, "{out}");
+}

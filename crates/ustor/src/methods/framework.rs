@@ -51,6 +51,7 @@ pub fn register(ctx: &Ctx) -> Result<(), ustor_rpc::RegisterError> {
                     "sleeps": s.sleeps,
                     "wakeups": s.wakeups,
                     "sleeps_contended": s.sleeps_contended,
+                    "sleeps_batched": s.sleeps_batched,
                     "naps": s.naps,
                     "naps_early": s.naps_early,
                     "tasks": s.tasks,
