@@ -24,8 +24,9 @@
 #   MODES="adaptive poll"  ROUNDS=3  T=4  WINDOW=2  TCORE=0  CCORE=1
 #   ECHO=1: each round also runs a bare loopback TCP echo with one
 #   request's sizes (bench/lib/lo-echo.c, server spinning on TCORE, client
-#   blocking on CCORE): the floor under any target on this machine, in the
-#   same minute as the targets)
+#   on CCORE blocking ("echo") and spinning ("echo-spin", as ustor's
+#   initiator does on a CPU of its own)): the floor under any target on
+#   this machine, in the same minute as the targets)
 # Run it like every benchmark: nice -n -20 in an autogroup of its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -103,22 +104,26 @@ JSON
 [ -z "${SPDK_TGT:-}" ] || MODES="$MODES spdk"
 if [ "${ECHO:-0}" = 1 ]; then
   cc -O2 -o "$d/lo-echo" bench/lib/lo-echo.c
-  MODES="$MODES echo"
+  MODES="$MODES echo echo-spin"
 fi
-echo_run() { # rw round: REQ/RESP of a QD1 write (4144 in, 48 out) or read (48 in, 4144 out)
+echo_run() { # rw round [spin]: REQ/RESP of a QD1 write (4144 in, 48 out) or read (48 in, 4144 out)
   local port sp req=4144 resp=48
   [ "$1" = randwrite ] || { req=48; resp=4144; }
   port=$(free_port)
   taskset -c "$TCORE" "$d/lo-echo" server "$port" "$req" "$resp" spin &
   sp=$!
-  printf '%s %s echo: ' "$2" "$1"
-  taskset -c "$CCORE" "$d/lo-echo" client "$port" "$req" "$resp" "$T"
+  printf '%s %s echo%s: ' "$2" "$1" "${3:+-$3}"
+  taskset -c "$CCORE" "$d/lo-echo" client "$port" "$req" "$resp" "$T" ${3:-}
   wait "$sp" 2>/dev/null || true
 }
 echo "# bench/iscsi-qd1.sh RWS=\"$RWS\" MODES=\"$MODES\" ROUNDS=$ROUNDS T=$T WINDOW=$WINDOW; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$ROUNDS"); do
   for rw in $RWS; do for m in $MODES; do
-    if [ "$m" = echo ]; then echo_run "$rw" "$r"; else run "$m" "$rw" "$r"; fi
+    case $m in
+    echo) echo_run "$rw" "$r" ;;
+    echo-spin) echo_run "$rw" "$r" spin ;;
+    *) run "$m" "$rw" "$r" ;;
+    esac
   done; done
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -3,13 +3,14 @@
  * immediate data; RESP bytes out: the SCSI Response), no protocol work.
  *
  *   lo-echo server PORT REQ RESP spin|block
- *   lo-echo client PORT REQ RESP SECONDS
+ *   lo-echo client PORT REQ RESP SECONDS [spin]
  *
  * The server answers one connection: it reads REQ bytes (busy-polling
  * recv(MSG_DONTWAIT) in "spin", as a polling target does; blocking recv in
  * "block"), then sends RESP bytes with one send. The client sends REQ with
- * one send and blocks in recv for RESP, as ustor's initiator does at QD1,
- * and prints the round trips' count, mean and p99 in microseconds.
+ * one send and blocks in recv for RESP (with "spin": busy-polls
+ * recv(MSG_DONTWAIT), as ustor's initiator does at QD1 on a CPU of its
+ * own), and prints the round trips' count, mean and p99 in microseconds.
  * Pin each side with taskset. Build: cc -O2 -o lo-echo lo-echo.c
  */
 #include <arpa/inet.h>
@@ -54,8 +55,8 @@ static void nodelay(int fd) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: lo-echo server|client PORT REQ RESP spin|block|SECONDS\n");
+  if (argc != 6 && !(argc == 7 && strcmp(argv[1], "client") == 0)) {
+    fprintf(stderr, "usage: lo-echo server|client PORT REQ RESP spin|block|SECONDS [spin]\n");
     return 2;
   }
   int port = atoi(argv[2]);
@@ -78,6 +79,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   double secs = atof(argv[5]);
+  int cspin = argc == 7 && strcmp(argv[6], "spin") == 0;
   /* The server may not listen yet: retry for up to 5 s. */
   int c = -1;
   for (int i = 0; i < 500; i++) {
@@ -96,9 +98,9 @@ int main(int argc, char **argv) {
   double *lat = malloc(cap * sizeof *lat), t0 = now_us(), end = t0 + secs * 1e6;
   /* Warm-up: the first 1000 round trips are not counted. */
   for (int i = 0; i < 1000; i++)
-    if (send(c, buf, req, 0) != (ssize_t)req || read_n(c, buf, resp, 0)) return 1;
+    if (send(c, buf, req, 0) != (ssize_t)req || read_n(c, buf, resp, cspin)) return 1;
   for (double t = now_us(); t < end && n < cap;) {
-    if (send(c, buf, req, 0) != (ssize_t)req || read_n(c, buf, resp, 0)) return 1;
+    if (send(c, buf, req, 0) != (ssize_t)req || read_n(c, buf, resp, cspin)) return 1;
     double t1 = now_us();
     lat[n++] = t1 - t;
     t = t1;
