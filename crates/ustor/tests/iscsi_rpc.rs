@@ -32,6 +32,19 @@ fn port(s: &Server) -> u16 {
         .expect("a bound portal")
 }
 
+/// libiscsi's iscsi-perf reading disk1's LUN 0 at `depth` until killed.
+fn iscsi_perf(port: u16, depth: &str) -> std::process::Child {
+    std::process::Command::new("iscsi-perf")
+        .args(["-i", "iqn.2026-11.io.ustor:perf", "-m", depth])
+        .arg(format!(
+            "iscsi://127.0.0.1:{port}/iqn.2016-06.io.spdk:disk1/0"
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = std::process::Command::new(cmd).args(args).output().unwrap();
     assert!(out.status.success(), "{cmd} {args:?}: {out:?}");
@@ -183,13 +196,7 @@ fn iscsi_get_connections_lists_a_live_session() {
     let s = Server::start(&dir, &iscsi_config(), &[]);
     let p = port(&s);
     assert_eq!(s.ok("iscsi_get_connections", Value::Null), json!([]));
-    let mut perf = std::process::Command::new("iscsi-perf")
-        .args(["-i", "iqn.2026-11.io.ustor:perf", "-m", "1"])
-        .arg(format!("iscsi://127.0.0.1:{p}/iqn.2016-06.io.spdk:disk1/0"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut perf = iscsi_perf(p, "1");
     let conns = || s.ok("iscsi_get_connections", Value::Null);
     let seen = until(|| conns().as_array().is_some_and(|a| !a.is_empty()));
     // The connection's own command counters grow under iscsi-perf's reads.
@@ -310,16 +317,7 @@ fn deep_iscsi_sessions_make_the_reactor_sleep_at_once() {
         let c = s.ok("iscsi_get_connections", Value::Null);
         c[0]["ops"].as_u64().unwrap_or(0)
     };
-    let perf = |depth: &str| {
-        std::process::Command::new("iscsi-perf")
-            .args(["-i", "iqn.2026-11.io.ustor:perf", "-m", depth])
-            .arg(format!("iscsi://127.0.0.1:{p}/iqn.2016-06.io.spdk:disk1/0"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let mut deep = perf("32");
+    let mut deep = iscsi_perf(p, "32");
     let grew = until(|| batched() > 100);
     deep.kill().unwrap();
     deep.wait().unwrap();
@@ -328,7 +326,7 @@ fn deep_iscsi_sessions_make_the_reactor_sleep_at_once() {
         || s.ok("iscsi_get_connections", Value::Null) == json!([])
     ));
 
-    let mut shallow = perf("1");
+    let mut shallow = iscsi_perf(p, "1");
     // Past the first window of QD1 reports, which ends the verdict.
     let started = until(|| ops() > 500);
     let (b0, o0) = (batched(), ops());
