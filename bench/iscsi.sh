@@ -225,7 +225,8 @@ SPLIT_EVENTS=(-e syscalls:sys_enter_sendmsg -e syscalls:sys_exit_sendmsg
   -e syscalls:sys_enter_sendto -e syscalls:sys_exit_sendto
   -e syscalls:sys_enter_write -e syscalls:sys_exit_write -e syscalls:sys_exit_read --filter 'ret > 0'
   -e syscalls:sys_exit_readv --filter 'ret > 0' -e syscalls:sys_exit_recvfrom --filter 'ret > 0'
-  -e syscalls:sys_exit_recvmsg --filter 'ret > 0' -e syscalls:sys_exit_io_uring_enter
+  -e syscalls:sys_exit_recvmsg --filter 'ret > 0' -e syscalls:sys_enter_io_uring_enter
+  -e syscalls:sys_exit_io_uring_enter
   -e sched:sched_switch)
 split_start() { # target-pid client-pid|child:pid file
   SPLIT_PID=

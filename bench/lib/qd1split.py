@@ -2,7 +2,8 @@
 `perf script --ns -F pid,tid,time,event,trace` of both processes' send
 syscall entries and exits (sendmsg, sendto, write, writev), receive
 syscall exits (read, readv, recvfrom, recvmsg: only those that returned
-data, so record them with `--filter 'ret > 0'`; io_uring_enter: all) and
+data, so record them with `--filter 'ret > 0'`; io_uring_enter: entries
+and exits, all) and
 sched_switch (bench/iscsi.sh SPLIT=1, reads and writes). argv: target PID, client PID, and
 optionally a label: then one tab-separated line, the label and each
 phase's median (the header comes with `--header`).
@@ -19,6 +20,11 @@ Each request starts at the client's send entry and ends at its next one:
   C2 client wake      target send returned -> the client's first receive
                       that brought data
   D  client work      that receive -> the client's next send entry
+
+A target whose wait rides in the enter that sends (ustor's adaptive and
+interrupt modes fold the wait into that enter, runtime `fold_wait`) is
+not split right: the send's exit comes with the next request, so C1
+runs long and C2 goes negative. Split such a target in poll mode.
 
 and the counts per request of the target's receive returns and of each
 side's context switches (a switch is a sleep or a preemption). Prints
@@ -58,25 +64,23 @@ def events(lines, target, client):
 
 
 def split(evs):
-    """Per-request phases (seconds) and counts."""
+    """Per-request phases (seconds) and counts.
+
+    The target's send is the last target send syscall, or io_uring_enter
+    (a target that sends through its ring: the response goes out inside
+    an enter), entered before the client's receive returned data; its
+    receive is the last receive return (an io_uring_enter exit counts)
+    after the client's send and before that."""
     phases = collections.defaultdict(list)
     counts = collections.defaultdict(list)
     cur = {}
+    tev = []
     n = collections.Counter()
     for t, side, kind, call in sorted(evs):
         if side == "C" and kind == "enter" and call in SENDS:
-            need = ("c_send", "c_sent", "t_rx", "t_send", "t_sent", "c_rx")
-            if all(k in cur for k in need):
-                phases["A1 client send"].append(cur["c_sent"] - cur["c_send"])
-                phases["A2 target wake"].append(cur["t_rx"] - cur["c_sent"])
-                phases["B  target work"].append(cur["t_send"] - cur["t_rx"])
-                phases["C1 target send"].append(cur["t_sent"] - cur["t_send"])
-                phases["C2 client wake"].append(cur["c_rx"] - cur["t_sent"])
-                phases["D  client work"].append(t - cur["c_rx"])
-                phases["cycle"].append(t - cur["c_send"])
-                for k in ("target receives", "target switches", "client switches"):
-                    counts[k].append(n[k])
+            close(cur, tev, n, t, phases, counts)
             cur = {"c_send": t}
+            tev = []
             n = collections.Counter()
             continue
         if "c_send" not in cur:
@@ -85,17 +89,37 @@ def split(evs):
             n["target switches" if side == "T" else "client switches"] += 1
         elif side == "C" and kind == "exit" and call in SENDS:
             cur.setdefault("c_sent", t)
-        elif side == "T" and kind == "exit" and "t_send" not in cur:
-            if call in RECVS or call == "io_uring_enter":
-                cur["t_rx"] = t
-                n["target receives"] += 1
-        elif side == "T" and kind == "enter" and call in SENDS:
-            cur.setdefault("t_send", t)
-        elif side == "T" and kind == "exit" and call in SENDS and "t_send" in cur:
-            cur.setdefault("t_sent", t)
-        elif side == "C" and kind == "exit" and call in RECVS and "t_sent" in cur:
+        elif side == "C" and kind == "exit" and call in RECVS and "c_sent" in cur:
             cur.setdefault("c_rx", t)
+        elif side == "T" and (call in SENDS or call in RECVS or call == "io_uring_enter"):
+            tev.append((t, kind, call))
     return phases, counts
+
+
+def close(cur, tev, n, t, phases, counts):
+    """Ends the request that began at cur["c_send"], at the client's next send t."""
+    if not all(k in cur for k in ("c_send", "c_sent", "c_rx")):
+        return
+    c_sent, c_rx = cur["c_sent"], cur["c_rx"]
+    sends = [(x, c) for x, k, c in tev if k == "enter" and x < c_rx and (c in SENDS or c == "io_uring_enter")]
+    if not sends:
+        return
+    t_send, call = sends[-1]
+    sent = [x for x, k, c in tev if k == "exit" and c == call and x > t_send]
+    rx = [x for x, k, c in tev if k == "exit" and c_sent < x < t_send and (c in RECVS or c == "io_uring_enter")]
+    if not sent or not rx:
+        return
+    t_sent, t_rx = sent[0], rx[-1]
+    phases["A1 client send"].append(c_sent - cur["c_send"])
+    phases["A2 target wake"].append(t_rx - c_sent)
+    phases["B  target work"].append(t_send - t_rx)
+    phases["C1 target send"].append(t_sent - t_send)
+    phases["C2 client wake"].append(c_rx - t_sent)
+    phases["D  client work"].append(t - c_rx)
+    phases["cycle"].append(t - cur["c_send"])
+    n["target receives"] = sum(1 for x, k, c in tev if k == "exit" and c_sent < x <= t_send)
+    for k in ("target receives", "target switches", "client switches"):
+        counts[k].append(n[k])
 
 
 NAMES = ("A1 client send", "A2 target wake", "B  target work", "C1 target send",
