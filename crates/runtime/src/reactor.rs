@@ -38,6 +38,16 @@ struct Stretch {
     nap_planned: bool,
 }
 
+/// Why an adaptive reactor sleeps as soon as it finds no work instead of
+/// spinning: its clients are deep (judged first: a deep load batches
+/// whoever else wants the CPUs), or other threads want its CPUs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AtOnce {
+    No,
+    Batched,
+    Contended,
+}
+
 /// The wait a pass of task work alone ends with, its SQEs submitted by the
 /// wait's own io_uring_enter ([`Reactor::fold_wait`]).
 enum Fold {
@@ -309,24 +319,41 @@ impl Reactor {
         n
     }
 
+    /// Whether (and why) an adaptive reactor sleeps at once at `now`.
+    fn at_once(&self, now: u64) -> AtOnce {
+        if self.depth.borrow().batch(now) {
+            AtOnce::Batched
+        } else if self.contention.borrow_mut().oversubscribed(now) {
+            AtOnce::Contended
+        } else {
+            AtOnce::No
+        }
+    }
+
+    /// Counts a sleep taken at once for `why`.
+    fn count_at_once(&self, why: AtOnce) {
+        let c = match why {
+            AtOnce::No => return,
+            AtOnce::Batched => &self.stats.batched,
+            AtOnce::Contended => &self.stats.contended,
+        };
+        c.set(c.get() + 1);
+    }
+
     /// How the wait that follows a pass of task work alone goes, decided
     /// in that pass so its SQEs can go in with the wait: interrupt mode
-    /// sleeps at once; adaptive mode sleeps at once while its clients are
-    /// deep or the CPUs are oversubscribed (its idle pass would), and
-    /// otherwise naps if its
-    /// first idle pass would (`Spin`: it would not, and the stretch has had
-    /// its chance).
+    /// sleeps at once; adaptive mode sleeps at once when its idle pass
+    /// would ([`Reactor::at_once`]), and otherwise naps if its first idle
+    /// pass would (`Spin`: it would not, and the stretch has had its
+    /// chance).
     fn fold_wait(&self, now: u64) -> Fold {
         match self.mode {
             PollMode::Poll => Fold::No,
             PollMode::Interrupt => Fold::Sleep,
             PollMode::Adaptive => {
-                if self.depth.borrow().batch(now) {
-                    self.stats.batched.set(self.stats.batched.get() + 1);
-                    return Fold::Sleep;
-                }
-                if self.contention.borrow_mut().oversubscribed(now) {
-                    self.stats.contended.set(self.stats.contended.get() + 1);
+                let why = self.at_once(now);
+                if why != AtOnce::No {
+                    self.count_at_once(why);
                     return Fold::Sleep;
                 }
                 let spin = self.spin.borrow().ticks();
@@ -339,20 +366,18 @@ impl Reactor {
     }
 
     /// A pass that found no work, ending at `end`: by poll mode, sleep
-    /// (interrupt; adaptive once its clients are deep, contended or its
-    /// spin is spent), nap once
-    /// per idle stretch, or spin on. Returns the time it ends.
+    /// (interrupt; adaptive at once for [`Reactor::at_once`] or when its
+    /// spin is spent), nap once per idle stretch, or spin on. Returns the
+    /// time it ends.
     fn idle_pass(&self, mut end: u64, st: &mut Stretch) -> u64 {
-        let mut contended = false;
-        let mut batched = false;
+        let mut why = AtOnce::No;
         let sleep = match self.mode {
             PollMode::Poll => false,
             PollMode::Interrupt => true,
             PollMode::Adaptive => {
-                batched = self.depth.borrow().batch(end);
-                contended = !batched && self.contention.borrow_mut().oversubscribed(end);
+                why = self.at_once(end);
                 let spin = self.spin.borrow().ticks();
-                let sleep = contended || batched || end - st.last_busy >= spin;
+                let sleep = why != AtOnce::No || end - st.last_busy >= spin;
                 if !sleep {
                     self.contention.borrow_mut().share_cpu(end);
                 }
@@ -369,15 +394,11 @@ impl Reactor {
             }
         };
         if sleep && !self.exec.has_ready() {
-            if contended {
-                self.stats.contended.set(self.stats.contended.get() + 1);
-            }
-            if batched {
-                self.stats.batched.set(self.stats.batched.get() + 1);
-            }
+            self.count_at_once(why);
             let spun = end - st.last_busy;
             let slept = self.sleep(None);
-            if self.mode == PollMode::Adaptive && !contended && !batched {
+            // Only a sleep the spin budget chose teaches it.
+            if self.mode == PollMode::Adaptive && why == AtOnce::No {
                 self.spin.borrow_mut().after_sleep(spun, slept);
             }
             end = ticks::now();

@@ -520,7 +520,8 @@ fn a_pass_that_queues_a_send_does_not_fold_a_wait_into_it() {
 /// Adaptive mode's batch sleep: a ping-pong whose requests are reported
 /// deep (`note_depth`) makes the reactor sleep at once between them
 /// (counted as batched, whether or not other threads want the CPUs);
-/// reported shallow, it stops within one window. Every round trip completes either way (no lost wake-up).
+/// reported shallow, it stops within one window. Every round trip
+/// completes either way (no lost wake-up).
 #[test]
 fn deep_clients_make_an_adaptive_reactor_sleep_at_once() {
     use std::io::{Read, Write};
