@@ -13,7 +13,10 @@
 #          with fewer bytes than the 256 SPDK's virtio-user asks, and
 #          bdevperf gives up: "get_config failed"; FRONTEND=blkio drives it),
 # each backend pinned to one core (BCORE), all with SIZE_MIB of 512-byte
-# blocks that touch no data. 4 KiB randread/randwrite at QDS on one queue.
+# blocks that touch no data. 4 KiB randread/randwrite at QDS on each
+# count of QUEUES (default 1): with N queues bdevperf runs N jobs on its one
+# core (a job file, one SPDK thread each, so one virtqueue each), each at
+# the QD, and the point is labelled QDxN (e.g. 32x2: 64 in flight).
 #
 # Every backend runs for the whole benchmark, stopped (SIGSTOP) while
 # another is measured; the rounds alternate (round
@@ -48,8 +51,8 @@
 # Idle: each backend's CPU over IDLE_S seconds with no frontend, then with
 # a bdevperf connected and idle (`-z`: it attaches and waits).
 #
-# bdevperf takes a queue for a channel of its own before the job's, so it
-# is given vq_count 2 (one queue carries the I/O).
+# bdevperf takes a queue for a channel of its own before the jobs', so it
+# is given vq_count N + 1 (N queues carry the I/O).
 #
 # Needs root (hugepages for bdevperf), SPDK built with vhost and virtio
 # (WITH="vhost virtio" bench/spdk-build.sh, in its own SPDK_DIR),
@@ -58,7 +61,7 @@
 # Environment:
 #   SPDK_DIR=$HOME/spdk-full   ROUNDS=6 RUNTIME=3 IDLE_S=5
 #   BCORE=0 FCORE=1 NICE=-20   BACKENDS="ustor ustor-poll spdk" (qsd: see above)
-#   RWS="randread randwrite"   QDS="1 32 128"   SIZE_MIB=1024
+#   RWS="randread randwrite"   QDS="1 32 128"   QUEUES="1 2"   SIZE_MIB=1024
 #   NOBUILD=1 USTOR=path       skip cargo build / use this ustor binary
 #   USTOR_ALT=path             the binary backend ustor-alt runs (e.g. the
 #                              build before a change; BACKENDS="ustor ustor-alt spdk")
@@ -80,6 +83,7 @@ NICE=${NICE:--20}
 BACKENDS=${BACKENDS:-"ustor ustor-poll spdk"}
 RWS=${RWS:-"randread randwrite"}
 QDS=${QDS:-"1 32 128"}
+QUEUES=${QUEUES:-1}
 SIZE_MIB=${SIZE_MIB:-1024}
 
 cd "$(dirname "$0")/.."
@@ -121,6 +125,7 @@ blkio)
         BLKIO_LOAD=$root/target/release/examples/blkio_load
     fi
     [ -x "$BLKIO_LOAD" ] || die "no blkio_load at $BLKIO_LOAD"
+    [ "$QUEUES" = 1 ] || die "FRONTEND=blkio drives one queue (QUEUES=1)"
     ;;
 *) die "FRONTEND is bdevperf or blkio" ;;
 esac
@@ -179,7 +184,7 @@ start_spdk() {
 start_qsd() {
     "${RUN[@]}" taskset -c "$BCORE" qemu-storage-daemon \
         --blockdev "driver=null-co,node-name=null0,size=$((SIZE_MIB << 20))" \
-        --export "type=vhost-user-blk,id=exp0,node-name=null0,addr.type=unix,addr.path=$tmp/qsd.sock,writable=on,num-queues=2" \
+        --export "type=vhost-user-blk,id=exp0,node-name=null0,addr.type=unix,addr.path=$tmp/qsd.sock,writable=on,num-queues=$(( $(echo "$QUEUES" | tr ' ' '\n' | sort -n | tail -1) + 1 ))" \
         >"$tmp/qsd.log" 2>&1 &
     PID[qsd]=$!
     SOCK[qsd]=$tmp/qsd.sock
@@ -203,12 +208,20 @@ sleeps() { # backend
     esac
 }
 
-frontend_json() { # socket
+frontend_json() { # socket [queues, default 1]
     cat <<EOF
 {"subsystems": [{"subsystem": "bdev", "config": [
   {"method": "bdev_virtio_attach_controller", "params": {"name": "V", "trtype": "user",
-   "traddr": "$1", "dev_type": "blk", "vq_count": 2}}]}]}
+   "traddr": "$1", "dev_type": "blk", "vq_count": $((${2:-1} + 1))}}]}]}
 EOF
+}
+
+# bdevperf's job file for N queues: N jobs on the virtio bdev, each on an
+# SPDK thread of its own (one channel, one virtqueue each); the command
+# line's -q/-o/-w give every job its workload.
+jobs_file() { # queues
+    local i
+    for i in $(seq 0 $(($1 - 1))); do printf '[job%d]\nfilename=V\n' "$i"; done
 }
 
 # The /proc/stat counters (USER_HZ ticks) of the backend and frontend
@@ -255,11 +268,15 @@ xrtt() {
 # One bdevperf run: "iops lat_avg_us backend_cpu_ns wall_ns reactor_sleeps
 # bsteal% bbusy% bidle% fsteal% fbusy% fidle% backend_cpus frontend_cpu
 # xrtt_ns_before xrtt_ns_after".
-run_point() { # backend rw qd
-    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1 k0 k1 fe fcpu x
+run_point() { # backend rw qd queues
+    local cfg=$tmp/fe-$1.json before after t0 t1 res s0 s1 k0 k1 fe fcpu x jobs=()
     x=$(xrtt)
     only "$1"
-    frontend_json "${SOCK[$1]}" >"$cfg"
+    frontend_json "${SOCK[$1]}" "$4" >"$cfg"
+    if [ "$4" -gt 1 ]; then
+        jobs_file "$4" >"$tmp/jobs-$4.conf"
+        jobs=(-j "$tmp/jobs-$4.conf")
+    fi
     s0=$(sleeps "$1")
     before=$(cpu_ns "${PID[$1]}")
     k0=$(core_ticks)
@@ -270,7 +287,7 @@ run_point() { # backend rw qd
     else
         "${RUN[@]}" taskset -c "$FCORE" "$BDEVPERF" -m "$fmask" --disable-cpumask-locks -g \
             --huge-dir /dev/hugepages -s 512 --no-rpc-server --json "$cfg" \
-            -q "$3" -o 4096 -w "$2" -t "$RUNTIME" >"$tmp/bdevperf.out" 2>&1 &
+            -q "$3" -o 4096 -w "$2" -t "$RUNTIME" "${jobs[@]}" >"$tmp/bdevperf.out" 2>&1 &
     fi
     fe=$!
     # Where the frontend's threads run, read once mid-run.
@@ -349,16 +366,18 @@ for be in $BACKENDS; do
 done
 for r in $(seq "$ROUNDS"); do
     for rw in $RWS; do
-        for qd in $QDS; do
+        for qd in $QDS; do for nq in $QUEUES; do
+            label=$qd
+            [ "$nq" = 1 ] || label=${qd}x$nq
             # Odd rounds run the backends in BACKENDS order, even rounds in
             # reverse (ABBA): no backend always follows the same one.
             order=$BACKENDS
             [ $((r % 2)) = 1 ] || order=$(echo "$BACKENDS" | tr ' ' '\n' | tac | paste -sd' ' -)
             for be in $order; do
-                read -r iops lat cpu wall slp bst bbu bid fst fbu fid bcpu fcpu xr xr2 < <(run_point "$be" "$rw" "$qd")
-                echo "point round=$r backend=$be rw=$rw qd=$qd iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp bsteal=$bst bbusy=$bbu bidle=$bid fsteal=$fst fbusy=$fbu fidle=$fid bcpus=$bcpu fcpus=$fcpu xrtt_ns=$xr xrtt2_ns=$xr2" | tee -a "$out"
+                read -r iops lat cpu wall slp bst bbu bid fst fbu fid bcpu fcpu xr xr2 < <(run_point "$be" "$rw" "$qd" "$nq")
+                echo "point round=$r backend=$be rw=$rw qd=$label iops=$iops lat_us=$lat cpu_ns=$cpu wall_ns=$wall runtime=$RUNTIME sleeps=$slp bsteal=$bst bbusy=$bbu bidle=$bid fsteal=$fst fbusy=$fbu fidle=$fid bcpus=$bcpu fcpus=$fcpu xrtt_ns=$xr xrtt2_ns=$xr2" | tee -a "$out"
             done
-        done
+        done; done
     done
 done
 echo "# load at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
@@ -389,13 +408,13 @@ for p in pts:
 print("\nmedians over rounds (IOPS; mean latency us; backend CPU ns per I/O; backend CPU % of a core")
 print("over bdevperf's wall time (cpu%wall) and over the RUNTIME seconds of I/O (cpu%io))")
 print("(sleeps: the ustor reactor's sleeps over the point, start-up and end included, median)")
-print(f"{'rw':10} {'qd':>4} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%wall':>8} {'cpu%io':>6} {'sleeps':>7}  IOPS min-max")
+print(f"{'rw':10} {'qd':>5} {'backend':8} {'IOPS':>10} {'lat_us':>8} {'ns/IO':>8} {'cpu%wall':>8} {'cpu%io':>6} {'sleeps':>7}  IOPS min-max")
 for (rw, qd, be), v in cells.items():
     m = lambda i: st.median(x[i] for x in v)
     lo, hi = min(x[0] for x in v), max(x[0] for x in v)
     sl = [int(x[5]) for x in v if x[5].lstrip("-").isdigit()]
     sl = f"{st.median(sl):.0f}" if sl else "-"
-    print(f"{rw:10} {qd:>4} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):8.1f} {m(6):6.1f} {sl:>7}  {lo:.0f}-{hi:.0f}")
+    print(f"{rw:10} {qd:>5} {be:8} {m(0):10.0f} {m(1):8.1f} {m(2):8.0f} {m(3):8.1f} {m(6):6.1f} {sl:>7}  {lo:.0f}-{hi:.0f}")
 def rank(xs):
     o = sorted(range(len(xs)), key=lambda i: xs[i])
     r = [0.0] * len(xs)
@@ -427,7 +446,7 @@ if "ustor" in backends:
           both = [(u[x[4]][0], x[0]) for x in v if x[4] in u]
           r = rho([a for a, _ in both], [b for _, b in both])
           r = "" if r is None else f"  rho(rounds) {r:+.2f}"
-          print(f"{rw:10} {qd:>4} {us:10} vs {be:6} IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x{r}")
+          print(f"{rw:10} {qd:>5} {us:10} vs {be:6} IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x{r}")
 if "ustor" in backends and "ustor-alt" in backends:
     print("\nustor / ustor-alt (USTOR over USTOR_ALT) IOPS ratio per round (median [min-max]); latency ratio of medians")
     for (rw, qd, be), v in cells.items():
@@ -437,13 +456,13 @@ if "ustor" in backends and "ustor-alt" in backends:
         rs = [u[x[4]][0] / x[0] for x in v if x[4] in u and x[0] > 0]
         if rs:
             lat = st.median(x[1] for x in u.values()) / max(st.median(x[1] for x in v), 1e-9)
-            print(f"{rw:10} {qd:>4} ustor vs ustor-alt IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
+            print(f"{rw:10} {qd:>5} ustor vs ustor-alt IOPS {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}]  latency {lat:5.2f}x")
 if any(x[7] == x[7] for v in cells.values() for x in v):
     print("\nper point across rounds: IOPS and the steal of both cores (% of a core, backend + frontend core),")
     print("and Spearman's rho of IOPS with steal and with other work on the backend core (its busy % less the backend's own)")
     for (rw, qd, be), v in cells.items():
         rows = " ".join(f"{x[0] / 1e3:.0f}k/{x[7]:.0f}" for x in sorted(v, key=lambda x: int(x[4])))
-        print(f"{rw:10} {qd:>4} {be:10} rho(steal) {fmt(rho([x[0] for x in v], [x[7] for x in v]))}"
+        print(f"{rw:10} {qd:>5} {be:10} rho(steal) {fmt(rho([x[0] for x in v], [x[7] for x in v]))}"
               f" rho(other) {fmt(rho([x[0] for x in v], [x[8] for x in v]))}  IOPS/steal: {rows}")
 xs = [y for v in cells.values() for x in v for y in x[9:11] if y == y]
 if xs:
@@ -451,7 +470,7 @@ if xs:
     print("per cell: Spearman's rho of IOPS with it (before the point), and each round's IOPS/xrtt before,after")
     for (rw, qd, be), v in cells.items():
         rows = " ".join(f"{x[0] / 1e3:.0f}k/{x[9]:.0f},{x[10]:.0f}" for x in sorted(v, key=lambda x: int(x[4])))
-        print(f"{rw:10} {qd:>4} {be:10} rho(xrtt) {fmt(rho([x[0] for x in v], [x[9] for x in v]))}  {rows}")
+        print(f"{rw:10} {qd:>5} {be:10} rho(xrtt) {fmt(rho([x[0] for x in v], [x[9] for x in v]))}  {rows}")
     # Two groups when the fastest probe is under half the median (or the
     # slowest over twice it): split at the geometric mean of the two. A
     # lone slow probe (its thread descheduled) is not a group of its own.
@@ -464,7 +483,7 @@ if xs:
         for (rw, qd, be), v in cells.items():
             g = {k: [x[0] for x in v if grp(x) == k] for k in ("near", "far")}
             cols = "  ".join(f"{k} {st.median(g[k]) / 1e3:7.0f}k ({len(g[k])})" if g[k] else f"{k}        - (0)" for k in g)
-            print(f"{rw:10} {qd:>4} {be:10} {cols}")
+            print(f"{rw:10} {qd:>5} {be:10} {cols}")
         if "ustor" in backends:
             print("ustor/peer IOPS ratio per round where both points met the same group (median [min-max], rounds)")
             for (rw, qd, be), v in cells.items():
@@ -475,7 +494,7 @@ if xs:
                     rs = [u[x[4]][0] / x[0] for x in v if x[4] in u and x[0] > 0
                           and grp(x) == k and grp(u[x[4]]) == k]
                     if rs:
-                        print(f"{rw:10} {qd:>4} ustor vs {be:6} {k:4} {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}] ({len(rs)})")
+                        print(f"{rw:10} {qd:>5} ustor vs {be:6} {k:4} {st.median(rs):5.2f}x [{min(rs):.2f}-{max(rs):.2f}] ({len(rs)})")
 print("\nbackend CPU with no I/O (% of a core): no frontend / a connected idle frontend")
 for be, (a, b) in idle.items():
     print(f"{be:8} {a:>4}% / {b:>4}%")

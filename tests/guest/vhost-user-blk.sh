@@ -10,7 +10,9 @@
 # (region discarded, then read back; reported as discard_md5),
 # VUB_FIO_MIB=OFFSET:COUNT (fio writes the region with crc32c verify
 # headers on two jobs at queue depth 8 and verifies it; needs
-# /ustor/bin/fio; reports fio_ok=1), VUB_RESIZE_DEV and VUB_RESIZE_BYTES
+# /ustor/bin/fio; reports fio_ok=1; with VUB_FIO_SPLIT=1 each job is pinned
+# to a CPU of its own, 0 and 1, so a two-queue device gets I/O on both
+# queues), VUB_RESIZE_DEV and VUB_RESIZE_BYTES
 # (a device the host grows while the rest runs: its size at start, then,
 # after waiting up to 120 s for the config-change interrupt, its size
 # and a direct read of its new last MiB).
@@ -44,7 +46,10 @@ if [ -n "${VUB_FIO_MIB:-}" ]; then
     _o=${VUB_FIO_MIB%%:*}
     _c=${VUB_FIO_MIB##*:}
     # Two jobs, each on its half of the region, 8 requests in flight each.
-    run /ustor/bin/fio --name=vub --filename="$dev" --direct=1 \
+    _split=
+    [ "${VUB_FIO_SPLIT:-}" != 1 ] || _split="--cpus_allowed=0-1 --cpus_allowed_policy=split"
+    # shellcheck disable=SC2086 # _split is two options or none
+    run /ustor/bin/fio --name=vub --filename="$dev" --direct=1 $_split \
         --ioengine=libaio --iodepth=8 --rw=randwrite --bs=4k \
         --offset=$((_o << 20)) --size=$((_c << 19)) --numjobs=2 \
         --offset_increment=$((_c << 19)) --verify=crc32c \

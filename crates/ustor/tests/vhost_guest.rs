@@ -1,6 +1,8 @@
 //! vhost-user-blk served by `ustor serve` to a QEMU/TCG guest's
-//! virtio-blk driver (one boot, two devices): a raw disk with two queues
-//! (`num-queues=2`) and an ext4 disk with one, both uring bdevs over host
+//! virtio-blk driver (one boot of a two-vCPU guest, two devices): a raw
+//! disk with two queues (`num-queues=2`, each vCPU's requests on a queue
+//! of its own: fio runs a job on each vCPU, and both queues must carry
+//! requests) and an ext4 disk with one, both uring bdevs over host
 //! files. The guest reads a region the host wrote, writes a region the
 //! host reads back from the file, discards a region (zeroes in the file),
 //! runs fio with crc32c verify over a region, and makes, fills, fscks and
@@ -68,6 +70,7 @@ fn guest_virtio_blk_on_ustor_vhost() {
     let guest = GuestBuilder::new()
         .script_file(guest_script("vhost-user-blk.sh"))
         .binary("/usr/bin/fio")
+        .cpus(2)
         .vhost_user_blk_queues(sockets.join("vraw"), 2)
         .vhost_user_blk(sockets.join("vfs"))
         .vhost_user_blk(sockets.join("vnull"))
@@ -76,6 +79,7 @@ fn guest_virtio_blk_on_ustor_vhost() {
         .env("VUB_WRITE_MIB", "16:4")
         .env("VUB_DISCARD_MIB", "24:4")
         .env("VUB_FIO_MIB", "32:16")
+        .env("VUB_FIO_SPLIT", "1")
         .env("VUB_FS_DEV", "/dev/vdb")
         .env("VUB_RESIZE_DEV", "/dev/vdc")
         .env("VUB_RESIZE_BYTES", (128 * MIB).to_string())
@@ -179,6 +183,13 @@ fn guest_virtio_blk_on_ustor_vhost() {
             .iter()
             .all(|q| q["in_flight"] == 0 && q["errors"] == 0),
         "{ctrls}"
+    );
+    // fio's job on each vCPU: after the restart (these counters are the
+    // new process's) both queues carried requests.
+    assert_eq!(queues.len(), 2, "{ctrls}");
+    assert!(
+        queues.iter().all(|q| q["requests"].as_u64() > Some(0)),
+        "a queue with no requests: {ctrls}"
     );
     assert_eq!(
         out.value("resize_before"),
