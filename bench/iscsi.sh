@@ -3,9 +3,10 @@
 # ustor (crates/iscsi-target/examples/serve.rs, a malloc LUN) and tgtd
 # (Debian `tgt`, a LUN on a file in /dev/shm, rdwr backing store).
 # 4 KiB random reads at QD1 and QD32 with 1 and 4 sessions (one iscsi-perf
-# process per session). iscsi-perf in libiscsi 1.19 only reads (and fio's
-# libiscsi engine is not built here), so 4 KiB random writes go through
-# ustor's own iSCSI initiator instead: `ustor bench -w randwrite` on a SCSI
+# process per session). iscsi-perf in libiscsi 1.19 only reads, so 4 KiB
+# random writes go through fio's libiscsi engine (FIO=, a build of
+# bench/fio-build.sh; see run_fio) and through ustor's own iSCSI
+# initiator: `ustor bench -w randwrite` on a SCSI
 # bdev over the iSCSI LLD (one session; `scsi_iscsi_attach_host`), the
 # same client for every target, at each QD of WQDS (WRS="" skips them).
 # BASE_BIN names an older build of the same serve example: it joins as
@@ -51,7 +52,9 @@
 #                         WQDS="1 32" USTOR=<ustor binary>
 #                         BASE_BIN=<older serve binary>
 #                         VARIANTS="name:<serve binary> ..." SYSCALLS=1
-#                         GAPS=1 SPLIT=1 PREFAULT=1)
+#                         GAPS=1 SPLIT=1 PREFAULT=1
+#                         FIO=<fio with libiscsi> FRWS="randwrite randread"
+#                         FQDS="1 32" FSESS="1 4")
 set -euo pipefail
 
 # Autogroup scheduling (Linux's default) shares the CPUs between Unix
@@ -311,6 +314,43 @@ print(f"{rnd}\t{rw}\t{tgt}\t{qd}\t1\t{t['iops']:.0f}\t{cpu / max(t['iops'], 1):.
 PY
 }
 
+# FIO=<fio built with --enable-libiscsi> (bench/fio-build.sh; Debian's fio
+# has no libiscsi engine): each rw of FRWS at each QD of FQDS with each
+# session count of FSESS through fio's libiscsi engine (one job, so one
+# session, per FSESS; rows "fio-<rw>"): a libiscsi client that writes as
+# well as reads and blocks in poll(2) between completions as iscsi-perf
+# does; its latency is fio's mean total and p99 completion latency.
+FRWS=${FRWS-"randwrite randread"}
+FQDS=${FQDS:-"1 32"}
+FSESS=${FSESS:-"1 4"}
+run_fio() { # round rw target qd sessions
+  local pid=${PID[$3]} b a json="$OUT/$3-fio-$2-qd$4-s$5-r$1.json" u=${URL[$3]}
+  # fio's filename takes ':' escaped.
+  u=${u//:/\\:}
+  b=$(cpu_ticks "$pid")
+  taskset -c "$CLIENT_CORES" "$FIO" --name=bench --ioengine=libiscsi --filename="$u" \
+    --initiator=iqn.2007-10.com.github:bench-fio --rw="$2" --bs=4k --iodepth="$4" --numjobs="$5" \
+    --group_reporting --time_based --runtime="$RUNTIME" --size="$((SIZE_MIB / 2))M" --norandommap \
+    --randrepeat=0 --output-format=json --output="$json" >"$json.err" 2>&1 || true
+  a=$(cpu_ticks "$pid")
+  python3 - "$json" "$@" "$((a - b))" "$HZ" <<'PY' >>"$RES"
+import json, sys
+path, rnd, rw, tgt, qd, s, ticks, hz = sys.argv[1:]
+try:
+    # fio may put a note line before its JSON (a QD over 1 with an
+    # engine it takes for synchronous, though libiscsi's queues).
+    text = open(path).read()
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    x = j["read" if "read" in rw else "write"]
+    iops, lat = x["iops"], x["lat_ns"]["mean"] / 1e3
+    p99 = x["clat_ns"]["percentile"]["99.000000"] / 1e3
+except (OSError, ValueError, KeyError, IndexError):
+    iops, lat, p99 = 0, float("nan"), float("nan")
+cpu = int(ticks) / int(hz) * 1e6
+print(f"{rnd}\tfio-{rw}\t{tgt}\t{qd}\t{s}\t{iops:.0f}\t{cpu / max(iops, 1):.2f}\t{lat:.1f}\t{p99:.1f}\tnan\tnan")
+PY
+}
+
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 IDLE_U=$(idle_pct "${PID[ustor]}"); IDLE_T=$(idle_pct "${PID[tgtd]}")
 for r in $(seq "$ROUNDS"); do
@@ -320,6 +360,11 @@ for r in $(seq "$ROUNDS"); do
   for rw in $WRS; do for qd in $WQDS; do for t in $TARGETS; do
     only "$t"; run_write "$r" "$rw" "$t" "$qd"
   done; done; done
+  if [ -n "${FIO:-}" ]; then
+    for rw in $FRWS; do for qd in $FQDS; do for s in $FSESS; do for t in $TARGETS; do
+      only "$t"; run_fio "$r" "$rw" "$t" "$qd" "$s"
+    done; done; done; done
+  fi
 done
 
 # The machine's load (1/5/15-minute averages) before and after: shared
@@ -339,7 +384,7 @@ for r in rows:
     cells.setdefault(k, []).append((int(r["iops"]), cpu, float(r["lat_avg_us"]), float(r["lat_p99_us"])))
 others = [t for t in variants + ("tgtd", "spdk") if any(k[3] == t for k in cells)]
 print(f"idle target CPU (% of a core): ustor {iu}  tgtd {it}")
-head = "rw        qd sess | ustor IOPS  cpu us/io"
+head = "rw            qd sess | ustor IOPS  cpu us/io"
 for t in others:
     head += f" | {t} IOPS  cpu us/io | ustor/{t} IOPS  cpu"
 print(head)
@@ -348,7 +393,7 @@ def med(k, i):
 keys = sorted({k[:3] for k in cells}, key=lambda x: (x[0], int(x[1]), int(x[2])))
 for rw, qd, s in keys:
     ui, uc = med((rw, qd, s, "ustor"), 0), med((rw, qd, s, "ustor"), 1)
-    line = f"{rw:<9} {qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f}"
+    line = f"{rw:<13} {qd:>2} {s:>4} | {ui:>10.0f} {uc:>9.2f}"
     for t in others:
         ti, tc = med((rw, qd, s, t), 0), med((rw, qd, s, t), 1)
         line += f" | {ti:>9.0f} {tc:>9.2f} | {ui/max(ti,1):>10.2f} {uc/max(tc,1e-9):>5.2f}"
@@ -362,7 +407,7 @@ for rw, qd, s in keys:
     for t in others:
         rs = [a / max(b, 1) for a, b in zip(u, (x[0] for x in cells[(rw, qd, s, t)]))]
         parts.append(f"{t} {statistics.median(rs):.2f} [{min(rs):.2f}, {max(rs):.2f}]")
-    print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(parts))
+    print(f"{rw:<13} {qd:>2} {s:>4} | " + " | ".join(parts))
 # SYSCALLS=1: the target's io_uring_enter calls per I/O (count over the
 # run / (IOPS x RUNTIME)), median over the rounds.
 enters = {}
@@ -375,7 +420,7 @@ if enters:
     ts = ["ustor"] + [t for t in others if any(k[3] == t for k in enters)]
     print("io_uring_enter per I/O (target, median of rounds): " + " | ".join(ts))
     for rw, qd, s in keys:
-        print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
+        print(f"{rw:<13} {qd:>2} {s:>4} | " + " | ".join(
             f"{statistics.median(enters[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in enters else "-"
             for t in ts))
 # GAPS=1: the target's time per request between its receive syscall's
@@ -389,7 +434,7 @@ if gaps:
     ts = ["ustor"] + [t for t in others if any(k[3] == t for k in gaps)]
     print("receive return -> send entry (us, target, median of rounds): " + " | ".join(ts))
     for rw, qd, s in keys:
-        print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
+        print(f"{rw:<13} {qd:>2} {s:>4} | " + " | ".join(
             f"{statistics.median(gaps[(rw, qd, s, t)]):.2f}" if (rw, qd, s, t) in gaps else "-"
             for t in ts))
 # SPLIT=1: where a QD1 round trip goes, median of the rounds' medians.
@@ -402,13 +447,13 @@ if split:
         vals = [r for r in srows if (r["rw"], r["qd"], r["target"]) == k]
         # A round whose trace had no complete request reads nan: left out.
         meds = [[float(r[p]) for r in vals if float(r[p]) == float(r[p])] for p in phases]
-        print(f"{k[0]:<9} {k[1]:>2} {k[2]:<6} | " + " ".join(
+        print(f"{k[0]:<13} {k[1]:>2} {k[2]:<6} | " + " ".join(
             f"{statistics.median(m):6.2f}" if m else "   nan" for m in meds))
 # Latency from ustor's initiator (the write rows): mean and p99 in us.
 lat = [k for k in keys if k[0] != "randread"]
 if lat:
-    print("latency (us, ustor bench client) " + " | ".join(f"{t} mean  p99" for t in ["ustor"] + others))
+    print("latency (us; write rows: ustor's initiator, fio rows: fio's completion latency) " + " | ".join(f"{t} mean  p99" for t in ["ustor"] + others))
     for rw, qd, s in lat:
-        print(f"{rw:<9} {qd:>2} {s:>4} | " + " | ".join(
+        print(f"{rw:<13} {qd:>2} {s:>4} | " + " | ".join(
             f"{med((rw, qd, s, t), 2):>9.1f} {med((rw, qd, s, t), 3):>7.1f}" for t in ["ustor"] + others))
 PY
