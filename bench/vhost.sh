@@ -17,6 +17,9 @@
 # count of QUEUES (default 1): with N queues bdevperf runs N jobs on its one
 # core (a job file, one SPDK thread each, so one virtqueue each), each at
 # the QD, and the point is labelled QDxN (e.g. 32x2: 64 in flight).
+# DEV=scsi runs every backend as a vhost-user-scsi controller instead (the
+# null bdev as target 0; bdevperf's virtio-user with dev_type scsi; qsd has
+# no such export), and the output file is named vhost-scsi-<date>.txt.
 #
 # Every backend runs for the whole benchmark, stopped (SIGSTOP) while
 # another is measured; the rounds alternate (round
@@ -62,6 +65,7 @@
 #   SPDK_DIR=$HOME/spdk-full   ROUNDS=6 RUNTIME=3 IDLE_S=5
 #   BCORE=0 FCORE=1 NICE=-20   BACKENDS="ustor ustor-poll spdk" (qsd: see above)
 #   RWS="randread randwrite"   QDS="1 32 128"   QUEUES="1 2"   SIZE_MIB=1024
+#   DEV=blk|scsi
 #   NOBUILD=1 USTOR=path       skip cargo build / use this ustor binary
 #   USTOR_ALT=path             the binary backend ustor-alt runs (e.g. the
 #                              build before a change; BACKENDS="ustor ustor-alt spdk")
@@ -70,7 +74,8 @@
 #                              (libblkio's virtio-blk-vhost-user driver, one
 #                              busy-polled queue) instead of bdevperf; every
 #                              backend accepts it, qsd included (BLKIO_LOAD=path)
-# Output: bench/results/vhost-<date>.txt (raw lines, then the summary).
+# Output: bench/results/vhost-<date>.txt (vhost-scsi-<date>.txt with
+# DEV=scsi; raw lines, then the summary).
 set -euo pipefail
 
 SPDK_DIR=${SPDK_DIR:-$HOME/spdk-full}
@@ -84,6 +89,15 @@ BACKENDS=${BACKENDS:-"ustor ustor-poll spdk"}
 RWS=${RWS:-"randread randwrite"}
 QDS=${QDS:-"1 32 128"}
 QUEUES=${QUEUES:-1}
+DEV=${DEV:-blk}
+case $DEV in
+blk) FBDEV=V ;;
+scsi) FBDEV=Vt0 ;; # bdev_virtio_scsi names a target's bdev <name>t<target>
+*) echo "DEV is blk or scsi" >&2; exit 1 ;;
+esac
+case " ${BACKENDS:-} " in
+*" qsd "*) [ "$DEV" = blk ] || { echo "qsd exports vhost-user-blk only (DEV=blk)" >&2; exit 1; } ;;
+esac
 SIZE_MIB=${SIZE_MIB:-1024}
 
 cd "$(dirname "$0")/.."
@@ -91,6 +105,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 stamp=$(date +%Y%m%d-%H%M%S)
 out=$root/bench/results/vhost-$stamp.txt
+[ "$DEV" = blk ] || out=$root/bench/results/vhost-$DEV-$stamp.txt
 mkdir -p "$root/bench/results"
 die() {
     echo "vhost.sh: $*" >&2
@@ -158,7 +173,7 @@ wait_sock() { # path
 start_ustor() { # [name] [poll mode] [binary]
     local n=${1:-ustor} mode=${2:-adaptive} bin=${3:-$USTOR}
     mkdir -p "$tmp/$n"
-    vhost_null_config "$tmp/$n.json" "$blocks"
+    vhost_null_config "$tmp/$n.json" "$blocks" "$DEV"
     "${RUN[@]}" taskset -c "$BCORE" "$bin" serve --cores "$BCORE" --poll-mode "$mode" -S "$tmp/$n" \
         -r "$tmp/$n.rpc" -c "$tmp/$n.json" --log-level warn >"$tmp/$n.log" 2>&1 &
     PID[$n]=$!
@@ -176,7 +191,12 @@ start_spdk() {
     wait_sock "$tmp/spdk.rpc"
     python3 "$RPC_PY" -s "$tmp/spdk.rpc" -t 30 framework_wait_init >/dev/null
     python3 "$RPC_PY" -s "$tmp/spdk.rpc" bdev_null_create Null0 "$SIZE_MIB" 512 >/dev/null
-    python3 "$RPC_PY" -s "$tmp/spdk.rpc" vhost_create_blk_controller --cpumask "$bmask" vb0 Null0 >/dev/null
+    if [ "$DEV" = scsi ]; then
+        python3 "$RPC_PY" -s "$tmp/spdk.rpc" vhost_create_scsi_controller --cpumask "$bmask" vb0 >/dev/null
+        python3 "$RPC_PY" -s "$tmp/spdk.rpc" vhost_scsi_controller_add_target vb0 0 Null0 >/dev/null
+    else
+        python3 "$RPC_PY" -s "$tmp/spdk.rpc" vhost_create_blk_controller --cpumask "$bmask" vb0 Null0 >/dev/null
+    fi
     SOCK[spdk]=$tmp/spdk/vb0
     wait_sock "${SOCK[spdk]}"
 }
@@ -212,7 +232,7 @@ frontend_json() { # socket [queues, default 1]
     cat <<EOF
 {"subsystems": [{"subsystem": "bdev", "config": [
   {"method": "bdev_virtio_attach_controller", "params": {"name": "V", "trtype": "user",
-   "traddr": "$1", "dev_type": "blk", "vq_count": $((${2:-1} + 1))}}]}]}
+   "traddr": "$1", "dev_type": "$DEV", "vq_count": $((${2:-1} + 1))}}]}]}
 EOF
 }
 
@@ -221,7 +241,7 @@ EOF
 # line's -q/-o/-w give every job its workload.
 jobs_file() { # queues
     local i
-    for i in $(seq 0 $(($1 - 1))); do printf '[job%d]\nfilename=V\n' "$i"; done
+    for i in $(seq 0 $(($1 - 1))); do printf '[job%d]\nfilename=%s\n' "$i" "$FBDEV"; done
 }
 
 # The /proc/stat counters (USER_HZ ticks) of the backend and frontend

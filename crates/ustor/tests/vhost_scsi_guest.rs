@@ -61,7 +61,11 @@ fn guest_virtio_scsi(packed: bool) {
     if !testkit::need("fio") || !testkit::need("sg_reset") {
         return;
     }
-    let dir = tmpdir(if packed { "vhost-scsi-packed" } else { "vhost-scsi-guest" });
+    let dir = tmpdir(if packed {
+        "vhost-scsi-packed"
+    } else {
+        "vhost-scsi-guest"
+    });
     let sockets = dir.join("vhost");
     std::fs::create_dir_all(&sockets).unwrap();
     let files: Vec<PathBuf> = ["t0.img", "t1.img", "t2.img"]
@@ -162,6 +166,10 @@ fn guest_virtio_scsi(packed: bool) {
     // virtio-scsi: control, event and at least one request queue.
     assert!(running >= 3, "rings running: {live}");
     let want = if packed { running } else { 0 };
-    assert_eq!(ses["packed_rings"].as_u64(), Some(want), "packed rings: {live}");
+    assert_eq!(
+        ses["packed_rings"].as_u64(),
+        Some(want),
+        "packed rings: {live}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

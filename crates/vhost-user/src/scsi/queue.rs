@@ -21,7 +21,6 @@ use std::task::{Poll, Waker};
 use ustor_runtime::WorkQueue;
 use ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX;
 use ustor_scsi_target::{DataPath, Direction, Lun, LunTable, Outcome, XferError};
-use vm_memory::GuestMemoryMmap;
 
 use super::device::{ScsiDevice, TargetSlot};
 use super::ring::Ring;
@@ -190,14 +189,14 @@ fn take_available(q: &Rc<ReqQueue>) -> usize {
 fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     let mem = q.ring.mem.borrow();
     let hdr = well_formed
-        .then(|| wire::cmd_header(&chain, mem.map()))
+        .then(|| wire::cmd_header(&chain, &**mem))
         .flatten();
     let Some(hdr) = hdr else {
         // A short header or a buffer outside guest memory: answered
         // S_FAILURE when the response area is whole, else returned empty.
         tracing::debug!("vhost-scsi: malformed command chain {}", chain.head);
         let len = if chain.wr_len >= CMD_RESP_LEN {
-            chain.write(mem.map(), 0, &CmdResp::transport(resp::FAILURE).encode());
+            chain.write(&**mem, 0, &CmdResp::transport(resp::FAILURE).encode());
             CMD_RESP_LEN as u32
         } else {
             0
@@ -211,7 +210,7 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     });
     let (Some(a), Some(table)) = (addr, table) else {
         let b = CmdResp::transport(resp::BAD_TARGET).encode();
-        chain.write(mem.map(), 0, &b);
+        chain.write(&**mem, 0, &b);
         return finish(q, &mem, chain, CMD_RESP_LEN as u32);
     };
     // In the task set before it is counted: whoever sees the count (a
@@ -280,7 +279,7 @@ fn reads_only(c: &Chain) -> bool {
 /// waits. Dropping it is safe: the bdev keeps an abandoned I/O's buffer
 /// until the device is done with it, and guest memory is written only by
 /// copies the dropped future no longer makes.
-async fn run_abortable(q: &ReqQueue, id: usize, mem: &GuestMemoryMmap, job: &Job) -> u32 {
+async fn run_abortable(q: &ReqQueue, id: usize, mem: &GuestMem, job: &Job) -> u32 {
     let head = job.chain.head;
     let mut run = std::pin::pin!(execute(mem, job));
     let done = poll_fn(|cx| {
@@ -308,7 +307,7 @@ async fn run_abortable(q: &ReqQueue, id: usize, mem: &GuestMemoryMmap, job: &Job
 
 /// Runs one command on the target core and writes its response; the
 /// bytes written into the chain.
-async fn execute(mem: &GuestMemoryMmap, job: &Job) -> u32 {
+async fn execute(mem: &GuestMem, job: &Job) -> u32 {
     let c = &job.chain;
     let (out, inn) = (c.rd_len - CMD_REQ_LEN, c.wr_len - CMD_RESP_LEN);
     let (dir, len) = match (out > 0, inn > 0) {
@@ -342,7 +341,7 @@ async fn execute(mem: &GuestMemoryMmap, job: &Job) -> u32 {
     respond(mem, c, &r, moved)
 }
 
-fn respond(mem: &GuestMemoryMmap, c: &Chain, r: &CmdResp, data_in: u32) -> u32 {
+fn respond(mem: &GuestMem, c: &Chain, r: &CmdResp, data_in: u32) -> u32 {
     c.write(mem, 0, &r.encode());
     CMD_RESP_LEN as u32 + data_in
 }
@@ -367,7 +366,7 @@ fn encode_sense(o: &Outcome, out: &mut [u8; DESCRIPTOR_SENSE_MAX]) -> usize {
 /// A command's data in guest memory: data-out after the request header in
 /// the readable stream, data-in after the response in the writable one.
 struct GuestData<'a> {
-    mem: &'a GuestMemoryMmap,
+    mem: &'a GuestMem,
     chain: &'a Chain,
     dir: Direction,
     len: u32,

@@ -154,7 +154,7 @@ impl Ring {
             tr.taken(&self.queue.borrow(), mem.map(), t.head, &self.counter);
         }
         let d = descs[..t.descs].iter().map(|d| (d.addr, d.len, d.write));
-        Some(chain.fill(t.head, d, mem.map()))
+        Some(chain.fill(t.head, d, &**mem))
     }
 
     /// The next chain a killed backend had taken, if any: read again by
@@ -179,7 +179,7 @@ impl Ring {
             }
         };
         let d = descs[..k].iter().map(|d| (d.addr, d.len, d.write));
-        Some(chain.fill(head, d, mem.map()))
+        Some(chain.fill(head, d, mem))
     }
 
     /// Returns `head` used with `len` bytes written, and signals the

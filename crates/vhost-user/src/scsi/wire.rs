@@ -8,14 +8,16 @@
 //! device-readable descriptors, in order) and what it writes (the
 //! device-writable ones, which must all come after the readable ones).
 //! Headers and responses may be split anywhere across descriptors. Every
-//! piece is checked to lie in guest memory before the request runs; all
-//! guest accesses go through `vm-memory`, which bounds them again. Nothing
-//! here touches a bdev or a socket.
+//! piece is checked to lie in guest memory before the request runs; every
+//! guest access is bounded again, by `vm-memory` or by the request path's
+//! view of the map ([`GuestMem`], see [`StreamMem`]). Nothing here touches
+//! a bdev or a socket.
 
 use virtio_bindings::virtio_scsi as vs;
-use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions};
 
 use crate::blk::feature as ring;
+use crate::guest::GuestMem;
 
 /// `struct virtio_scsi_cmd_req` with the default 32-byte CDB.
 pub const CMD_REQ_LEN: u64 = 19 + CDB_SIZE as u64;
@@ -131,7 +133,7 @@ impl Chain {
     /// piece outside memory the walk goes on but keeps only the writable
     /// pieces before it, so the request can still be answered when the
     /// response area is whole.
-    pub fn fill<M: GuestMemory>(
+    pub fn fill<M: StreamMem>(
         &mut self,
         head: u16,
         descs: impl IntoIterator<Item = (u64, u32, bool)>,
@@ -155,12 +157,7 @@ impl Chain {
                 continue;
             }
             let addr = GuestAddress(addr);
-            let perm = if write {
-                Permissions::Write
-            } else {
-                Permissions::Read
-            };
-            if !mem.check_range(addr, len as usize, perm) {
+            if !mem.holds(addr, len as usize, write) {
                 err = Some(ChainError::OutOfMemory);
                 wr_broken |= write;
                 continue;
@@ -178,17 +175,82 @@ impl Chain {
     }
 
     /// Reads the readable stream from `offset` into `dst`; bytes read.
-    pub fn read<M: GuestMemory>(&self, mem: &M, offset: u64, dst: &mut [u8]) -> usize {
+    pub fn read<M: StreamMem>(&self, mem: &M, offset: u64, dst: &mut [u8]) -> usize {
         walk(&self.rd, offset, dst.len(), |at, pos, n| {
-            mem.read_slice(&mut dst[pos..pos + n], at).is_ok()
+            mem.read_at(at, &mut dst[pos..pos + n])
         })
     }
 
     /// Writes `src` into the writable stream at `offset`; bytes written.
-    pub fn write<M: GuestMemory>(&self, mem: &M, offset: u64, src: &[u8]) -> usize {
+    pub fn write<M: StreamMem>(&self, mem: &M, offset: u64, src: &[u8]) -> usize {
         walk(&self.wr, offset, src.len(), |at, pos, n| {
-            mem.write_slice(&src[pos..pos + n], at).is_ok()
+            mem.write_at(at, &src[pos..pos + n])
         })
+    }
+}
+
+/// Guest memory a chain's streams are copied through: `vm-memory`'s map,
+/// or the request path's view of it, whose translation is a scan of a
+/// few regions where `vm-memory`'s `read_slice` / `write_slice` search
+/// the map through iterator adapters for each piece (a command's header,
+/// response and data are three or more such calls).
+pub trait StreamMem {
+    /// Copies `dst.len()` bytes from `at`; false if they are not all
+    /// guest memory.
+    fn read_at(&self, at: GuestAddress, dst: &mut [u8]) -> bool;
+    /// Copies `src` to `at`; false if it is not all guest memory.
+    fn write_at(&self, at: GuestAddress, src: &[u8]) -> bool;
+    /// Whether `[at, at + len)` is guest memory the device may read (or
+    /// write, when `write`).
+    fn holds(&self, at: GuestAddress, len: usize, write: bool) -> bool;
+}
+
+impl StreamMem for GuestMemoryMmap {
+    fn holds(&self, at: GuestAddress, len: usize, write: bool) -> bool {
+        let perm = if write {
+            Permissions::Write
+        } else {
+            Permissions::Read
+        };
+        self.check_range(at, len, perm)
+    }
+
+    fn read_at(&self, at: GuestAddress, dst: &mut [u8]) -> bool {
+        self.read_slice(dst, at).is_ok()
+    }
+
+    fn write_at(&self, at: GuestAddress, src: &[u8]) -> bool {
+        self.write_slice(src, at).is_ok()
+    }
+}
+
+impl StreamMem for GuestMem {
+    /// Inside one region of the view: mapped read-write for the device
+    /// (the frontend's memory table), so either access is allowed; a
+    /// range across regions is `vm-memory`'s to judge.
+    fn holds(&self, at: GuestAddress, len: usize, write: bool) -> bool {
+        self.slice(at, len).is_some() || self.map().holds(at, len, write)
+    }
+
+    /// A piece inside one region is copied through the view's slice; one
+    /// that crosses regions (rare: QEMU's RAM is one or two regions) goes
+    /// to `vm-memory`, which splits it.
+    fn read_at(&self, at: GuestAddress, dst: &mut [u8]) -> bool {
+        match self.slice(at, dst.len()) {
+            Some(s) => s.copy_to(dst) == dst.len(),
+            None => self.map().read_at(at, dst),
+        }
+    }
+
+    fn write_at(&self, at: GuestAddress, src: &[u8]) -> bool {
+        match self.slice(at, src.len()) {
+            Some(s) => {
+                // The slice is exactly src's length: all of it is copied.
+                s.copy_from(src);
+                true
+            }
+            None => self.map().write_at(at, src),
+        }
     }
 }
 
@@ -255,7 +317,7 @@ pub struct CmdHeader {
 /// Reads the command header; `None` when the chain cannot hold a command
 /// (readable stream shorter than the header, or no room for the
 /// response).
-pub fn cmd_header<M: GuestMemory>(c: &Chain, mem: &M) -> Option<CmdHeader> {
+pub fn cmd_header<M: StreamMem>(c: &Chain, mem: &M) -> Option<CmdHeader> {
     let mut b = [0u8; CMD_REQ_LEN as usize];
     if c.wr_len < CMD_RESP_LEN || c.read(mem, 0, &mut b) != b.len() {
         return None;
@@ -317,7 +379,7 @@ pub enum CtrlReq {
 }
 
 /// Reads a control request and checks the chain has room for its answer.
-pub fn ctrl_req<M: GuestMemory>(c: &Chain, mem: &M) -> CtrlReq {
+pub fn ctrl_req<M: StreamMem>(c: &Chain, mem: &M) -> CtrlReq {
     let mut b = [0u8; TMF_REQ_LEN];
     let n = c.read(mem, 0, &mut b);
     let typ = u32::from_le_bytes(b[0..4].try_into().unwrap_or_default());
