@@ -18,6 +18,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
+use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
@@ -87,7 +88,7 @@ fn spawn(core: Rc<Core>, id: usize) {
 async fn worker(core: Rc<Core>, id: usize) {
     // Budget: one command per round; ends when the connection closes.
     while let Some((task, cmd)) = core.workers.next(id).await {
-        let body = crate::exec::run(&core, task, cmd);
+        let body = pin!(crate::exec::run(&core, task, cmd));
         core.workers.run(id, body, |i| spawn(core.clone(), i)).await;
     }
 }

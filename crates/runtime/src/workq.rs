@@ -26,7 +26,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::pin::pin;
+use std::pin::Pin;
 use std::task::{Poll, Waker};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -165,8 +165,17 @@ impl<J> WorkQueue<J> {
     /// stops counting as awake and a successor is started if jobs remain
     /// (`spawn` as in [`WorkQueue::push`]); when it is done the worker
     /// counts as awake again (it goes back to [`WorkQueue::next`]).
-    pub async fn run<F: Future>(&self, id: usize, fut: F, spawn: impl Fn(usize)) -> F::Output {
-        let mut fut = pin!(fut);
+    ///
+    /// The job is pinned by the caller (`pin!` where it is made), not
+    /// taken by value: a command's future is kilobytes (its whole
+    /// execution's state), and moving it into this one and again into
+    /// its own pin was a memcpy of that size per job.
+    pub async fn run<F: Future>(
+        &self,
+        id: usize,
+        mut fut: Pin<&mut F>,
+        spawn: impl Fn(usize),
+    ) -> F::Output {
         poll_fn(|cx| match fut.as_mut().poll(cx) {
             Poll::Ready(v) => {
                 if self.state(id) == State::Waiting {

@@ -34,13 +34,13 @@ async fn worker(c: Rc<Ctx>, id: usize) {
         let Some(Job(n, waits)) = c.q.next(id).await else {
             break;
         };
-        let body = async {
+        let body = std::pin::pin!(async {
             c.log.borrow_mut().push(format!("s{n}"));
             if waits {
                 ustor_runtime::sleep(Duration::from_millis(2)).await;
             }
             c.log.borrow_mut().push(format!("e{n}"));
-        };
+        });
         c.q.run(id, body, |i| spawn_worker(c.clone(), i)).await;
     }
     c.exits.set(c.exits.get() + 1);

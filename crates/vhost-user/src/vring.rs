@@ -456,7 +456,7 @@ async fn worker(v: Rc<Vring>, id: usize) {
     // Budget: one round per job; ends when the queue is closed.
     while let Some(job) = mem.next(&v.jobs, id, || v.mem_gen.get()).await {
         let m = mem.get(v.mem_gen.get(), &v.mem);
-        let run = execute(&v, m, job, &mut scratch);
+        let run = pin!(execute(&v, m, job, &mut scratch));
         v.jobs.run(id, run, |i| spawn_worker(&v, i)).await;
     }
 }

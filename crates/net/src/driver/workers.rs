@@ -6,6 +6,7 @@
 //! awake wakes nobody: jobs a device completes inline run as a batch in
 //! one worker (see [`WorkQueue`]).
 
+use std::pin::pin;
 use std::rc::Rc;
 
 use ustor_runtime::WorkQueue;
@@ -38,7 +39,7 @@ async fn worker<P: Protocol>(conn: Rc<Conn<P>>, id: usize) {
         let reply = match conn.proto.aborted(&job) {
             Some(r) => r,
             None => {
-                let run = conn.proto.execute(job);
+                let run = pin!(conn.proto.execute(job));
                 conn.workers
                     .run(id, run, |i| spawn_worker(conn.clone(), i))
                     .await

@@ -13,6 +13,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
+use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -247,7 +248,7 @@ async fn worker(q: Rc<ReqQueue>, id: usize) {
     // Budget: one round per command; ends when the queue is closed.
     while let Some(job) = mem.next(&q.jobs, id, || q.ring.mem_gen.get()).await {
         let m = mem.get(q.ring.mem_gen.get(), &q.ring.mem);
-        let run = serve(&q, id, m, job);
+        let run = pin!(serve(&q, id, m, job));
         q.jobs.run(id, run, |i| spawn_worker(&q, i)).await;
     }
 }
