@@ -421,7 +421,7 @@ pub fn parse_chain(
         if !matches!(kind, Kind::Flush | Kind::Other(_)) && s.write != device_writes {
             return bad("data descriptor with the wrong direction", segs);
         }
-        if !in_guest(mem, s.addr, s.len as usize) {
+        if !mem.holds(s.addr, s.len as usize, Permissions::ReadWrite) {
             return bad("data outside guest memory", segs);
         }
         data_len = match data_len.checked_add(s.len) {
@@ -455,16 +455,7 @@ fn read_guest(mem: &GuestMem, buf: &mut [u8], at: GuestAddress) -> bool {
     // The fallback of `header_load` (a header split over descriptors
     // or regions): out of line, so the common path in
     // parse_chain stays small.
-    match mem.slice(at, buf.len()) {
-        Some(s) => s.read_slice(buf, 0).is_ok(),
-        None => mem.map().read_slice(buf, at).is_ok(),
-    }
-}
-
-/// Whether `[at, at + len)` is guest memory (in one region, or across
-/// adjacent ones).
-fn in_guest(mem: &GuestMem, at: GuestAddress, len: usize) -> bool {
-    mem.slice(at, len).is_some() || mem.map().check_range(at, len, Permissions::ReadWrite)
+    mem.copy_out(at, buf)
 }
 
 /// One discard / write-zeroes range (`struct virtio_blk_discard_write_zeroes`).

@@ -10,7 +10,11 @@
 //! and used indices, descriptors, used elements, the status byte) are
 //! then read and written with aligned atomic loads and stores through a
 //! [`HostRange`], not through `vm-memory`'s volatile slices, whose
-//! per-access checks and byte copies cost more than the access.
+//! per-access checks and byte copies cost more than the access. Byte
+//! runs (vhost-user-scsi's headers, responses and data, blk's split
+//! headers) are copied by [`GuestMem::copy_out`] / [`GuestMem::copy_in`]
+//! and ranges checked by [`GuestMem::holds`]: one translation inside a
+//! region, the map's own calls only across regions.
 //!
 //! A view holds its map's `Arc`, so every slice it gives stays mapped for
 //! as long as the view lives; a map the frontend changed
@@ -25,7 +29,8 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use vm_memory::{
-    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, VolatileSlice,
+    Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    Permissions, VolatileSlice,
 };
 
 /// A memory map and its translation table (see the module comment).
@@ -101,6 +106,40 @@ impl GuestMem {
             len,
             _mem: PhantomData,
         })
+    }
+
+    /// Copies `buf.len()` bytes from `addr` into `buf`: through one
+    /// translation when they lie in one region, else through the map
+    /// (which splits them over adjacent regions). False: not all guest
+    /// memory.
+    #[inline]
+    pub fn copy_out(&self, addr: GuestAddress, buf: &mut [u8]) -> bool {
+        match self.slice(addr, buf.len()) {
+            Some(s) => s.copy_to(buf) == buf.len(),
+            None => self.map.read_slice(buf, addr).is_ok(),
+        }
+    }
+
+    /// Copies `src` to `addr`, as [`Self::copy_out`] in the other direction.
+    #[inline]
+    pub fn copy_in(&self, addr: GuestAddress, src: &[u8]) -> bool {
+        match self.slice(addr, src.len()) {
+            Some(s) => {
+                // The slice is exactly src's length: all of it is copied.
+                s.copy_from(src);
+                true
+            }
+            None => self.map.write_slice(src, addr).is_ok(),
+        }
+    }
+
+    /// Whether `[addr, addr + len)` is guest memory the device may access
+    /// with `perm`: inside one region (mapped read-write from the
+    /// frontend's memory table, so any access), or across regions as the
+    /// map judges it.
+    #[inline]
+    pub fn holds(&self, addr: GuestAddress, len: usize, perm: Permissions) -> bool {
+        self.slice(addr, len).is_some() || GuestMemory::check_range(&*self.map, addr, len, perm)
     }
 
     /// The host address of `[addr, addr + len)` when it lies inside one

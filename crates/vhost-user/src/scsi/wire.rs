@@ -190,10 +190,11 @@ impl Chain {
 }
 
 /// Guest memory a chain's streams are copied through: `vm-memory`'s map,
-/// or the request path's view of it, whose translation is a scan of a
-/// few regions where `vm-memory`'s `read_slice` / `write_slice` search
-/// the map through iterator adapters for each piece (a command's header,
-/// response and data are three or more such calls).
+/// or the request path's view of it ([`GuestMem`]'s `copy_out`, `copy_in`
+/// and `holds`), whose translation is a scan of a few regions where
+/// `vm-memory`'s `read_slice` / `write_slice` search the map through
+/// iterator adapters for each piece (a command's header, response and
+/// data are three or more such calls).
 pub trait StreamMem {
     /// Copies `dst.len()` bytes from `at`; false if they are not all
     /// guest memory.
@@ -205,14 +206,18 @@ pub trait StreamMem {
     fn holds(&self, at: GuestAddress, len: usize, write: bool) -> bool;
 }
 
+/// The access a stream piece needs.
+fn perm(write: bool) -> Permissions {
+    if write {
+        Permissions::Write
+    } else {
+        Permissions::Read
+    }
+}
+
 impl StreamMem for GuestMemoryMmap {
     fn holds(&self, at: GuestAddress, len: usize, write: bool) -> bool {
-        let perm = if write {
-            Permissions::Write
-        } else {
-            Permissions::Read
-        };
-        self.check_range(at, len, perm)
+        self.check_range(at, len, perm(write))
     }
 
     fn read_at(&self, at: GuestAddress, dst: &mut [u8]) -> bool {
@@ -225,32 +230,16 @@ impl StreamMem for GuestMemoryMmap {
 }
 
 impl StreamMem for GuestMem {
-    /// Inside one region of the view: mapped read-write for the device
-    /// (the frontend's memory table), so either access is allowed; a
-    /// range across regions is `vm-memory`'s to judge.
     fn holds(&self, at: GuestAddress, len: usize, write: bool) -> bool {
-        self.slice(at, len).is_some() || self.map().holds(at, len, write)
+        GuestMem::holds(self, at, len, perm(write))
     }
 
-    /// A piece inside one region is copied through the view's slice; one
-    /// that crosses regions (rare: QEMU's RAM is one or two regions) goes
-    /// to `vm-memory`, which splits it.
     fn read_at(&self, at: GuestAddress, dst: &mut [u8]) -> bool {
-        match self.slice(at, dst.len()) {
-            Some(s) => s.copy_to(dst) == dst.len(),
-            None => self.map().read_at(at, dst),
-        }
+        self.copy_out(at, dst)
     }
 
     fn write_at(&self, at: GuestAddress, src: &[u8]) -> bool {
-        match self.slice(at, src.len()) {
-            Some(s) => {
-                // The slice is exactly src's length: all of it is copied.
-                s.copy_from(src);
-                true
-            }
-            None => self.map().write_at(at, src),
-        }
+        self.copy_in(at, src)
     }
 }
 
