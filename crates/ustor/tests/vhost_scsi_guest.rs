@@ -9,6 +9,10 @@
 //! rescan) and round-trips data on it; on its next marker the host
 //! removes target 1 and the guest sees the disk go.
 //!
+//! Twice: on split virtqueues, and on packed ones (`packed=on` in QEMU,
+//! a controller created with `packed_ring: true`; while the guest runs
+//! the session must report every running ring packed).
+//!
 //! Skips (`SKIPPED: reason`) only when no guest can run here.
 
 mod common;
@@ -44,11 +48,24 @@ fn marked(file: &Path, text: &str) -> bool {
 
 #[test]
 fn guest_virtio_scsi_on_ustor_vhost() {
+    guest_virtio_scsi(false);
+}
+
+#[test]
+fn guest_virtio_scsi_on_packed_rings() {
+    guest_virtio_scsi(true);
+}
+
+fn guest_virtio_scsi(packed: bool) {
     require_guest!();
     if !testkit::need("fio") || !testkit::need("sg_reset") {
         return;
     }
-    let dir = tmpdir("vhost-scsi-guest");
+    let dir = tmpdir(if packed {
+        "vhost-scsi-packed"
+    } else {
+        "vhost-scsi-guest"
+    });
     let sockets = dir.join("vhost");
     std::fs::create_dir_all(&sockets).unwrap();
     let files: Vec<PathBuf> = ["t0.img", "t1.img", "t2.img"]
@@ -60,7 +77,7 @@ fn guest_virtio_scsi_on_ustor_vhost() {
     let config = json!({"subsystems": [
         {"subsystem": "bdev", "config": [bdev(&files[0], "T0"), bdev(&files[1], "T1"), bdev(&files[2], "T2")]},
         {"subsystem": "vhost_scsi", "config": [
-            {"method": "vhost_create_scsi_controller", "params": {"ctrlr": "vs"}},
+            {"method": "vhost_create_scsi_controller", "params": {"ctrlr": "vs", "packed_ring": packed}},
             add(0, "T0"), add(1, "T1"),
         ]},
     ]});
@@ -68,7 +85,11 @@ fn guest_virtio_scsi_on_ustor_vhost() {
     let s = Server::start(&dir, &config, &args);
 
     let started = Instant::now();
-    let guest = GuestBuilder::new()
+    let mut guest = GuestBuilder::new();
+    if packed {
+        guest = guest.vhost_user_packed();
+    }
+    let guest = guest
         .script_file(guest_script("vhost-user-scsi.sh"))
         .binary("/usr/bin/fio")
         .binary("/usr/bin/sg_reset")
@@ -86,7 +107,10 @@ fn guest_virtio_scsi_on_ustor_vhost() {
         });
         marked(file, text)
     };
+    // The rings as the session reports them while the guest runs.
+    let mut live = None;
     if wait_mark(&files[1], "USTOR-ADD-TARGET") {
+        live = Some(s.ok("vhost_get_controllers", json!({"name": "vs"})));
         s.ok(
             "vhost_scsi_controller_add_target",
             json!({"ctrlr": "vs", "scsi_target_num": 2, "bdev_name": "T2"}),
@@ -136,5 +160,16 @@ fn guest_virtio_scsi_on_ustor_vhost() {
         .collect();
     assert_eq!(nums, [0, 2], "targets after hot-plug and removal: {ctrls}");
     assert_eq!(t1_claimed, json!(false), "removed target's bdev released");
+    let live = live.expect("the guest's first marker");
+    let ses = &live[0]["sessions"][0];
+    let running = ses["max_queues"].as_u64().unwrap_or(0);
+    // virtio-scsi: control, event and at least one request queue.
+    assert!(running >= 3, "rings running: {live}");
+    let want = if packed { running } else { 0 };
+    assert_eq!(
+        ses["packed_rings"].as_u64(),
+        Some(want),
+        "packed rings: {live}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -381,6 +381,15 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         if self.vrings[index as usize].running.is_some() {
             self.restart(index as usize)?;
         }
+        // One signal on every new call fd (as libvhost-user does). QEMU
+        // starts a ring before it hands over the call fd when the guest
+        // masks its vectors (GET_VRING_BASE took the old one): a chain the
+        // ring completed in between had no fd to signal, and the driver
+        // would wait for it forever. A spurious one only makes the driver
+        // look at its used ring.
+        if let Some(c) = &self.vrings[index as usize].call {
+            vring::signal(c);
+        }
         Ok(())
     }
     fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VuResult<()> {

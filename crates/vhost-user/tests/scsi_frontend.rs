@@ -530,3 +530,35 @@ fn packed_rings_carry_commands_and_task_management() {
     });
     c.stop();
 }
+
+/// A ring started before its call fd (QEMU does this while the guest's
+/// vector is masked) may complete a command with no fd to signal: the new
+/// call fd is signalled when it comes, or the driver would wait forever
+/// (a guest's virtio-scsi probe hung so on packed rings).
+#[test]
+fn a_call_fd_set_late_is_signalled() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    malloc("late");
+    let c = controller("latec", 1);
+    c.add_target(&fixture().registry, 0, "late")
+        .expect("target 0");
+    let mut f = Fe::connect(&c.config.socket, 3, false);
+    ready(&mut f, REQ0, 0);
+    f.restart_without_call(REQ0);
+    let head = cmd(&mut f, REQ0, 0, 0, 7, &TEST_UNIT_READY, &[], &[]);
+    let mut got = Vec::new();
+    wait_until("the command used", Duration::from_secs(10), || {
+        got.extend(f.used(REQ0));
+        !got.is_empty()
+    });
+    assert_eq!(got, vec![(head, CMD_RESP)]);
+    assert!(resp(&f, REQ0, 0).good());
+    let call = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
+    let probe = call.try_clone().unwrap();
+    f.set_call(REQ0, call);
+    wait_until("the new call fd signalled", Duration::from_secs(10), || {
+        probe.read().is_ok()
+    });
+    drop(f);
+    c.stop();
+}

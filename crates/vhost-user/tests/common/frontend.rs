@@ -170,6 +170,19 @@ impl Ring {
     }
 }
 
+/// Where ring `r` lies, as SET_VRING_ADDR gives it.
+fn vring_config(mem: &Mem, r: &Ring) -> VringConfigData {
+    VringConfigData {
+        queue_max_size: QSIZE,
+        queue_size: QSIZE,
+        flags: 0,
+        desc_table_addr: mem.va(r.base),
+        used_ring_addr: mem.va(r.base + USED),
+        avail_ring_addr: mem.va(r.base + AVAIL),
+        log_addr: None,
+    }
+}
+
 /// One connection to a backend.
 pub struct Fe {
     pub fe: Frontend,
@@ -277,20 +290,32 @@ impl Fe {
             };
             fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
             fe.set_vring_base(q, base).expect("SET_VRING_BASE");
-            let cfg = VringConfigData {
-                queue_max_size: QSIZE,
-                queue_size: QSIZE,
-                flags: 0,
-                desc_table_addr: self.mem.va(r.base),
-                used_ring_addr: self.mem.va(r.base + USED),
-                avail_ring_addr: self.mem.va(r.base + AVAIL),
-                log_addr: None,
-            };
-            fe.set_vring_addr(q, &cfg).expect("SET_VRING_ADDR");
+            fe.set_vring_addr(q, &vring_config(&self.mem, r))
+                .expect("SET_VRING_ADDR");
             fe.set_vring_kick(q, &r.kick).expect("SET_VRING_KICK");
             fe.set_vring_call(q, &r.call).expect("SET_VRING_CALL");
             fe.set_vring_enable(q, true).expect("SET_VRING_ENABLE");
         }
+    }
+
+    /// Stops split ring `q` (GET_VRING_BASE) and starts it again with its
+    /// kick fd but no call fd, as QEMU does while the guest's vector is
+    /// masked (the call fd comes later, with SET_VRING_CALL).
+    pub fn restart_without_call(&mut self, q: usize) {
+        let fe = &mut self.fe;
+        let base = fe.get_vring_base(q).expect("GET_VRING_BASE");
+        let r = &self.rings[q];
+        fe.set_vring_base(q, base as u16).expect("SET_VRING_BASE");
+        fe.set_vring_addr(q, &vring_config(&self.mem, r))
+            .expect("SET_VRING_ADDR");
+        fe.set_vring_kick(q, &r.kick).expect("SET_VRING_KICK");
+        fe.set_vring_enable(q, true).expect("SET_VRING_ENABLE");
+    }
+
+    /// Hands ring `q` a new call fd (SET_VRING_CALL).
+    pub fn set_call(&mut self, q: usize, call: EventFd) {
+        self.fe.set_vring_call(q, &call).expect("SET_VRING_CALL");
+        self.rings[q].call = call;
     }
 
     /// The device's config space (`len` bytes from 0).
