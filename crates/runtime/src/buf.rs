@@ -268,6 +268,11 @@ impl IoBuf {
     pub fn is_pooled(&self) -> bool {
         self.class != HEAP_CLASS && self.class != BORROWED_CLASS
     }
+    /// Whether this buffer is someone else's memory ([`IoBuf::borrowed`]):
+    /// never a scratch buffer to fill with other data.
+    pub fn is_borrowed(&self) -> bool {
+        self.class == BORROWED_CLASS
+    }
     /// The whole capacity as a slice (for receiving past `len`).
     pub fn spare_mut(&mut self) -> &mut [u8] {
         // SAFETY: ptr is valid for cap bytes for the life of self, uniquely owned.

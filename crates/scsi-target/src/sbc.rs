@@ -198,7 +198,9 @@ async fn write<D: DataPath>(
         let g = lu.shared.gate.write().await;
         let (r, b) = lu.ch.write_flagged(lba + done, n, buf, flags).await;
         drop(g);
-        spare = Some(b);
+        // A buffer the transport lent (the initiator's own memory) is
+        // never filled with the next chunk.
+        spare = (!b.is_borrowed()).then_some(b);
         if let Err(e) = r {
             return Ok(Outcome::from_bdev(e, true, exp.saturating_sub(off)));
         }

@@ -25,9 +25,11 @@
 //! ([`GuestMem::map`]).
 
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use ustor_runtime::IoBuf;
 use vm_memory::{
     Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
     Permissions, VolatileSlice,
@@ -75,6 +77,21 @@ impl GuestMem {
         // guest and only ever accessed volatilely (VolatileSlice's
         // methods), as vm-memory's slices are.
         Some(unsafe { VolatileSlice::new(host as *mut u8, len) })
+    }
+
+    /// A buffer over `[addr, addr + len)` when it lies inside one region,
+    /// for the bdev to read or write in place (no copy). The caller holds
+    /// this view (an `Rc` of it) until the I/O is done, so the mapping
+    /// outlives the buffer.
+    pub fn io_buf(&self, addr: GuestAddress, len: u32) -> Option<IoBuf> {
+        let host = self.host(addr, len as usize)?;
+        let ptr = NonNull::new(host as *mut u8)?;
+        // SAFETY: [host, host + len) lies inside a region whose mapping
+        // stays alive while self.map does, and the caller keeps this view
+        // until the bdev hands the buffer back. Guest memory is shared
+        // with the VM, so no Rust reference to it is created here: the
+        // bdev layer reads and writes it through raw pointers (iovecs).
+        Some(unsafe { IoBuf::borrowed(ptr, len) })
     }
 
     /// A little-endian u16 at `addr` (2-aligned, in one region), loaded

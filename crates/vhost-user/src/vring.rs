@@ -33,7 +33,6 @@ use std::fs::File;
 use std::future::{poll_fn, Future};
 use std::os::fd::AsRawFd;
 use std::pin::{pin, Pin};
-use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -725,15 +724,7 @@ async fn rw(
 /// caller (a worker or the inline slot's request) holds an `Rc` of the
 /// memory map until the I/O is done, so the mapping outlives the buffer.
 fn guest_buf(mem: &GuestMem, s: Seg) -> Option<IoBuf> {
-    let slice = mem.slice(s.addr, s.len as usize)?;
-    let ptr = NonNull::new(slice.ptr_guard_mut().as_ptr())?;
-    // SAFETY: get_slice checked that [addr, addr+len) lies inside one
-    // mapped region; the mapping stays alive while the caller's
-    // Rc<GuestMem> does, which outlives the I/O (the caller holds it
-    // across the request, and the bdev hands the buffer back first). Guest memory is shared with the
-    // VM, so no Rust reference to it is created here: the bdev layer
-    // reads and writes it through raw pointers (iovecs).
-    Some(unsafe { IoBuf::borrowed(ptr, s.len) })
+    mem.io_buf(s.addr, s.len)
 }
 
 fn bdev_status(r: Result<(), BdevError>) -> u8 {

@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-use ustor_runtime::WorkQueue;
+use ustor_runtime::{IoBuf, WorkQueue};
 use ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX;
 use ustor_scsi_target::{DataPath, Direction, Lun, LunTable, Outcome, XferError};
 
@@ -390,6 +390,17 @@ impl DataPath for GuestData<'_> {
         let n = dst.len().min(room);
         let at = CMD_REQ_LEN + offset as u64;
         Ok(self.chain.read(self.mem, at, &mut dst[..n]))
+    }
+
+    /// Data-out that lies in one piece of guest memory goes to the bdev
+    /// as it is, not copied (the worker holds the memory map until the
+    /// command is done; a write is never abandoned at the bdev).
+    fn data_out_buf(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
+        if self.dir != Direction::ToDevice || offset as u64 + len as u64 > self.len as u64 {
+            return None;
+        }
+        let at = self.chain.span(false, CMD_REQ_LEN + offset as u64, len)?;
+        self.mem.io_buf(at, u32::try_from(len).ok()?)
     }
 
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {

@@ -174,6 +174,21 @@ impl Chain {
         err.map_or(Ok(()), Err)
     }
 
+    /// Where the stream bytes `[offset, offset + len)` lie in guest memory
+    /// when they are all in one piece (`write`: the writable stream).
+    pub fn span(&self, write: bool, offset: u64, len: usize) -> Option<GuestAddress> {
+        let pieces = if write { &self.wr } else { &self.rd };
+        let mut skip = offset;
+        for p in pieces {
+            if skip < p.len as u64 {
+                let fits = skip + len as u64 <= p.len as u64;
+                return fits.then(|| GuestAddress(p.addr.0 + skip));
+            }
+            skip -= p.len as u64;
+        }
+        None
+    }
+
     /// Reads the readable stream from `offset` into `dst`; bytes read.
     pub fn read<M: StreamMem>(&self, mem: &M, offset: u64, dst: &mut [u8]) -> usize {
         walk(&self.rd, offset, dst.len(), |at, pos, n| {

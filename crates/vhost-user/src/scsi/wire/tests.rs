@@ -180,3 +180,28 @@ fn events_and_config_layout() {
     assert_eq!(u16::from_le_bytes(c[30..32].try_into().unwrap()), 7);
     assert_ne!(features() & (1 << vs::VIRTIO_SCSI_F_HOTPLUG), 0);
 }
+
+/// A data range lies in guest memory as one run only when one piece holds
+/// all of it (the zero-copy data-out path hands that run to the bdev).
+#[test]
+fn span_is_one_piece_or_none() {
+    let m = mem();
+    let mut c = Chain::default();
+    let descs = [
+        (0x1000, 51, false),
+        (0x4000, 4096, false),
+        (0x6000, 1024, false),
+        (0x8000, 108, true),
+        (0x9000, 512, true),
+    ];
+    c.fill(0, descs, &m).unwrap();
+    assert_eq!(c.span(false, 51, 4096), Some(GA(0x4000)));
+    assert_eq!(c.span(false, 51 + 512, 512), Some(GA(0x4200)));
+    assert_eq!(c.span(false, 51 + 4096, 1024), Some(GA(0x6000)));
+    // Across two pieces, past the end, or the header and data together.
+    assert_eq!(c.span(false, 51 + 4000, 512), None);
+    assert_eq!(c.span(false, 51 + 4096 + 512, 1024), None);
+    assert_eq!(c.span(false, 0, 100), None);
+    assert_eq!(c.span(true, 108, 512), Some(GA(0x9000)));
+    assert_eq!(c.span(true, 108, 513), None);
+}
