@@ -7,7 +7,7 @@
 //! Each queue keeps one LUN table per target on its reactor (the unit's
 //! channel for this reactor, its reservations shared with the other
 //! queues) and rebuilds it only when the device's configuration changes.
-//! A command that a pass takes alone runs in the queue task's inline slot
+//! The first command a pass takes runs in the queue task's inline slot
 //! ([`crate::inline`]) when it is free, the others on reused worker tasks
 //! ([`crate::workers`]); chains, tables and memory maps are reused or
 //! reference-counted without locking: once warm a command allocates
@@ -77,8 +77,8 @@ struct ReqQueue {
     /// that an abort may stop ([`run_abortable`]).
     abort_wakers: RefCell<Vec<Option<Waker>>>,
     /// True only while a pass runs with the queue task's inline slot free:
-    /// the first command it takes is left in `inline_job`, and if it stays
-    /// the only one it runs in the queue task itself right after the pass
+    /// the first command it takes is left in `inline_job` instead of going
+    /// to a worker, and runs in the queue task itself right after the pass
     /// ([`crate::inline`]): a bdev that completes at once (null, malloc)
     /// answers it with no worker wake and no second task poll.
     inline_free: Cell<bool>,
@@ -258,15 +258,9 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     };
     if q.inline_free.replace(false) {
         q.inline_job.set(Some(job));
-        return;
+    } else {
+        q.jobs.push(job, |id| spawn_worker(q, id));
     }
-    // A second command in the same pass: the workers take both (measured:
-    // at depth, running the first inline after the pass cost 5 % at QD32;
-    // the slot pays off for lone commands).
-    if let Some(first) = q.inline_job.take() {
-        q.jobs.push(first, |id| spawn_worker(q, id));
-    }
-    q.jobs.push(job, |id| spawn_worker(q, id));
 }
 
 /// The command in the queue task's inline slot (abort waker `id`, the
