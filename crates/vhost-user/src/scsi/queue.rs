@@ -7,11 +7,9 @@
 //! Each queue keeps one LUN table per target on its reactor (the unit's
 //! channel for this reactor, its reservations shared with the other
 //! queues) and rebuilds it only when the device's configuration changes.
-//! The first command a pass takes runs in the queue task's inline slot
-//! ([`crate::inline`]) when it is free, the others on reused worker tasks
-//! ([`crate::workers`]); chains, tables and memory maps are reused or
-//! reference-counted without locking: once warm a command allocates
-//! nothing of ours.
+//! Commands are handed to reused worker tasks ([`crate::workers`]), and
+//! chains, tables and memory maps are reused or reference-counted without
+//! locking: once warm a command allocates nothing of ours.
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
@@ -30,7 +28,6 @@ use super::ring::Ring;
 use super::tasks::TaskTable;
 use super::wire::{self, resp, Chain, CmdResp, CDB_SIZE, CMD_REQ_LEN, CMD_RESP_LEN, MAX_TARGETS};
 use crate::guest::GuestMem;
-use crate::inline;
 use crate::vring::VringStart;
 use crate::workers::WorkerMem;
 
@@ -73,16 +70,9 @@ struct ReqQueue {
     tasks: Arc<TaskTable>,
     /// Chains taken per pass at most (a ring's worth).
     budget: usize,
-    /// Per worker, and last the inline slot: the waker of a read it runs
-    /// that an abort may stop ([`run_abortable`]).
+    /// Per worker: the waker of a read it runs that an abort may stop
+    /// ([`run_abortable`]).
     abort_wakers: RefCell<Vec<Option<Waker>>>,
-    /// True only while a pass runs with the queue task's inline slot free:
-    /// the first command it takes is left in `inline_job` instead of going
-    /// to a worker, and runs in the queue task itself right after the pass
-    /// ([`crate::inline`]): a bdev that completes at once (null, malloc)
-    /// answers it with no worker wake and no second task poll.
-    inline_free: Cell<bool>,
-    inline_job: Cell<Option<Job>>,
 }
 
 async fn run_requests(s: VringStart<ScsiDevice>) {
@@ -104,36 +94,15 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         jobs: WorkQueue::new(depth),
         tasks: Arc::new(TaskTable::new(depth as u16)),
         budget: depth,
-        abort_wakers: RefCell::new(vec![None; depth + 1]),
-        inline_free: Cell::new(false),
-        inline_job: Cell::new(None),
+        abort_wakers: RefCell::new(vec![None; depth]),
     });
     let ring = q.ring.clone();
     ring.dev
         .set_tasks(ring.index, Some((q.tasks.clone(), ring.kick.clone())));
-    let mut serving = pin!(ring.serve(ring.dev.poll_window, true, || {
+    ring.serve(ring.dev.poll_window, true, || {
         sync_tables(&q);
         wake_aborted(&q);
         take_available(&q)
-    }));
-    // The inline slot is polled with the queue task: on each of its polls
-    // (a pass, a wake from its park, the slot's own I/O) before the ring.
-    let mut slot = pin!(None);
-    let mut served = false;
-    poll_fn(|cx| {
-        inline::drive(slot.as_mut(), cx);
-        if !served {
-            q.inline_free.set(slot.is_none());
-            served = serving.as_mut().poll(cx).is_ready();
-            q.inline_free.set(false);
-        }
-        if let Some(job) = q.inline_job.take() {
-            inline::start(slot.as_mut(), run_inline(q.clone(), depth, job), cx);
-        }
-        match served && slot.is_none() {
-            true => Poll::Ready(()),
-            false => Poll::Pending,
-        }
     })
     .await;
     ring.finish().await;
@@ -256,18 +225,7 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
         lun: a.lun,
         cdb: hdr.cdb,
     };
-    if q.inline_free.replace(false) {
-        q.inline_job.set(Some(job));
-    } else {
-        q.jobs.push(job, |id| spawn_worker(q, id));
-    }
-}
-
-/// The command in the queue task's inline slot (abort waker `id`, the
-/// one after the workers'), with the memory map current when it starts.
-async fn run_inline(q: Rc<ReqQueue>, id: usize, job: Job) {
-    let m = q.ring.mem.borrow().clone();
-    serve(&q, id, &m, job).await
+    q.jobs.push(job, |id| spawn_worker(q, id));
 }
 
 /// Returns a chain used and keeps it for reuse.
