@@ -111,7 +111,8 @@ struct VringCtl {
     /// both sides with their wrap counters, `avail | used << 16`).
     base: u32,
     kick: Option<Arc<File>>,
-    call: Option<Arc<File>>,
+    /// Shared with the running ring, which signals whatever it holds.
+    call: Arc<vring::CallFd>,
     enabled: bool,
     running: Option<Running>,
 }
@@ -368,7 +369,7 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         let v = &mut self.vrings[index as usize];
         let base = v.base;
         v.kick = None;
-        v.call = None;
+        v.call.set(None);
         v.enabled = false;
         Ok(VhostUserVringState::new(index, base))
     }
@@ -377,19 +378,17 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         self.restart(index as usize)
     }
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
-        self.vring(index as u32)?.call = fd.map(Arc::new);
-        if self.vrings[index as usize].running.is_some() {
-            self.restart(index as usize)?;
-        }
+        // Swapped in place, running or not (see `vring::CallFd`).
+        let call = &self.vring(index as u32)?.call;
+        call.set(fd.map(Arc::new));
         // One signal on every new call fd (as libvhost-user does). QEMU
         // starts a ring before it hands over the call fd when the guest
-        // masks its vectors (GET_VRING_BASE took the old one): a chain the
-        // ring completed in between had no fd to signal, and the driver
-        // would wait for it forever. A spurious one only makes the driver
-        // look at its used ring.
-        if let Some(c) = &self.vrings[index as usize].call {
-            vring::signal(c);
-        }
+        // masks its vectors (GET_VRING_BASE took the old one), and a
+        // completion may signal the old fd just before the swap: a chain
+        // returned so had no signal the driver sees, and it would wait for
+        // it forever. A spurious one only makes the driver look at its
+        // used ring.
+        call.signal();
         Ok(())
     }
     fn set_vring_err(&mut self, index: u8, _fd: Option<File>) -> VuResult<()> {

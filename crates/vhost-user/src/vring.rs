@@ -35,7 +35,7 @@ use std::os::fd::AsRawFd;
 use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -72,7 +72,7 @@ pub struct VringStart<D = BlkDevice> {
     pub packed: bool,
     pub event_idx: bool,
     pub kick: Arc<File>,
-    pub call: Option<Arc<File>>,
+    pub call: Arc<CallFd>,
     pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
     /// Bumped after each change of `mem`'s map ([`crate::memory::MemTable::generation`]).
     pub mem_gen: Arc<AtomicU64>,
@@ -97,7 +97,7 @@ struct Vring {
     queue: RefCell<Virtq>,
     ch: IoChannel,
     dev: Arc<BlkDevice>,
-    call: Option<Arc<File>>,
+    call: Arc<CallFd>,
     /// Requests taken and not yet returned used (queued or running).
     inflight: Cell<u32>,
     /// Reused segment lists, one per request in flight.
@@ -605,8 +605,7 @@ fn publish(v: &Vring, mem: &GuestMem, now: u64) {
 }
 
 fn signal_call(v: &Vring) {
-    if let Some(call) = &v.call {
-        signal(call);
+    if v.call.signal() {
         QueueStats::bump(&v.stats().signals);
     }
 }
@@ -732,6 +731,32 @@ fn bdev_status(r: Result<(), BdevError>) -> u8 {
         Ok(()) => status::OK,
         Err(BdevError::NotSupported) => status::UNSUPP,
         Err(_) => status::IOERR,
+    }
+}
+
+/// A ring's call eventfd. The frontend may hand a new one while the ring
+/// runs (SET_VRING_CALL: QEMU does whenever the guest masks or unmasks
+/// the queue's interrupt vector, its vCPU waiting for the answer), so it
+/// is swapped in place, not by restarting the ring (which would wait for
+/// the requests in flight); the ring signals whichever fd is current.
+/// The lock is taken once per signal, beside a write(2).
+#[derive(Debug, Default)]
+pub struct CallFd(Mutex<Option<Arc<File>>>);
+
+impl CallFd {
+    pub fn set(&self, f: Option<Arc<File>>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    /// Signals the current fd; false when there is none.
+    pub fn signal(&self) -> bool {
+        match &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(f) => {
+                signal(f);
+                true
+            }
+            None => false,
+        }
     }
 }
 

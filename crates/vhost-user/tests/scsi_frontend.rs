@@ -567,3 +567,58 @@ fn a_call_fd_set_late_is_signalled() {
     drop(f);
     c.stop();
 }
+
+/// SET_VRING_CALL on a running ring swaps the fd in place: it does not
+/// wait for the commands in flight (QEMU sends it when the guest masks or
+/// unmasks the queue's vector, its vCPU waiting for the answer), and a
+/// command answered afterwards signals the new fd.
+#[test]
+fn a_new_call_fd_does_not_wait_for_commands_in_flight() {
+    let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
+    let reg = &fixture().registry;
+    delayed("swapc");
+    let c = controller("swapcc", 1);
+    c.add_target(reg, 0, "swapc").expect("target 0");
+    let mut f = Fe::connect(&c.config.socket, 3, false);
+    ready(&mut f, REQ0, 0);
+    let dev = c.device().clone();
+    // A read the bdev holds for ten minutes (ABORT TASK ends it below).
+    latency("swapc", false, 600_000_000);
+    const TAG: u64 = 0x5c;
+    let r = cmd(
+        &mut f,
+        REQ0,
+        1,
+        0,
+        TAG,
+        &rw10(false, 8, 8),
+        &[],
+        &[(DATA_BASE, 4096)],
+    );
+    wait_until("the read in flight", Duration::from_secs(10), || {
+        dev.commands_in_flight(0) == 1
+    });
+    let call = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
+    let probe = call.try_clone().unwrap();
+    f.set_call(REQ0, call);
+    assert_eq!(
+        dev.commands_in_flight(0),
+        1,
+        "answered with the read still held"
+    );
+    // The one signal every new call fd gets.
+    wait_until("the new fd signalled", Duration::from_secs(10), || {
+        probe.read().is_ok()
+    });
+    f.arm(REQ0);
+    assert_eq!(tmf_now(&mut f, 0, TMF_ABORT_TASK, 0, TAG), S_OK);
+    wait_until(
+        "the read's answer signalled",
+        Duration::from_secs(10),
+        || probe.read().is_ok(),
+    );
+    assert_eq!(f.used(REQ0), vec![(r, CMD_RESP)]);
+    assert_eq!(resp(&f, REQ0, 1).response, S_ABORTED);
+    drop(f);
+    c.stop();
+}

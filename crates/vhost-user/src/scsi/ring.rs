@@ -37,7 +37,7 @@ pub(crate) struct Ring {
     /// Where a taken chain's descriptors are copied (one more than a
     /// chain may have, so an overlong one is seen as such).
     descs: RefCell<Vec<Desc>>,
-    call: Option<Arc<File>>,
+    call: Arc<vring::CallFd>,
     pub kick: Arc<File>,
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
     /// The map requests use and a generation bumped when it changes (a
@@ -212,8 +212,7 @@ impl Ring {
     }
 
     fn signal(&self) {
-        if let Some(c) = &self.call {
-            vring::signal(c);
+        if self.call.signal() {
             self.signals.set(self.signals.get() + 1);
         }
     }

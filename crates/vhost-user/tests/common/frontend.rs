@@ -477,25 +477,7 @@ impl Fe {
     pub fn wait(&mut self, q: usize, timeout: Duration) -> Vec<(u16, u32)> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            // EVENT_IDX: a signal for the next used entry.
-            let r = &self.rings[q];
-            if self.packed {
-                // The driver's event suppression: that slot (DESC), or
-                // every one (ENABLE) without EVENT_IDX.
-                let (slot, wrap) = r.p_used;
-                let off = slot | if wrap { P_USED } else { 0 };
-                let flags = if self.event_idx() { 2 } else { 0 };
-                self.mem.u16(r.base + AVAIL).store(off, Ordering::Release);
-                self.mem
-                    .u16(r.base + AVAIL + 2)
-                    .store(flags, Ordering::Release);
-            } else {
-                let used_event = r.base + AVAIL + 4 + 2 * QSIZE as u64;
-                self.mem
-                    .u16(used_event)
-                    .store(r.last_used, Ordering::Release);
-            }
-            fence(Ordering::SeqCst);
+            self.arm(q);
             let got = self.used(q);
             if !got.is_empty() {
                 return got;
@@ -515,6 +497,27 @@ impl Fe {
                 self.rings[q].signals += n;
             }
         }
+    }
+
+    /// Asks for a signal when ring `q` returns its next chain (EVENT_IDX:
+    /// the next used entry; packed: that slot, or every one without it).
+    pub fn arm(&self, q: usize) {
+        let r = &self.rings[q];
+        if self.packed {
+            let (slot, wrap) = r.p_used;
+            let off = slot | if wrap { P_USED } else { 0 };
+            let flags = if self.event_idx() { 2 } else { 0 };
+            self.mem.u16(r.base + AVAIL).store(off, Ordering::Release);
+            self.mem
+                .u16(r.base + AVAIL + 2)
+                .store(flags, Ordering::Release);
+        } else {
+            let used_event = r.base + AVAIL + 4 + 2 * QSIZE as u64;
+            self.mem
+                .u16(used_event)
+                .store(r.last_used, Ordering::Release);
+        }
+        fence(Ordering::SeqCst);
     }
 
     /// Waits until `n` chains came back on ring `q` (10 s at most each).
