@@ -453,9 +453,9 @@ fn coalescing_batches_scsi_call_signals() {
 /// 40 rounds of 16 writes and 16 reads (three- and four-slot chains on
 /// 128-slot rings: the rings wrap some 20 times, completions come in any
 /// order; half the writes' data in one piece, which goes to the bdev as
-/// it is, half in two, copied) carry data that reads back, TMFs work on the packed control
-/// queue, and the device reports the frontend and its packed rings until
-/// it disconnects.
+/// it is, half in two, copied) carry data that reads back, TMFs work on
+/// the packed control queue, and the device reports the frontend and its
+/// packed rings until it disconnects.
 #[test]
 fn packed_rings_carry_commands_and_task_management() {
     let _shared = RUN_ALONE.read().unwrap_or_else(|e| e.into_inner());
@@ -536,6 +536,18 @@ fn packed_rings_carry_commands_and_task_management() {
     c.stop();
 }
 
+/// Hands ring `q` a new call fd and waits for the one signal every new
+/// call fd gets; a second handle on the fd, to see later signals.
+fn new_call_fd(f: &mut Fe, q: usize) -> vmm_sys_util::eventfd::EventFd {
+    let call = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
+    let probe = call.try_clone().unwrap();
+    f.set_call(q, call);
+    wait_until("the new call fd signalled", Duration::from_secs(10), || {
+        probe.read().is_ok()
+    });
+    probe
+}
+
 /// A ring started before its call fd (QEMU does this while the guest's
 /// vector is masked) may complete a command with no fd to signal: the new
 /// call fd is signalled when it comes, or the driver would wait forever
@@ -558,12 +570,7 @@ fn a_call_fd_set_late_is_signalled() {
     });
     assert_eq!(got, vec![(head, CMD_RESP)]);
     assert!(resp(&f, REQ0, 0).good());
-    let call = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
-    let probe = call.try_clone().unwrap();
-    f.set_call(REQ0, call);
-    wait_until("the new call fd signalled", Duration::from_secs(10), || {
-        probe.read().is_ok()
-    });
+    new_call_fd(&mut f, REQ0);
     drop(f);
     c.stop();
 }
@@ -598,18 +605,9 @@ fn a_new_call_fd_does_not_wait_for_commands_in_flight() {
     wait_until("the read in flight", Duration::from_secs(10), || {
         dev.commands_in_flight(0) == 1
     });
-    let call = vmm_sys_util::eventfd::EventFd::new(vmm_sys_util::eventfd::EFD_NONBLOCK).unwrap();
-    let probe = call.try_clone().unwrap();
-    f.set_call(REQ0, call);
-    assert_eq!(
-        dev.commands_in_flight(0),
-        1,
-        "answered with the read still held"
-    );
-    // The one signal every new call fd gets.
-    wait_until("the new fd signalled", Duration::from_secs(10), || {
-        probe.read().is_ok()
-    });
+    let probe = new_call_fd(&mut f, REQ0);
+    // Answered (and signalled) with the read still held.
+    assert_eq!(dev.commands_in_flight(0), 1, "the read still held");
     f.arm(REQ0);
     assert_eq!(tmf_now(&mut f, 0, TMF_ABORT_TASK, 0, TAG), S_OK);
     wait_until(
