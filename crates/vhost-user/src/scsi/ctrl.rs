@@ -139,7 +139,7 @@ async fn tmf(dev: &ScsiDevice, subtype: u32, lun: &[u8; 8], tag: u64) -> u8 {
             }
         }
         vs::VIRTIO_SCSI_T_TMF_QUERY_TASK_SET => {
-            if dev.inflight[t].load(Ordering::Acquire) > 0 {
+            if dev.commands_in_flight(a.target) > 0 {
                 resp::FUNCTION_SUCCEEDED
             } else {
                 resp::FUNCTION_COMPLETE
@@ -176,7 +176,7 @@ async fn abort_task(dev: &ScsiDevice, target: u8, tag: u64) -> u8 {
 /// Waits until target `t` has no command in flight (false: timed out).
 async fn drained(dev: &ScsiDevice, t: usize) -> bool {
     let deadline = Instant::now() + TMF_TIMEOUT;
-    while dev.inflight[t].load(Ordering::Acquire) > 0 {
+    while dev.commands_in_flight(t as u8) > 0 {
         if Instant::now() >= deadline {
             return false;
         }

@@ -1,8 +1,8 @@
 //! The SCSI device a controller serves: its targets (each one logical
 //! unit, LUN 0, over a bdev) as the control side changes them, the events
 //! waiting for the event queue, and what the queues share across reactors
-//! (requests in flight per target, LUN-reset epochs, which configuration
-//! each queue runs with).
+//! (their task tables, from which the commands in flight per target are
+//! counted, LUN-reset epochs, which configuration each queue runs with).
 //!
 //! Queues never lock on the data path: they compare [`ScsiDevice::generation`]
 //! with the one they last saw and only then take the target lock to
@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,8 +65,6 @@ pub struct ScsiDevice {
     next_id: AtomicU64,
     /// The generation each ring last applied (`u64::MAX`: not running).
     applied: Box<[AtomicU64]>,
-    /// Commands running per target.
-    pub(crate) inflight: [AtomicU32; MAX_TARGETS],
     /// LUN resets asked per target (queues raise the unit attention).
     pub(crate) resets: [AtomicU64; MAX_TARGETS],
     events: Mutex<Events>,
@@ -102,7 +100,6 @@ impl ScsiDevice {
             generation: AtomicU64::new(1),
             next_id: AtomicU64::new(1),
             applied: (0..rings).map(|_| AtomicU64::new(u64::MAX)).collect(),
-            inflight: Default::default(),
             resets: Default::default(),
             events: Mutex::default(),
             tasks: Mutex::new(vec![None; rings]),
@@ -193,7 +190,7 @@ impl ScsiDevice {
                 .applied
                 .iter()
                 .all(|a| a.load(Ordering::Acquire) >= gen);
-            if applied && self.inflight[num as usize].load(Ordering::Acquire) == 0 {
+            if applied && self.commands_in_flight(num) == 0 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -201,11 +198,14 @@ impl ScsiDevice {
         Some(slot)
     }
 
-    /// Commands running on target `target` now (all queues).
+    /// Commands running on target `target` now (all queues): read from
+    /// the queues' task tables, so a command costs no shared counter (a
+    /// read-modify-write on a line every queue's reactor writes).
     pub fn commands_in_flight(&self, target: u8) -> u32 {
-        self.inflight
-            .get(target as usize)
-            .map_or(0, |n| n.load(Ordering::Acquire))
+        self.task_tables()
+            .iter()
+            .map(|t| t.count_of(Some(target)))
+            .sum()
     }
 
     /// Sets call-eventfd coalescing for the request queues (SPDK's
@@ -248,9 +248,9 @@ impl ScsiDevice {
 
     /// Commands running on every target now (all queues).
     pub fn all_commands_in_flight(&self) -> u64 {
-        self.inflight
+        self.task_tables()
             .iter()
-            .map(|n| n.load(Ordering::Acquire) as u64)
+            .map(|t| t.count_of(None) as u64)
             .sum()
     }
 

@@ -45,7 +45,6 @@ pub async fn run(s: VringStart<ScsiDevice>) {
 struct Job {
     chain: Chain,
     table: Rc<LunTable>,
-    target: u8,
     lun: u64,
     cdb: [u8; CDB_SIZE],
 }
@@ -214,14 +213,11 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
         chain.write(&**mem, 0, &b);
         return finish(q, &mem, chain, CMD_RESP_LEN as u32);
     };
-    // In the task set before it is counted: whoever sees the count (a
-    // TMF, a drain) then finds the command by its tag.
+    // In the task set (what TMFs, drains and target removal look at).
     q.tasks.start(chain.head, a.target, hdr.tag);
-    q.ring.dev.inflight[a.target as usize].fetch_add(1, Ordering::AcqRel);
     let job = Job {
         chain,
         table,
-        target: a.target,
         lun: a.lun,
         cdb: hdr.cdb,
     };
@@ -263,11 +259,9 @@ async fn serve(q: &ReqQueue, id: usize, m: &GuestMem, job: Job) {
     } else {
         execute(m, &job).await
     };
-    // Counted out after the used ring: the task-set TMFs then answer
-    // after the commands they waited for.
-    let target = job.target as usize;
+    // Out of the task set after the used ring (`finish`): the task-set
+    // TMFs then answer after the commands they waited for.
     finish(q, m, job.chain, len);
-    q.ring.dev.inflight[target].fetch_sub(1, Ordering::AcqRel);
 }
 
 /// A command that moves data only to the driver: it changes nothing on

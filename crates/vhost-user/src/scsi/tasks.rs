@@ -109,6 +109,19 @@ impl TaskTable {
         }
     }
 
+    /// Commands running of `target` (`None`: of every target). A command
+    /// counts from before it runs until its answer is in the used ring.
+    pub fn count_of(&self, target: Option<u8>) -> u32 {
+        let want = |st: u64| match target {
+            Some(t) => st & TARGET_MASK == t as u64 + 1,
+            None => st & TARGET_MASK != 0,
+        };
+        self.slots
+            .iter()
+            .filter(|s| want(s.state.load(Ordering::Acquire)))
+            .count() as u32
+    }
+
     /// Asks the command `f` names to abort; false if it already finished.
     pub fn ask_abort(&self, f: Found) -> bool {
         let Some(s) = self.slot(f.head) else {
@@ -158,6 +171,10 @@ mod tests {
         let mut n = 0;
         t.each_of(1, |_| n += 1);
         assert_eq!(n, 1);
+        assert_eq!((t.count_of(Some(1)), t.count_of(Some(0))), (1, 0));
+        assert_eq!(t.count_of(None), 2);
+        t.finish(3);
+        assert_eq!((t.count_of(Some(1)), t.count_of(None)), (0, 1));
     }
 
     #[test]
