@@ -491,7 +491,7 @@ fn run_now(v: &Vring, mem: &GuestMem, job: Job) -> Option<InlineStart> {
     let Some((off, blocks)) = dev.blocks(req.sector, req.data_len as u64) else {
         return Some(InlineStart::Fresh(job));
     };
-    let Some(buf) = guest_buf(mem, req.segs[0]) else {
+    let Some(buf) = mem.io_buf(req.segs[0].addr, req.segs[0].len) else {
         return Some(InlineStart::Fresh(job));
     };
     // The reactor's latest clock reading stamps the I/O: no TSC read.
@@ -689,7 +689,9 @@ async fn rw(
     bufs: &mut Vec<IoBuf>,
 ) -> Result<(), BdevError> {
     if segs.len() == 1 {
-        let buf = guest_buf(mem, segs[0]).ok_or(BdevError::Io(libc::EFAULT))?;
+        let buf = mem
+            .io_buf(segs[0].addr, segs[0].len)
+            .ok_or(BdevError::Io(libc::EFAULT))?;
         let (r, _buf) = if write {
             ch.write(off, blocks, buf).await
         } else {
@@ -700,7 +702,7 @@ async fn rw(
     let mut list = std::mem::take(bufs);
     list.clear();
     for s in segs {
-        match guest_buf(mem, *s) {
+        match mem.io_buf(s.addr, s.len) {
             Some(b) => list.push(b),
             None => {
                 list.clear();
@@ -717,13 +719,6 @@ async fn rw(
     list.clear();
     *bufs = list;
     r
-}
-
-/// A buffer over guest memory (checked to lie in one mapped region). The
-/// caller (a worker or the inline slot's request) holds an `Rc` of the
-/// memory map until the I/O is done, so the mapping outlives the buffer.
-fn guest_buf(mem: &GuestMem, s: Seg) -> Option<IoBuf> {
-    mem.io_buf(s.addr, s.len)
 }
 
 fn bdev_status(r: Result<(), BdevError>) -> u8 {

@@ -198,13 +198,19 @@ impl ScsiDevice {
         Some(slot)
     }
 
-    /// Commands running on target `target` now (all queues): read from
-    /// the queues' task tables, so a command costs no shared counter (a
-    /// read-modify-write on a line every queue's reactor writes).
+    /// Commands running on target `target` now (all queues).
     pub fn commands_in_flight(&self, target: u8) -> u32 {
-        self.task_tables()
+        self.in_flight(Some(target))
+    }
+
+    /// Commands running of `target` (`None`: every target), read from the
+    /// queues' task tables, so a command costs no shared counter (a
+    /// read-modify-write on a line every queue's reactor writes).
+    fn in_flight(&self, target: Option<u8>) -> u32 {
+        lock(&self.tasks)
             .iter()
-            .map(|t| t.count_of(Some(target)))
+            .flatten()
+            .map(|r| r.0.count_of(target))
             .sum()
     }
 
@@ -248,10 +254,7 @@ impl ScsiDevice {
 
     /// Commands running on every target now (all queues).
     pub fn all_commands_in_flight(&self) -> u64 {
-        self.task_tables()
-            .iter()
-            .map(|t| t.count_of(None) as u64)
-            .sum()
+        self.in_flight(None) as u64
     }
 
     /// Requests served again from the inflight region since creation.

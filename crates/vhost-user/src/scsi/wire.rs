@@ -178,15 +178,13 @@ impl Chain {
     /// when they are all in one piece (`write`: the writable stream).
     pub fn span(&self, write: bool, offset: u64, len: usize) -> Option<GuestAddress> {
         let pieces = if write { &self.wr } else { &self.rd };
-        let mut skip = offset;
-        for p in pieces {
-            if skip < p.len as u64 {
-                let fits = skip + len as u64 <= p.len as u64;
-                return fits.then(|| GuestAddress(p.addr.0 + skip));
-            }
-            skip -= p.len as u64;
-        }
-        None
+        let mut at = None;
+        // The first piece the range touches, and no further.
+        walk(pieces, offset, len, |a, _, n| {
+            at = (n == len).then_some(a);
+            false
+        });
+        at
     }
 
     /// Reads the readable stream from `offset` into `dst`; bytes read.
