@@ -12,6 +12,8 @@ use std::future::Future;
 
 use ustor_runtime::IoBuf;
 
+use crate::fast::DataNow;
+
 /// Direction of a command's data phase, as the transport declared it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Direction {
@@ -145,6 +147,12 @@ impl DataPath for BufData {
     }
 
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {
+        Ok(self.data_in_now(offset, src))
+    }
+}
+
+impl crate::fast::DataNow for BufData {
+    fn data_in_now(&mut self, offset: u32, src: &[u8]) -> usize {
         let room = (self.expected as usize).saturating_sub(offset as usize);
         let n = src.len().min(room);
         let end = offset as usize + n;
@@ -152,7 +160,7 @@ impl DataPath for BufData {
             self.input.resize(end, 0);
         }
         self.input[offset as usize..end].copy_from_slice(&src[..n]);
-        Ok(n)
+        n
     }
 }
 

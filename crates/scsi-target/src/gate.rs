@@ -49,15 +49,8 @@ impl WriteGate {
     /// Lets a write through once no read-modify-write runs or waits.
     pub async fn write(&self) -> WriteGuard<'_> {
         poll_fn(|cx| {
-            if self.exclusive.load(SeqCst) == 0 {
-                self.writers.fetch_add(1, SeqCst);
-                if self.exclusive.load(SeqCst) == 0 {
-                    return Poll::Ready(());
-                }
-                // A read-modify-write came in between: step back (it may
-                // be waiting for the writers to drain).
-                self.writers.fetch_sub(1, SeqCst);
-                self.wake_all();
+            if self.try_enter() {
+                return Poll::Ready(());
             }
             let mut st = self.lock();
             st.waiters.push(cx.waker().clone());
@@ -70,6 +63,30 @@ impl WriteGate {
         })
         .await;
         WriteGuard(self)
+    }
+
+    /// A write passes now if no read-modify-write runs or waits; it must
+    /// [`Self::leave`] once its bdev write has ended.
+    pub(crate) fn try_enter(&self) -> bool {
+        if self.exclusive.load(SeqCst) != 0 {
+            return false;
+        }
+        self.writers.fetch_add(1, SeqCst);
+        if self.exclusive.load(SeqCst) == 0 {
+            return true;
+        }
+        // A read-modify-write came in between: step back (it may be
+        // waiting for the writers to drain).
+        self.writers.fetch_sub(1, SeqCst);
+        self.wake_all();
+        false
+    }
+
+    /// A write that passed has ended.
+    pub(crate) fn leave(&self) {
+        if self.writers.fetch_sub(1, SeqCst) == 1 && self.exclusive.load(SeqCst) > 0 {
+            self.wake_all();
+        }
     }
 
     /// Waits until this read-modify-write runs alone: no other one, no
@@ -95,10 +112,7 @@ impl WriteGate {
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        let g = self.0;
-        if g.writers.fetch_sub(1, SeqCst) == 1 && g.exclusive.load(SeqCst) > 0 {
-            g.wake_all();
-        }
+        self.0.leave();
     }
 }
 

@@ -10,6 +10,8 @@
 //!   state ([`Lun`]: bdev channel, pending unit attention).
 //! - [`table`]: the LUN table and dispatch (REPORT LUNS, missing LUNs, unit
 //!   attentions).
+//! - [`fast`]: plain READ and WRITE started (and, on a bdev that answers
+//!   at once, answered) in the call, for transports that map their data.
 //! - `spc`, `sbc`: the command executors; `opcodes` REPORT SUPPORTED
 //!   OPERATION CODES.
 //! - [`outcome`]: status + sense + residual; bdev errors mapped to sense.
@@ -23,6 +25,7 @@
 //! data. Everything runs on the reactor that owns the channels (`!Send`).
 
 pub mod data;
+pub mod fast;
 #[doc(hidden)]
 pub mod fuzz;
 mod gate;
@@ -38,6 +41,7 @@ pub mod table;
 mod xcopy;
 
 pub use data::{BufData, DataPath, Direction, IovecData, XferError};
+pub use fast::{DataNow, RwPending, RwStart};
 pub use lu::{LuConfig, LuShared, Lun};
 pub use outcome::Outcome;
 pub use sbc::{CHUNK_BYTES, MAX_UNMAP_DESCRIPTORS};
@@ -71,5 +75,7 @@ pub(crate) mod test_util {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fast;
 #[cfg(test)]
 mod tests_pr;

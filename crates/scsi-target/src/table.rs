@@ -91,6 +91,11 @@ impl LunTable {
         }
     }
 
+    /// The I_T nexus this table serves.
+    pub(crate) fn nexus(&self) -> &Nexus {
+        &self.nexus
+    }
+
     pub fn get(&self, lun: u64) -> Option<&Lun> {
         self.luns.iter().find(|(l, _)| *l == lun).map(|(_, lu)| lu)
     }

@@ -21,7 +21,9 @@ use std::task::{Poll, Waker};
 
 use ustor_runtime::{IoBuf, WorkQueue};
 use ustor_scsi_proto::sense::DESCRIPTOR_SENSE_MAX;
-use ustor_scsi_target::{DataPath, Direction, Lun, LunTable, Outcome, XferError};
+use ustor_scsi_target::{
+    DataNow, DataPath, Direction, Lun, LunTable, Outcome, RwPending, RwStart, XferError,
+};
 
 use super::device::{ScsiDevice, TargetSlot};
 use super::ring::Ring;
@@ -47,6 +49,8 @@ struct Job {
     table: Rc<LunTable>,
     lun: u64,
     cdb: [u8; CDB_SIZE],
+    /// A READ or WRITE the fast path started that waits at the bdev.
+    started: Option<RwPending>,
 }
 
 /// Pieces a new chain has room for in each stream: chains are reused, and
@@ -72,6 +76,8 @@ struct ReqQueue {
     /// Per worker: the waker of a read it runs that an abort may stop
     /// ([`run_abortable`]).
     abort_wakers: RefCell<Vec<Option<Waker>>>,
+    /// The fast path's read buffer, kept between commands.
+    spare: RefCell<Option<IoBuf>>,
 }
 
 async fn run_requests(s: VringStart<ScsiDevice>) {
@@ -94,6 +100,7 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         tasks: Arc::new(TaskTable::new(depth as u16)),
         budget: depth,
         abort_wakers: RefCell::new(vec![None; depth]),
+        spare: RefCell::new(None),
     });
     let ring = q.ring.clone();
     ring.dev
@@ -215,11 +222,26 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     };
     // In the task set (what TMFs, drains and target removal look at).
     q.tasks.start(chain.head, a.target, hdr.tag);
+    // A plain READ or WRITE runs here, and is answered here when the bdev
+    // answers at once.
+    let mut started = None;
+    if let Some(mut data) = GuestData::of(&mem, &chain) {
+        let spare = &mut q.spare.borrow_mut();
+        match table.rw_now(a.lun, &hdr.cdb, &mut data, spare) {
+            RwStart::Done(o) => {
+                let len = answer(&data, &o);
+                return finish(q, &mem, chain, len);
+            }
+            RwStart::Waiting(p) => started = Some(p),
+            RwStart::Declined => {}
+        }
+    }
     let job = Job {
         chain,
         table,
         lun: a.lun,
         cdb: hdr.cdb,
+        started,
     };
     q.jobs.push(job, |id| spawn_worker(q, id));
 }
@@ -250,14 +272,18 @@ async fn worker(q: Rc<ReqQueue>, id: usize) {
 }
 
 /// Runs one command and returns it used.
-async fn serve(q: &ReqQueue, id: usize, m: &GuestMem, job: Job) {
-    // A command an ABORT TASK reached before it started is not run.
-    let len = if q.tasks.abort_asked(job.chain.head) {
+async fn serve(q: &ReqQueue, id: usize, m: &GuestMem, mut job: Job) {
+    let started = job.started.take();
+    // A command an ABORT TASK reached before it started is not run; a
+    // write the fast path started is at the bdev already: it runs out.
+    let len = if started.as_ref().is_some_and(|p| p.is_write()) {
+        execute(m, &job, started).await
+    } else if q.tasks.abort_asked(job.chain.head) {
         respond(m, &job.chain, &CmdResp::transport(resp::ABORTED), 0)
     } else if reads_only(&job.chain) {
-        run_abortable(q, id, m, &job).await
+        run_abortable(q, id, m, &job, started).await
     } else {
-        execute(m, &job).await
+        execute(m, &job, started).await
     };
     // Out of the task set after the used ring (`finish`): the task-set
     // TMFs then answer after the commands they waited for.
@@ -274,9 +300,15 @@ fn reads_only(c: &Chain) -> bool {
 /// waits. Dropping it is safe: the bdev keeps an abandoned I/O's buffer
 /// until the device is done with it, and guest memory is written only by
 /// copies the dropped future no longer makes.
-async fn run_abortable(q: &ReqQueue, id: usize, mem: &GuestMem, job: &Job) -> u32 {
+async fn run_abortable(
+    q: &ReqQueue,
+    id: usize,
+    mem: &GuestMem,
+    job: &Job,
+    started: Option<RwPending>,
+) -> u32 {
     let head = job.chain.head;
-    let mut run = std::pin::pin!(execute(mem, job));
+    let mut run = std::pin::pin!(execute(mem, job, started));
     let done = poll_fn(|cx| {
         if let Poll::Ready(n) = run.as_mut().poll(cx) {
             return Poll::Ready(Some(n));
@@ -300,29 +332,31 @@ async fn run_abortable(q: &ReqQueue, id: usize, mem: &GuestMem, job: &Job) -> u3
     }
 }
 
-/// Runs one command on the target core and writes its response; the
-/// bytes written into the chain.
-async fn execute(mem: &GuestMem, job: &Job) -> u32 {
+/// Runs one command on the target core (or waits for the one the fast
+/// path started) and writes its response; the bytes written into the
+/// chain.
+async fn execute(mem: &GuestMem, job: &Job, started: Option<RwPending>) -> u32 {
     let c = &job.chain;
-    let (out, inn) = (c.rd_len - CMD_REQ_LEN, c.wr_len - CMD_RESP_LEN);
-    let (dir, len) = match (out > 0, inn > 0) {
-        (false, false) => (Direction::None, 0),
-        (true, false) => (Direction::ToDevice, out),
-        (false, true) => (Direction::FromDevice, inn),
-        // Bidirectional commands need VIRTIO_SCSI_F_INOUT (not offered).
-        (true, true) => return respond(mem, c, &CmdResp::transport(resp::FAILURE), 0),
-    };
-    let mut data = GuestData {
-        mem,
-        chain: c,
-        dir,
-        len: len.min(u32::MAX as u64) as u32,
-    };
-    let Ok(o) = job.table.execute(job.lun, &job.cdb, &mut data).await else {
+    // Bidirectional commands need VIRTIO_SCSI_F_INOUT (not offered).
+    let Some(mut data) = GuestData::of(mem, c) else {
         return respond(mem, c, &CmdResp::transport(resp::FAILURE), 0);
     };
+    let o = match started {
+        Some(p) => p.finish(&mut data).await,
+        None => match job.table.execute(job.lun, &job.cdb, &mut data).await {
+            Ok(o) => o,
+            Err(_) => return respond(mem, c, &CmdResp::transport(resp::FAILURE), 0),
+        },
+    };
+    answer(&data, &o)
+}
+
+/// Writes the response of a command the target core answered; the bytes
+/// written into the chain.
+fn answer(data: &GuestData<'_>, o: &Outcome) -> u32 {
+    let (mem, c, dir) = (data.mem, data.chain, data.dir);
     let mut sense = [0u8; DESCRIPTOR_SENSE_MAX];
-    let n = encode_sense(&o, &mut sense);
+    let n = encode_sense(o, &mut sense);
     let r = CmdResp {
         response: resp::OK,
         status: o.status.as_u8(),
@@ -367,6 +401,38 @@ struct GuestData<'a> {
     len: u32,
 }
 
+impl<'a> GuestData<'a> {
+    /// The chain's data: data-out after the request header, or data-in
+    /// after the response; `None` for a chain with both (bidirectional).
+    fn of(mem: &'a GuestMem, c: &'a Chain) -> Option<GuestData<'a>> {
+        let (out, inn) = (c.rd_len - CMD_REQ_LEN, c.wr_len - CMD_RESP_LEN);
+        let (dir, len) = match (out > 0, inn > 0) {
+            (false, false) => (Direction::None, 0),
+            (true, false) => (Direction::ToDevice, out),
+            (false, true) => (Direction::FromDevice, inn),
+            (true, true) => return None,
+        };
+        Some(GuestData {
+            mem,
+            chain: c,
+            dir,
+            len: len.min(u32::MAX as u64) as u32,
+        })
+    }
+}
+
+impl DataNow for GuestData<'_> {
+    fn data_in_now(&mut self, offset: u32, src: &[u8]) -> usize {
+        if self.dir != Direction::FromDevice {
+            return 0;
+        }
+        let room = (self.len as usize).saturating_sub(offset as usize);
+        let n = src.len().min(room);
+        let at = CMD_RESP_LEN + offset as u64;
+        self.chain.write(self.mem, at, &src[..n])
+    }
+}
+
 impl DataPath for GuestData<'_> {
     fn direction(&self) -> Direction {
         self.dir
@@ -398,13 +464,7 @@ impl DataPath for GuestData<'_> {
     }
 
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {
-        if self.dir != Direction::FromDevice {
-            return Ok(0);
-        }
-        let room = (self.len as usize).saturating_sub(offset as usize);
-        let n = src.len().min(room);
-        let at = CMD_RESP_LEN + offset as u64;
-        Ok(self.chain.write(self.mem, at, &src[..n]))
+        Ok(self.data_in_now(offset, src))
     }
 
     /// virtio-scsi reports residuals (`resid` in the response).

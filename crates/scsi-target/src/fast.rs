@@ -1,0 +1,271 @@
+//! READ and WRITE of one chunk started in the call, with no future: when
+//! the bdev answers at once (null, malloc) the command is answered in the
+//! call too, so a transport that maps its data ([`DataNow`]: vhost-user's
+//! guest memory) runs it where it took it, with no worker, no pool wait and
+//! none of the generic path's nested futures.
+//!
+//! Only a command that would meet every check of the full path with
+//! nothing to report takes it: no unit attention owed, no write protect,
+//! the range on the medium, the initiator's length exactly the blocks in
+//! the direction of the command, one chunk, no FUA or protection field.
+//! Anything else is [`RwStart::Declined`] untouched (nothing consumed) and
+//! runs through [`LunTable::execute`], which answers it. The reservation
+//! check is the full path's own; a unit attention it hands out or a
+//! conflict is answered here as the full path would answer it.
+//!
+//! Writes go out from the transport's lent buffer
+//! ([`DataPath::data_out_buf`]) and pass the unit's write gate as every
+//! write does (declined while a read-modify-write holds it). Reads land in
+//! a buffer of ours (the caller's spare, kept between commands) and are
+//! copied to the transport when done: a read still at the bdev may be
+//! abandoned (ABORT TASK) without the bdev writing the initiator's memory
+//! afterwards.
+
+use std::sync::Arc;
+
+use ustor_bdev::{RwNow, RwWait};
+use ustor_runtime::IoBuf;
+use ustor_scsi_proto::cdb::Command;
+
+use crate::data::{DataPath, Direction};
+use crate::lu::{LuShared, Lun};
+use crate::outcome::Outcome;
+use crate::pr::{Access, Check};
+use crate::sbc::CHUNK_BYTES;
+use crate::table::LunTable;
+
+/// A transport that moves data-in with no await: its data buffers are
+/// memory it maps.
+pub trait DataNow: DataPath {
+    /// Copies `src` into the data-in buffer at `offset`; the bytes copied.
+    fn data_in_now(&mut self, offset: u32, src: &[u8]) -> usize;
+}
+
+/// What [`LunTable::rw_now`] did.
+pub enum RwStart {
+    /// Answered in the call (data moved, or the check that stopped it).
+    Done(Outcome),
+    /// At the bdev: [`RwPending::finish`] answers it.
+    Waiting(RwPending),
+    /// Not for the fast path: run it through [`LunTable::execute`].
+    Declined,
+}
+
+/// A fast-path read or write the bdev has not answered yet.
+pub struct RwPending {
+    wait: RwWait,
+    /// A write's pass through the unit's write gate (`None`: a read).
+    gate: Option<GateHeld>,
+    exp: u32,
+    d_sense: bool,
+}
+
+/// A write's hold on the gate, let go when the write has ended (or its
+/// command is dropped).
+struct GateHeld(Arc<LuShared>);
+
+impl Drop for GateHeld {
+    fn drop(&mut self) {
+        self.0.gate.leave();
+    }
+}
+
+impl RwPending {
+    /// A write (it changes the medium once started: not to be abandoned).
+    pub fn is_write(&self) -> bool {
+        self.gate.is_some()
+    }
+
+    /// Waits for the bdev; a read's data then goes to `data`.
+    pub async fn finish<D: DataNow>(self, data: &mut D) -> Outcome {
+        let RwPending {
+            wait,
+            gate,
+            exp,
+            d_sense,
+        } = self;
+        let write = gate.is_some();
+        let (r, buf) = wait.await;
+        drop(gate);
+        with_d_sense(done(r, write, &buf, exp, data), d_sense)
+    }
+}
+
+fn done<D: DataNow>(
+    r: Result<(), ustor_bdev::BdevError>,
+    write: bool,
+    buf: &IoBuf,
+    exp: u32,
+    data: &mut D,
+) -> Outcome {
+    match r {
+        Err(e) => Outcome::from_bdev(e, write, exp),
+        Ok(()) if write => Outcome::good(0),
+        Ok(()) => {
+            let n = data.data_in_now(0, buf).min(buf.len()) as u32;
+            Outcome::good(exp.saturating_sub(n))
+        }
+    }
+}
+
+fn with_d_sense(mut o: Outcome, d_sense: bool) -> Outcome {
+    if let Some(s) = o.sense.as_mut() {
+        s.descriptor = d_sense;
+    }
+    o
+}
+
+/// A plain READ or WRITE of `cdb`: (write, lba, blocks), with no FUA and
+/// no protection field.
+fn plain_rw(cdb: &[u8]) -> Option<(bool, u64, u64)> {
+    // The 10, 12 and 16-byte forms; RDPROTECT / WRPROTECT (byte 1, bits
+    // 7..5) zero (the full path refuses any other).
+    if !matches!(cdb.first(), Some(0x28 | 0x2a | 0xa8 | 0xaa | 0x88 | 0x8a))
+        || cdb.get(1).is_none_or(|b| b & 0xe0 != 0)
+    {
+        return None;
+    }
+    match Command::parse(cdb).ok()? {
+        Command::Read { lba, blocks, .. } => Some((false, lba, blocks as u64)),
+        Command::Write {
+            lba,
+            blocks,
+            fua: false,
+        } => Some((true, lba, blocks as u64)),
+        _ => None,
+    }
+}
+
+impl LunTable {
+    /// Starts a plain READ or WRITE of one chunk on `lun` at once (see the
+    /// module docs); `spare` is a read buffer the caller keeps between
+    /// commands (taken and given back here).
+    pub fn rw_now<D: DataNow>(
+        &self,
+        lun: u64,
+        cdb: &[u8],
+        data: &mut D,
+        spare: &mut Option<IoBuf>,
+    ) -> RwStart {
+        let Some((write, lba, blocks)) = plain_rw(cdb) else {
+            return RwStart::Declined;
+        };
+        let Some(lu) = self.get(lun) else {
+            return RwStart::Declined;
+        };
+        let exp = data.expected_len();
+        let len = blocks * lu.block_size() as u64;
+        let dir = if write {
+            Direction::ToDevice
+        } else {
+            Direction::FromDevice
+        };
+        let plain = blocks > 0
+            && len == exp as u64
+            && len <= CHUNK_BYTES
+            && data.direction() == dir
+            && lu.in_range(lba, blocks)
+            && lu.ua().is_none()
+            && lu.num_blocks() == lu.known_blocks()
+            && !(write && lu.shared.mode.swp());
+        if !plain {
+            return RwStart::Declined;
+        }
+        let d_sense = lu.shared.mode.d_sense();
+        let access = if write { Access::Write } else { Access::Read };
+        match lu.shared.pr.check(self.nexus(), true, access) {
+            Check::Attention(ua) => {
+                return RwStart::Done(with_d_sense(Outcome::sense(ua, exp), d_sense))
+            }
+            Check::Conflict => return RwStart::Done(Outcome::conflict(exp)),
+            Check::Go => {}
+        }
+        let start = Start {
+            lu,
+            lba,
+            blocks,
+            len: len as usize,
+            exp,
+            d_sense,
+        };
+        if write {
+            start.write(data)
+        } else {
+            start.read(data, spare)
+        }
+    }
+}
+
+/// A checked command, ready for the bdev.
+struct Start<'a> {
+    lu: &'a Lun,
+    lba: u64,
+    blocks: u64,
+    len: usize,
+    exp: u32,
+    d_sense: bool,
+}
+
+impl Start<'_> {
+    fn write<D: DataNow>(self, data: &mut D) -> RwStart {
+        let Some(buf) = data.data_out_buf(0, self.len) else {
+            return RwStart::Declined;
+        };
+        let shared = &self.lu.shared;
+        if !shared.gate.try_enter() {
+            return RwStart::Declined;
+        }
+        let ch = &self.lu.ch;
+        match ch.rw_now(true, ch.recent_tick(), self.lba, self.blocks, buf) {
+            RwNow::Done(r, buf) => {
+                shared.gate.leave();
+                RwStart::Done(with_d_sense(
+                    done(r, true, &buf, self.exp, data),
+                    self.d_sense,
+                ))
+            }
+            RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
+                wait,
+                gate: Some(GateHeld(shared.clone())),
+                exp: self.exp,
+                d_sense: self.d_sense,
+            }),
+            RwNow::Declined(_) => {
+                shared.gate.leave();
+                RwStart::Declined
+            }
+        }
+    }
+
+    fn read<D: DataNow>(self, data: &mut D, spare: &mut Option<IoBuf>) -> RwStart {
+        let mut buf = match spare.take() {
+            Some(b) if b.capacity() >= self.len => b,
+            other => {
+                *spare = other;
+                match IoBuf::try_alloc(self.len) {
+                    Some(b) => b,
+                    None => return RwStart::Declined,
+                }
+            }
+        };
+        buf.set_len(self.len);
+        let ch = &self.lu.ch;
+        match ch.rw_now(false, ch.recent_tick(), self.lba, self.blocks, buf) {
+            RwNow::Done(r, buf) => {
+                let o = done(r, false, &buf, self.exp, data);
+                *spare = Some(buf);
+                RwStart::Done(with_d_sense(o, self.d_sense))
+            }
+            RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
+                wait,
+                gate: None,
+                exp: self.exp,
+                d_sense: self.d_sense,
+            }),
+            RwNow::Declined(buf) => {
+                *spare = Some(buf);
+                RwStart::Declined
+            }
+        }
+    }
+}
