@@ -12,7 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -40,6 +40,11 @@ pub(crate) struct Ring {
     call: Arc<vring::CallFd>,
     pub kick: Arc<File>,
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
+    /// Bumped after each change of `atomic`'s map, and the value last
+    /// looked at (`u64::MAX`: never): the map is looked up only when it
+    /// moved.
+    map_gen: Arc<AtomicU64>,
+    map_seen: Cell<u64>,
     /// The map requests use and a generation bumped when it changes (a
     /// worker keeps its own `Arc` until the generation moves).
     pub mem: RefCell<Rc<GuestMem>>,
@@ -60,9 +65,15 @@ pub(crate) struct Ring {
     size: u16,
     /// Call-eventfd coalescing (request queues only).
     coal: Option<RefCell<Coalescer>>,
-    /// The ring task sleeps on its kick eventfd: completions signal at
-    /// once (nothing would send a held-back signal).
+    /// The ring task sleeps on its kick eventfd (or drains): completions
+    /// decide and signal at once (nothing would send a held-back signal).
     parked: Cell<bool>,
+    /// Request queues: the notification decision (a full fence and a
+    /// read of the driver's field) is made once per pass of the ring task
+    /// for what was used since, not once per command.
+    batch: bool,
+    /// Used entries pushed since the last decision (`batch`).
+    unpublished: Cell<u32>,
     /// Signals sent (call-eventfd writes).
     pub signals: Cell<u64>,
 }
@@ -91,6 +102,8 @@ impl Ring {
                     call: s.call,
                     kick: s.kick,
                     atomic: s.mem,
+                    map_gen: s.mem_gen,
+                    map_seen: Cell::new(u64::MAX),
                     mem: RefCell::new(mem),
                     mem_gen: Cell::new(0),
                     stop: s.stop,
@@ -105,6 +118,8 @@ impl Ring {
                     coal: (s.index >= 2)
                         .then(|| RefCell::new(Coalescer::new(ticks::hz(), ticks::now()))),
                     parked: Cell::new(false),
+                    batch: s.index >= 2,
+                    unpublished: Cell::new(0),
                     signals: Cell::new(0),
                 }))
             }
@@ -127,6 +142,12 @@ impl Ring {
 
     /// Picks up a memory map the frontend changed; true if it did.
     pub fn refresh_mem(&self) -> bool {
+        // Acquire: a generation seen moved means the new map is what
+        // `memory()` returns (the control side bumps it after the swap).
+        let gen = self.map_gen.load(Ordering::Acquire);
+        if gen == self.map_seen.replace(gen) {
+            return false;
+        }
         let g = self.atomic.memory();
         if self.mem.borrow().is(&g) {
             return false;
@@ -182,8 +203,9 @@ impl Ring {
         Some(chain.fill(head, d, mem))
     }
 
-    /// Returns `head` used with `len` bytes written, and signals the
-    /// driver if it asked.
+    /// Returns `head` used with `len` bytes written (visible to the driver
+    /// at once), and signals the driver if it asked: now, or for a request
+    /// queue's polling task at the end of its pass ([`Self::publish`]).
     pub fn complete(&self, mem: &GuestMem, head: u16, len: u32) {
         let mut q = self.queue.borrow_mut();
         if let Some(t) = &self.track {
@@ -196,18 +218,32 @@ impl Ring {
         if let Some(t) = &self.track {
             t.after_used(&q, head);
         }
-        if q.needs_notification(mem) {
-            drop(q);
-            let now_ok = self.parked.get()
-                || match &self.coal {
-                    Some(c) => c.borrow_mut().used(ticks::now()),
-                    None => true,
-                };
-            if now_ok {
-                self.signal();
-            } else {
-                self.dev.held.fetch_add(1, Ordering::Relaxed);
-            }
+        drop(q);
+        self.unpublished.set(self.unpublished.get() + 1);
+        if !self.batch || self.parked.get() {
+            self.publish(mem);
+        }
+    }
+
+    /// One notification decision for the entries used since the last:
+    /// signals the driver if it asked (now, or later when coalescing
+    /// holds the signal back).
+    fn publish(&self, mem: &GuestMem) {
+        if self.unpublished.replace(0) == 0 {
+            return;
+        }
+        if !self.queue.borrow_mut().needs_notification(mem) {
+            return;
+        }
+        let now_ok = self.parked.get()
+            || match &self.coal {
+                Some(c) => c.borrow_mut().used(ustor_runtime::pass_ticks()),
+                None => true,
+            };
+        if now_ok {
+            self.signal();
+        } else {
+            self.dev.held.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -221,7 +257,7 @@ impl Ring {
     /// held-back signal that is due. True while one is held back.
     fn coalesce_tick(&self, taken: usize) -> bool {
         let Some(c) = &self.coal else { return false };
-        let now = ticks::now();
+        let now = ustor_runtime::pass_ticks();
         let mut c = c.borrow_mut();
         c.taken(taken as u64);
         c.check(now, self.dev.coalescing());
@@ -236,17 +272,19 @@ impl Ring {
     /// Asks for kicks and sleeps on the kick eventfd, unless (`check`)
     /// chains arrived meanwhile.
     async fn park(&self, check: bool) {
+        // Completions from here on decide at once.
+        self.parked.set(true);
+        self.publish(&self.mem.borrow());
         let more = {
             let mem = self.mem.borrow();
             self.queue.borrow_mut().enable_notification(&mem)
         };
         if !(check && more) {
             let fd = self.kick.as_raw_fd();
-            self.parked.set(true);
             let _ = ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32).await;
-            self.parked.set(false);
             vring::drain_eventfd(&self.kick);
         }
+        self.parked.set(false);
         self.refresh_mem();
         let mem = self.mem.borrow();
         self.queue.borrow_mut().disable_notification(&mem);
@@ -264,15 +302,18 @@ impl Ring {
         mut pass: impl FnMut() -> usize,
     ) {
         let window = ticks::from_duration(window);
-        let mut last = ticks::now();
+        let mut last = ustor_runtime::pass_ticks();
         while !self.stopping() {
             self.refresh_mem();
             let n = pass();
+            self.publish(&self.mem.borrow());
             // A held-back signal keeps the ring polling until it is due
             // (a sleeping ring could not send it).
             let held = self.coalesce_tick(n);
-            let now = ticks::now();
-            if n > 0 || held || now.wrapping_sub(last) < window {
+            // The reactor's clock of this pass: the window is microseconds
+            // or more, and a TSC read costs tens of ns in a VM.
+            let now = ustor_runtime::pass_ticks();
+            if n > 0 || held || now.saturating_sub(last) < window {
                 if n > 0 {
                     last = now;
                 }
@@ -287,6 +328,8 @@ impl Ring {
     /// Waits for the chains in flight, then reports where the ring
     /// stopped.
     pub async fn finish(&self) {
+        self.parked.set(true);
+        self.publish(&self.mem.borrow());
         while self.inflight.get() > 0 {
             ustor_runtime::sleep(Duration::from_micros(100)).await;
         }
