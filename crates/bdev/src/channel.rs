@@ -43,6 +43,8 @@ pub(crate) struct ChannelCore {
     pub(crate) supported: [bool; IoType::ALL.len()],
     /// [`crate::Bdev::max_compare_and_write_blocks`].
     pub(crate) max_caw: u64,
+    /// [`BdevChannel::completes_in_submit`], asked once.
+    in_submit: bool,
     /// The driver honours [`IoFlags::FUA`] itself for this kind.
     fua_native: [bool; IoType::ALL.len()],
     /// The device has a volatile write cache that a flush empties: FUA
@@ -79,6 +81,7 @@ impl ChannelCore {
             align_pow2: info.required_alignment.max(1).is_power_of_two(),
             volatile: info.write_cache && supported[IoType::Flush.index()],
             max_caw: b.max_compare_and_write_blocks(),
+            in_submit: driver.completes_in_submit(),
             supported,
             fua_native,
             entry,
@@ -143,6 +146,16 @@ impl IoChannel {
     pub fn num_blocks(&self) -> u64 {
         self.core.entry.num_blocks()
     }
+    /// The driver completes every I/O inside its submit (null, malloc; see
+    /// [`BdevChannel::completes_in_submit`]): an I/O started here has
+    /// touched its buffer by the time it could be given up. One not yet
+    /// started (waiting for a slot) is started only by polling it, and a
+    /// split one launches its parts the same way, so a dropped I/O never
+    /// touches its buffer afterwards.
+    pub fn completes_in_submit(&self) -> bool {
+        self.core.in_submit
+    }
+
     pub fn supports(&self, t: IoType) -> bool {
         self.core.supported[t.index()] || t == IoType::WriteZeroes
     }

@@ -85,6 +85,14 @@ pub trait BdevChannel {
     fn outstanding(&self) -> usize {
         0
     }
+
+    /// Every I/O is completed inside [`BdevChannel::submit`] (an in-memory
+    /// driver: null, malloc). Its I/O touches a buffer only while it is
+    /// being started, so a caller may lend memory it must not have
+    /// written once it gives the I/O up ([`crate::IoChannel::completes_in_submit`]).
+    fn completes_in_submit(&self) -> bool {
+        false
+    }
 }
 
 /// A bdev module (driver), registered once in the [`Registry`]'s module

@@ -39,6 +39,16 @@ use crate::table::LunTable;
 pub trait DataNow: DataPath {
     /// Copies `src` into the data-in buffer at `offset`; the bytes copied.
     fn data_in_now(&mut self, offset: u32, src: &[u8]) -> usize;
+
+    /// The `len` data-in bytes at `offset` as a buffer over the
+    /// initiator's own memory, when they lie in one piece of it: the bdev
+    /// reads into it directly. The core lends it only to a bdev that
+    /// completes in its submit, so the memory is never written after the
+    /// command is answered or abandoned. `None` (the default): a copy.
+    fn data_in_place(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
+        let _ = (offset, len);
+        None
+    }
 }
 
 /// What [`LunTable::rw_now`] did.
@@ -56,6 +66,8 @@ pub struct RwPending {
     wait: RwWait,
     /// A write's pass through the unit's write gate (`None`: a read).
     gate: Option<GateHeld>,
+    /// A read into the initiator's memory: nothing to copy.
+    in_place: bool,
     exp: u32,
     d_sense: bool,
 }
@@ -81,26 +93,29 @@ impl RwPending {
         let RwPending {
             wait,
             gate,
+            in_place,
             exp,
             d_sense,
         } = self;
         let write = gate.is_some();
         let (r, buf) = wait.await;
         drop(gate);
-        with_d_sense(done(r, write, &buf, exp, data), d_sense)
+        with_d_sense(done(r, (write, in_place), &buf, exp, data), d_sense)
     }
 }
 
+/// The outcome of a fast-path I/O; a read not `in_place` copies its data
+/// to the transport (the length checks made `exp` the buffer's length).
 fn done<D: DataNow>(
     r: Result<(), ustor_bdev::BdevError>,
-    write: bool,
+    (write, in_place): (bool, bool),
     buf: &IoBuf,
     exp: u32,
     data: &mut D,
 ) -> Outcome {
     match r {
         Err(e) => Outcome::from_bdev(e, write, exp),
-        Ok(()) if write => Outcome::good(0),
+        Ok(()) if write || in_place => Outcome::good(0),
         Ok(()) => {
             let n = data.data_in_now(0, buf).min(buf.len()) as u32;
             Outcome::good(exp.saturating_sub(n))
@@ -219,14 +234,13 @@ impl Start<'_> {
         match ch.rw_now(true, ch.recent_tick(), self.lba, self.blocks, buf) {
             RwNow::Done(r, buf) => {
                 shared.gate.leave();
-                RwStart::Done(with_d_sense(
-                    done(r, true, &buf, self.exp, data),
-                    self.d_sense,
-                ))
+                let o = done(r, (true, false), &buf, self.exp, data);
+                RwStart::Done(with_d_sense(o, self.d_sense))
             }
             RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
                 wait,
                 gate: Some(GateHeld(shared.clone())),
+                in_place: false,
                 exp: self.exp,
                 d_sense: self.d_sense,
             }),
@@ -238,6 +252,11 @@ impl Start<'_> {
     }
 
     fn read<D: DataNow>(self, data: &mut D, spare: &mut Option<IoBuf>) -> RwStart {
+        if self.lu.ch.completes_in_submit() {
+            if let Some(buf) = data.data_in_place(0, self.len) {
+                return self.start_read(buf, true, data, spare);
+            }
+        }
         let mut buf = match spare.take() {
             Some(b) if b.capacity() >= self.len => b,
             other => {
@@ -249,21 +268,38 @@ impl Start<'_> {
             }
         };
         buf.set_len(self.len);
+        self.start_read(buf, false, data, spare)
+    }
+
+    /// Reads into `buf`: the initiator's memory (`in_place`), or a buffer
+    /// of ours that goes back to `spare` when done.
+    fn start_read<D: DataNow>(
+        self,
+        buf: IoBuf,
+        in_place: bool,
+        data: &mut D,
+        spare: &mut Option<IoBuf>,
+    ) -> RwStart {
         let ch = &self.lu.ch;
         match ch.rw_now(false, ch.recent_tick(), self.lba, self.blocks, buf) {
             RwNow::Done(r, buf) => {
-                let o = done(r, false, &buf, self.exp, data);
-                *spare = Some(buf);
+                let o = done(r, (false, in_place), &buf, self.exp, data);
+                if !in_place {
+                    *spare = Some(buf);
+                }
                 RwStart::Done(with_d_sense(o, self.d_sense))
             }
             RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
                 wait,
                 gate: None,
+                in_place,
                 exp: self.exp,
                 d_sense: self.d_sense,
             }),
             RwNow::Declined(buf) => {
-                *spare = Some(buf);
+                if !in_place {
+                    *spare = Some(buf);
+                }
                 RwStart::Declined
             }
         }

@@ -64,6 +64,10 @@ impl BdevChannel for MallocChannel {
         }
         io.complete(Ok(()));
     }
+
+    fn completes_in_submit(&self) -> bool {
+        true
+    }
 }
 
 impl Bdev for MallocBdev {

@@ -24,6 +24,10 @@ impl BdevChannel for NullChannel {
     fn submit(&self, io: IoHandle) {
         io.complete(Ok(()));
     }
+
+    fn completes_in_submit(&self) -> bool {
+        true
+    }
 }
 
 impl Bdev for NullBdev {

@@ -431,6 +431,17 @@ impl DataNow for GuestData<'_> {
         let at = CMD_RESP_LEN + offset as u64;
         self.chain.write(self.mem, at, &src[..n])
     }
+
+    /// Data-in that lies in one piece of guest memory, for the bdev to
+    /// read into (the core lends it only to a bdev that completes in its
+    /// submit: no guest memory is written after an abort).
+    fn data_in_place(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
+        if self.dir != Direction::FromDevice || offset as u64 + len as u64 > self.len as u64 {
+            return None;
+        }
+        let at = self.chain.span(true, CMD_RESP_LEN + offset as u64, len)?;
+        self.mem.io_buf(at, u32::try_from(len).ok()?)
+    }
 }
 
 impl DataPath for GuestData<'_> {
