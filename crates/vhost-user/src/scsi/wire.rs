@@ -21,8 +21,11 @@ use crate::guest::GuestMem;
 
 /// `struct virtio_scsi_cmd_req` with the default 32-byte CDB.
 pub const CMD_REQ_LEN: u64 = 19 + CDB_SIZE as u64;
+/// The response's fields before the sense bytes (sense_len, resid,
+/// status_qualifier, status, response).
+pub const RESP_FIXED: usize = 12;
 /// `struct virtio_scsi_cmd_resp` with the default 96-byte sense.
-pub const CMD_RESP_LEN: u64 = 12 + SENSE_SIZE as u64;
+pub const CMD_RESP_LEN: u64 = RESP_FIXED as u64 + SENSE_SIZE as u64;
 pub const CDB_SIZE: usize = vs::VIRTIO_SCSI_CDB_DEFAULT_SIZE as usize;
 pub const SENSE_SIZE: usize = vs::VIRTIO_SCSI_SENSE_DEFAULT_SIZE as usize;
 /// `struct virtio_scsi_ctrl_tmf_req` / `_resp`.
@@ -354,6 +357,13 @@ impl CmdResp<'_> {
         }
     }
 
+    /// The bytes of [`Self::encode`] that carry something: the fixed
+    /// fields and the sense bytes (`sense_len` tells the driver how many
+    /// of the 96 it reads, virtio 1.2 5.6.6.1).
+    pub fn used_bytes(&self) -> usize {
+        RESP_FIXED + self.sense.len().min(SENSE_SIZE)
+    }
+
     pub fn encode(&self) -> [u8; CMD_RESP_LEN as usize] {
         let mut b = [0u8; CMD_RESP_LEN as usize];
         let n = self.sense.len().min(SENSE_SIZE);
@@ -361,7 +371,7 @@ impl CmdResp<'_> {
         b[4..8].copy_from_slice(&self.resid.to_le_bytes());
         b[10] = self.status;
         b[11] = self.response;
-        b[12..12 + n].copy_from_slice(&self.sense[..n]);
+        b[RESP_FIXED..RESP_FIXED + n].copy_from_slice(&self.sense[..n]);
         b
     }
 }

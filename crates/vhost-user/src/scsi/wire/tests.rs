@@ -205,3 +205,26 @@ fn span_is_one_piece_or_none() {
     assert_eq!(c.span(true, 108, 512), Some(GA(0x9000)));
     assert_eq!(c.span(true, 108, 513), None);
 }
+
+/// A response is written as its fixed fields and its sense bytes; the
+/// rest of the sense area is not the driver's to read.
+#[test]
+fn a_response_carries_its_fields_and_sense_bytes_only() {
+    let sense = [0x70, 0, 6, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x29, 0];
+    let r = CmdResp {
+        response: resp::OK,
+        status: 2,
+        resid: 512,
+        sense: &sense,
+    };
+    assert_eq!(r.used_bytes(), RESP_FIXED + sense.len());
+    let b = r.encode();
+    assert_eq!(&b[0..4], &(sense.len() as u32).to_le_bytes());
+    assert_eq!(&b[4..8], &512u32.to_le_bytes());
+    assert_eq!((b[10], b[11]), (2, resp::OK));
+    assert_eq!(&b[RESP_FIXED..r.used_bytes()], &sense);
+    assert_eq!(
+        CmdResp::transport(resp::BAD_TARGET).used_bytes(),
+        RESP_FIXED
+    );
+}
