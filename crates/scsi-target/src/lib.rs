@@ -54,9 +54,60 @@ pub(crate) mod test_util {
     use std::sync::Arc;
     use std::task::{Context, Poll, Wake, Waker};
 
+    use ustor_bdev::modules::{malloc, RamOpts};
+    use ustor_bdev::{Desc, Registry};
+
+    use crate::{LuConfig, LuShared, Lun, LunTable};
+
     struct Noop;
     impl Wake for Noop {
         fn wake(self: Arc<Self>) {}
+    }
+
+    /// A malloc bdev of 512-byte blocks as one logical unit that any
+    /// number of I_T nexuses see, each through a table of its own (LUN 0)
+    /// sharing the unit's `LuShared`.
+    pub struct SharedUnit {
+        pub reg: Arc<Registry>,
+        pub name: String,
+        desc: Desc,
+        shared: Arc<LuShared>,
+    }
+
+    impl SharedUnit {
+        pub fn new(tag: &str, blocks: u64) -> SharedUnit {
+            let reg = Registry::new(None);
+            let name = format!(
+                "{tag}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            );
+            let opts = RamOpts {
+                name: name.clone(),
+                num_blocks: blocks,
+                block_size: 512,
+                uuid: None,
+                optimal_io_boundary: 0,
+                max_transfer_blocks: 0,
+            };
+            malloc::create(&reg, opts).unwrap();
+            let desc = reg.open(&name, true, |_| {}).unwrap();
+            SharedUnit {
+                reg,
+                name,
+                desc,
+                shared: LuShared::new(),
+            }
+        }
+
+        /// The table of the I_T nexus `nexus` (a second table of one
+        /// nexus is that nexus on another reactor).
+        pub fn table(&self, nexus: &str) -> LunTable {
+            let lu = Lun::open(LuConfig::disk("SHARED DISK", 1, false), &self.desc).unwrap();
+            let mut t = LunTable::from_luns([(0, lu.with_shared(self.shared.clone()))]);
+            t.set_nexus(nexus);
+            t
+        }
     }
 
     /// Runs a future that never waits (malloc bdev I/O, plain buffers).

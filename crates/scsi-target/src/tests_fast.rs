@@ -3,54 +3,31 @@
 //! conflict and a unit attention as the full path does, and everything it
 //! declines is left untouched for [`LunTable::execute`].
 
-use std::sync::Arc;
-
-use ustor_bdev::modules::{malloc, RamOpts};
-use ustor_bdev::Registry;
 use ustor_runtime::IoBuf;
 use ustor_scsi_proto::cdb::Cdb;
 use ustor_scsi_proto::sense::asc;
 use ustor_scsi_proto::{ScsiStatus, Sense, SenseKey};
 
-use crate::test_util::ready;
+use crate::test_util::{ready, SharedUnit};
 use crate::*;
 
 const BS: u32 = 512;
 const BLOCKS: u64 = 4096;
 
+/// Two I_T nexuses over one unit (the tables drop before it).
 struct Rig {
-    _reg: Arc<Registry>,
-    /// Two I_T nexuses over one unit.
     a: LunTable,
     b: LunTable,
+    _unit: SharedUnit,
 }
 
 fn rig() -> Rig {
-    let reg = Registry::new(None);
-    let name = format!(
-        "fast-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    );
-    let opts = RamOpts {
-        name: name.clone(),
-        num_blocks: BLOCKS,
-        block_size: BS,
-        uuid: None,
-        optimal_io_boundary: 0,
-        max_transfer_blocks: 0,
-    };
-    malloc::create(&reg, opts).unwrap();
-    let d = reg.open(&name, true, |_| {}).unwrap();
-    let shared = LuShared::new();
-    let table = |nexus: &str| {
-        let lu = Lun::open(LuConfig::disk("FAST DISK", 1, false), &d).unwrap();
-        let mut t = LunTable::from_luns([(0, lu.with_shared(shared.clone()))]);
-        t.set_nexus(nexus);
-        t
-    };
-    let (a, b) = (table("iqn.a,i,0x1"), table("iqn.b,i,0x2"));
-    Rig { _reg: reg, a, b }
+    let u = SharedUnit::new("fast", BLOCKS);
+    Rig {
+        a: u.table("iqn.a,i,0x1"),
+        b: u.table("iqn.b,i,0x2"),
+        _unit: u,
+    }
 }
 
 /// Plain buffers whose data-out is lent (as vhost-user lends guest memory).

@@ -1,55 +1,29 @@
 //! Reservations between two I_T nexuses (two tables over one unit sharing
 //! its [`LuShared`]), and the read-then-write commands.
 
-use std::sync::Arc;
-
-use ustor_bdev::modules::{malloc, RamOpts};
-use ustor_bdev::Registry;
 use ustor_scsi_proto::cdb::op;
 use ustor_scsi_proto::sense::asc;
 use ustor_scsi_proto::{ScsiStatus, SenseKey};
 
 use crate::pr::{EXCLUSIVE_ACCESS, WRITE_EXCLUSIVE_AR};
-use crate::test_util::ready;
+use crate::test_util::{ready, SharedUnit};
 use crate::*;
 
 const BS: u32 = 512;
 
+/// The tables drop before the unit they use.
 struct Two {
-    _reg: Arc<Registry>,
     a: LunTable,
     b: Option<LunTable>,
+    _unit: SharedUnit,
 }
 
 fn two() -> Two {
-    let reg = Registry::new(None);
-    let name = format!(
-        "pr-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    );
-    let opts = RamOpts {
-        name: name.clone(),
-        num_blocks: 1024,
-        block_size: BS,
-        uuid: None,
-        optimal_io_boundary: 0,
-        max_transfer_blocks: 0,
-    };
-    malloc::create(&reg, opts).unwrap();
-    let d = reg.open(&name, true, |_| {}).unwrap();
-    let shared = LuShared::new();
-    let table = |nexus: &str| {
-        let lu = Lun::open(LuConfig::disk("PR DISK", 1, false), &d).unwrap();
-        let mut t = LunTable::from_luns([(0, lu.with_shared(shared.clone()))]);
-        t.set_nexus(nexus);
-        t
-    };
-    let (a, b) = (table("iqn.a,i,0x1"), table("iqn.b,i,0x2"));
+    let u = SharedUnit::new("pr", 1024);
     Two {
-        _reg: reg,
-        a,
-        b: Some(b),
+        a: u.table("iqn.a,i,0x1"),
+        b: Some(u.table("iqn.b,i,0x2")),
+        _unit: u,
     }
 }
 
@@ -362,25 +336,9 @@ fn extended_copy_within_the_unit() {
 /// noticed knows the new size, and the nexuses before it are told.
 #[test]
 fn attentions_are_owed_once_per_nexus_not_per_table() {
-    let reg = Registry::new(None);
-    let name = format!("pr-ua-{}", std::process::id());
-    let opts = RamOpts {
-        name: name.clone(),
-        num_blocks: 1024,
-        block_size: BS,
-        uuid: None,
-        optimal_io_boundary: 0,
-        max_transfer_blocks: 0,
-    };
-    malloc::create(&reg, opts).unwrap();
-    let d = reg.open(&name, true, |_| {}).unwrap();
-    let shared = LuShared::new();
-    let table = |nexus: &str| {
-        let lu = Lun::open(LuConfig::disk("PR DISK", 1, false), &d).unwrap();
-        let mut t = LunTable::from_luns([(0, lu.with_shared(shared.clone()))]);
-        t.set_nexus(nexus);
-        t
-    };
+    let u = SharedUnit::new("pr-ua", 1024);
+    let (reg, name) = (&u.reg, &u.name);
+    let table = |nexus: &str| u.table(nexus);
     let (a1, a2, b) = (
         table("iqn.a,i,0x1"),
         table("iqn.a,i,0x1"),
@@ -400,7 +358,7 @@ fn attentions_are_owed_once_per_nexus_not_per_table() {
     assert_eq!((ua(&a1), ua(&a2)), (None, None));
     assert_eq!((ua(&b), ua(&b)), (Some(asc::POWER_ON_RESET), None));
 
-    assert!(reg.get(&name).unwrap().resize(512));
+    assert!(reg.get(name).unwrap().resize(512));
     assert_eq!(ua(&a1), Some(asc::CAPACITY_CHANGED));
     assert_eq!((ua(&a2), ua(&a1)), (None, None));
     assert_eq!((ua(&b), ua(&b)), (Some(asc::CAPACITY_CHANGED), None));
@@ -413,7 +371,7 @@ fn attentions_are_owed_once_per_nexus_not_per_table() {
     assert_eq!((ua(&a1), ua(&a2)), (None, None));
 
     // Resized again; a table opened now knows the size, the others learn.
-    assert!(reg.get(&name).unwrap().resize(256));
+    assert!(reg.get(name).unwrap().resize(256));
     let c = table("iqn.c,i,0x3");
     assert_eq!(ua(&c), None);
     assert_eq!((ua(&a2), ua(&a1)), (Some(asc::CAPACITY_CHANGED), None));
