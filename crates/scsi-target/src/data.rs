@@ -62,6 +62,22 @@ pub trait DataPath {
         None
     }
 
+    /// The `len` data-out bytes at `offset` as at most `max` buffers over
+    /// the transport's own memory, in order (a guest's scattered pages),
+    /// when they lie in more than one piece of it: written from there, not
+    /// copied. `None` (the default): one piece ([`DataPath::data_out_buf`])
+    /// or a copy.
+    fn data_out_bufs(&mut self, offset: u32, len: usize, max: usize) -> Option<Vec<IoBuf>> {
+        let _ = (offset, len, max);
+        None
+    }
+
+    /// A list [`DataPath::data_out_bufs`] lent, back from the bdev (for
+    /// the transport to reuse).
+    fn bufs_back(&mut self, bufs: Vec<IoBuf>) {
+        drop(bufs);
+    }
+
     /// Sends `src` as data-in at `offset`; returns how many bytes fit in
     /// the initiator's buffer.
     fn data_in(

@@ -6,6 +6,7 @@
 //! [`CHUNK_BYTES`]: the initiator's transfer length never sizes an
 //! allocation, and a large transfer streams through the transport.
 
+use ustor_bdev::io::MAX_SEGMENTS;
 use ustor_bdev::{IoFlags, IoType};
 use ustor_runtime::IoBuf;
 use ustor_scsi_proto::cdb::{parse_unmap_param, Command};
@@ -181,7 +182,24 @@ async fn write<D: DataPath>(
     while done < blocks {
         let n = chunk_blocks(lu).min(blocks - done);
         let (off, len) = ((done * bs) as u32, (n * bs) as usize);
-        let buf = match data.data_out_buf(off, len) {
+        let one = data.data_out_buf(off, len);
+        let many = match one {
+            None => data.data_out_bufs(off, len, MAX_SEGMENTS),
+            Some(_) => None,
+        };
+        if let Some(v) = many {
+            // The initiator's scattered memory, written from where it is.
+            let g = lu.shared.gate.write().await;
+            let (r, v) = lu.ch.writev_flagged(lba + done, n, v, flags).await;
+            drop(g);
+            data.bufs_back(v);
+            if let Err(e) = r {
+                return Ok(Outcome::from_bdev(e, true, exp.saturating_sub(off)));
+            }
+            done += n;
+            continue;
+        }
+        let buf = match one {
             Some(b) => b,
             None => {
                 let mut b = match spare.take() {

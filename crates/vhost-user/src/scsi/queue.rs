@@ -78,7 +78,11 @@ struct ReqQueue {
     abort_wakers: RefCell<Vec<Option<Waker>>>,
     /// The fast path's read buffer, kept between commands.
     spare: RefCell<Option<IoBuf>>,
+    /// Buffer lists lent for scattered data-out, kept between commands.
+    lists: Lists,
 }
+
+type Lists = RefCell<Vec<Vec<IoBuf>>>;
 
 async fn run_requests(s: VringStart<ScsiDevice>) {
     let depth = s.size as usize;
@@ -101,6 +105,7 @@ async fn run_requests(s: VringStart<ScsiDevice>) {
         budget: depth,
         abort_wakers: RefCell::new(vec![None; depth]),
         spare: RefCell::new(None),
+        lists: RefCell::default(),
     });
     let ring = q.ring.clone();
     ring.dev
@@ -225,7 +230,7 @@ fn start(q: &Rc<ReqQueue>, chain: Chain, well_formed: bool) {
     // A plain READ or WRITE runs here, and is answered here when the bdev
     // answers at once.
     let mut started = None;
-    if let Some(mut data) = GuestData::of(&mem, &chain) {
+    if let Some(mut data) = GuestData::of(&mem, &chain, &q.lists) {
         let spare = &mut q.spare.borrow_mut();
         match table.rw_now(a.lun, &hdr.cdb, &mut data, spare) {
             RwStart::Done(o) => {
@@ -277,13 +282,13 @@ async fn serve(q: &ReqQueue, id: usize, m: &GuestMem, mut job: Job) {
     // A command an ABORT TASK reached before it started is not run; a
     // write the fast path started is at the bdev already: it runs out.
     let len = if started.as_ref().is_some_and(|p| p.is_write()) {
-        execute(m, &job, started).await
+        execute(q, m, &job, started).await
     } else if q.tasks.abort_asked(job.chain.head) {
         respond(m, &job.chain, &CmdResp::transport(resp::ABORTED), 0)
     } else if reads_only(&job.chain) {
         run_abortable(q, id, m, &job, started).await
     } else {
-        execute(m, &job, started).await
+        execute(q, m, &job, started).await
     };
     // Out of the task set after the used ring (`finish`): the task-set
     // TMFs then answer after the commands they waited for.
@@ -308,7 +313,7 @@ async fn run_abortable(
     started: Option<RwPending>,
 ) -> u32 {
     let head = job.chain.head;
-    let mut run = std::pin::pin!(execute(mem, job, started));
+    let mut run = std::pin::pin!(execute(q, mem, job, started));
     let done = poll_fn(|cx| {
         if let Poll::Ready(n) = run.as_mut().poll(cx) {
             return Poll::Ready(Some(n));
@@ -335,10 +340,10 @@ async fn run_abortable(
 /// Runs one command on the target core (or waits for the one the fast
 /// path started) and writes its response; the bytes written into the
 /// chain.
-async fn execute(mem: &GuestMem, job: &Job, started: Option<RwPending>) -> u32 {
+async fn execute(q: &ReqQueue, mem: &GuestMem, job: &Job, started: Option<RwPending>) -> u32 {
     let c = &job.chain;
     // Bidirectional commands need VIRTIO_SCSI_F_INOUT (not offered).
-    let Some(mut data) = GuestData::of(mem, c) else {
+    let Some(mut data) = GuestData::of(mem, c, &q.lists) else {
         return respond(mem, c, &CmdResp::transport(resp::FAILURE), 0);
     };
     let o = match started {
@@ -403,12 +408,14 @@ struct GuestData<'a> {
     chain: &'a Chain,
     dir: Direction,
     len: u32,
+    /// The queue's spare buffer lists (scattered data-out).
+    lists: &'a Lists,
 }
 
 impl<'a> GuestData<'a> {
     /// The chain's data: data-out after the request header, or data-in
     /// after the response; `None` for a chain with both (bidirectional).
-    fn of(mem: &'a GuestMem, c: &'a Chain) -> Option<GuestData<'a>> {
+    fn of(mem: &'a GuestMem, c: &'a Chain, lists: &'a Lists) -> Option<GuestData<'a>> {
         let (out, inn) = (c.rd_len - CMD_REQ_LEN, c.wr_len - CMD_RESP_LEN);
         let (dir, len) = match (out > 0, inn > 0) {
             (false, false) => (Direction::None, 0),
@@ -421,6 +428,7 @@ impl<'a> GuestData<'a> {
             chain: c,
             dir,
             len: len.min(u32::MAX as u64) as u32,
+            lists,
         })
     }
 }
@@ -476,6 +484,34 @@ impl DataPath for GuestData<'_> {
         }
         let at = self.chain.span(false, CMD_REQ_LEN + offset as u64, len)?;
         self.mem.io_buf(at, u32::try_from(len).ok()?)
+    }
+
+    /// Data-out in several pieces of guest memory (a guest's pages) goes
+    /// to the bdev as a list of borrowed buffers, as blk's does.
+    fn data_out_bufs(&mut self, offset: u32, len: usize, max: usize) -> Option<Vec<IoBuf>> {
+        if self.dir != Direction::ToDevice || offset as u64 + len as u64 > self.len as u64 {
+            return None;
+        }
+        let mut v = self.lists.borrow_mut().pop().unwrap_or_default();
+        let mem = self.mem;
+        let at = CMD_REQ_LEN + offset as u64;
+        let took = self.chain.each_piece(false, at, len, |a, n| {
+            if v.len() == max {
+                return false;
+            }
+            let b = u32::try_from(n).ok().and_then(|n| mem.io_buf(a, n));
+            b.map(|b| v.push(b)).is_some()
+        });
+        if took != len || v.len() < 2 {
+            self.bufs_back(v);
+            return None;
+        }
+        Some(v)
+    }
+
+    fn bufs_back(&mut self, mut bufs: Vec<IoBuf>) {
+        bufs.clear();
+        self.lists.borrow_mut().push(bufs);
     }
 
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {

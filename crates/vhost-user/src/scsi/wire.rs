@@ -190,6 +190,20 @@ impl Chain {
         at
     }
 
+    /// Calls `f(address, length)` for each piece of the stream bytes
+    /// `[offset, offset + len)` in order (`write`: the writable stream),
+    /// until `f` says false; the bytes it took.
+    pub fn each_piece(
+        &self,
+        write: bool,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(GuestAddress, usize) -> bool,
+    ) -> usize {
+        let pieces = if write { &self.wr } else { &self.rd };
+        walk(pieces, offset, len, |at, _, n| f(at, n))
+    }
+
     /// Reads the readable stream from `offset` into `dst`; bytes read.
     pub fn read<M: StreamMem>(&self, mem: &M, offset: u64, dst: &mut [u8]) -> usize {
         walk(&self.rd, offset, dst.len(), |at, pos, n| {
