@@ -12,8 +12,6 @@ use std::future::Future;
 
 use ustor_runtime::IoBuf;
 
-use crate::fast::DataNow;
-
 /// Direction of a command's data phase, as the transport declared it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Direction {
@@ -163,12 +161,13 @@ impl DataPath for BufData {
     }
 
     async fn data_in(&mut self, offset: u32, src: &[u8]) -> Result<usize, XferError> {
-        Ok(self.data_in_now(offset, src))
+        Ok(self.put_in(offset, src))
     }
 }
 
-impl crate::fast::DataNow for BufData {
-    fn data_in_now(&mut self, offset: u32, src: &[u8]) -> usize {
+impl BufData {
+    /// Data-in at `offset`, up to `expected` bytes; the bytes taken.
+    pub(crate) fn put_in(&mut self, offset: u32, src: &[u8]) -> usize {
         let room = (self.expected as usize).saturating_sub(offset as usize);
         let n = src.len().min(room);
         let end = offset as usize + n;

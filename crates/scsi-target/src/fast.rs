@@ -51,6 +51,12 @@ pub trait DataNow: DataPath {
     }
 }
 
+impl DataNow for crate::data::BufData {
+    fn data_in_now(&mut self, offset: u32, src: &[u8]) -> usize {
+        self.put_in(offset, src)
+    }
+}
+
 /// What [`LunTable::rw_now`] did.
 pub enum RwStart {
     /// Answered in the call (data moved, or the check that stopped it).
@@ -100,13 +106,13 @@ impl RwPending {
         let write = gate.is_some();
         let (r, buf) = wait.await;
         drop(gate);
-        with_d_sense(done(r, (write, in_place), &buf, exp, data), d_sense)
+        with_d_sense(outcome_of(r, (write, in_place), &buf, exp, data), d_sense)
     }
 }
 
 /// The outcome of a fast-path I/O; a read not `in_place` copies its data
 /// to the transport (the length checks made `exp` the buffer's length).
-fn done<D: DataNow>(
+fn outcome_of<D: DataNow>(
     r: Result<(), ustor_bdev::BdevError>,
     (write, in_place): (bool, bool),
     buf: &IoBuf,
@@ -195,7 +201,7 @@ impl LunTable {
             Check::Conflict => return RwStart::Done(Outcome::conflict(exp)),
             Check::Go => {}
         }
-        let start = Start {
+        let start = Checked {
             lu,
             lba,
             blocks,
@@ -204,15 +210,15 @@ impl LunTable {
             d_sense,
         };
         if write {
-            start.write(data)
+            start.write_now(data)
         } else {
-            start.read(data, spare)
+            start.read_now(data, spare)
         }
     }
 }
 
 /// A checked command, ready for the bdev.
-struct Start<'a> {
+struct Checked<'a> {
     lu: &'a Lun,
     lba: u64,
     blocks: u64,
@@ -221,8 +227,8 @@ struct Start<'a> {
     d_sense: bool,
 }
 
-impl Start<'_> {
-    fn write<D: DataNow>(self, data: &mut D) -> RwStart {
+impl Checked<'_> {
+    fn write_now<D: DataNow>(self, data: &mut D) -> RwStart {
         let Some(buf) = data.data_out_buf(0, self.len) else {
             return RwStart::Declined;
         };
@@ -234,7 +240,7 @@ impl Start<'_> {
         match ch.rw_now(true, ch.recent_tick(), self.lba, self.blocks, buf) {
             RwNow::Done(r, buf) => {
                 shared.gate.leave();
-                let o = done(r, (true, false), &buf, self.exp, data);
+                let o = outcome_of(r, (true, false), &buf, self.exp, data);
                 RwStart::Done(with_d_sense(o, self.d_sense))
             }
             RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
@@ -251,10 +257,10 @@ impl Start<'_> {
         }
     }
 
-    fn read<D: DataNow>(self, data: &mut D, spare: &mut Option<IoBuf>) -> RwStart {
+    fn read_now<D: DataNow>(self, data: &mut D, spare: &mut Option<IoBuf>) -> RwStart {
         if self.lu.ch.completes_in_submit() {
             if let Some(buf) = data.data_in_place(0, self.len) {
-                return self.start_read(buf, true, data, spare);
+                return self.read_into(buf, true, data, spare);
             }
         }
         let mut buf = match spare.take() {
@@ -268,12 +274,12 @@ impl Start<'_> {
             }
         };
         buf.set_len(self.len);
-        self.start_read(buf, false, data, spare)
+        self.read_into(buf, false, data, spare)
     }
 
     /// Reads into `buf`: the initiator's memory (`in_place`), or a buffer
     /// of ours that goes back to `spare` when done.
-    fn start_read<D: DataNow>(
+    fn read_into<D: DataNow>(
         self,
         buf: IoBuf,
         in_place: bool,
@@ -283,7 +289,7 @@ impl Start<'_> {
         let ch = &self.lu.ch;
         match ch.rw_now(false, ch.recent_tick(), self.lba, self.blocks, buf) {
             RwNow::Done(r, buf) => {
-                let o = done(r, (false, in_place), &buf, self.exp, data);
+                let o = outcome_of(r, (false, in_place), &buf, self.exp, data);
                 if !in_place {
                     *spare = Some(buf);
                 }
