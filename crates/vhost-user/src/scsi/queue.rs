@@ -431,6 +431,21 @@ impl<'a> GuestData<'a> {
             lists,
         })
     }
+
+    /// Where the data bytes `[offset, offset + len)` start in their
+    /// stream (after the request header for data-out, the response for
+    /// data-in), when the command moves data `want`'s way and they lie
+    /// within its data.
+    fn data_at(&self, want: Direction, offset: u32, len: usize) -> Option<u64> {
+        if self.dir != want || offset as u64 + len as u64 > self.len as u64 {
+            return None;
+        }
+        let head = match want {
+            Direction::ToDevice => CMD_REQ_LEN,
+            _ => CMD_RESP_LEN,
+        };
+        Some(head + offset as u64)
+    }
 }
 
 impl DataNow for GuestData<'_> {
@@ -448,10 +463,8 @@ impl DataNow for GuestData<'_> {
     /// read into (the core lends it only to a bdev that completes in its
     /// submit: no guest memory is written after an abort).
     fn data_in_place(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
-        if self.dir != Direction::FromDevice || offset as u64 + len as u64 > self.len as u64 {
-            return None;
-        }
-        let at = self.chain.span(true, CMD_RESP_LEN + offset as u64, len)?;
+        let at = self.data_at(Direction::FromDevice, offset, len)?;
+        let at = self.chain.span(true, at, len)?;
         self.mem.io_buf(at, u32::try_from(len).ok()?)
     }
 }
@@ -479,22 +492,17 @@ impl DataPath for GuestData<'_> {
     /// as it is, not copied (the worker holds the memory map until the
     /// command is done; a write is never abandoned at the bdev).
     fn data_out_buf(&mut self, offset: u32, len: usize) -> Option<IoBuf> {
-        if self.dir != Direction::ToDevice || offset as u64 + len as u64 > self.len as u64 {
-            return None;
-        }
-        let at = self.chain.span(false, CMD_REQ_LEN + offset as u64, len)?;
+        let at = self.data_at(Direction::ToDevice, offset, len)?;
+        let at = self.chain.span(false, at, len)?;
         self.mem.io_buf(at, u32::try_from(len).ok()?)
     }
 
     /// Data-out in several pieces of guest memory (a guest's pages) goes
     /// to the bdev as a list of borrowed buffers, as blk's does.
     fn data_out_bufs(&mut self, offset: u32, len: usize, max: usize) -> Option<Vec<IoBuf>> {
-        if self.dir != Direction::ToDevice || offset as u64 + len as u64 > self.len as u64 {
-            return None;
-        }
+        let at = self.data_at(Direction::ToDevice, offset, len)?;
         let mut v = self.lists.borrow_mut().pop().unwrap_or_default();
         let mem = self.mem;
-        let at = CMD_REQ_LEN + offset as u64;
         let took = self.chain.each_piece(false, at, len, |a, n| {
             if v.len() == max {
                 return false;

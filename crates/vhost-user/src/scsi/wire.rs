@@ -180,10 +180,9 @@ impl Chain {
     /// Where the stream bytes `[offset, offset + len)` lie in guest memory
     /// when they are all in one piece (`write`: the writable stream).
     pub fn span(&self, write: bool, offset: u64, len: usize) -> Option<GuestAddress> {
-        let pieces = if write { &self.wr } else { &self.rd };
         let mut at = None;
         // The first piece the range touches, and no further.
-        walk(pieces, offset, len, |a, _, n| {
+        self.each_piece(write, offset, len, |a, n| {
             at = (n == len).then_some(a);
             false
         });
