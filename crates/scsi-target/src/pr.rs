@@ -7,7 +7,12 @@
 //! name doubles as the iSCSI TransportID in READ FULL STATUS). The state
 //! sits behind a mutex because sessions of one LUN run on several
 //! reactors; every operation takes it once and never awaits under it.
+//! A command's check does not take it while there is nothing to hear (no
+//! reservation of either kind, no unit attention owed to any nexus): a
+//! flag every change under the lock keeps says so.
 
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ustor_scsi_proto::sense::asc;
@@ -189,13 +194,48 @@ pub(crate) enum Check {
 #[derive(Default)]
 pub struct Reservations {
     st: Mutex<State>,
+    /// A reservation is held or a unit attention is owed: what a
+    /// command's check must look at under the lock. Stored by every
+    /// [`Locked`] as it lets go, so it follows each change.
+    heard: AtomicBool,
+}
+
+/// The state under the lock; letting go of it updates
+/// [`Reservations::heard`] (while still holding the lock).
+struct Locked<'a> {
+    st: MutexGuard<'a, State>,
+    heard: &'a AtomicBool,
+}
+
+impl Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.st
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.st
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let st = &self.st;
+        let heard = !st.ua.is_empty() || st.resv.is_some() || st.reserve6.is_some();
+        self.heard.store(heard, Ordering::Release);
+    }
 }
 
 impl Reservations {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> Locked<'_> {
         // A panic elsewhere cannot leave the state half-updated: every
         // operation is a few assignments. Go on with it.
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+        Locked {
+            st: self.st.lock().unwrap_or_else(|e| e.into_inner()),
+            heard: &self.heard,
+        }
     }
 
     /// A table of nexus `n` opened on the unit when it had `blocks` blocks
@@ -265,6 +305,11 @@ impl Reservations {
     /// `ua`, the command is not one that attentions pass), else whether a
     /// reservation conflicts. One lock for both: every command asks.
     pub(crate) fn check(&self, n: &str, ua: bool, a: Access) -> Check {
+        // Nothing held or owed: no conflict and no attention, without the
+        // lock (a change racing this command is ordered after it).
+        if !self.heard.load(Ordering::Acquire) {
+            return Check::Go;
+        }
         let mut st = self.lock();
         if ua {
             if let Some(at) = st.ua.iter().position(|(x, _)| &**x == n) {
