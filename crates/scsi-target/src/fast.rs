@@ -106,7 +106,7 @@ impl RwPending {
         let write = gate.is_some();
         let (r, buf) = wait.await;
         drop(gate);
-        with_d_sense(outcome_of(r, (write, in_place), &buf, exp, data), d_sense)
+        outcome_of(r, (write, in_place), &buf, exp, data).with_descriptor_sense(d_sense)
     }
 }
 
@@ -129,20 +129,13 @@ fn outcome_of<D: DataNow>(
     }
 }
 
-fn with_d_sense(mut o: Outcome, d_sense: bool) -> Outcome {
-    if let Some(s) = o.sense.as_mut() {
-        s.descriptor = d_sense;
-    }
-    o
-}
-
 /// A plain READ or WRITE of `cdb`: (write, lba, blocks), with no FUA and
 /// no protection field.
 fn plain_rw(cdb: &[u8]) -> Option<(bool, u64, u64)> {
-    // The 10, 12 and 16-byte forms; RDPROTECT / WRPROTECT (byte 1, bits
-    // 7..5) zero (the full path refuses any other).
+    // The 10, 12 and 16-byte forms, with no protection field (the full
+    // path refuses one).
     if !matches!(cdb.first(), Some(0x28 | 0x2a | 0xa8 | 0xaa | 0x88 | 0x8a))
-        || cdb.get(1).is_none_or(|b| b & 0xe0 != 0)
+        || crate::table::protection_requested(cdb)
     {
         return None;
     }
@@ -196,7 +189,7 @@ impl LunTable {
         let access = if write { Access::Write } else { Access::Read };
         match lu.shared.pr.check(self.nexus(), true, access) {
             Check::Attention(ua) => {
-                return RwStart::Done(with_d_sense(Outcome::sense(ua, exp), d_sense))
+                return RwStart::Done(Outcome::sense(ua, exp).with_descriptor_sense(d_sense))
             }
             Check::Conflict => return RwStart::Done(Outcome::conflict(exp)),
             Check::Go => {}
@@ -241,7 +234,7 @@ impl Checked<'_> {
             RwNow::Done(r, buf) => {
                 shared.gate.leave();
                 let o = outcome_of(r, (true, false), &buf, self.exp, data);
-                RwStart::Done(with_d_sense(o, self.d_sense))
+                RwStart::Done(o.with_descriptor_sense(self.d_sense))
             }
             RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
                 wait,
@@ -293,7 +286,7 @@ impl Checked<'_> {
                 if !in_place {
                     *spare = Some(buf);
                 }
-                RwStart::Done(with_d_sense(o, self.d_sense))
+                RwStart::Done(o.with_descriptor_sense(self.d_sense))
             }
             RwNow::Waiting(wait) => RwStart::Waiting(RwPending {
                 wait,

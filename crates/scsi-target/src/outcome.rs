@@ -18,6 +18,15 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Its sense (if any) in descriptor format when `d_sense` (the unit's
+    /// D_SENSE), else fixed.
+    pub(crate) fn with_descriptor_sense(mut self, d_sense: bool) -> Outcome {
+        if let Some(s) = self.sense.as_mut() {
+            s.descriptor = d_sense;
+        }
+        self
+    }
+
     pub const fn good(resid: u32) -> Outcome {
         Outcome {
             status: ScsiStatus::Good,

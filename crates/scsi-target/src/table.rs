@@ -160,11 +160,11 @@ impl LunTable {
         cdb: &[u8],
         data: &mut D,
     ) -> Result<Outcome, XferError> {
-        let mut o = self.dispatch(lun, cdb, data).await?;
-        if let (Some(s), Some(lu)) = (o.sense.as_mut(), self.get(lun)) {
-            s.descriptor = lu.shared.mode.d_sense();
-        }
-        Ok(o)
+        let o = self.dispatch(lun, cdb, data).await?;
+        Ok(match self.get(lun) {
+            Some(lu) => o.with_descriptor_sense(lu.shared.mode.d_sense()),
+            None => o,
+        })
     }
 
     async fn dispatch<D: DataPath>(
@@ -368,7 +368,7 @@ fn anchor_requested(cdb: &[u8]) -> bool {
 }
 
 /// Whether a block command's protect field (CDB byte 1, bits 7..5) is set.
-fn protection_requested(cdb: &[u8]) -> bool {
+pub(crate) fn protection_requested(cdb: &[u8]) -> bool {
     // READ, WRITE, VERIFY, WRITE AND VERIFY (10/12/16), WRITE SAME (10/16).
     // ORWRITE(16), COMPARE AND WRITE.
     const OPS: [u8; 16] = [
