@@ -345,9 +345,10 @@ fn coalesce_tick(v: &Vring, now: u64) {
     }
 }
 
-/// Takes every available chain (at most a ring's worth per call: a budget
-/// so one queue cannot hold the reactor) and starts each (`run_inline`:
-/// see [`start_request`]).
+/// Takes the chains available when the pass first looks (the index is
+/// read once a pass, [`Virtq::pop_in_pass`]; at most a ring's worth, a
+/// budget so one queue cannot hold the reactor) and starts each
+/// (`run_inline`: see [`start_request`]).
 fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>) -> usize {
     if v.broken.get() {
         return 0;
@@ -356,8 +357,13 @@ fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>)
     let mut descs = v.descs.borrow_mut();
     let mut n = 0;
     let budget = v.queue.borrow().size() as usize;
+    let mut looked = false;
     while n < budget {
-        let Some(t) = v.queue.borrow_mut().pop(&mem, &mut descs[..]) else {
+        let Some(t) = v
+            .queue
+            .borrow_mut()
+            .pop_in_pass(&mem, &mut descs[..], &mut looked)
+        else {
             break;
         };
         n += 1;

@@ -178,15 +178,18 @@ fn wake_aborted(q: &ReqQueue) {
     }
 }
 
-/// Takes every available chain (a ring's worth at most per pass).
+/// Takes the chains available when the pass first looks (the index is
+/// read once a pass, [`crate::virtq::Virtq::pop_in_pass`]; a ring's worth
+/// at most).
 fn take_available(q: &Rc<ReqQueue>) -> usize {
     let ring = &q.ring;
     let mut n = 0;
     let budget = q.budget;
+    let mut looked = false;
     while n < budget {
         let pooled = q.chains.borrow_mut().pop();
         let mut chain = pooled.unwrap_or_else(|| Chain::with_capacity(PIECES));
-        let Some(ok) = ring.pop(&mut chain) else {
+        let Some(ok) = ring.pop_in_pass(&mut chain, &mut looked) else {
             q.chains.borrow_mut().push(chain);
             break;
         };

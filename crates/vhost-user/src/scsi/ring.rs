@@ -162,6 +162,16 @@ impl Ring {
     /// device is broken), else whether it is well formed (`chain.head` is
     /// set either way).
     pub fn pop(&self, chain: &mut Chain) -> Option<Result<(), ChainError>> {
+        self.pop_in_pass(chain, &mut false)
+    }
+
+    /// [`Self::pop`] reading the driver's available index at most once
+    /// while `looked` is false ([`Virtq::pop_in_pass`]).
+    pub fn pop_in_pass(
+        &self,
+        chain: &mut Chain,
+        looked: &mut bool,
+    ) -> Option<Result<(), ChainError>> {
         if self.broken.get() {
             return None;
         }
@@ -170,7 +180,10 @@ impl Ring {
             return Some(r);
         }
         let mut descs = self.descs.borrow_mut();
-        let t = self.queue.borrow_mut().pop(&mem, &mut descs)?;
+        let t = self
+            .queue
+            .borrow_mut()
+            .pop_in_pass(&mem, &mut descs, looked)?;
         if let Some(tr) = &self.track {
             tr.taken(&self.queue.borrow(), mem.map(), t.head, &self.counter);
         }
