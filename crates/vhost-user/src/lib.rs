@@ -35,6 +35,7 @@ pub mod inflight;
 pub mod inline;
 pub mod memory;
 pub mod notify;
+pub mod pace;
 pub mod packed;
 pub mod scsi;
 pub mod target;

@@ -12,7 +12,8 @@
 //!
 //! Adaptive polling: while requests keep coming the task re-polls the
 //! avail index every reactor pass (notifications off, so the driver makes
-//! no kick syscall); after `poll_window` with nothing new it turns
+//! no kick syscall), once a pass, and after a deep batch not before a
+//! short hold ([`crate::pace`]); after `poll_window` with nothing new it turns
 //! notifications back on (EVENT_IDX: avail_event), checks once more, and
 //! parks on the kick eventfd through the reactor's ring. An idle queue
 //! costs no CPU. Stopping (GET_VRING_BASE, disconnect) sets a flag and
@@ -50,6 +51,7 @@ use crate::guest::GuestMem;
 use crate::inflight::ring::{self, Resubmit, Track};
 use crate::inflight::QueueInflight;
 use crate::inline;
+use crate::pace::Pace;
 use crate::packed;
 use crate::virtq::Virtq;
 use crate::workers::WorkerMem;
@@ -115,6 +117,8 @@ struct Vring {
     map_seen: Cell<u64>,
     map_gen: Arc<AtomicU64>,
     coal: RefCell<Coalescer>,
+    /// When the next look at the available index may be ([`crate::pace`]).
+    pace: Pace,
     /// The queue task sleeps on the kick eventfd (or drains): completions
     /// decide and signal at once (nothing would decide later).
     parked: Cell<bool>,
@@ -284,6 +288,7 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         map_seen: Cell::new(u64::MAX),
         map_gen: s.mem_gen,
         coal: RefCell::new(Coalescer::new(ticks::hz(), ustor_runtime::pass_ticks())),
+        pace: Pace::default(),
         parked: Cell::new(false),
         unpublished: Cell::new(0),
         broken: Cell::new(false),
@@ -310,7 +315,12 @@ fn pass(
     // TSC read costs tens of ns here (one per pass saved).
     let now = ustor_runtime::pass_ticks();
     publish(v, &v.mem.borrow(), now);
+    if !v.pace.may_look() {
+        coalesce_tick(v, now);
+        return (0, now);
+    }
     let n = take_available(v, run_inline);
+    v.pace.taken(n);
     // What ran inline is decided on now, not a pass later.
     publish(v, &v.mem.borrow(), now);
     coalesce_tick(v, now);
