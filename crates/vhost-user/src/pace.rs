@@ -18,6 +18,10 @@
 //! looking every pass after one hold. QD1 never holds, so its latency is
 //! untouched; a hold delays a deep batch by at most [`HOLD`], far below
 //! any real device's service time.
+//!
+//! Only blk's queues pace. vhost-user-scsi's spend ~1.5x blk's
+//! instructions per request, so there the backend, not the driver, is the
+//! limit, and holding measured 0.97-0.98x (bench/RESULTS-vhost.md).
 
 use std::cell::Cell;
 use std::time::Duration;
