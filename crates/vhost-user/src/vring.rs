@@ -117,8 +117,11 @@ struct Vring {
     map_seen: Cell<u64>,
     map_gen: Arc<AtomicU64>,
     coal: RefCell<Coalescer>,
-    /// When the next look at the available index may be ([`crate::pace`]).
+    /// When the next look at the available index may be, and in which
+    /// order a pass runs what it took ([`crate::pace`]).
     pace: Pace,
+    /// Jobs a take-all pass runs after its take.
+    later: RefCell<Vec<Job>>,
     /// The queue task sleeps on the kick eventfd (or drains): completions
     /// decide and signal at once (nothing would decide later).
     parked: Cell<bool>,
@@ -281,7 +284,10 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         dev: s.dev,
         call: s.call,
         inflight: Cell::new(0),
-        seg_pool: RefCell::new(Vec::with_capacity(depth)),
+        // A list for every request the ring can hold: a pass that takes
+        // its whole batch first (crate::pace) holds that many at once,
+        // and a list made on demand would allocate mid-run.
+        seg_pool: RefCell::new((0..depth).map(|_| Vec::with_capacity(4)).collect()),
         jobs: WorkQueue::new(depth),
         mem: RefCell::new(mem),
         mem_gen: Cell::new(0),
@@ -289,6 +295,7 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         map_gen: s.mem_gen,
         coal: RefCell::new(Coalescer::new(ticks::hz(), ustor_runtime::pass_ticks())),
         pace: Pace::default(),
+        later: RefCell::new(Vec::with_capacity(depth)),
         parked: Cell::new(false),
         unpublished: Cell::new(0),
         broken: Cell::new(false),
@@ -368,6 +375,12 @@ fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>)
     let mut n = 0;
     let budget = v.queue.borrow().size() as usize;
     let mut looked = false;
+    let t0 = v.pace.sample_start();
+    // Taking all first: the jobs wait in a list kept with the ring's depth.
+    let mut later = v
+        .pace
+        .take_all()
+        .then(|| std::mem::take(&mut *v.later.borrow_mut()));
     while n < budget {
         let Some(t) = v
             .queue
@@ -380,8 +393,24 @@ fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>)
         if let Some(tr) = &v.track {
             tr.taken(&v.queue.borrow(), mem.map(), t.head, &v.counter);
         }
-        start_request(v, &mem, t.head, &descs[..t.descs], run_inline);
+        let descs = &descs[..t.descs];
+        match &mut later {
+            Some(l) => start_request(v, &mem, t.head, descs, &mut |job| {
+                l.push(job);
+                None
+            }),
+            None => start_request(v, &mem, t.head, descs, run_inline),
+        }
     }
+    if let Some(mut l) = later {
+        for job in l.drain(..) {
+            if let Some(job) = run_inline(job) {
+                v.jobs.push(job, |id| spawn_worker(v, id));
+            }
+        }
+        *v.later.borrow_mut() = l;
+    }
+    v.pace.sample_end(t0, n);
     v.coal.borrow_mut().taken(n as u64);
     n
 }
