@@ -32,6 +32,7 @@ use vhost::VhostUserMemoryRegionBase;
 
 use crate::blk::feature;
 use crate::device::BlkDevice;
+use crate::eventfd;
 use crate::inflight::InflightRegion;
 use crate::memory::{MemTable, RegionDesc, MAX_SLOTS};
 use crate::vring::{self, VringStart};
@@ -112,7 +113,7 @@ struct VringCtl {
     base: u32,
     kick: Option<Arc<File>>,
     /// Shared with the running ring, which signals whatever it holds.
-    call: Arc<vring::CallFd>,
+    call: Arc<eventfd::CallFd>,
     enabled: bool,
     running: Option<Running>,
 }
@@ -235,7 +236,7 @@ impl<D: VhostDevice> Backend<D> {
             return Ok(());
         };
         r.stop.store(true, Ordering::Release);
-        vring::kick(&r.kick);
+        eventfd::kick(&r.kick);
         let (avail, used) = r
             .done
             .recv_timeout(STOP_TIMEOUT)
@@ -378,7 +379,7 @@ impl<D: VhostDevice> VhostUserBackendReqHandlerMut for Backend<D> {
         self.restart(index as usize)
     }
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> VuResult<()> {
-        // Swapped in place, running or not (see `vring::CallFd`).
+        // Swapped in place, running or not (see `eventfd::CallFd`).
         let call = &self.vring(index as u32)?.call;
         call.set(fd.map(Arc::new));
         // One signal on every new call fd (as libvhost-user does). QEMU

@@ -29,6 +29,7 @@ pub mod blk;
 pub mod coalesce;
 pub mod controller;
 pub mod device;
+pub mod eventfd;
 pub mod fuzzing;
 pub mod guest;
 pub mod inflight;

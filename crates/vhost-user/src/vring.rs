@@ -13,7 +13,8 @@
 //! Adaptive polling: while requests keep coming the task re-polls the
 //! avail index every reactor pass (notifications off, so the driver makes
 //! no kick syscall), once a pass, and after a deep batch not before a
-//! short hold ([`crate::pace`]); after `poll_window` with nothing new it turns
+//! short hold; where taking a request is dear a pass takes its whole
+//! batch before running it ([`crate::pace`] decides both); after `poll_window` with nothing new it turns
 //! notifications back on (EVENT_IDX: avail_event), checks once more, and
 //! parks on the kick eventfd through the reactor's ring. An idle queue
 //! costs no CPU. Stopping (GET_VRING_BASE, disconnect) sets a flag and
@@ -36,7 +37,7 @@ use std::os::fd::AsRawFd;
 use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -47,6 +48,7 @@ use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryM
 use crate::blk::{self, status, Kind, Request, Seg};
 use crate::coalesce::Coalescer;
 use crate::device::{BlkDevice, QueueStats};
+use crate::eventfd::{drain_eventfd, set_nonblocking, CallFd};
 use crate::guest::GuestMem;
 use crate::inflight::ring::{self, Resubmit, Track};
 use crate::inflight::QueueInflight;
@@ -771,59 +773,5 @@ fn bdev_status(r: Result<(), BdevError>) -> u8 {
         Ok(()) => status::OK,
         Err(BdevError::NotSupported) => status::UNSUPP,
         Err(_) => status::IOERR,
-    }
-}
-
-/// A ring's call eventfd. The frontend may hand a new one while the ring
-/// runs (SET_VRING_CALL: QEMU does whenever the guest masks or unmasks
-/// the queue's interrupt vector, its vCPU waiting for the answer), so it
-/// is swapped in place, not by restarting the ring (which would wait for
-/// the requests in flight); the ring signals whichever fd is current.
-/// The lock is taken once per signal, beside a write(2).
-#[derive(Debug, Default)]
-pub struct CallFd(Mutex<Option<Arc<File>>>);
-
-impl CallFd {
-    pub fn set(&self, f: Option<Arc<File>>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = f;
-    }
-
-    /// Signals the current fd; false when there is none.
-    pub fn signal(&self) -> bool {
-        match &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(f) => {
-                signal(f);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-pub(crate) fn signal(f: &File) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from a valid u64 to an eventfd we hold open.
-    let _ = unsafe { libc::write(f.as_raw_fd(), (&one as *const u64).cast(), 8) };
-}
-
-/// Wakes a queue task parked on its kick eventfd (used to stop it).
-pub fn kick(f: &File) {
-    signal(f)
-}
-
-pub(crate) fn drain_eventfd(f: &File) {
-    let mut v = 0u64;
-    // SAFETY: reads at most 8 bytes into a valid u64; the fd is non-blocking.
-    let _ = unsafe { libc::read(f.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-}
-
-pub(crate) fn set_nonblocking(f: &File) {
-    let fd = f.as_raw_fd();
-    // SAFETY: fcntl on a descriptor we hold open; no pointers involved.
-    unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
     }
 }

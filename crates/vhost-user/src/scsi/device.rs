@@ -292,7 +292,7 @@ impl ScsiDevice {
     /// configuration only when it wakes).
     pub(crate) fn wake_request_rings(&self) {
         for r in lock(&self.tasks).iter().flatten() {
-            crate::vring::kick(&r.1);
+            crate::eventfd::kick(&r.1);
         }
     }
 
@@ -312,7 +312,7 @@ impl ScsiDevice {
         }
         e.pending.push_back(ev);
         if let Some(k) = &e.kick {
-            crate::vring::kick(k);
+            crate::eventfd::kick(k);
         }
     }
 

@@ -23,11 +23,12 @@ use super::device::ScsiDevice;
 use super::wire::{Chain, ChainError, CHAIN_MAX};
 use crate::blk::{self, Desc};
 use crate::coalesce::Coalescer;
+use crate::eventfd;
 use crate::guest::GuestMem;
 use crate::inflight::ring::{self, Resubmit, Track};
 use crate::packed;
 use crate::virtq::Virtq;
-use crate::vring::{self, VringStart};
+use crate::vring::VringStart;
 
 /// One ring on its reactor (`!Send`).
 pub(crate) struct Ring {
@@ -37,7 +38,7 @@ pub(crate) struct Ring {
     /// Where a taken chain's descriptors are copied (one more than a
     /// chain may have, so an overlong one is seen as such).
     descs: RefCell<Vec<Desc>>,
-    call: Arc<vring::CallFd>,
+    call: Arc<eventfd::CallFd>,
     pub kick: Arc<File>,
     atomic: GuestMemoryAtomic<GuestMemoryMmap>,
     /// Bumped after each change of `atomic`'s map, and the value last
@@ -91,7 +92,7 @@ impl Ring {
                     Resubmit::Split(v) => v.reverse(),
                     Resubmit::Packed(v) => v.reverse(),
                 }
-                vring::set_nonblocking(&s.kick);
+                eventfd::set_nonblocking(&s.kick);
                 s.dev.add_resubmitted(rec.again.len() as u64);
                 s.dev.set_ring_state(s.index as usize, q.is_packed());
                 Some(Rc::new(Ring {
@@ -128,7 +129,7 @@ impl Ring {
                 while !s.stop.load(Ordering::Acquire) {
                     let fd = s.kick.as_raw_fd();
                     let _ = ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32).await;
-                    vring::drain_eventfd(&s.kick);
+                    eventfd::drain_eventfd(&s.kick);
                 }
                 let _ = s.done.send((0, 0));
                 None
@@ -295,7 +296,7 @@ impl Ring {
         if !(check && more) {
             let fd = self.kick.as_raw_fd();
             let _ = ustor_runtime::ops::poll_ready(fd, libc::POLLIN as u32).await;
-            vring::drain_eventfd(&self.kick);
+            eventfd::drain_eventfd(&self.kick);
         }
         self.parked.set(false);
         self.refresh_mem();
