@@ -8,8 +8,8 @@
 //! virtio driver does) then waits for those lines to come back: taken in
 //! batches of ~10, the lines crossed cores once per few requests and the
 //! driver's core was the limit. Measured with the vCPUs near (bdevperf
-//! over virtio-user, null bdev): QD32 +8-10 %, QD128 up to +21 %, QD16
-//! and below level (see bench/RESULTS-vhost.md).
+//! over virtio-user, null bdev): QD32 +8-13 %, QD128 +17-21 %, QD16 and
+//! below level (see bench/RESULTS-vhost.md).
 //!
 //! The threshold is what keeps shallow drivers out: a hold grows the next
 //! batch to about two thirds of the driver's depth, so holds keep coming
@@ -29,7 +29,6 @@
 //! Only blk's queues pace. vhost-user-scsi's spend ~1.5x blk's
 //! instructions per request, so there the backend, not the driver, is the
 //! limit, and holding measured 0.97-0.98x (bench/RESULTS-vhost.md).
-
 //!
 //! The order a pass runs its chains in is chosen here too. Where taking a
 //! request is cheap (the vCPUs near: ~60-90 ns a request here) each chain
@@ -136,9 +135,7 @@ impl Pace {
             self.until.set(ticks::now() + self.hold);
         }
     }
-}
 
-impl Pace {
     /// Whether this pass takes every chain before it runs any.
     #[inline]
     pub fn take_all(&self) -> bool {

@@ -238,9 +238,10 @@ impl Virtq {
     /// looked and no more. Every read of that index takes its cache line
     /// from the driver, whose next index store then waits for the line to
     /// come back (SPDK's virtio driver fences after each): a queue that
-    /// kept re-reading while the driver refills cost the driver one line
-    /// transfer per request (measured: 8-12 % of QD32 IOPS with the vCPUs
-    /// near, see bench/RESULTS-vhost.md). A packed ring has no index.
+    /// kept re-reading while the driver refilled cost the driver a line
+    /// transfer per request (measured: +4-6 % of QD32 IOPS with the vCPUs
+    /// on two core complexes, level near; bench/RESULTS-vhost.md). A
+    /// packed ring has no index.
     pub fn pop_in_pass(
         &mut self,
         mem: &GuestMem,

@@ -14,8 +14,9 @@
 //! avail index every reactor pass (notifications off, so the driver makes
 //! no kick syscall), once a pass, and after a deep batch not before a
 //! short hold; where taking a request is dear a pass takes its whole
-//! batch before running it ([`crate::pace`] decides both); after `poll_window` with nothing new it turns
-//! notifications back on (EVENT_IDX: avail_event), checks once more, and
+//! batch before running it ([`crate::pace`] decides both); after
+//! `poll_window` with nothing new it turns notifications back on
+//! (EVENT_IDX: avail_event), checks once more, and
 //! parks on the kick eventfd through the reactor's ring. An idle queue
 //! costs no CPU. Stopping (GET_VRING_BASE, disconnect) sets a flag and
 //! writes the kick eventfd; the task waits for its requests in flight and
