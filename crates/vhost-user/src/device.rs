@@ -66,6 +66,10 @@ pub struct QueueStats {
     /// Requests the queue task ran itself when it took them (its inline
     /// slot, [`crate::inline`]), not handed to a worker.
     pub inline: AtomicU64,
+    /// Requests taken in passes that took their whole batch first and
+    /// read ahead ([`crate::pace`]: requests dear to take, as with the
+    /// frontend's vCPU on another core complex).
+    pub read_ahead: AtomicU64,
     /// The queue's task is running.
     pub running: AtomicBool,
     /// It runs (or last ran) as a packed ring.
@@ -95,6 +99,7 @@ impl QueueStats {
             signals: l(&self.signals),
             resubmitted: l(&self.resubmitted),
             inline: l(&self.inline),
+            read_ahead: l(&self.read_ahead),
             running: self.running.load(Ordering::Relaxed),
             packed: self.packed.load(Ordering::Relaxed),
         }
@@ -111,6 +116,7 @@ pub struct QueueCounters {
     pub signals: u64,
     pub resubmitted: u64,
     pub inline: u64,
+    pub read_ahead: u64,
     pub running: bool,
     pub packed: bool,
 }

@@ -43,6 +43,7 @@
 //! switches to taking all first, below [`TAKE_ALL_BELOW`] back.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ustor_runtime::ticks;
@@ -66,6 +67,25 @@ pub const SAMPLE_EVERY: u32 = 16;
 pub const TAKE_ALL_ABOVE: Duration = Duration::from_nanos(180);
 pub const TAKE_ALL_BELOW: Duration = Duration::from_nanos(130);
 
+/// Every queue of the process orders its passes as where requests are
+/// dear ([`always_take_all`]).
+static ALWAYS_TAKE_ALL: AtomicBool = AtomicBool::new(false);
+
+/// Tests and diagnosis: every pass takes its whole batch first (and reads
+/// ahead, as probed) whatever the samples say, so the order the vCPUs'
+/// placement picks can be run on any placement.
+#[doc(hidden)]
+pub fn always_take_all(on: bool) {
+    ALWAYS_TAKE_ALL.store(on, Ordering::Relaxed);
+}
+
+/// What the probe flips: the hold, or a take-all pass's read-ahead.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Knob {
+    Hold,
+    ReadAhead,
+}
+
 /// One queue's pacing state (queue task only).
 pub struct Pace {
     /// The TSC time before which the queue does not look; 0: no hold.
@@ -83,9 +103,12 @@ pub struct Pace {
     epoch_start: Cell<u64>,
     epoch_reqs: Cell<u64>,
     epochs: Cell<u32>,
+    /// A take-all pass reads ahead and publishes once (probed too).
+    read_ahead: Cell<bool>,
     /// Requests per tick << 20 of the last epoch run with the setting kept.
     base_rate: Cell<u64>,
-    probing: Cell<bool>,
+    /// The knob the running epoch has flipped, if it is a probe.
+    probing: Cell<Option<Knob>>,
     epoch: u64,
 }
 
@@ -103,8 +126,9 @@ impl Default for Pace {
             epoch_start: Cell::new(0),
             epoch_reqs: Cell::new(0),
             epochs: Cell::new(0),
+            read_ahead: Cell::new(true),
             base_rate: Cell::new(0),
-            probing: Cell::new(false),
+            probing: Cell::new(None),
             epoch: ticks::from_duration(EPOCH),
         }
     }
@@ -139,7 +163,15 @@ impl Pace {
     /// Whether this pass takes every chain before it runs any.
     #[inline]
     pub fn take_all(&self) -> bool {
-        self.take_all.get()
+        self.take_all.get() || ALWAYS_TAKE_ALL.load(Ordering::Relaxed)
+    }
+
+    /// Whether a take-all pass starts fetching its chains' lines before it
+    /// takes them and stores the used index once, after it ran them all
+    /// (see the module comment).
+    #[inline]
+    pub fn read_ahead(&self) -> bool {
+        self.take_all() && self.read_ahead.get()
     }
 
     /// At the start of a look: the TSC if this look is timed, else 0.
@@ -184,10 +216,10 @@ impl Pace {
         let rate = (self.epoch_reqs.get() << 20) / el.max(1);
         self.epoch_start.set(now);
         self.epoch_reqs.set(0);
-        if self.probing.replace(false) {
+        if let Some(knob) = self.probing.take() {
             let base = self.base_rate.get();
             if rate * 100 <= base * 102 {
-                self.hold_on.set(!self.hold_on.get());
+                self.flip(knob);
             } else {
                 self.base_rate.set(rate);
             }
@@ -196,10 +228,21 @@ impl Pace {
         self.base_rate.set(rate);
         let k = self.epochs.get().wrapping_add(1);
         self.epochs.set(k);
-        if k % PROBE_EVERY == 0 {
-            self.probing.set(true);
-            self.hold_on.set(!self.hold_on.get());
-        }
+        let knob = match k % PROBE_EVERY {
+            0 => Knob::Hold,
+            h if h == PROBE_EVERY / 2 => Knob::ReadAhead,
+            _ => return,
+        };
+        self.probing.set(Some(knob));
+        self.flip(knob);
+    }
+
+    fn flip(&self, knob: Knob) {
+        let c = match knob {
+            Knob::Hold => &self.hold_on,
+            Knob::ReadAhead => &self.read_ahead,
+        };
+        c.set(!c.get());
     }
 
     fn fold(&self, per: u64) {
@@ -281,10 +324,16 @@ mod tests {
         let mut t = 1_000;
         p.probe(t); // the first timed look starts the first epoch
         assert!(p.hold_on.get());
-        // Seven epochs with the hold, then the eighth flips it for a probe.
-        for _ in 0..PROBE_EVERY - 1 {
+        // Epochs with the setting kept, the fourth's successor a probe of
+        // the read-ahead (no change in rate: it flips back).
+        for k in 1..PROBE_EVERY {
             epoch(&p, &mut t, 1000);
             assert!(p.hold_on.get());
+            assert_eq!(p.read_ahead.get(), k != PROBE_EVERY / 2, "epoch {k}");
+            if k == PROBE_EVERY / 2 {
+                epoch(&p, &mut t, 1000);
+                assert!(p.read_ahead.get(), "no faster without: back on");
+            }
         }
         epoch(&p, &mut t, 1000);
         assert!(!p.hold_on.get(), "the probe epoch runs without the hold");
@@ -297,11 +346,41 @@ mod tests {
             epoch(&p, &mut t, 1000);
         }
         epoch(&p, &mut t, 1000);
+        epoch(&p, &mut t, 1000);
         assert!(!p.hold_on.get());
         epoch(&p, &mut t, 1100);
         assert!(!p.hold_on.get(), "a faster flip stays");
         // Off, a deep batch does not hold.
         p.taken(DEEP_BATCH);
         assert!(p.may_look());
+    }
+
+    #[test]
+    fn the_read_ahead_is_probed_in_take_all_passes() {
+        let p = Pace::default();
+        assert!(!p.read_ahead(), "only a take-all pass reads ahead");
+        for _ in 0..64 {
+            p.fold(ticks::from_duration(Duration::from_nanos(290)));
+        }
+        assert!(p.read_ahead());
+        let mut t = 1_000;
+        p.probe(t);
+        for _ in 0..PROBE_EVERY / 2 {
+            epoch(&p, &mut t, 1000);
+        }
+        assert!(!p.read_ahead(), "the probe epoch runs without it");
+        // Faster without (a driver whose lines it would steal): stays off.
+        epoch(&p, &mut t, 1100);
+        assert!(!p.read_ahead());
+        // Probed again within PROBE_EVERY epochs (and the hold's probe
+        // and its closing epoch between).
+        let mut k = 0;
+        while !p.read_ahead() {
+            k += 1;
+            assert!(k <= PROBE_EVERY + 1, "never probed again");
+            epoch(&p, &mut t, 1100);
+        }
+        epoch(&p, &mut t, 1500);
+        assert!(p.read_ahead(), "faster with it: stays on");
     }
 }

@@ -125,6 +125,7 @@ struct Vring {
     pace: Pace,
     /// Jobs a take-all pass runs after its take.
     later: RefCell<Vec<Job>>,
+    defer_idx: Cell<bool>,
     /// The queue task sleeps on the kick eventfd (or drains): completions
     /// decide and signal at once (nothing would decide later).
     parked: Cell<bool>,
@@ -299,6 +300,7 @@ fn setup(mut s: VringStart) -> Result<Vring, String> {
         coal: RefCell::new(Coalescer::new(ticks::hz(), ustor_runtime::pass_ticks())),
         pace: Pace::default(),
         later: RefCell::new(Vec::with_capacity(depth)),
+        defer_idx: Cell::new(false),
         parked: Cell::new(false),
         unpublished: Cell::new(0),
         broken: Cell::new(false),
@@ -384,6 +386,10 @@ fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>)
         .pace
         .take_all()
         .then(|| std::mem::take(&mut *v.later.borrow_mut()));
+    let ahead = v.pace.read_ahead();
+    if ahead {
+        v.queue.borrow_mut().look_ahead(&mem, &mut looked);
+    }
     while n < budget {
         let Some(t) = v
             .queue
@@ -406,12 +412,19 @@ fn take_available(v: &Rc<Vring>, run_inline: &mut dyn FnMut(Job) -> Option<Job>)
         }
     }
     if let Some(mut l) = later {
+        // The index once, at the pass's publish; not with inflight
+        // tracking, whose record of each entry follows the index store.
+        v.defer_idx.set(ahead && v.track.is_none());
         for job in l.drain(..) {
             if let Some(job) = run_inline(job) {
                 v.jobs.push(job, |id| spawn_worker(v, id));
             }
         }
         *v.later.borrow_mut() = l;
+        v.defer_idx.set(false);
+    }
+    if ahead {
+        QueueStats::add(&v.stats().read_ahead, n as u64);
     }
     v.pace.sample_end(t0, n);
     v.coal.borrow_mut().taken(n as u64);
@@ -619,7 +632,12 @@ fn complete(v: &Vring, mem: &GuestMem, head: u16, len: u32) {
     if let Some(t) = &v.track {
         t.before_used(&q, head);
     }
-    if !q.push_used(mem, head, len) {
+    let pushed = if v.defer_idx.get() && !v.parked.get() {
+        q.push_used_entry(mem, head, len)
+    } else {
+        q.push_used(mem, head, len)
+    };
+    if !pushed {
         // The used ring is not writable: the driver broke the device.
         v.broken.set(true);
         return;

@@ -76,6 +76,7 @@ fn info_json(c: &ControllerInfo) -> Value {
                 "index": i, "running": q.running, "requests": q.requests,
                 "in_flight": q.in_flight(), "errors": q.errors, "kicks": q.kicks,
                 "signals": q.signals, "resubmitted": q.resubmitted,
+                "read_ahead": q.read_ahead,
                 "ring": if q.packed { "packed" } else { "split" },
             }))
             .collect::<Vec<_>>(),
