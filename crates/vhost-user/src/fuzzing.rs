@@ -6,8 +6,10 @@
 //! available chain is popped, walked and parsed exactly as the data path
 //! does ([`crate::virtq::Virtq::pop`], [`crate::blk::parse_chain`]), and
 //! every buffer of an accepted request must lie inside guest memory with
-//! the direction the request needs. Our take path is also checked against
-//! `virtio-queue`'s (the same chains, descriptor for descriptor).
+//! the direction the request needs (half the inputs through a take-all
+//! pass's look made ahead, `Virtq::look_ahead`). Our take path is also
+//! checked against `virtio-queue`'s (the same chains, descriptor for
+//! descriptor).
 //!
 //! [`packed_chains`]: the same for a packed ring ([`crate::packed`]): the
 //! bytes hold the descriptor ring, indirect tables, buffers and the
@@ -41,8 +43,8 @@ pub const MEM_BYTES: usize = 64 << 10;
 const DESC_AT: u64 = 0;
 const AVAIL_AT: u64 = 0x1000;
 const USED_AT: u64 = 0x2000;
-/// Ring size (`1 << (byte % 9)`) and EVENT_IDX (bit 0) come from these
-/// bytes, past the largest used ring.
+/// Ring size (`1 << (byte % 9)`), EVENT_IDX (bit 0) and the look made
+/// ahead (bit 1) come from these bytes, past the largest used ring.
 pub const SIZE_AT: usize = 0x2ff0;
 pub const EVENT_IDX_AT: usize = 0x2ff1;
 
@@ -79,8 +81,22 @@ pub fn ring_chains(data: &[u8]) -> Outcome {
     let mut v = Virtq::Split(SplitRing::new(q, 0));
     let mut descs = blk::chain_buf();
     let mut segs = Vec::new();
+    // Half the inputs take as a take-all pass does: the look made ahead
+    // (its prefetches read the hostile table and headers), then the pops
+    // of that one look, which here (nothing changes meanwhile) are the
+    // chains the plain pops give.
+    let mut looked = false;
+    let ahead = data.get(EVENT_IDX_AT).is_some_and(|b| b & 2 != 0);
+    if ahead {
+        v.look_ahead(&mem, &mut looked);
+    }
     for _ in 0..size {
-        let Some(t) = v.pop(&mem, &mut descs) else {
+        let t = if ahead {
+            v.pop_in_pass(&mem, &mut descs, &mut looked)
+        } else {
+            v.pop(&mem, &mut descs)
+        };
+        let Some(t) = t else {
             break;
         };
         assert!(t.descs <= blk::CHAIN_MAX + 1);

@@ -21,10 +21,13 @@
 //!
 //! It suits a driver that fences after every submission: libblkio's
 //! driver, which does not, measured 0.95-0.96x with the hold at QD32. So
-//! the hold is probed: one 1 ms epoch in eight runs with it flipped, and
-//! the flip stays when that epoch took requests faster than the epoch
-//! before it (by 2 %). Measured: libblkio 1.00-1.02x of no hold at all,
-//! bdevperf 0.96-0.99x of a hold always on (the probes' cost).
+//! the hold is probed: a 1 ms epoch runs with it flipped every so often
+//! (one in eight at first), and the flip stays when that epoch took
+//! requests faster than the epoch before it (by 2 %). Measured: libblkio
+//! 1.00-1.02x of no hold at all, bdevperf 0.96-0.99x of a hold always on
+//! (the probes' cost). A probe that finds the setting clearly right (the
+//! flipped epoch 4 % slower or more) doubles the time to the next, up to
+//! one epoch in 128, so a setting worth a lot is rarely flipped.
 //!
 //! Only blk's queues pace. vhost-user-scsi's spend ~1.5x blk's
 //! instructions per request, so there the backend, not the driver, is the
@@ -41,6 +44,15 @@
 //! there). Which case holds is sampled: every [`SAMPLE_EVERY`]th look
 //! times its pass per request, and an average above [`TAKE_ALL_ABOVE`]
 //! switches to taking all first, below [`TAKE_ALL_BELOW`] back.
+//!
+//! A pass that takes all first also reads ahead (`Virtq::look_ahead`:
+//! every chain's descriptor, header and second descriptor lines started
+//! before the first pop, so their transfers overlap) and stores the used
+//! index once, after the batch ran. With libblkio's driver that took far
+//! QD32 from 2.9 M to 4.45 M IOPS, and the driver became the limit; with
+//! bdevperf's it cost 5-8 % (the header lines most; not analysed
+//! further: a line fetched early is lost again if the driver still writes
+//! beside it). So the read-ahead is the probe's second setting.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,10 +66,15 @@ pub const DEEP_BATCH: usize = 12;
 /// How long it holds.
 pub const HOLD: Duration = Duration::from_nanos(150);
 
-/// How long an epoch of the hold's probe runs, and one epoch in how many
-/// runs with the hold flipped.
+/// How long an epoch of the probe runs, and one epoch in how many runs
+/// with a setting flipped, at first.
 pub const EPOCH: Duration = Duration::from_millis(1);
 pub const PROBE_EVERY: u32 = 8;
+
+/// A setting whose probe found it clearly faster (by [`CLEAR_MARGIN`] %)
+/// is probed half as often, down to one epoch in [`PROBE_MAX_GAP`].
+pub const CLEAR_MARGIN: u64 = 4;
+pub const PROBE_MAX_GAP: u32 = 128;
 
 /// One look in this many is timed (two TSC reads, tens of ns in a VM).
 pub const SAMPLE_EVERY: u32 = 16;
@@ -82,8 +99,31 @@ pub fn always_take_all(on: bool) {
 /// What the probe flips: the hold, or a take-all pass's read-ahead.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Knob {
-    Hold,
-    ReadAhead,
+    Hold = 0,
+    ReadAhead = 1,
+}
+
+/// A probed on/off setting.
+struct Setting {
+    on: Cell<bool>,
+    /// Epochs between its probes ([`PROBE_EVERY`] up to [`PROBE_MAX_GAP`]).
+    gap: Cell<u32>,
+    /// Epochs until its next probe.
+    wait: Cell<u32>,
+}
+
+impl Setting {
+    fn new(wait: u32) -> Setting {
+        Setting {
+            on: Cell::new(true),
+            gap: Cell::new(PROBE_EVERY),
+            wait: Cell::new(wait),
+        }
+    }
+
+    fn flip(&self) {
+        self.on.set(!self.on.get());
+    }
 }
 
 /// One queue's pacing state (queue task only).
@@ -98,13 +138,11 @@ pub struct Pace {
     per_request: Cell<u64>,
     above: u64,
     below: u64,
-    /// Whether deep batches hold (probed, see [`Pace::probe`]).
-    hold_on: Cell<bool>,
+    /// Whether deep batches hold, and whether a take-all pass reads ahead
+    /// and publishes once (by [`Knob`]; probed, see [`Pace::probe`]).
+    knobs: [Setting; 2],
     epoch_start: Cell<u64>,
     epoch_reqs: Cell<u64>,
-    epochs: Cell<u32>,
-    /// A take-all pass reads ahead and publishes once (probed too).
-    read_ahead: Cell<bool>,
     /// Requests per tick << 20 of the last epoch run with the setting kept.
     base_rate: Cell<u64>,
     /// The knob the running epoch has flipped, if it is a probe.
@@ -122,11 +160,9 @@ impl Default for Pace {
             per_request: Cell::new(0),
             above: ticks::from_duration(TAKE_ALL_ABOVE),
             below: ticks::from_duration(TAKE_ALL_BELOW),
-            hold_on: Cell::new(true),
+            knobs: [Setting::new(PROBE_EVERY), Setting::new(PROBE_EVERY / 2)],
             epoch_start: Cell::new(0),
             epoch_reqs: Cell::new(0),
-            epochs: Cell::new(0),
-            read_ahead: Cell::new(true),
             base_rate: Cell::new(0),
             probing: Cell::new(None),
             epoch: ticks::from_duration(EPOCH),
@@ -155,7 +191,7 @@ impl Pace {
     #[inline]
     pub fn taken(&self, n: usize) {
         self.epoch_reqs.set(self.epoch_reqs.get() + n as u64);
-        if n >= DEEP_BATCH && self.hold_on.get() {
+        if n >= DEEP_BATCH && self.on(Knob::Hold) {
             self.until.set(ticks::now() + self.hold);
         }
     }
@@ -171,7 +207,7 @@ impl Pace {
     /// (see the module comment).
     #[inline]
     pub fn read_ahead(&self) -> bool {
-        self.take_all() && self.read_ahead.get()
+        self.take_all() && self.on(Knob::ReadAhead)
     }
 
     /// At the start of a look: the TSC if this look is timed, else 0.
@@ -200,9 +236,18 @@ impl Pace {
         self.probe(t1);
     }
 
-    /// At a timed look: closes an epoch that has run [`EPOCH`]. One epoch
-    /// in [`PROBE_EVERY`] runs with the hold flipped, and the flip is kept
-    /// when that epoch took requests faster than the one before it.
+    fn on(&self, knob: Knob) -> bool {
+        self.knobs[knob as usize].on.get()
+    }
+
+    /// At a timed look: closes an epoch that has run [`EPOCH`]. A setting
+    /// is flipped for one epoch every so often (its gap), and the flip is
+    /// kept when that epoch took requests faster (by 2 %) than the one
+    /// before it. A probe that finds the setting clearly right (the
+    /// flipped epoch [`CLEAR_MARGIN`] % slower) doubles the gap, up to
+    /// [`PROBE_MAX_GAP`]; anything else sets it back to [`PROBE_EVERY`].
+    /// So a setting worth a lot is rarely flipped (a probe epoch costs
+    /// what it is worth), and one that is not is looked at again soon.
     fn probe(&self, now: u64) {
         let start = self.epoch_start.get();
         let el = now.saturating_sub(start);
@@ -217,32 +262,35 @@ impl Pace {
         self.epoch_start.set(now);
         self.epoch_reqs.set(0);
         if let Some(knob) = self.probing.take() {
+            let s = &self.knobs[knob as usize];
             let base = self.base_rate.get();
-            if rate * 100 <= base * 102 {
-                self.flip(knob);
-            } else {
+            let gap = if rate * 100 > base * 102 {
                 self.base_rate.set(rate);
-            }
+                PROBE_EVERY
+            } else {
+                s.flip();
+                if rate * 100 < base * (100 - CLEAR_MARGIN) {
+                    (s.gap.get() * 2).min(PROBE_MAX_GAP)
+                } else {
+                    PROBE_EVERY
+                }
+            };
+            s.gap.set(gap);
+            s.wait.set(gap);
             return;
         }
         self.base_rate.set(rate);
-        let k = self.epochs.get().wrapping_add(1);
-        self.epochs.set(k);
-        let knob = match k % PROBE_EVERY {
-            0 => Knob::Hold,
-            h if h == PROBE_EVERY / 2 => Knob::ReadAhead,
-            _ => return,
-        };
-        self.probing.set(Some(knob));
-        self.flip(knob);
-    }
-
-    fn flip(&self, knob: Knob) {
-        let c = match knob {
-            Knob::Hold => &self.hold_on,
-            Knob::ReadAhead => &self.read_ahead,
-        };
-        c.set(!c.get());
+        for s in &self.knobs {
+            s.wait.set(s.wait.get().saturating_sub(1));
+        }
+        for knob in [Knob::Hold, Knob::ReadAhead] {
+            let s = &self.knobs[knob as usize];
+            if s.wait.get() == 0 {
+                self.probing.set(Some(knob));
+                s.flip();
+                return;
+            }
+        }
     }
 
     fn fold(&self, per: u64) {
@@ -318,41 +366,66 @@ mod tests {
         p.probe(*t);
     }
 
+    /// Runs regular epochs of `reqs` requests until `knob` is flipped for
+    /// a probe (bounded); the epochs run.
+    fn until_probe(p: &Pace, t: &mut u64, knob: Knob, reqs: u64) -> u32 {
+        let was = p.on(knob);
+        for k in 1..=PROBE_MAX_GAP + 2 {
+            epoch(p, t, reqs);
+            if p.probing.get() == Some(knob) {
+                assert_ne!(p.on(knob), was, "a probe flips its setting");
+                return k;
+            }
+            if p.probing.get().is_some() {
+                // The other setting's probe: no change in rate, flipped back.
+                epoch(p, t, reqs);
+            }
+        }
+        panic!("{knob:?} never probed");
+    }
+
     #[test]
     fn the_hold_is_probed_and_a_flip_stays_only_when_it_was_faster() {
         let p = Pace::default();
         let mut t = 1_000;
         p.probe(t); // the first timed look starts the first epoch
-        assert!(p.hold_on.get());
-        // Epochs with the setting kept, the fourth's successor a probe of
-        // the read-ahead (no change in rate: it flips back).
-        for k in 1..PROBE_EVERY {
-            epoch(&p, &mut t, 1000);
-            assert!(p.hold_on.get());
-            assert_eq!(p.read_ahead.get(), k != PROBE_EVERY / 2, "epoch {k}");
-            if k == PROBE_EVERY / 2 {
-                epoch(&p, &mut t, 1000);
-                assert!(p.read_ahead.get(), "no faster without: back on");
-            }
-        }
-        epoch(&p, &mut t, 1000);
-        assert!(!p.hold_on.get(), "the probe epoch runs without the hold");
+        assert!(p.on(Knob::Hold) && p.on(Knob::ReadAhead));
+        assert_eq!(until_probe(&p, &mut t, Knob::Hold, 1000), PROBE_EVERY);
+        assert!(p.on(Knob::ReadAhead), "its probe found no change: back on");
         // Slower without: the hold comes back.
         epoch(&p, &mut t, 900);
-        assert!(p.hold_on.get());
+        assert!(p.on(Knob::Hold));
         // Next probe: faster without (a driver that gains nothing from
         // the hold), so it stays off.
-        for _ in 0..PROBE_EVERY - 1 {
-            epoch(&p, &mut t, 1000);
-        }
-        epoch(&p, &mut t, 1000);
-        epoch(&p, &mut t, 1000);
-        assert!(!p.hold_on.get());
+        until_probe(&p, &mut t, Knob::Hold, 1000);
         epoch(&p, &mut t, 1100);
-        assert!(!p.hold_on.get(), "a faster flip stays");
+        assert!(!p.on(Knob::Hold), "a faster flip stays");
         // Off, a deep batch does not hold.
         p.taken(DEEP_BATCH);
         assert!(p.may_look());
+    }
+
+    #[test]
+    fn a_setting_found_clearly_right_is_probed_less_often() {
+        let p = Pace::default();
+        let mut t = 1_000;
+        p.probe(t);
+        // The read-ahead worth 30 %: each probe's epoch is that much
+        // slower, so the gaps double up to the most.
+        let mut gaps = Vec::new();
+        for _ in 0..8 {
+            gaps.push(until_probe(&p, &mut t, Knob::ReadAhead, 1000));
+            epoch(&p, &mut t, 700);
+            assert!(p.on(Knob::ReadAhead));
+        }
+        assert!(gaps[2] > gaps[1] && gaps[1] > gaps[0], "{gaps:?}");
+        assert!(gaps.iter().all(|&g| g <= PROBE_MAX_GAP + 1), "{gaps:?}");
+        assert_eq!(p.knobs[Knob::ReadAhead as usize].gap.get(), PROBE_MAX_GAP);
+        // A near tie sets the gap back.
+        until_probe(&p, &mut t, Knob::ReadAhead, 1000);
+        epoch(&p, &mut t, 990);
+        assert!(p.on(Knob::ReadAhead));
+        assert_eq!(p.knobs[Knob::ReadAhead as usize].gap.get(), PROBE_EVERY);
     }
 
     #[test]
@@ -365,21 +438,13 @@ mod tests {
         assert!(p.read_ahead());
         let mut t = 1_000;
         p.probe(t);
-        for _ in 0..PROBE_EVERY / 2 {
-            epoch(&p, &mut t, 1000);
-        }
+        until_probe(&p, &mut t, Knob::ReadAhead, 1000);
         assert!(!p.read_ahead(), "the probe epoch runs without it");
         // Faster without (a driver whose lines it would steal): stays off.
         epoch(&p, &mut t, 1100);
         assert!(!p.read_ahead());
-        // Probed again within PROBE_EVERY epochs (and the hold's probe
-        // and its closing epoch between).
-        let mut k = 0;
-        while !p.read_ahead() {
-            k += 1;
-            assert!(k <= PROBE_EVERY + 1, "never probed again");
-            epoch(&p, &mut t, 1100);
-        }
+        until_probe(&p, &mut t, Knob::ReadAhead, 1100);
+        assert!(p.read_ahead(), "probed again");
         epoch(&p, &mut t, 1500);
         assert!(p.read_ahead(), "faster with it: stays on");
     }
