@@ -49,6 +49,8 @@ pub struct SplitRing {
     stored: Wrapping<u16>,
     /// The used index at the last notification decision.
     checked: Wrapping<u16>,
+    /// The last look found nothing new (the driver is waited for).
+    idle: bool,
 }
 
 /// The most chains a look starts fetching ahead.
@@ -65,6 +67,7 @@ impl SplitRing {
             q,
             stored: Wrapping(used),
             checked: Wrapping(used),
+            idle: false,
         }
     }
 
@@ -92,7 +95,19 @@ impl SplitRing {
         }
         *looked = true;
         let next = Wrapping(self.q.next_avail());
-        let Some(idx) = load_u16(mem, self.q.avail_ring() + 2, Ordering::Acquire) else {
+        let avail = self.q.avail_ring();
+        if self.idle {
+            // Waiting on the driver: the line of the next entry is
+            // started with the index, not after it. The driver writes
+            // the entry, then the index; read in turn, the two lines
+            // cost two transfers one after the other when the next
+            // request comes (QD1 +7-10 % IOPS in both placements;
+            // at depth, where a look rarely finds nothing, not done:
+            // bdevperf QD32 measured 0.97x with it on every look).
+            let slot = (next.0 % self.q.size()) as u64;
+            mem.prefetch(GuestAddress(avail + 4 + 2 * slot), false);
+        }
+        let Some(idx) = load_u16(mem, avail + 2, Ordering::Acquire) else {
             return false;
         };
         let idx = Wrapping(idx);
@@ -103,7 +118,8 @@ impl SplitRing {
             return false;
         }
         self.avail_seen = idx;
-        idx != next
+        self.idle = idx == next;
+        !self.idle
     }
 
     /// Makes the pass's look, then starts the loads its pops will wait
