@@ -125,12 +125,12 @@ impl GuestMem {
         })
     }
 
-    /// Starts fetching the cache line of guest address `addr` (for writing
-    /// when `write`); nothing when it is not guest memory.
+    /// Starts fetching the cache line of guest address `addr`; nothing
+    /// when it is not guest memory.
     #[inline]
-    pub fn prefetch(&self, addr: GuestAddress, write: bool) {
+    pub fn prefetch(&self, addr: GuestAddress) {
         if let Some(p) = self.host(addr, 1) {
-            prefetch(p, write);
+            prefetch(p);
         }
     }
 
@@ -294,7 +294,7 @@ impl HostRange<'_> {
     #[inline]
     pub fn prefetch(&self, off: usize) {
         if off < self.len {
-            prefetch(self.base + off, false);
+            prefetch(self.base + off);
         }
     }
 
@@ -313,19 +313,15 @@ impl HostRange<'_> {
 /// A prefetch of the line holding host address `p`: a hint the CPU may
 /// drop, which changes no memory and never faults.
 #[inline]
-fn prefetch(p: usize, write: bool) {
+fn prefetch(p: usize) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch instruction reads no data into a register, writes
     // no memory and does not fault on any address.
     unsafe {
-        if write {
-            std::arch::asm!("prefetchw byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
-        } else {
-            std::arch::asm!("prefetcht0 byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
-        }
+        std::arch::asm!("prefetcht0 byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, write);
+    let _ = p;
 }
 
 impl std::ops::Deref for GuestMem {

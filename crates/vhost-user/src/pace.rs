@@ -71,8 +71,9 @@ pub const HOLD: Duration = Duration::from_nanos(150);
 pub const EPOCH: Duration = Duration::from_millis(1);
 pub const PROBE_EVERY: u32 = 8;
 
-/// A setting whose probe found it clearly faster (by [`CLEAR_MARGIN`] %)
-/// is probed half as often, down to one epoch in [`PROBE_MAX_GAP`].
+/// A setting whose probe found it clearly right (the flipped epoch
+/// [`CLEAR_MARGIN`] % slower or more) is probed half as often as before,
+/// down to one epoch in [`PROBE_MAX_GAP`].
 pub const CLEAR_MARGIN: u64 = 4;
 pub const PROBE_MAX_GAP: u32 = 128;
 
