@@ -146,11 +146,26 @@ fn guest_virtio_blk_on_ustor_vhost() {
     let killed = Instant::now();
     s.kill();
     let s = Server::start(&dir, &config, &args);
-    let resumed =
-        testkit::try_wait_for(Duration::from_secs(60), || (written(&s) > 0).then_some(()));
+    let up = killed.elapsed();
+    // When QEMU came back (its reconnect period, 1 s at the least in
+    // QEMU 7.2, runs from the kill): the split below says how much of
+    // the pause is ustor's.
+    let mut connected = None;
+    let resumed = testkit::try_wait_for(Duration::from_secs(60), || {
+        if connected.is_none() {
+            let c = s.ok("vhost_get_controllers", json!({"name": "vraw"}));
+            if c[0]["sessions"].as_array().is_some_and(|v| !v.is_empty()) {
+                connected = Some(killed.elapsed());
+            }
+        }
+        (written(&s) > 0).then_some(())
+    });
     let restart = killed.elapsed();
     assert!(resumed.is_some(), "no I/O after the restart");
-    eprintln!("vhost-user-blk: SIGKILL to resumed guest writes: {restart:?}");
+    eprintln!(
+        "vhost-user-blk: SIGKILL to resumed guest writes: {restart:?} (new process serving \
+         after {up:?}, QEMU connected after {connected:?})"
+    );
     // Grow the null disk once the new process has the frontend's backend
     // channel and its rings run (QEMU reads the config again only then).
     testkit::wait_until("vnull reconnected", Duration::from_secs(60), || {
