@@ -35,7 +35,8 @@ use crate::device::BlkDevice;
 use crate::eventfd;
 use crate::inflight::InflightRegion;
 use crate::memory::{MemTable, RegionDesc, MAX_SLOTS};
-use crate::vring::{self, VringStart};
+use crate::start::VringStart;
+use crate::vring;
 
 /// What a device type supplies to the shared message handling.
 pub trait VhostDevice: Send + Sync + Sized + 'static {

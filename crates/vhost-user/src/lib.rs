@@ -39,6 +39,7 @@ pub mod notify;
 pub mod pace;
 pub mod packed;
 pub mod scsi;
+pub mod start;
 pub mod target;
 pub mod virtq;
 pub mod vring;

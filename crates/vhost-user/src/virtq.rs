@@ -28,7 +28,7 @@ use vm_memory::{GuestAddress, GuestAddressSpace};
 use crate::blk::{self, Desc};
 use crate::guest::GuestMem;
 use crate::packed::{PackedRing, Taken};
-use crate::vring::VringStart;
+use crate::start::VringStart;
 
 /// A ring of either layout.
 pub enum Virtq {

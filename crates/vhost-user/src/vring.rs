@@ -37,8 +37,8 @@ use std::future::{poll_fn, Future};
 use std::os::fd::AsRawFd;
 use std::pin::{pin, Pin};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -52,43 +52,12 @@ use crate::device::{BlkDevice, QueueStats};
 use crate::eventfd::{drain_eventfd, set_nonblocking, CallFd};
 use crate::guest::GuestMem;
 use crate::inflight::ring::{self, Resubmit, Track};
-use crate::inflight::QueueInflight;
 use crate::inline;
 use crate::pace::Pace;
 use crate::packed;
+use crate::start::VringStart;
 use crate::virtq::Virtq;
 use crate::workers::WorkerMem;
-
-/// Everything a queue needs to run, sent from the control thread (`D`:
-/// the device the ring serves).
-pub struct VringStart<D = BlkDevice> {
-    pub index: u16,
-    pub size: u16,
-    /// Guest physical addresses of the three parts of the ring (packed:
-    /// the descriptor ring, the driver's and the device's event
-    /// suppression structures).
-    pub desc: u64,
-    pub avail: u64,
-    pub used: u64,
-    /// SET_VRING_BASE: a split ring's next available index; a packed
-    /// ring's available and used slots with their wrap counters.
-    pub base: u32,
-    /// VIRTIO_F_RING_PACKED was negotiated.
-    pub packed: bool,
-    pub event_idx: bool,
-    pub kick: Arc<File>,
-    pub call: Arc<CallFd>,
-    pub mem: GuestMemoryAtomic<GuestMemoryMmap>,
-    /// Bumped after each change of `mem`'s map ([`crate::memory::MemTable::generation`]).
-    pub mem_gen: Arc<AtomicU64>,
-    pub dev: Arc<D>,
-    pub stop: Arc<AtomicBool>,
-    /// Where the task reports where it stopped once stopped
-    /// ([`Virtq::indices`]).
-    pub done: mpsc::Sender<(u16, u16)>,
-    /// This queue's part of the inflight region, when the frontend set one.
-    pub inflight: Option<QueueInflight>,
-}
 
 /// A request taken from the ring, waiting for a worker.
 struct Job {

@@ -30,7 +30,7 @@ use virtio_bindings::virtio_scsi as vs;
 use super::device::ScsiDevice;
 use super::ring::Ring;
 use super::wire::{self, resp, Chain, CtrlReq, EVENT_LEN};
-use crate::vring::VringStart;
+use crate::start::VringStart;
 
 /// How long a TMF waits for the commands it covers before it is rejected.
 const TMF_TIMEOUT: Duration = Duration::from_secs(30);

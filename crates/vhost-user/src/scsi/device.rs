@@ -21,7 +21,7 @@ use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use super::tasks::TaskTable;
 use super::wire::{self, Event, MAX_TARGETS};
 use crate::backend::VhostDevice;
-use crate::vring::VringStart;
+use crate::start::VringStart;
 
 /// Events kept while the driver has posted no buffer; past this, the
 /// next event carries EVENTS_MISSED (the driver then rescans everything).

@@ -30,7 +30,7 @@ use super::ring::Ring;
 use super::tasks::TaskTable;
 use super::wire::{self, resp, Chain, CmdResp, CDB_SIZE, CMD_REQ_LEN, CMD_RESP_LEN, MAX_TARGETS};
 use crate::guest::GuestMem;
-use crate::vring::VringStart;
+use crate::start::VringStart;
 use crate::workers::WorkerMem;
 
 /// Serves ring `s.index`: 0 the control queue, 1 the event queue, then

@@ -27,8 +27,8 @@ use crate::eventfd;
 use crate::guest::GuestMem;
 use crate::inflight::ring::{self, Resubmit, Track};
 use crate::packed;
+use crate::start::VringStart;
 use crate::virtq::Virtq;
-use crate::vring::VringStart;
 
 /// One ring on its reactor (`!Send`).
 pub(crate) struct Ring {
