@@ -346,10 +346,7 @@ impl Virtq {
     /// ring's entry then its index, a packed ring's descriptor with its
     /// flags last). False: the ring is not writable.
     pub fn push_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> bool {
-        match self {
-            Virtq::Split(r) => r.push_used(mem, head, len) && r.store_idx(mem),
-            Virtq::Packed(r) => r.add_used(mem.map(), head, len).is_ok(),
-        }
+        self.push_used_entry(mem, head, len) && self.store_idx(mem)
     }
 
     /// [`Self::push_used`] with a split ring's index left for
@@ -364,12 +361,17 @@ impl Virtq {
     /// After entries were pushed: whether the driver wants a notification
     /// for them (one decision for the batch).
     pub fn publish(&mut self, mem: &GuestMem) -> bool {
-        if let Virtq::Split(r) = self {
-            if !r.store_idx(mem) {
-                return false;
-            }
+        self.store_idx(mem) && self.needs_notification(mem)
+    }
+
+    /// A split ring's used index over the entries pushed (nothing when it
+    /// is there already; a packed ring has none); false if the ring is not
+    /// writable.
+    fn store_idx(&mut self, mem: &GuestMem) -> bool {
+        match self {
+            Virtq::Split(r) => r.store_idx(mem),
+            Virtq::Packed(_) => true,
         }
-        self.needs_notification(mem)
     }
 
     /// After [`Self::add_used`]: whether the driver asked to be notified

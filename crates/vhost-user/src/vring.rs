@@ -94,6 +94,8 @@ struct Vring {
     pace: Pace,
     /// Jobs a take-all pass runs after its take.
     later: RefCell<Vec<Job>>,
+    /// Set while a take-all pass that read ahead runs its batch: the used
+    /// entries go in without the index, which the pass's publish stores.
     defer_idx: Cell<bool>,
     /// The queue task sleeps on the kick eventfd (or drains): completions
     /// decide and signal at once (nothing would decide later).
@@ -601,7 +603,7 @@ fn complete(v: &Vring, mem: &GuestMem, head: u16, len: u32) {
     if let Some(t) = &v.track {
         t.before_used(&q, head);
     }
-    let pushed = if v.defer_idx.get() && !v.parked.get() {
+    let pushed = if v.defer_idx.get() {
         q.push_used_entry(mem, head, len)
     } else {
         q.push_used(mem, head, len)

@@ -266,21 +266,7 @@ fn two_queues_on_two_reactors() {
             let p = cl.buf(k * 16384);
             cl.queues[q].write(base + (k as u64) * 16384, p, 16384, k, ReqFlags::empty());
         }
-        let mut done = 0;
-        let mut comps: [MaybeUninit<blkio::Completion>; 64] =
-            std::array::from_fn(|_| MaybeUninit::uninit());
-        while done < 64 {
-            let mut t = Duration::from_secs(10);
-            let n = cl.queues[q]
-                .do_io(&mut comps, 1, Some(&mut t), None)
-                .unwrap();
-            assert!(n > 0, "queue {q}: completions stopped at {done}");
-            for c in &comps[..n] {
-                // SAFETY: do_io initialised the first n entries.
-                assert_eq!(unsafe { c.assume_init_ref() }.ret, 0);
-            }
-            done += n;
-        }
+        reap(&mut cl, q, 64);
         let other = 1 - q;
         assert_eq!(cl.read(other, base, 2 << 20, 1 << 20), 0);
         assert_eq!(
